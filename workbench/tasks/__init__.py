@@ -1,0 +1,35 @@
+"""Verifiable tasks: the embedded running-sum generator, user JSONL files, rewards."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Problem, Reward, exact_match_reward, extract_final_answer
+from .jsonl import load_jsonl
+from .running_sum import RunningSumTask
+
+__all__ = ["Problem", "Reward", "RunningSumTask", "exact_match_reward", "extract_final_answer",
+           "load_jsonl", "get_problems", "TASKS", "TRAIN_SEED", "HELDOUT_SEED"]
+
+TASKS = {"running_sum": RunningSumTask, "default": RunningSumTask}
+
+# Seeds of the split every recipe and notebook agrees on: the zoo trains on TRAIN_SEED
+# problems, evaluation uses HELDOUT_SEED problems (the generator's streams never coincide).
+TRAIN_SEED = 0
+HELDOUT_SEED = 1_000_003
+
+
+def get_problems(task: str, num: int | None = None, seed: int = HELDOUT_SEED) -> list[Problem]:
+    """Problems of a named embedded task, or of a JSONL file path.
+
+    ``task`` is one of :data:`TASKS` or a path ending in ``.jsonl``. ``num`` caps the count
+    (required for generated tasks); for files it takes the first ``num`` lines.
+    """
+    if task in TASKS:
+        if num is None:
+            raise ValueError(f"task {task!r} is generated: pass num, the number of problems")
+        return TASKS[task]().generate(num, seed=seed)
+    if str(task).endswith(".jsonl"):
+        problems = load_jsonl(task)
+        return problems if num is None else problems[:num]
+    raise ValueError(f"unknown task {task!r}; accepted: {sorted(TASKS)} or a path to a .jsonl "
+                     "file of {\"prompt\", \"answer\"} lines")

@@ -1,0 +1,82 @@
+"""The embedded default task: add up a labelled list of numbers, one written step per item.
+
+A problem lists ``n`` labelled two-digit numbers, and the worked solution keeps a running
+total, one step per item, then states the answer after ``#``::
+
+    prompt     a47 b5 c81?
+    reference   a47=47 b5=52 c81=133 #133
+
+Why this shape: the trace length grows linearly with ``n`` and ``n`` is drawn from a clipped
+log-normal, so reference lengths are long-tailed the way reasoning-RL responses are (a few
+problems need many more steps than the median). Each step is local (find the next label in the
+prompt, add one number), so a small model can learn it, while errors compound with the number
+of steps: long problems are harder, which gives RL something to learn on the tail.
+"""
+from __future__ import annotations
+
+import math
+import random
+import string
+from dataclasses import dataclass
+
+from .base import Problem
+
+__all__ = ["RunningSumTask", "LABELS"]
+
+LABELS = string.ascii_lowercase  # at most 26 items per problem
+
+
+@dataclass(frozen=True)
+class RunningSumTask:
+    """Generator of running-sum problems.
+
+    Args:
+        median_items: median number of items ``n`` per problem.
+        sigma: log-normal spread of ``n``; larger gives a heavier tail.
+        min_items, max_items: clip range of ``n`` (``max_items`` <= 26 labels).
+        max_value: items are drawn uniformly from ``1..max_value``.
+    """
+
+    median_items: float = 4.0
+    sigma: float = 0.8
+    min_items: int = 2
+    max_items: int = 26
+    max_value: int = 99
+    name: str = "running_sum"
+
+    def __post_init__(self):
+        if not 1 <= self.min_items <= self.max_items <= len(LABELS):
+            raise ValueError(
+                f"need 1 <= min_items <= max_items <= {len(LABELS)}, got "
+                f"min_items={self.min_items}, max_items={self.max_items}")
+        if self.max_value < 1:
+            raise ValueError(f"max_value must be >= 1, got {self.max_value}")
+
+    def sample_size(self, rng: random.Random) -> int:
+        n = round(math.exp(rng.gauss(math.log(self.median_items), self.sigma)))
+        return min(self.max_items, max(self.min_items, n))
+
+    def make(self, items: list[int], uid: int = 0) -> Problem:
+        """The problem for an explicit list of items."""
+        if not 1 <= len(items) <= len(LABELS):
+            raise ValueError(f"a problem has 1..{len(LABELS)} items, got {len(items)}")
+        labelled = [f"{LABELS[i]}{v}" for i, v in enumerate(items)]
+        prompt = " ".join(labelled) + "?"
+        total, steps = 0, []
+        for tag, v in zip(labelled, items):
+            total += v
+            steps.append(f"{tag}={total}")
+        reference = " " + " ".join(steps) + f" #{total}"
+        return Problem(prompt=prompt, answer=str(total), reference=reference, uid=uid,
+                       meta={"items": len(items)})
+
+    def generate(self, num: int, seed: int = 0) -> list[Problem]:
+        """``num`` problems drawn from ``seed``; the same seed always gives the same list."""
+        if num < 0:
+            raise ValueError(f"num must be >= 0, got {num}")
+        rng = random.Random(f"{self.name}:{seed}")
+        out = []
+        for uid in range(num):
+            n = self.sample_size(rng)
+            out.append(self.make([rng.randint(1, self.max_value) for _ in range(n)], uid=uid))
+        return out
