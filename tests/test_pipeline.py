@@ -1,0 +1,196 @@
+"""The papermill pipeline runner, on tiny notebooks built in tmp_path (a few seconds per run)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from workbench.pipeline import PipelineError, load_results, run_pipeline, summarize
+
+NOTEBOOK_METADATA = {
+    "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+    "language_info": {"name": "python"},
+}
+PARAMETERS = 'out_dir = "."\nseed = 0\nx = 1\nfail = False'
+BODY = [
+    "if fail:\n    raise RuntimeError(f'asked to fail with x={x}')",
+    "import json, pathlib\n"
+    "pathlib.Path(out_dir, 'metrics.json').write_text("
+    "json.dumps({'y': x * 2 + seed, 'extra': {'z': seed}, 'curve': [1, 2]}))",
+]
+
+
+def write_notebook(path: Path, parameters_cell: str | None = PARAMETERS) -> Path:
+    cells = [new_code_cell(parameters_cell, metadata={"tags": ["parameters"]})] if parameters_cell else []
+    cells += [new_code_cell(source) for source in BODY]
+    nbformat.write(new_notebook(cells=cells, metadata=NOTEBOOK_METADATA), path)
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project root with notebooks/toy.ipynb and a pipelines/ folder."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "pipelines").mkdir()
+    write_notebook(tmp_path / "notebooks" / "toy.ipynb")
+    return tmp_path
+
+
+def write_pipeline(project: Path, text: str, name: str = "demo") -> Path:
+    """The YAML lives in pipelines/, so notebook paths resolve against the project root (the
+    test's cwd is elsewhere): the documented fallback."""
+    path = project / "pipelines" / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_seeds_and_grid_write_runs_results_and_summary(project, tmp_path):
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    grid: {x: [1, 2]}
+    seeds: [0, 1]
+""")
+    runs_root = tmp_path / "runs"
+    table = run_pipeline(yaml_path, runs_root=runs_root)
+
+    assert len(table) == 4
+    assert (table["status"] == "ok").all() and not table["skipped"].any()
+    assert table["error"].isna().all()
+    assert sorted(zip(table["param.x"], table["param.seed"], table["metric.y"])) == [
+        (1, 0, 2), (1, 1, 3), (2, 0, 4), (2, 1, 5)]
+    assert "metric.extra.z" in table and "metric.curve" not in table  # nested flattened, lists dropped
+
+    pipeline_dir = runs_root / "demo"
+    for run_name, seed in zip(table["run_name"], table["param.seed"]):
+        assert run_name.startswith("toy-x") and f"-seed{seed}-" in run_name
+        run_dir = pipeline_dir / run_name
+        assert (run_dir / "notebook.ipynb").is_file()
+        assert json.loads((run_dir / "metrics.json").read_text())["extra"] == {"z": seed}
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["status"] == "ok" and record["error"] is None
+        assert record["out_dir"] == str(run_dir.resolve())
+        assert record["parameters"]["seed"] == seed and "out_dir" not in record["parameters"]
+        assert run_name.endswith(record["param_hash"])
+        assert {"python", "torch", "transformers", "papermill", "pandas", "workbench"} <= set(record["versions"])
+        assert record["git"] is None  # tmp_path is not a git checkout
+        assert record["duration_s"] > 0
+
+    csv = pd.read_csv(pipeline_dir / "results.csv")
+    parquet = load_results(pipeline_dir)
+    assert list(csv["metric.y"]) == list(parquet["metric.y"]) == list(table["metric.y"])
+    assert not list(pipeline_dir.glob(".*.tmp"))
+
+    summary = summarize(parquet).set_index("param.x")
+    assert "param.seed" not in summary
+    assert list(summary["n_ok"]) == [2, 2] and list(summary["n_failed"]) == [0, 0]
+    assert summary.loc[1, "metric.y.mean"] == 2.5 and summary.loc[2, "metric.y.mean"] == 4.5
+    assert math.isclose(summary.loc[1, "metric.y.sd"], math.sqrt(0.5))
+
+
+def test_rerun_skips_finished_runs_unless_redo(project, tmp_path):
+    yaml_path = write_pipeline(project, """
+name: again
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    parameters: {x: 3}
+""")
+    runs_root = tmp_path / "runs"
+    first = run_pipeline(yaml_path, runs_root=runs_root)
+    run_dir = runs_root / "again" / first["run_name"].iloc[0]
+    stamps = {name: (run_dir / name).stat().st_mtime_ns for name in ("notebook.ipynb", "run.json")}
+
+    second = run_pipeline(yaml_path, runs_root=runs_root)
+    assert second["skipped"].all() and (second["status"] == "ok").all()
+    assert list(second["metric.y"]) == [6]
+    assert second["duration_s"].iloc[0] == first["duration_s"].iloc[0]
+    assert {name: (run_dir / name).stat().st_mtime_ns for name in stamps} == stamps
+
+    redone = run_pipeline(yaml_path, redo=True, runs_root=runs_root)
+    assert not redone["skipped"].any() and (redone["status"] == "ok").all()
+    assert (run_dir / "run.json").stat().st_mtime_ns != stamps["run.json"]
+
+
+def test_failing_run_is_recorded_and_others_go_on_then_retried(project, tmp_path):
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    name: flaky
+    parameters: {x: 5}
+    grid: {fail: [false, true]}
+""")
+    runs_root = tmp_path / "runs"
+    table = run_pipeline(yaml_path, runs_root=runs_root).set_index("param.fail")
+    assert table.loc[False, "status"] == "ok" and table.loc[False, "metric.y"] == 10
+    assert table.loc[True, "status"] == "failed"
+    assert table.loc[True, "error"] == "RuntimeError: asked to fail with x=5"
+    assert pd.isna(table.loc[True, "metric.y"])
+    record = json.loads((runs_root / "demo" / table.loc[True, "run_name"] / "run.json").read_text())
+    assert record["status"] == "failed"
+    assert record["error"] == {"type": "RuntimeError", "message": "asked to fail with x=5"}
+
+    summary = summarize(table.reset_index())
+    assert list(summary[["n_ok", "n_failed"]].sum()) == [1, 1]
+
+    rerun = run_pipeline(yaml_path, runs_root=runs_root).set_index("param.fail")
+    assert rerun.loc[False, "skipped"] and not rerun.loc[True, "skipped"]  # failed run retried
+    assert rerun.loc[True, "status"] == "failed"
+
+
+def test_unknown_parameter_fails_before_anything_is_written(project, tmp_path):
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    grid: {temprature: [0.0, 1.0]}
+""")
+    with pytest.raises(PipelineError) as raised:
+        run_pipeline(yaml_path, runs_root=tmp_path / "runs")
+    message = str(raised.value)
+    assert "temprature" in message and "notebooks/toy.ipynb" in message
+    assert "declared: ['fail', 'out_dir', 'seed', 'x']" in message
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_notebook_fails_before_anything_is_written(project, tmp_path):
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+  - notebook: notebooks/nope.ipynb
+""")
+    with pytest.raises(PipelineError, match="notebook not found: notebooks/nope.ipynb"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_notebook_without_parameters_cell_is_an_error(project, tmp_path):
+    write_notebook(project / "notebooks" / "plain.ipynb", parameters_cell=None)
+    yaml_path = write_pipeline(project, "notebooks:\n  - notebook: notebooks/plain.ipynb\n")
+    with pytest.raises(PipelineError, match="no cell tagged `parameters`"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text, match", [
+    ("notebooks: []\n", "non-empty list"),
+    ("notebooks: [\n", "not valid YAML"),
+    ("name: p\nnotebook: []\n", r"unknown key\(s\) \['notebook'\]; accepted: \['name', 'notebooks'\]"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seed: [1]\n", r"unknown key\(s\) \['seed'\]"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    grid: {x: 3}\n", "grid values for 'x' must be a non-empty list"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seeds: [0]\n    parameters: {seed: 1}\n", "both as fixed and varied"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {out_dir: x}\n", "set by the runner"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n  - notebook: notebooks/toy.ipynb\n", "share the folder"),
+])
+def test_invalid_pipelines_are_rejected(project, tmp_path, text, match):
+    with pytest.raises(PipelineError, match=match):
+        run_pipeline(write_pipeline(project, text), runs_root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_pipeline_file(tmp_path):
+    with pytest.raises(PipelineError, match="pipeline file not found"):
+        run_pipeline(tmp_path / "nope.yaml", runs_root=tmp_path / "runs")
