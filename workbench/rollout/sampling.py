@@ -1,0 +1,121 @@
+"""Sampling: the adjusted next-token distribution and coupled (batch-independent) draws.
+
+Coupled sampling makes a rollout reproducible token for token: the uniform number that picks a
+request's token at a position depends only on ``(seed, uid, position)``, never on which other
+requests share the batch, nor on whether speculative decoding produced the position. Tokens
+are then drawn by inverse CDF over the adjusted distribution in vocabulary order, a fixed
+function of the logits and that uniform.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["SamplingParams", "adjusted_logprobs", "coupled_uniforms", "choose_tokens",
+           "make_uid", "split_uid"]
+
+_PROMPT_BITS, _SAMPLE_BITS = 24, 16
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen.
+
+    Args:
+        temperature: 0 is greedy (argmax); otherwise logits are divided by it.
+        top_p: nucleus size in (0, 1]; 1 keeps the whole distribution.
+        seed: root of every coupled draw of a rollout.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got "
+                             f"{self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def adjusted_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities of the distribution tokens are drawn from (last dim = vocabulary).
+
+    Temperature scales the logits, then top-p keeps the smallest set of most likely tokens whose
+    mass reaches ``top_p`` and renormalises. At temperature 0 (greedy) this is the plain
+    ``log_softmax`` of the logits, which is what RL wants as the policy's logprob.
+    Computed in float32 at least (float64 stays float64).
+    """
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    if params.greedy:
+        return torch.log_softmax(x, dim=-1)
+    logp = torch.log_softmax(x / params.temperature, dim=-1)
+    if params.top_p < 1:
+        sorted_lp, order = torch.sort(logp, dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return logp
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def coupled_uniforms(seed: int, uids, positions, stream: int = 0) -> np.ndarray:
+    """Uniforms in [0, 1), one per ``(uid, position)`` pair, a pure function of the inputs.
+
+    ``stream`` separates independent uses (token choice, speculative accept tests) of the same
+    position.
+    """
+    uids = np.asarray(uids, dtype=np.int64).astype(np.uint64)
+    positions = np.asarray(positions, dtype=np.int64).astype(np.uint64)
+    h = _splitmix64(np.full_like(uids, np.uint64(seed & (2**64 - 1))) ^ np.uint64(stream))
+    h = _splitmix64(h ^ uids)
+    h = _splitmix64(h ^ positions)
+    return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+def choose_tokens(logp: torch.Tensor, params: SamplingParams, uniforms=None) -> torch.Tensor:
+    """Token ids from adjusted log-probs ``[..., V]``: argmax when greedy, else inverse CDF.
+
+    ``uniforms`` (array of shape ``logp.shape[:-1]``) are the coupled draws; required unless
+    greedy.
+    """
+    if params.greedy:
+        return logp.argmax(dim=-1)
+    cdf = logp.exp().cumsum(-1)
+    u = torch.as_tensor(np.asarray(uniforms), dtype=cdf.dtype, device=cdf.device)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
+    return idx.clamp_(max=logp.shape[-1] - 1)
+
+
+def make_uid(prompt_id: int, sample_idx: int = 0, rl_step: int = 0) -> int:
+    """The request uid: prompt, sample index within its group, and RL step packed in an int64."""
+    if not 0 <= prompt_id < 2**_PROMPT_BITS:
+        raise ValueError(f"prompt_id must be in [0, {2**_PROMPT_BITS}), got {prompt_id}")
+    if not 0 <= sample_idx < 2**_SAMPLE_BITS:
+        raise ValueError(f"sample_idx must be in [0, {2**_SAMPLE_BITS}), got {sample_idx}")
+    if not 0 <= rl_step < 2**23:
+        raise ValueError(f"rl_step must be in [0, {2**23}), got {rl_step}")
+    return (rl_step << (_PROMPT_BITS + _SAMPLE_BITS)) | (prompt_id << _SAMPLE_BITS) | sample_idx
+
+
+def split_uid(uid: int) -> tuple[int, int, int]:
+    """``(prompt_id, sample_idx, rl_step)`` of a uid made by :func:`make_uid`."""
+    return ((uid >> _SAMPLE_BITS) & (2**_PROMPT_BITS - 1), uid & (2**_SAMPLE_BITS - 1),
+            uid >> (_PROMPT_BITS + _SAMPLE_BITS))

@@ -1,0 +1,167 @@
+"""Rollout timelines as data: a *steps* table and a *requests* table, and measures on them.
+
+Schema (DESIGN.md, "Timelines are data"):
+
+steps     one row per engine call on a worker
+          worker, step, kind (prefill | decode | draft | verify | drafter_train | train),
+          start_s, end_s, batch_size, tokens (tokens emitted), forward_s (time inside the
+          model's forward), clock
+requests  one row per request
+          worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
+          finish (eos | length), verify_steps, drafted, accepted, reward (NaN until scored)
+
+Times are seconds on the clock named in ``clock``: ``wall`` (one process, measured) or ``sim``
+(each worker's measured time laid side by side, as if the workers ran in parallel). A worker's
+consecutive steps are contiguous, so idle time is exactly what the steps leave uncovered:
+the bubble after a worker's last step, while the long tail finishes elsewhere.
+Every figure and number is computed from these tables, never by hand.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Timeline", "STEP_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS"]
+
+STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
+ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
+STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tokens",
+                "forward_s", "clock"]
+REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
+                   "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
+                   "accepted", "reward"]
+CLOCKS = ("wall", "sim")
+
+
+@dataclass
+class Timeline:
+    """The two tables of one rollout step, the number of workers, and the clock they use."""
+
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    num_workers: int
+    clock: str = "sim"
+
+    def __post_init__(self):
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        for name, cols in (("steps", STEP_COLUMNS), ("requests", REQUEST_COLUMNS)):
+            missing = [c for c in cols if c not in getattr(self, name).columns]
+            if missing:
+                raise ValueError(f"{name} table lacks columns {missing}")
+        bad = set(self.steps["kind"]) - set(STEP_KINDS)
+        if bad:
+            raise ValueError(f"unknown step kind(s) {sorted(bad)}; accepted: {STEP_KINDS}")
+
+    @classmethod
+    def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
+                     clock: str = "sim") -> "Timeline":
+        s = pd.DataFrame(steps, columns=STEP_COLUMNS)
+        s["clock"] = clock
+        r = pd.DataFrame(requests, columns=REQUEST_COLUMNS)
+        return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
+                   r.astype({"worker": int, "uid": "int64"}), num_workers, clock)
+
+    # ---- measures -----------------------------------------------------------------------
+    @property
+    def makespan_s(self) -> float:
+        """Time from the step's start (0) to the end of the latest step on any worker."""
+        return float(self.steps["end_s"].max()) if len(self.steps) else 0.0
+
+    def busy_s(self, kinds=ROLLOUT_KINDS) -> pd.Series:
+        """Seconds each worker spent in steps of ``kinds``, indexed by worker 0..N-1."""
+        s = self.steps[self.steps["kind"].isin(kinds)]
+        busy = (s["end_s"] - s["start_s"]).groupby(s["worker"]).sum()
+        return busy.reindex(range(self.num_workers), fill_value=0.0).rename("busy_s")
+
+    def idle_s(self, kinds=ROLLOUT_KINDS) -> pd.Series:
+        """Seconds each worker had no work of ``kinds`` within the makespan."""
+        return (self.makespan_s - self.busy_s(kinds)).rename("idle_s")
+
+    def idle_fraction(self) -> float:
+        """Sum over workers of time with no rollout work, over N x makespan."""
+        m = self.makespan_s
+        return float(self.idle_s().sum() / (self.num_workers * m)) if m > 0 else 0.0
+
+    def wasted_fraction(self) -> float:
+        """Idle fraction with drafter training counted as work."""
+        m = self.makespan_s
+        kinds = ROLLOUT_KINDS + ("drafter_train",)
+        return float(self.idle_s(kinds).sum() / (self.num_workers * m)) if m > 0 else 0.0
+
+    def tail_share(self, q: float = 0.9) -> float:
+        """Fraction of the makespan after ``q`` of the requests have finished."""
+        m = self.makespan_s
+        if m <= 0 or not len(self.requests):
+            return 0.0
+        ends = np.sort(self.requests["end_s"].to_numpy())
+        t_q = ends[int(np.ceil(q * len(ends))) - 1]
+        return float((m - t_q) / m)
+
+    def length_percentiles(self, qs=(50, 90, 99)) -> dict[str, float]:
+        from ..evaluate import length_percentiles
+        return length_percentiles(self.requests["response_tokens"], qs)
+
+    def tokens_per_s(self) -> float:
+        """Response tokens over the makespan, on this timeline's clock."""
+        m = self.makespan_s
+        return float(self.requests["response_tokens"].sum() / m) if m > 0 else 0.0
+
+    def worker_summary(self) -> pd.DataFrame:
+        """Per worker: requests, tokens, busy and idle seconds, and its last step's end."""
+        r = self.requests.groupby("worker")
+        return pd.DataFrame({
+            "requests": r.size(), "response_tokens": r["response_tokens"].sum(),
+            "busy_s": self.busy_s(), "idle_s": self.idle_s(),
+            "last_end_s": self.steps.groupby("worker")["end_s"].max(),
+        }).reindex(range(self.num_workers)).fillna(0).rename_axis("worker")
+
+    def active_batch(self) -> pd.DataFrame:
+        """Rows ``worker, start_s, end_s, batch_size`` of rollout steps: the active batch over time."""
+        s = self.steps[self.steps["kind"].isin(ROLLOUT_KINDS)]
+        return s[["worker", "start_s", "end_s", "batch_size"]].reset_index(drop=True)
+
+    def summary(self) -> dict[str, float]:
+        """The scalars every notebook reports, under the names of DESIGN.md's measures."""
+        return {"num_requests": int(len(self.requests)), "workers": self.num_workers,
+                "clock": self.clock, "makespan_s": self.makespan_s,
+                "idle_fraction": self.idle_fraction(), "tail_share": self.tail_share(),
+                **self.length_percentiles(), "tokens_per_s": self.tokens_per_s()}
+
+    # ---- files --------------------------------------------------------------------------
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``steps.parquet``, ``requests.parquet`` and ``timeline.json`` atomically."""
+        folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise FileExistsError(f"cannot save a timeline into {str(folder)!r}: it is a file")
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, table in (("steps", self.steps), ("requests", self.requests)):
+            tmp = folder / f".{name}.parquet.tmp"
+            table.to_parquet(tmp, index=False)
+            os.replace(tmp, folder / f"{name}.parquet")
+        tmp = folder / ".timeline.json.tmp"
+        tmp.write_text(json.dumps({"num_workers": self.num_workers, "clock": self.clock}))
+        os.replace(tmp, folder / "timeline.json")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> "Timeline":
+        """The timeline saved in ``folder`` (a run folder or the folder ``save`` wrote)."""
+        folder = Path(folder)
+        if not (folder / "timeline.json").is_file() and (folder / "timeline").is_dir():
+            folder = folder / "timeline"
+        meta_path = folder / "timeline.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no timeline in {str(folder)!r}: expected timeline.json, "
+                                    "steps.parquet and requests.parquet (Timeline.save writes them)")
+        meta = json.loads(meta_path.read_text())
+        return cls(pd.read_parquet(folder / "steps.parquet"),
+                   pd.read_parquet(folder / "requests.parquet"), meta["num_workers"],
+                   meta["clock"])
