@@ -9,11 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
-
 from .tasks import Problem, exact_match_reward
 
-__all__ = ["EvalReport", "evaluate_policy", "generate_greedy", "length_percentiles",
+__all__ = ["EvalReport", "evaluate_policy", "score_rollout", "length_percentiles",
            "LENGTH_BUCKETS"]
 
 # Bucket edges (response tokens) used by every accuracy-per-length table.
@@ -26,32 +24,6 @@ def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
     if arr.size == 0:
         return {f"length_p{q}": float("nan") for q in qs}
     return {f"length_p{q}": float(np.percentile(arr, q)) for q in qs}
-
-
-@torch.no_grad()
-def generate_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 384,
-                    batch_size: int = 64) -> list[dict]:
-    """Greedy responses with HF ``generate`` (length-sorted batches, left padding).
-
-    Returns one dict per prompt, in input order: ``completion`` text, ``response_tokens`` (EOS
-    included when emitted) and ``finished_eos``.
-    """
-    eos = tokenizer.eos_token_id
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[dict | None] = [None] * len(prompts)
-    device = next(model.parameters()).device
-    for s in range(0, len(order), batch_size):
-        idx = order[s:s + batch_size]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True).to(device)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-        new = gen[:, enc["input_ids"].shape[1]:].tolist()
-        for i, toks in zip(idx, new):
-            n = toks.index(eos) + 1 if eos in toks else len(toks)
-            toks = toks[:n]
-            out[i] = {"completion": tokenizer.decode(toks, skip_special_tokens=True),
-                      "response_tokens": len(toks), "finished_eos": bool(toks) and toks[-1] == eos}
-    return out  # type: ignore[return-value]
 
 
 @dataclass
@@ -83,14 +55,42 @@ class EvalReport:
 
 
 def evaluate_policy(model, tokenizer, problems: list[Problem], reward=exact_match_reward,
-                    max_new_tokens: int = 384, batch_size: int = 64) -> EvalReport:
-    """Greedy-decode every problem and score it with ``reward(prompt, completion, answer)``."""
-    gens = generate_greedy(model, tokenizer, [p.prompt for p in problems],
-                           max_new_tokens=max_new_tokens, batch_size=batch_size)
-    rows = []
-    for p, g in zip(problems, gens):
-        ref_tokens = len(tokenizer(p.reference, add_special_tokens=False)["input_ids"]) + 1
-        rows.append({"uid": p.uid, "prompt": p.prompt, "answer": p.answer,
-                     "items": p.meta.get("items"), "reference_tokens": ref_tokens, **g,
-                     "reward": float(reward(p.prompt, g["completion"], p.answer))})
+                    max_new_tokens: int = 384, batch_size: int = 64,
+                    progress: bool = True) -> EvalReport:
+    """Greedy-decode every problem with the rollout engine and score it with
+    ``reward(prompt, completion, answer)``.
+
+    Problems are decoded in batches of ``batch_size`` sorted by prompt length (little padding).
+    ``reference_tokens`` counts the worked solution plus EOS (NaN when the task has none).
+    """
+    from .rollout import RolloutConfig, RolloutEngine
+    order = sorted(range(len(problems)), key=lambda i: len(problems[i].prompt))
+    result = RolloutEngine(model, tokenizer).rollout(
+        [problems[i].prompt for i in order],
+        RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=batch_size),
+        progress=progress)
+    rows = [None] * len(problems)
+    for i, r in zip(order, result.requests):
+        p = problems[i]
+        ref_tokens = (len(tokenizer(p.reference, add_special_tokens=False)["input_ids"]) + 1
+                      if p.reference else float("nan"))
+        rows[i] = {"uid": p.uid, "prompt": p.prompt, "answer": p.answer,
+                   "items": p.meta.get("items"), "reference": p.reference,
+                   "reference_tokens": ref_tokens, "completion": r.text,
+                   "response_tokens": len(r.tokens), "finished_eos": r.finish == "eos",
+                   "reward": float(reward(p.prompt, r.text, p.answer))}
     return EvalReport(pd.DataFrame(rows))
+
+
+def score_rollout(result, problems: list[Problem], reward=exact_match_reward) -> list[float]:
+    """Reward of every request of a rollout of ``problems`` (prompt i = problems[i]).
+
+    The rewards are also stored in the timeline's requests table (column ``reward``).
+    """
+    if len(problems) * result.config.samples_per_prompt != len(result.requests):
+        raise ValueError(f"{len(result.requests)} requests do not come from {len(problems)} "
+                         f"problems x {result.config.samples_per_prompt} samples")
+    rewards = [float(reward(problems[r.prompt_id].prompt, r.text, problems[r.prompt_id].answer))
+               for r in result.requests]
+    result.set_rewards(rewards)
+    return rewards

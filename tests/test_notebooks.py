@@ -1,0 +1,43 @@
+"""Papermill runs of the notebooks with their smoke parameters (each well under a minute)."""
+import json
+from pathlib import Path
+
+import papermill
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMOKE = {
+    "00_task_and_policy": ({"num_problems": 12},
+                           ["accuracy", "length_p50", "length_p99", "eos_rate_tail"]),
+    "01_long_tail_rollout": ({"num_prompts": 6, "samples_per_prompt": 2, "workers": 2},
+                             ["num_requests", "workers", "makespan_s", "idle_fraction",
+                              "tail_share", "length_p50", "length_p90", "length_p99",
+                              "tokens_per_s", "accuracy"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_notebook_smoke_run_writes_metrics(name, tmp_path):
+    params, keys = SMOKE[name]
+    out_dir = tmp_path / "out"
+    papermill.execute_notebook(ROOT / "notebooks" / f"{name}.ipynb", tmp_path / "executed.ipynb",
+                               parameters={**params, "out_dir": str(out_dir)},
+                               kernel_name="python3", language="python", progress_bar=False,
+                               cwd=str(ROOT))
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert set(keys) <= set(metrics)
+    assert all(not isinstance(v, (dict, list)) for v in metrics.values())
+    assert list(out_dir.glob("*.png"))
+
+
+def test_notebook_refuses_an_out_dir_that_is_a_file(tmp_path):
+    bad = tmp_path / "file"
+    bad.write_text("x")
+    with pytest.raises(papermill.PapermillExecutionError, match="existing file"):
+        papermill.execute_notebook(ROOT / "notebooks" / "00_task_and_policy.ipynb",
+                                   tmp_path / "executed.ipynb",
+                                   parameters={"num_problems": 2, "out_dir": str(bad)},
+                                   kernel_name="python3", language="python", progress_bar=False,
+                                   cwd=str(ROOT))
+    assert bad.read_text() == "x"

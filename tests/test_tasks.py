@@ -1,0 +1,84 @@
+import json
+
+import numpy as np
+import pytest
+
+from workbench.tasks import (RunningSumTask, exact_match_reward, extract_final_answer,
+                             get_problems, load_jsonl)
+
+
+def test_generator_is_seeded():
+    t = RunningSumTask()
+    assert t.generate(50, seed=3) == t.generate(50, seed=3)
+    assert t.generate(50, seed=3) != t.generate(50, seed=4)
+
+
+def test_reference_trace_is_a_correct_running_sum():
+    for p in RunningSumTask().generate(200, seed=1):
+        items = [int(w[1:]) for w in p.prompt.rstrip("?").split()]
+        steps = p.reference.split()
+        assert len(steps) == len(items) + 1 == p.meta["items"] + 1
+        totals = np.cumsum(items)
+        for step, total, word in zip(steps, totals, p.prompt.rstrip("?").split()):
+            assert step == f"{word}={total}"
+        assert steps[-1] == f"#{totals[-1]}" and p.answer == str(totals[-1])
+        assert exact_match_reward(p.prompt, p.reference, p.answer) == 1.0
+
+
+def test_reference_lengths_are_long_tailed(tokenizer):
+    problems = RunningSumTask().generate(4000, seed=0)
+    lengths = [len(tokenizer(p.reference, add_special_tokens=False)["input_ids"]) + 1
+               for p in problems]
+    p50, p99 = np.percentile(lengths, [50, 99])
+    assert p99 / p50 >= 5, (p50, p99)
+    items = [p.meta["items"] for p in problems]
+    assert min(items) >= 2 and max(items) <= 26
+
+
+def test_reward_reads_the_final_answer():
+    assert extract_final_answer(" a1=1 b2=3 #3") == "3"
+    assert extract_final_answer("the answer is 42") == "42"
+    assert extract_final_answer("") == ""
+    assert exact_match_reward("p", " a1=1 #3", "3") == 1.0
+    assert exact_match_reward("p", " a1=1 #4", "3") == 0.0
+
+
+def test_task_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="max_items"):
+        RunningSumTask(max_items=30)
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        get_problems("nope", 3)
+    with pytest.raises(ValueError, match="num"):
+        get_problems("running_sum")
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_loads_records(tmp_path):
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "1+1?", "answer": 2, "level": 1}),
+                                      "", json.dumps({"prompt": "2+2?", "answer": "4"})])
+    problems = load_jsonl(f)
+    assert [p.prompt for p in problems] == ["1+1?", "2+2?"]
+    assert [p.answer for p in problems] == ["2", "4"]
+    assert problems[0].meta == {"level": 1}
+    assert get_problems(str(f), 1)[0].prompt == "1+1?"
+
+
+def test_jsonl_reports_bad_lines_by_number(tmp_path):
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1}), "{not json",
+                                      json.dumps({"prompt": "b"}), json.dumps([1, 2])])
+    with pytest.raises(ValueError) as e:
+        load_jsonl(f)
+    msg = str(e.value)
+    assert "line 2: not JSON" in msg and "line 3: missing key(s) ['answer']" in msg
+    assert "line 4" in msg and "line 1" not in msg
+
+
+def test_jsonl_empty_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="holds no problems"):
+        load_jsonl(_write(tmp_path / "empty.jsonl", [""]))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_jsonl(tmp_path / "missing.jsonl")

@@ -1,0 +1,6 @@
+"""Matplotlib figures of rollout timelines and task evaluations (object-oriented API)."""
+from .task import accuracy_by_bucket, length_distributions
+from .timeline import active_batch, gantt, length_histogram, mark_percentiles, save_figure
+
+__all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles",
+           "length_distributions", "accuracy_by_bucket"]
