@@ -27,6 +27,13 @@ class PolicyForward:
     Works for Llama-family models (Llama, Qwen2/3, Mistral) as transformers builds them.
     """
 
+    @classmethod
+    def of(cls, model) -> "PolicyForward":
+        """The model's PolicyForward, created once (its norm hook is registered once)."""
+        if not isinstance(getattr(model, "_workbench_forward", None), cls):
+            model._workbench_forward = cls(model)
+        return model._workbench_forward
+
     def __init__(self, model):
         self.model = model
         self.decoder = model.get_decoder()
@@ -116,3 +123,64 @@ class DecodeBatch:
                 if getattr(layer, "is_initialized", False):
                     layer.keys = layer.keys[:, :, first:]
                     layer.values = layer.values[:, :, first:]
+
+    def compact(self, min_holes: int = 16):
+        """Squeeze out holes once they are many: each row's visible columns move right,
+        in order, and the cache is gathered to match. Attention results are unchanged."""
+        if self.size == 0:
+            return
+        counts = self.mask.sum(dim=1)
+        width = int(counts.max())
+        holes = self.mask.shape[1] - width
+        if holes < max(min_holes, self.mask.shape[1] // 4):
+            return
+        # a stable sort of the 0/1 mask puts each row's hidden columns first and keeps the
+        # visible ones in their original order at the end
+        order = torch.sort(self.mask, dim=1, stable=True).indices[:, -width:]
+        self.mask = self.mask.gather(1, order)
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
+                                                     layer.keys.shape[-1])
+                layer.keys = layer.keys.gather(2, idx)
+                layer.values = layer.values.gather(2, idx)
+
+    @classmethod
+    def empty(cls, rows: int, device) -> "DecodeBatch":
+        """A batch of ``rows`` with nothing fed yet (a drafter's cache before its first feed)."""
+        return cls(request_ids=list(range(rows)),
+                   mask=torch.zeros((rows, 0), dtype=torch.long, device=device),
+                   next_pos=torch.zeros(rows, dtype=torch.long, device=device),
+                   last_token=torch.zeros(rows, dtype=torch.long, device=device))
+
+    def append_ragged(self, seqs: list[list[int]], pad_id: int):
+        """Append one block holding each row's new tokens right-aligned (holes before them).
+
+        Returns ``input_ids`` and ``position_ids`` ``[B, L]`` for the block; the last column is
+        every row's newest token, so one forward yields every row's next-token logits.
+        """
+        width = max(len(s) for s in seqs)
+        device = self.mask.device
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        vis = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            if s:
+                ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+                vis[r, width - len(s):] = 1
+        vis = vis.to(device)
+        offsets = vis.cumsum(-1) - 1
+        pos = (self.next_pos[:, None] + offsets).clamp(min=0)
+        self.append_columns(width, visible=vis)
+        self.next_pos = self.next_pos + vis.sum(-1)
+        return ids.to(device), pos
+
+    def crop_right(self, n: int):
+        """Forget the last ``n`` columns, visible to every row (a drafter's speculative tail)."""
+        if n <= 0:
+            return
+        self.mask = self.mask[:, :-n]
+        self.next_pos = self.next_pos - n
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.keys = layer.keys[:, :, :-n]
+                layer.values = layer.values[:, :, :-n]

@@ -14,12 +14,15 @@ from dataclasses import dataclass, field, replace
 import torch
 from tqdm.auto import tqdm
 
-from .batch import DecodeBatch, PolicyForward
-from .sampling import SamplingParams, adjusted_logprobs, choose_tokens, coupled_uniforms, make_uid
+from .batch import PolicyForward
+from .decoder import WaveDecoder
+from .sampling import SamplingParams, make_uid
 from .timeline import Timeline
 from .workers import Backend, LocalBackend
 
 __all__ = ["RolloutConfig", "RequestOutput", "RolloutResult", "RolloutEngine", "StepRecorder"]
+
+SPEC_MODES = ("coupled", "speculative")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,11 @@ class RolloutConfig:
         max_batch_size: rows decoded together on a worker; None = the whole shard at once.
         harvest: keep the policy's pre-norm last hidden state at every fed position (drafter
             training data) in ``RequestOutput.hidden``.
+        spec_k: draft tokens per speculative step (used when a drafter is given).
+        spec_mode: verification when sampling (temperature > 0): "coupled" (output token-
+            identical to the plain coupled rollout) or "speculative" (the rejection-sampling
+            rule of Leviathan et al.; same distribution, different draws). Greedy verifies by
+            exact match.
     """
 
     max_new_tokens: int = 256
@@ -46,9 +54,14 @@ class RolloutConfig:
     workers: int = 1
     max_batch_size: int | None = None
     harvest: bool = False
+    spec_k: int = 4
+    spec_mode: str = "coupled"
 
     def __post_init__(self):
+        if self.spec_mode not in SPEC_MODES:
+            raise ValueError(f"spec_mode must be one of {SPEC_MODES}, got {self.spec_mode!r}")
         checks = [("workers", self.workers, 1), ("max_new_tokens", self.max_new_tokens, 1),
+                  ("spec_k", self.spec_k, 1),
                   ("samples_per_prompt", self.samples_per_prompt, 1), ("rl_step", self.rl_step, 0)]
         for name, value, low in checks:
             if not isinstance(value, int) or value < low:
@@ -79,18 +92,19 @@ class RequestOutput:
     start_s: float = 0.0
     end_s: float = 0.0
     text: str = ""
-    accepted_per_step: list[int] = field(default_factory=list)  # speculative decoding
+    accepted_per_step: list[int] = field(default_factory=list)  # drafts accepted per verify
+    emitted_per_step: list[int] = field(default_factory=list)   # tokens emitted per verify
     drafted: int = 0
     hidden: torch.Tensor | None = None
-    _hidden_chunks: list = field(default_factory=list, repr=False)
 
     def record(self) -> dict:
         """This request's row of the timeline's requests table."""
         return {"worker": self.worker, "uid": self.uid, "prompt_id": self.prompt_id,
                 "sample_idx": self.sample_idx, "start_s": self.start_s, "end_s": self.end_s,
                 "prompt_tokens": len(self.prompt_ids), "response_tokens": len(self.tokens),
-                "finish": self.finish, "verify_steps": len(self.accepted_per_step),
+                "finish": self.finish, "verify_steps": len(self.emitted_per_step),
                 "drafted": self.drafted, "accepted": sum(self.accepted_per_step),
+                "emitted": sum(self.emitted_per_step),
                 "reward": float("nan")}
 
 
@@ -149,12 +163,6 @@ class StepRecorder:
         return end
 
 
-def _timed(fn, *args, **kwargs):
-    t = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t
-
-
 class RolloutEngine:
     """Batched generation over N workers with per-request timelines.
 
@@ -165,7 +173,7 @@ class RolloutEngine:
     def __init__(self, model, tokenizer, backend: Backend | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.policy = PolicyForward(model)
+        self.policy = PolicyForward.of(model)
         self.backend = backend or LocalBackend()
         self.eos_id = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id
@@ -202,18 +210,23 @@ class RolloutEngine:
 
     # ---- the rollout step ---------------------------------------------------------------
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
-                **overrides) -> RolloutResult:
+                drafter=None, **overrides) -> RolloutResult:
         """Generate responses for ``prompts`` (strings or token-id lists).
 
         Keyword overrides replace fields of ``config``, e.g. ``rollout(p, temperature=1.0)``.
+        With a ``drafter`` (see ``workbench.spec``) every step is speculative: the output is
+        lossless (greedy: identical tokens; coupled: identical to the plain coupled rollout;
+        speculative: the policy's distribution).
         """
         config = replace(config or RolloutConfig(), **overrides)
+        if drafter is not None:
+            drafter.check_compatible(self.model, self.tokenizer)
         requests = self.make_requests(self.encode(prompts), config)
         shards = [requests[w::config.workers] for w in range(config.workers)]
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
         step_rows = self.backend.map(
-            lambda w, shard: self.run_worker(w, shard, config, bar.update), shards)
+            lambda w, shard: self.run_worker(w, shard, config, bar.update, drafter), shards)
         bar.close()
         for r in requests:
             r.text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
@@ -223,7 +236,7 @@ class RolloutEngine:
         return RolloutResult(requests, timeline, config)
 
     def run_worker(self, worker: int, shard: list[RequestOutput], config: RolloutConfig,
-                   on_finish=lambda n: None) -> list[dict]:
+                   on_finish=lambda n: None, drafter=None) -> list[dict]:
         """Decode one worker's shard in batches of ``max_batch_size``; its steps-table rows."""
         rec = StepRecorder(worker, self.backend.clock)
         size = config.max_batch_size or max(1, len(shard))
@@ -231,76 +244,22 @@ class RolloutEngine:
             wave = shard[s:s + size]
             for r in wave:
                 r.worker = worker
-            self.decode_wave(wave, config, rec, on_finish)
+            self.decode_wave(wave, config, rec, on_finish, drafter)
         return rec.rows
 
     @torch.no_grad()
     def decode_wave(self, reqs: list[RequestOutput], config: RolloutConfig, rec: StepRecorder,
-                    on_finish=lambda n: None) -> None:
-        """Plain autoregressive decoding of ``reqs`` as one batch until every row finishes."""
-        params = config.sampling
-        start = rec.begin()
-        batch, ids, pos = DecodeBatch.from_prompts([r.prompt_ids for r in reqs],
-                                                   range(len(reqs)), self.pad_id,
-                                                   self.policy.device)
-        for r in reqs:
-            r.start_s = start
-        (logits, hidden), fwd_s = _timed(self.policy, ids, batch.mask, pos, batch.cache)
-        if config.harvest:
-            for row, r in enumerate(reqs):
-                r._hidden_chunks.append(hidden[row, -len(r.prompt_ids):].cpu())
-        kind = "prefill"
-        while True:
-            tok, lp = self.sample(logits[:, -1], params, [reqs[i] for i in batch.request_ids])
-            finished = self.emit(batch, reqs, tok.tolist(), lp.tolist(), config)
-            end = rec.end(kind, batch.size, batch.size, fwd_s)
-            for row in finished:
-                reqs[batch.request_ids[row]].end_s = end
-            on_finish(len(finished))
-            if finished:
-                done = set(finished)
-                keep = [r for r in range(batch.size) if r not in done]
-                if not keep:
-                    break
-                tok = tok[keep]
-                batch.keep_rows(keep)
-            batch.last_token = tok
-            batch.append_columns(1)
-            (logits, hidden), fwd_s = _timed(self.policy, tok[:, None], batch.mask,
-                                             batch.next_pos[:, None], batch.cache)
-            batch.next_pos += 1
-            if config.harvest:
-                for row, i in enumerate(batch.request_ids):
-                    reqs[i]._hidden_chunks.append(hidden[row, -1:].cpu())
-            kind = "decode"
-        if config.harvest:
-            for r in reqs:
-                r.hidden = torch.cat(r._hidden_chunks)
-                r._hidden_chunks = []
-
-    def sample(self, logits: torch.Tensor, params: SamplingParams, rows: list[RequestOutput],
-               offset: int = 0):
-        """Tokens and their adjusted logprobs for each row's next position (coupled draws)."""
-        logp = adjusted_logprobs(logits, params)
-        u = None if params.greedy else coupled_uniforms(
-            params.seed, [r.uid for r in rows], [len(r.tokens) + offset for r in rows])
-        tok = choose_tokens(logp, params, u)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-    def emit(self, batch: DecodeBatch, reqs: list[RequestOutput], tokens: list[int],
-             logprobs: list[float], config: RolloutConfig) -> list[int]:
-        """Append one token per row; the rows that finished (EOS, length or context)."""
-        finished = []
-        room = (self.policy.context - 1 - batch.next_pos).tolist()
-        for row, (t, lp) in enumerate(zip(tokens, logprobs)):
-            r = reqs[batch.request_ids[row]]
-            r.tokens.append(t)
-            r.logprobs.append(lp)
-            if t == self.eos_id:
-                r.finish = "eos"
-            elif len(r.tokens) >= config.max_new_tokens or room[row] <= 0:
-                r.finish = "length"
+                    on_finish=lambda n: None, drafter=None) -> None:
+        """Decode ``reqs`` as one batch until every row finishes: plain steps, or speculative
+        steps of ``config.spec_k`` drafts when a drafter is given."""
+        dec = WaveDecoder(self.policy, reqs, config, rec, self.eos_id, self.pad_id, on_finish,
+                          drafter=drafter)
+        if drafter is not None:
+            drafter.begin()
+        dec.prefill()
+        while not dec.done:
+            if drafter is None:
+                dec.plain_step()
             else:
-                continue
-            finished.append(row)
-        return finished
+                dec.spec_step(config.spec_k)
+        dec.finish()

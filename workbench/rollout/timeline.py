@@ -34,7 +34,7 @@ STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tok
                 "forward_s", "clock"]
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
-                   "accepted", "reward"]
+                   "accepted", "emitted", "reward"]
 CLOCKS = ("wall", "sim")
 
 

@@ -1,0 +1,172 @@
+"""Drafters: anything that proposes ``k`` tokens per row for the policy to verify.
+
+Every drafter implements the same four calls, which the engine makes:
+
+- ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
+- ``begin()`` at the start of each batch (a *wave*): forget all per-row state.
+- ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V])``: read the rows' committed sequences
+  from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on what is new,
+  and propose. ``logq`` is the drafter's adjusted distribution at each draft (one-hot for
+  deterministic drafters); speculative sampling needs it.
+- ``keep_rows(rows)`` when finished rows leave the batch.
+
+Drafters with a KV cache keep it in a :class:`~workbench.rollout.batch.DecodeBatch`: each round
+first drops the speculative tail it fed while chaining (the last ``k - 1`` columns), then feeds
+every committed token it has not seen in one ragged block, then chains ``k`` drafts.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..rollout.batch import DecodeBatch, PolicyForward
+
+__all__ = ["Drafter", "NGramDrafter", "ScriptedDrafter", "LMDrafter", "one_hot_logq"]
+
+
+def one_hot_logq(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
+    """log of a one-hot distribution on ``tokens``: a deterministic proposal, as ``logq``."""
+    out = torch.full((*tokens.shape, vocab_size), float("-inf"), dtype=dtype,
+                     device=tokens.device)
+    return out.scatter_(-1, tokens[..., None], 0.0)
+
+
+def _vocab_size(model) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+class Drafter:
+    """Base class: vocabulary bookkeeping shared by every drafter."""
+
+    name = "drafter"
+    needs_hidden = False  # True: the engine keeps the policy's hidden states for it
+
+    vocab_size: int = 0
+
+    def check_compatible(self, policy, tokenizer) -> None:
+        self.vocab_size = _vocab_size(policy)
+        self.dtype = policy.get_output_embeddings().weight.dtype
+        if self.dtype in (torch.float16, torch.bfloat16):
+            self.dtype = torch.float32
+
+    def begin(self) -> None:
+        pass
+
+    def keep_rows(self, rows: list[int]) -> None:
+        pass
+
+    def draft(self, ctx, k: int):
+        raise NotImplementedError
+
+
+class NGramDrafter(Drafter):
+    """Model-free prompt lookup: continue the latest earlier match of the sequence's last
+    ``n``-gram (``n`` from ``max_ngram`` down to ``min_ngram``); repeat the last token when
+    nothing matches."""
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, seq: list[int], k: int) -> list[int]:
+        arr = np.asarray(seq)
+        for n in range(min(self.max_ngram, len(arr) - 1), self.min_ngram - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            if hits.size:
+                start = hits[-1] + n
+                cont = arr[start:start + k].tolist()
+                return cont + [cont[-1]] * (k - len(cont))
+        return [int(arr[-1])] * k
+
+    def draft(self, ctx, k):
+        device = ctx.decoder.batch.mask.device
+        tokens = torch.tensor([self.propose(s, k) for s in ctx.sequences], dtype=torch.long,
+                              device=device)
+        return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype)
+
+
+class ScriptedDrafter(Drafter):
+    """For tests: proposes a known continuation of each request with one wrong token.
+
+    ``continuations[uid]`` is the policy's own greedy response; ``wrong_at[uid]`` is the draft
+    depth whose token is replaced by another one in every round, so that row accepts exactly
+    ``wrong_at[uid]`` drafts per verify step (all ``k`` if ``wrong_at >= k``).
+    """
+
+    name = "scripted"
+
+    def __init__(self, continuations: dict[int, list[int]], wrong_at: dict[int, int]):
+        self.continuations, self.wrong_at = continuations, wrong_at
+
+    def draft(self, ctx, k):
+        out = []
+        for uid, n_resp in zip(ctx.uids, ctx.response_lengths):
+            prop = (self.continuations[uid][n_resp:n_resp + k] + [0] * k)[:k]
+            j = self.wrong_at[uid]
+            if j < k:
+                prop[j] = (prop[j] + 1) % self.vocab_size
+            out.append(prop)
+        tokens = torch.tensor(out, dtype=torch.long, device=ctx.decoder.batch.mask.device)
+        return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype)
+
+
+class LMDrafter(Drafter):
+    """Any small HF causal LM that shares the policy's tokenizer, with its own KV cache."""
+
+    name = "small_lm"
+
+    def __init__(self, model, tokenizer=None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.forward = PolicyForward.of(model)
+        self.state: DecodeBatch | None = None
+        self.seen: list[int] = []
+        self.spec_cols = 0
+
+    def check_compatible(self, policy, tokenizer) -> None:
+        super().check_compatible(policy, tokenizer)
+        if self.model is policy:
+            raise ValueError("the policy cannot serve as its own drafter; pass a smaller model")
+        mine = _vocab_size(self.model)
+        if mine != self.vocab_size:
+            raise ValueError(f"drafter vocabulary size {mine} does not match the policy's "
+                             f"{self.vocab_size}; the drafter must share the policy's tokenizer")
+        if self.tokenizer is not None and self.tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError("drafter tokenizer does not match the policy's tokenizer (their "
+                             "vocabularies differ); the drafter must share the policy's tokenizer")
+
+    def begin(self) -> None:
+        self.state, self.seen, self.spec_cols = None, [], 0
+
+    def keep_rows(self, rows):
+        if self.state is not None:
+            self.state.keep_rows(rows)
+            self.seen = [self.seen[r] for r in rows]
+
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        seqs = ctx.sequences
+        if self.state is None:
+            self.state = DecodeBatch.empty(len(seqs), self.forward.device)
+            self.seen = [0] * len(seqs)
+        st = self.state
+        st.crop_right(self.spec_cols)
+        ids, pos = st.append_ragged([s[n:] for s, n in zip(seqs, self.seen)], 0)
+        self.seen = [len(s) for s in seqs]
+        logits, _ = self.forward(ids, st.mask, pos, st.cache)
+        tokens, logqs = [], []
+        for depth in range(k):
+            tok, logq = ctx.choose(logits[:, -1], depth)
+            tokens.append(tok)
+            logqs.append(logq)
+            if depth < k - 1:
+                st.append_columns(1)
+                logits, _ = self.forward(tok[:, None], st.mask, st.next_pos[:, None], st.cache)
+                st.next_pos += 1
+        self.spec_cols = k - 1
+        st.compact()
+        return torch.stack(tokens, 1), torch.stack(logqs, 1)
