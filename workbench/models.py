@@ -15,13 +15,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-__all__ = ["DATA_DIR", "EMBEDDED", "resolve_model_path", "load_model", "save_model",
+__all__ = ["DATA_DIR", "EMBEDDED", "DEFAULT_EAGLE", "resolve_model_path", "load_model", "save_model",
            "default_device"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 EMBEDDED = {
-    "default": DATA_DIR / "models" / "policy",
+    "default": DATA_DIR / "models" / "policy",              # the default policy
+    "default-drafter": DATA_DIR / "models" / "drafter_lm",  # small-LM drafter of that policy
 }
+DEFAULT_EAGLE = DATA_DIR / "models" / "eagle_head"          # EAGLE head of that policy
 
 
 def default_device() -> torch.device:

@@ -1,0 +1,248 @@
+"""Speculative decoding is lossless, per row, for every drafter (float64 throughout)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+import workbench.spec.verify as verify
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.decoder import WaveDecoder
+from workbench.rollout.engine import StepRecorder
+from workbench.spec import LMDrafter, NGramDrafter, ScriptedDrafter
+from workbench.spec.eagle import EagleDrafter, EagleHead
+from workbench.spec.train import EagleTrainConfig, harvest_pairs, train_eagle
+from workbench.zoo.tokenizer import build_char_tokenizer
+
+from .conftest import PROMPTS, tiny_model
+from .test_rollout import hf_greedy
+
+
+def drafters_for(arch, model, tokenizer):
+    torch.manual_seed(1)
+    return {"eagle": EagleDrafter(EagleHead(model)), "ngram": NGramDrafter(),
+            "small_lm": LMDrafter(tiny_model("llama", tokenizer, seed=9, layers=1), tokenizer)}
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_sd_is_token_identical_for_every_drafter(tiny_gqa, tokenizer, k):
+    engine = RolloutEngine(tiny_gqa, tokenizer)
+    plain = engine.rollout(PROMPTS, max_new_tokens=40, progress=False)
+    assert plain.tokens == hf_greedy(tiny_gqa, tokenizer, PROMPTS, 40)
+    scripted = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                               {r.uid: i % (k + 1) for i, r in enumerate(plain.requests)})
+    for name, drafter in {**drafters_for("", tiny_gqa, tokenizer), "scripted": scripted}.items():
+        res = engine.rollout(PROMPTS, max_new_tokens=40, progress=False, drafter=drafter,
+                             spec_k=k)
+        assert res.tokens == plain.tokens, name
+        np.testing.assert_allclose(np.concatenate(res.logprobs), np.concatenate(plain.logprobs),
+                                   atol=1e-9)
+        steps = res.timeline.steps
+        assert {"prefill", "draft", "verify"} <= set(steps["kind"]), name
+
+
+def test_scripted_rows_accept_known_different_counts(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    k = 4
+    plain = engine.rollout(PROMPTS, max_new_tokens=48, progress=False)
+    wrong_at = {r.uid: i % (k + 1) for i, r in enumerate(plain.requests)}  # 0..4 per row
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests}, wrong_at)
+    res = engine.rollout(PROMPTS, max_new_tokens=48, progress=False, drafter=drafter, spec_k=k)
+    assert res.tokens == plain.tokens
+    seen_counts = set()
+    for r in res.requests:
+        expected = wrong_at[r.uid]  # wrong_at == k: every draft accepted
+        # every verify step but the last accepts exactly the scripted count; the last may
+        # run past the end of the known continuation
+        assert r.accepted_per_step[:-1] == [expected] * (len(r.accepted_per_step) - 1)
+        assert r.emitted_per_step[:-1] == [expected + 1] * (len(r.emitted_per_step) - 1)
+        assert sum(r.emitted_per_step) == len(r.tokens) - 1  # the first token came from prefill
+        seen_counts.add(expected)
+    assert seen_counts == set(range(k + 1))
+    t = res.timeline.requests.set_index("uid")
+    for r in res.requests:
+        assert t.loc[r.uid, "accepted"] == sum(r.accepted_per_step)
+        assert t.loc[r.uid, "verify_steps"] == len(r.emitted_per_step)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_coupled_sd_reproduces_the_plain_coupled_rollout(arch, tokenizer):
+    model = tiny_model(arch, tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=40, temperature=1.0, top_p=0.9, seed=11,
+                        samples_per_prompt=2)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    for name, drafter in drafters_for(arch, model, tokenizer).items():
+        res = engine.rollout(PROMPTS, cfg, progress=False, drafter=drafter, spec_k=3)
+        assert res.tokens == plain.tokens, name
+
+
+def test_visible_kv_equals_a_fresh_recompute_after_rejections(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=60, spec_k=4)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    reqs = engine.make_requests(engine.encode(PROMPTS), cfg)
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: i % 3 for i, r in enumerate(plain.requests)})
+    drafter.check_compatible(model, tokenizer)
+    dec = WaveDecoder(engine.policy, reqs, cfg, StepRecorder(0, "sim"), engine.eos_id,
+                      engine.pad_id, drafter=drafter)
+    dec.prefill()
+    for _ in range(4):
+        dec.spec_step(4)
+    b = dec.batch
+    assert b.size >= 2 and (b.mask == 0).any()  # live rows with holes from rejections
+    for row, i in enumerate(b.request_ids):
+        fed = reqs[i].prompt_ids + reqs[i].tokens[:-1]  # the last emitted token is not fed yet
+        fresh = DynamicCache()
+        with torch.no_grad():
+            model(torch.tensor([fed]), cache=fresh, use_cache=True)
+        visible = b.mask[row].bool()
+        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
+        for mine, ref in zip(b.cache.layers, fresh.layers):
+            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=1e-10, rtol=0)
+            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0], atol=1e-10,
+                                       rtol=0)
+
+
+class _NoEosTokenizer:
+    """The three attributes the engine needs, for a vocabulary of bare ids."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def _peaky_llama(seed, vocab=5):
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=32, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).double().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)  # far from uniform, so a wrong rule shows
+    return model
+
+
+def _chi_square(counts: dict, probs: dict) -> tuple[float, int]:
+    """Pearson's statistic over cells expected >= 5 (the rest pooled) and its degrees of freedom."""
+    n = sum(counts.values())
+    big = [c for c in probs if probs[c] * n >= 5]
+    stat = sum((counts.get(c, 0) - probs[c] * n) ** 2 / (probs[c] * n) for c in big)
+    rest_p = 1 - sum(probs[c] for c in big)
+    rest_n = n - sum(counts.get(c, 0) for c in big)
+    cells = len(big)
+    if rest_p * n >= 5:
+        stat += (rest_n - rest_p * n) ** 2 / (rest_p * n)
+        cells += 1
+    return stat, cells - 1
+
+
+def _chi2_quantile(df: int, z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _joint_3(model, prompt, vocab=5):
+    seqs = [[a, b, c] for a in range(vocab) for b in range(vocab) for c in range(vocab)]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + s[:2] for s in seqs])).logits, -1)
+    n = len(prompt)
+    out = {}
+    for i, s in enumerate(seqs):
+        out[tuple(s)] = float(sum(logp[i, n - 1 + j, s[j]] for j in range(3)).exp())
+    return out
+
+
+def _sample_joint(policy, drafter_model, prompt, n, seed):
+    engine = RolloutEngine(policy, _NoEosTokenizer())
+    res = engine.rollout([prompt], progress=False, drafter=LMDrafter(drafter_model),
+                         max_new_tokens=3, temperature=1.0, samples_per_prompt=n, seed=seed,
+                         spec_k=2, spec_mode="speculative")
+    counts = {}
+    for t in res.tokens:
+        counts[tuple(t)] = counts.get(tuple(t), 0) + 1
+    t = res.timeline.requests
+    return counts, t["accepted"].sum() / t["drafted"].sum()
+
+
+def test_speculative_sampling_reproduces_the_policy_joint_distribution(monkeypatch):
+    policy, poor_drafter = _peaky_llama(0), _peaky_llama(1)
+    prompt = [1, 2, 3]
+    probs = _joint_3(policy, prompt)
+    counts, acceptance = _sample_joint(policy, poor_drafter, prompt, 6000, seed=5)
+    assert acceptance < 0.5  # the drafter is poor, so the rejection path is exercised
+    stat, df = _chi_square(counts, probs)
+    assert df >= 8 and stat < _chi2_quantile(df), (stat, df)
+
+    # the same test catches a wrong rule: resampling from p instead of max(0, p - q)
+    real = verify.speculative_accept
+
+    def resample_from_p(draft, logp, logq, accept_u, resample_u):
+        accepted, _ = real(draft, logp, logq, accept_u, resample_u)
+        rows = torch.arange(draft.shape[0])
+        cdf = logp[rows, accepted].exp().cumsum(-1)
+        u = torch.as_tensor(np.asarray(resample_u), dtype=cdf.dtype)[rows, accepted]
+        last = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)
+        return accepted, last.squeeze(-1).clamp(max=logp.shape[-1] - 1)
+
+    monkeypatch.setattr(verify, "speculative_accept", resample_from_p)
+    counts, _ = _sample_joint(policy, poor_drafter, prompt, 6000, seed=5)
+    stat, df = _chi_square(counts, probs)
+    assert stat > _chi2_quantile(df), (stat, df)
+
+
+def test_drafter_with_another_vocabulary_or_tokenizer_is_rejected(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1)).eval()
+    with pytest.raises(ValueError, match="vocabulary size 50 does not match the policy's 100"):
+        engine.rollout(["a1?"], drafter=LMDrafter(other), progress=False)
+    shuffled = build_char_tokenizer()
+    shuffled.add_tokens(["<extra>"])
+    with pytest.raises(ValueError, match="tokenizer does not match"):
+        engine.rollout(["a1?"], drafter=LMDrafter(tiny_model("llama", tokenizer, seed=3),
+                                                  shuffled), progress=False)
+    with pytest.raises(ValueError, match="cannot serve as its own drafter"):
+        engine.rollout(["a1?"], drafter=LMDrafter(model, tokenizer), progress=False)
+    with pytest.raises(ValueError, match="spec_k must be an integer >= 1"):
+        engine.rollout(["a1?"], drafter=NGramDrafter(), spec_k=0, progress=False)
+
+
+def test_eagle_checkpoint_of_another_architecture_is_rejected(tokenizer, tmp_path):
+    head = EagleHead(tiny_model("llama", tokenizer))
+    head.save_pretrained(tmp_path / "head")
+    other = tiny_model("qwen2", tokenizer)
+    with pytest.raises(ValueError, match="belongs to another policy architecture.*model_type"):
+        EagleHead.from_pretrained(tmp_path / "head", other)
+    wider = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=96,
+                                         intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="hidden_size: head 64 vs policy 96"):
+        EagleDrafter(EagleHead.from_pretrained(tmp_path / "head", tiny_model("llama", tokenizer)),
+                     wider)
+
+
+def test_eagle_training_on_harvest_learns_and_round_trips(tokenizer, tmp_path):
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    engine = RolloutEngine(model, tokenizer)
+    res = engine.rollout(PROMPTS * 4, max_new_tokens=24, temperature=1.0, harvest=True,
+                         progress=False)
+    pairs = harvest_pairs(res)
+    head, hist = train_eagle(model, pairs, EagleTrainConfig(steps=60, batch_size=8, unroll=1),
+                             out_dir=tmp_path / "eagle", progress=False)
+    assert hist["loss"].iloc[-10:].mean() < 0.8 * hist["loss"].iloc[:5].mean()
+    back = EagleHead.from_pretrained(tmp_path / "eagle", model)
+    for a, b in zip(head.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(a, b)
+    greedy = engine.rollout(PROMPTS, max_new_tokens=24, progress=False)
+    sd = engine.rollout(PROMPTS, max_new_tokens=24, progress=False,
+                        drafter=EagleDrafter(back), spec_k=3)
+    assert sd.tokens == greedy.tokens

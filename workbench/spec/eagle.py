@@ -1,0 +1,186 @@
+"""The EAGLE-style drafter: one decoder layer that predicts the policy's next hidden state.
+
+Architecture (TLT / EAGLE): ``fc = Linear(2H -> H)`` on concat(token embedding, policy
+pre-norm hidden state), one decoder layer of the policy's own architecture, then the policy's
+frozen final norm and LM head. The embedding, norm and LM head are the policy's (shared and
+frozen), so the head itself is small and always speaks the policy's vocabulary.
+
+A pair ``(h_t, x_{t+1})`` sits at position ``t``: the state that predicted a token, and that
+token. From it the head predicts ``h_{t+1}``, whose logits give the draft for ``x_{t+2}``;
+chaining feeds the predicted state back in. The head saves with ``save_pretrained`` into a
+folder holding ``eagle_config.json`` (which policy architecture it belongs to) and its weights.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..rollout.batch import DecodeBatch
+from .drafters import Drafter
+
+__all__ = ["EagleHead", "EagleDrafter", "policy_fingerprint", "causal_mask_4d"]
+
+_FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size", "max_position_embeddings")
+
+
+def policy_fingerprint(config) -> dict:
+    """The architecture facts a head depends on; a head only loads onto a matching policy."""
+    return {k: getattr(config, k, None) for k in _FINGERPRINT_KEYS}
+
+
+def causal_mask_4d(mask: torch.Tensor, q_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask ``[B, 1, q, T]`` for the last ``q_len`` of ``T`` columns:
+    a query sees visible columns (``mask == 1``) at or before its own."""
+    t = mask.shape[1]
+    rows = torch.arange(q_len, device=mask.device)[:, None] + (t - q_len)
+    cols = torch.arange(t, device=mask.device)[None, :]
+    allowed = (cols <= rows)[None] & mask[:, None, :].bool()
+    out = torch.zeros(allowed.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+@dataclass
+class EagleConfig:
+    policy: dict            # policy_fingerprint of the policy the head was built for
+    policy_name: str = ""   # where that policy came from, for the reader
+
+    def check(self, policy_config) -> None:
+        mine, theirs = self.policy, policy_fingerprint(policy_config)
+        diff = {k: (mine.get(k), theirs[k]) for k in theirs if mine.get(k) != theirs[k]}
+        if diff:
+            detail = ", ".join(f"{k}: head {a!r} vs policy {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"this EAGLE head belongs to another policy architecture ({detail})"
+                             f"; train a head for this policy")
+
+
+class EagleHead(nn.Module):
+    """``fc`` + one decoder layer of the policy's class; returns predicted pre-norm states."""
+
+    def __init__(self, policy):
+        super().__init__()
+        cfg = policy.config
+        self.config = EagleConfig(policy_fingerprint(cfg), str(getattr(cfg, "_name_or_path", "")))
+        h = cfg.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        layer_cls = type(policy.get_decoder().layers[0])
+        self.layer = layer_cls(cfg, layer_idx=0)
+        self.to(dtype=policy.get_output_embeddings().weight.dtype,
+                device=policy.get_output_embeddings().weight.device)
+
+    def forward(self, emb, hidden, attention_mask, position_embeddings, cache=None):
+        x = self.fc(torch.cat([emb, hidden], dim=-1))
+        return self.layer(x, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                          cache=cache, use_cache=cache is not None)
+
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Write ``eagle_config.json`` and ``head.pt`` into ``path`` atomically."""
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise FileExistsError(f"cannot save an EAGLE head to {str(path)!r}: it is a file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        (tmp / "eagle_config.json").write_text(json.dumps(asdict(self.config), indent=2))
+        torch.save({k: v.detach().cpu() for k, v in self.state_dict().items()}, tmp / "head.pt")
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, policy) -> "EagleHead":
+        """Load a head saved by ``save_pretrained`` onto ``policy`` (architectures must match)."""
+        path = Path(path)
+        cfg_path = path / "eagle_config.json"
+        if not cfg_path.is_file():
+            raise FileNotFoundError(f"no EAGLE head in {str(path)!r}: expected eagle_config.json "
+                                    "and head.pt (EagleHead.save_pretrained writes them)")
+        EagleConfig(**json.loads(cfg_path.read_text())).check(policy.config)
+        head = cls(policy)
+        head.load_state_dict(torch.load(path / "head.pt", map_location="cpu", weights_only=True))
+        head.config = EagleConfig(**json.loads(cfg_path.read_text()))
+        return head.to(policy.get_output_embeddings().weight.device)
+
+
+class EagleDrafter(Drafter):
+    """Drafts with an :class:`EagleHead` on top of the policy's own embedding, norm and head."""
+
+    name = "eagle"
+    needs_hidden = True
+
+    def __init__(self, head: EagleHead, policy=None):
+        self.head = head.eval()
+        self.state: DecodeBatch | None = None
+        self.seen: list[int] = []
+        self.spec_cols = 0
+        if policy is not None:
+            self.bind(policy)
+
+    def bind(self, policy) -> None:
+        """Use ``policy``'s frozen embedding, final norm, rotary embedding and LM head."""
+        self.head.config.check(policy.config)
+        decoder = policy.get_decoder()
+        self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
+        self.rotary, self.lm_head = decoder.rotary_emb, policy.get_output_embeddings()
+
+    def check_compatible(self, policy, tokenizer) -> None:
+        super().check_compatible(policy, tokenizer)
+        self.bind(policy)
+
+    def begin(self) -> None:
+        self.state, self.seen, self.spec_cols = None, [], 0
+
+    def keep_rows(self, rows):
+        if self.state is not None:
+            self.state.keep_rows(rows)
+            self.seen = [self.seen[r] for r in rows]
+
+    def _step(self, ids, hidden, pos):
+        st = self.state
+        emb = self.embed(ids)
+        mask = causal_mask_4d(st.mask, ids.shape[1], emb.dtype)
+        out = self.head(emb, hidden, mask, self.rotary(emb, pos), cache=st.cache)
+        return out[:, -1:]
+
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        seqs = ctx.sequences
+        pending = ctx.pending_hidden()
+        if self.state is None:
+            self.state = DecodeBatch.empty(len(seqs), self.lm_head.weight.device)
+            self.seen = [0] * len(seqs)
+        st = self.state
+        st.crop_right(self.spec_cols)
+        # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
+        new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
+        for r, (toks, h) in enumerate(zip(new, pending)):
+            if h is None or len(toks) != h.shape[0]:
+                raise RuntimeError(f"row {r}: {len(toks)} new tokens but "
+                                   f"{0 if h is None else h.shape[0]} policy states")
+        ids, pos = st.append_ragged(new, 0)
+        hidden = torch.zeros((*ids.shape, pending[0].shape[-1]), dtype=pending[0].dtype,
+                             device=ids.device)
+        for r, h in enumerate(pending):
+            hidden[r, ids.shape[1] - h.shape[0]:] = h
+        self.seen = [len(s) - 1 for s in seqs]
+        feat = self._step(ids, hidden, pos)
+        tokens, logqs = [], []
+        for depth in range(k):
+            logits = self.lm_head(self.norm(feat))[:, -1]
+            tok, logq = ctx.choose(logits, depth)
+            tokens.append(tok)
+            logqs.append(logq)
+            if depth < k - 1:
+                st.append_columns(1)
+                feat = self._step(tok[:, None], feat, st.next_pos[:, None])
+                st.next_pos += 1
+        self.spec_cols = k - 1
+        st.compact()
+        return torch.stack(tokens, 1), torch.stack(logqs, 1)
