@@ -19,27 +19,27 @@ from .conftest import PROMPTS, tiny_model
 from .test_rollout import hf_greedy
 
 
-def drafters_for(arch, model, tokenizer):
+def drafters_for(model, tokenizer):
     torch.manual_seed(1)
     return {"eagle": EagleDrafter(EagleHead(model)), "ngram": NGramDrafter(),
             "small_lm": LMDrafter(tiny_model("llama", tokenizer, seed=9, layers=1), tokenizer)}
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_greedy_sd_is_token_identical_for_every_drafter(tiny_gqa, tokenizer, k):
+def test_greedy_sd_is_token_identical_for_every_drafter(tiny_gqa, tokenizer):
+    prompts = PROMPTS[:5]
     engine = RolloutEngine(tiny_gqa, tokenizer)
-    plain = engine.rollout(PROMPTS, max_new_tokens=40, progress=False)
-    assert plain.tokens == hf_greedy(tiny_gqa, tokenizer, PROMPTS, 40)
-    scripted = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
-                               {r.uid: i % (k + 1) for i, r in enumerate(plain.requests)})
-    for name, drafter in {**drafters_for("", tiny_gqa, tokenizer), "scripted": scripted}.items():
-        res = engine.rollout(PROMPTS, max_new_tokens=40, progress=False, drafter=drafter,
-                             spec_k=k)
-        assert res.tokens == plain.tokens, name
-        np.testing.assert_allclose(np.concatenate(res.logprobs), np.concatenate(plain.logprobs),
-                                   atol=1e-9)
-        steps = res.timeline.steps
-        assert {"prefill", "draft", "verify"} <= set(steps["kind"]), name
+    plain = engine.rollout(prompts, max_new_tokens=32, progress=False)
+    assert plain.tokens == hf_greedy(tiny_gqa, tokenizer, prompts, 32)
+    for k in (1, 3):
+        scripted = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                                   {r.uid: i % (k + 1) for i, r in enumerate(plain.requests)})
+        for name, drafter in {**drafters_for(tiny_gqa, tokenizer), "scripted": scripted}.items():
+            res = engine.rollout(prompts, max_new_tokens=32, progress=False, drafter=drafter,
+                                 spec_k=k)
+            assert res.tokens == plain.tokens, (name, k)
+            np.testing.assert_allclose(np.concatenate(res.logprobs),
+                                       np.concatenate(plain.logprobs), atol=1e-9)
+            assert {"prefill", "draft", "verify"} <= set(res.timeline.steps["kind"]), name
 
 
 def test_scripted_rows_accept_known_different_counts(tokenizer):
@@ -71,11 +71,11 @@ def test_scripted_rows_accept_known_different_counts(tokenizer):
 def test_coupled_sd_reproduces_the_plain_coupled_rollout(arch, tokenizer):
     model = tiny_model(arch, tokenizer, seed=4)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=40, temperature=1.0, top_p=0.9, seed=11,
+    cfg = RolloutConfig(max_new_tokens=32, temperature=1.0, top_p=0.9, seed=11,
                         samples_per_prompt=2)
-    plain = engine.rollout(PROMPTS, cfg, progress=False)
-    for name, drafter in drafters_for(arch, model, tokenizer).items():
-        res = engine.rollout(PROMPTS, cfg, progress=False, drafter=drafter, spec_k=3)
+    plain = engine.rollout(PROMPTS[:4], cfg, progress=False)
+    for name, drafter in drafters_for(model, tokenizer).items():
+        res = engine.rollout(PROMPTS[:4], cfg, progress=False, drafter=drafter, spec_k=3)
         assert res.tokens == plain.tokens, name
 
 
@@ -238,7 +238,10 @@ def test_eagle_training_on_harvest_learns_and_round_trips(tokenizer, tmp_path):
     pairs = harvest_pairs(res)
     head, hist = train_eagle(model, pairs, EagleTrainConfig(steps=60, batch_size=8, unroll=1),
                              out_dir=tmp_path / "eagle", progress=False)
-    assert hist["loss"].iloc[-10:].mean() < 0.8 * hist["loss"].iloc[:5].mean()
+    # a random policy's next-token distribution is near uniform, so the soft CE cannot fall
+    # far; the state regression and the top-1 agreement with the policy must improve
+    assert hist["smooth_l1"].iloc[-10:].mean() < 0.5 * hist["smooth_l1"].iloc[:5].mean()
+    assert hist["top1_depth1"].iloc[-10:].mean() > hist["top1_depth1"].iloc[:5].mean()
     back = EagleHead.from_pretrained(tmp_path / "eagle", model)
     for a, b in zip(head.state_dict().values(), back.state_dict().values()):
         assert torch.equal(a, b)

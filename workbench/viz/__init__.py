@@ -1,6 +1,8 @@
 """Matplotlib figures of rollout timelines and task evaluations (object-oriented API)."""
+from .spec import acceptance_vs_batch, sd_time_breakdown, speedup_vs_batch
 from .task import accuracy_by_bucket, length_distributions
 from .timeline import active_batch, gantt, length_histogram, mark_percentiles, save_figure
 
 __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles",
-           "length_distributions", "accuracy_by_bucket"]
+           "length_distributions", "accuracy_by_bucket", "speedup_vs_batch", "acceptance_vs_batch",
+           "sd_time_breakdown"]
