@@ -1,0 +1,59 @@
+"""The per-row KV bookkeeping of a decoding batch: dropping rows, trimming, compaction."""
+import torch
+from transformers import DynamicCache
+
+from workbench.rollout.batch import DecodeBatch
+
+
+def _batch_with_holes(seed=0, rows=3, width=40, heads=2, dim=4):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(rows, width, generator=g) > 0.5).long()
+    mask[:, :3] = 0                     # left padding common to every row
+    cache = DynamicCache()
+    for layer in range(2):
+        keys = torch.randn(rows, heads, width, dim, generator=g, dtype=torch.float64)
+        cache.update(keys, keys * 2, layer)
+    batch = DecodeBatch(list(range(rows)), mask, mask.sum(1), torch.zeros(rows, dtype=torch.long),
+                        cache)
+    return batch
+
+
+def _visible(batch):
+    return [[layer.keys[r][:, batch.mask[r].bool()].clone() for layer in batch.cache.layers]
+            for r in range(batch.size)]
+
+
+def test_compact_keeps_every_rows_visible_entries_in_order():
+    batch = _batch_with_holes()
+    before = _visible(batch)
+    width_before = batch.mask.shape[1]
+    batch.compact(min_holes=1)
+    assert batch.mask.shape[1] == int(batch.mask.sum(1).max()) < width_before
+    for row, layers in zip(_visible(batch), before):
+        for a, b in zip(row, layers):
+            assert torch.equal(a, b)
+    assert torch.equal(batch.cache.layers[0].values, 2 * batch.cache.layers[0].keys)
+
+
+def test_keep_rows_drops_rows_and_trims_shared_left_padding():
+    batch = _batch_with_holes()
+    before = _visible(batch)
+    batch.keep_rows([2, 1])
+    assert batch.request_ids == [2, 1] and batch.size == 2
+    assert batch.mask[:, 0].any()  # leading columns nobody sees were trimmed
+    after = _visible(batch)
+    for a, b in zip(after[0] + after[1], before[2] + before[1]):
+        assert torch.equal(a, b)
+
+
+def test_append_ragged_right_aligns_new_tokens_and_counts_positions():
+    batch = DecodeBatch.empty(3, "cpu")
+    ids, pos = batch.append_ragged([[5, 6, 7], [8], []], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
+    assert batch.mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+    assert pos[0].tolist() == [0, 1, 2] and pos[1, 2] == 0
+    assert batch.next_pos.tolist() == [3, 1, 0]
+    batch.append_columns(2)
+    batch.next_pos += 2
+    batch.crop_right(2)
+    assert batch.mask.shape[1] == 3 and batch.next_pos.tolist() == [3, 1, 0]
