@@ -33,7 +33,7 @@ def test_default_policy_loads_from_a_copied_folder(tmp_path):
 
 
 def test_unknown_model_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"unknown model 'no-such-model'.*\['default'\]"):
+    with pytest.raises(FileNotFoundError, match=r"unknown model 'no-such-model'.*Accepted: \['default'"):
         load_model("no-such-model")
     with pytest.raises(FileNotFoundError, match="folder without config.json"):
         load_model(tmp_path)

@@ -13,12 +13,15 @@ def test_generator_is_seeded():
     assert t.generate(50, seed=3) != t.generate(50, seed=4)
 
 
-def test_reference_trace_is_a_correct_running_sum():
-    for p in RunningSumTask().generate(200, seed=1):
+@pytest.mark.parametrize("task,mod", [(RunningSumTask(), 10),
+                                      (RunningSumTask(max_value=99, modulus=None), None)])
+def test_reference_trace_is_a_correct_running_total(task, mod):
+    for p in task.generate(200, seed=1):
         items = [int(w[1:]) for w in p.prompt.rstrip("?").split()]
+        assert max(items) <= task.max_value
         steps = p.reference.split()
         assert len(steps) == len(items) + 1 == p.meta["items"] + 1
-        totals = np.cumsum(items)
+        totals = np.cumsum(items) if mod is None else np.cumsum(items) % mod
         for step, total, word in zip(steps, totals, p.prompt.rstrip("?").split()):
             assert step == f"{word}={total}"
         assert steps[-1] == f"#{totals[-1]}" and p.answer == str(totals[-1])
@@ -46,6 +49,8 @@ def test_reward_reads_the_final_answer():
 def test_task_rejects_bad_arguments():
     with pytest.raises(ValueError, match="max_items"):
         RunningSumTask(max_items=30)
+    with pytest.raises(ValueError, match="modulus must be None or >= 2, got 1"):
+        RunningSumTask(modulus=1)
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         get_problems("nope", 3)
     with pytest.raises(ValueError, match="num"):

@@ -1,10 +1,14 @@
-"""The embedded default task: add up a labelled list of numbers, one written step per item.
+"""The embedded default task: a running total over a labelled list, one written step per item.
 
-A problem lists ``n`` labelled two-digit numbers, and the worked solution keeps a running
-total, one step per item, then states the answer after ``#``::
+A problem lists ``n`` labelled numbers; the worked solution keeps a running total (modulo
+``modulus``), one step per item, then states the answer after ``#``. The default uses digits
+and modulus 10, so every step is one lookup (find the next label, add one digit)::
 
-    prompt     a47 b5 c81?
-    reference   a47=47 b5=52 c81=133 #133
+    prompt     a7 b5 c8?
+    reference   a7=7 b5=2 c8=0 #0
+
+With ``modulus=None`` and ``max_value=99`` it is a plain running sum of two-digit numbers
+(`` a47=47 b5=52 c81=133 #133``), much harder for a small model.
 
 Why this shape: the trace length grows linearly with ``n`` and ``n`` is drawn from a clipped
 log-normal, so reference lengths are long-tailed the way reasoning-RL responses are (a few
@@ -35,13 +39,15 @@ class RunningSumTask:
         sigma: log-normal spread of ``n``; larger gives a heavier tail.
         min_items, max_items: clip range of ``n`` (``max_items`` <= 26 labels).
         max_value: items are drawn uniformly from ``1..max_value``.
+        modulus: the running total is kept modulo this (None: the plain sum).
     """
 
     median_items: float = 4.0
-    sigma: float = 0.8
+    sigma: float = 0.9
     min_items: int = 2
     max_items: int = 26
-    max_value: int = 99
+    max_value: int = 9
+    modulus: int | None = 10
     name: str = "running_sum"
 
     def __post_init__(self):
@@ -51,6 +57,8 @@ class RunningSumTask:
                 f"min_items={self.min_items}, max_items={self.max_items}")
         if self.max_value < 1:
             raise ValueError(f"max_value must be >= 1, got {self.max_value}")
+        if self.modulus is not None and self.modulus < 2:
+            raise ValueError(f"modulus must be None or >= 2, got {self.modulus}")
 
     def sample_size(self, rng: random.Random) -> int:
         n = round(math.exp(rng.gauss(math.log(self.median_items), self.sigma)))
@@ -64,7 +72,7 @@ class RunningSumTask:
         prompt = " ".join(labelled) + "?"
         total, steps = 0, []
         for tag, v in zip(labelled, items):
-            total += v
+            total = total + v if self.modulus is None else (total + v) % self.modulus
             steps.append(f"{tag}={total}")
         reference = " " + " ".join(steps) + f" #{total}"
         return Problem(prompt=prompt, answer=str(total), reference=reference, uid=uid,
