@@ -82,6 +82,7 @@ def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | N
         raise FileExistsError(f"cannot save a model to {str(path)!r}: it is an existing file")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a shared checkpoint should be readable
     try:
         to_save = model
         if dtype is not None and next(model.parameters()).dtype != dtype:
