@@ -86,18 +86,17 @@ class WaveDecoder:
         return self.batch is not None and self.batch.size == 0
 
     # ---- sampling -----------------------------------------------------------------------
-    def _uniforms(self, offset: int, stream: int = 0):
-        """Coupled uniforms ``[B]`` at each row's response position ``len(tokens) + offset``."""
-        rows = [self.reqs[i] for i in self.batch.request_ids]
-        return coupled_uniforms(self.params.seed, [r.uid for r in rows],
-                                [len(r.tokens) + offset for r in rows], stream)
-
-    def _uniform_grid(self, width: int, stream: int):
-        """Coupled uniforms ``[B, width]`` for response positions len(tokens) + 0..width-1."""
+    def _uniform_grid(self, width: int, stream: int = 0, offset: int = 0):
+        """Coupled uniforms ``[B, width]`` at each row's response positions
+        ``len(tokens) + offset + 0..width-1``."""
         rows = [self.reqs[i] for i in self.batch.request_ids]
         uids = [[r.uid] * width for r in rows]
-        pos = [[len(r.tokens) + j for j in range(width)] for r in rows]
+        pos = [[len(r.tokens) + offset + j for j in range(width)] for r in rows]
         return coupled_uniforms(self.params.seed, uids, pos, stream)
+
+    def _uniforms(self, offset: int, stream: int = 0):
+        """Coupled uniforms ``[B]`` at each row's response position ``len(tokens) + offset``."""
+        return self._uniform_grid(1, stream, offset)[:, 0]
 
     def sample_next(self, logits: torch.Tensor):
         """Each row's next token and its adjusted logprob (coupled draw at its position)."""
