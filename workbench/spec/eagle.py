@@ -87,6 +87,7 @@ class EagleHead(nn.Module):
             raise FileExistsError(f"cannot save an EAGLE head to {str(path)!r}: it is a file")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp.chmod(0o755)
         (tmp / "eagle_config.json").write_text(json.dumps(asdict(self.config), indent=2))
         torch.save({k: v.detach().cpu() for k, v in self.state_dict().items()}, tmp / "head.pt")
         if path.exists():
