@@ -14,6 +14,12 @@ SMOKE = {
                              ["num_requests", "workers", "makespan_s", "idle_fraction",
                               "tail_share", "length_p50", "length_p90", "length_p99",
                               "tokens_per_s", "accuracy"]),
+    "02_speculative_decoding": ({"num_prompts": 2, "batch_sizes": [1, 2], "ks": [2],
+                                 "curve_k": 2, "temperatures": [0.0, 1.0], "repeats": 1,
+                                 "max_new_tokens": 24, "lossless_prompts": 2},
+                                ["accept_len_eagle", "accept_len_ngram", "accept_len_small_lm",
+                                 "speedup_bs1", "speedup_bs8", "speedup_bs32", "speedup_bs1_t1",
+                                 "bound_bs1", "lossless"]),
 }
 
 
@@ -29,6 +35,8 @@ def test_notebook_smoke_run_writes_metrics(name, tmp_path):
     assert set(keys) <= set(metrics)
     assert all(not isinstance(v, (dict, list)) for v in metrics.values())
     assert list(out_dir.glob("*.png"))
+    if "lossless" in metrics:
+        assert metrics["lossless"] is True
 
 
 def test_notebook_refuses_an_out_dir_that_is_a_file(tmp_path):
