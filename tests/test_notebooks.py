@@ -49,3 +49,18 @@ def test_notebook_refuses_an_out_dir_that_is_a_file(tmp_path):
                                    kernel_name="python3", language="python", progress_bar=False,
                                    cwd=str(ROOT))
     assert bad.read_text() == "x"
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_every_parameter_is_visible_to_papermill(name):
+    """papermill silently skips lines it cannot parse; the pipeline's undeclared-parameter check
+    relies on it seeing every assignment of the parameters cell."""
+    import ast
+
+    import nbformat
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assigned = {t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                for t in node.targets}
+    assert set(papermill.inspect_notebook(ROOT / "notebooks" / f"{name}.ipynb")) == assigned
+    assert "out_dir" in assigned
