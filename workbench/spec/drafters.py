@@ -21,7 +21,8 @@ import torch
 
 from ..rollout.batch import DecodeBatch, PolicyForward
 
-__all__ = ["Drafter", "NGramDrafter", "ScriptedDrafter", "LMDrafter", "one_hot_logq"]
+__all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "ScriptedDrafter", "LMDrafter",
+           "one_hot_logq"]
 
 
 def one_hot_logq(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
@@ -57,6 +58,33 @@ class Drafter:
 
     def draft(self, ctx, k: int):
         raise NotImplementedError
+
+
+class CachedDrafter(Drafter):
+    """A drafter with its own KV cache (a DecodeBatch), rows in step with the policy's batch.
+
+    ``seen[r]`` counts what row ``r`` has consumed; ``spec_cols`` is the speculative tail fed
+    while chaining, dropped at the start of the next round (the policy's verdict decides what
+    of it was right, and the committed tokens are fed again).
+    """
+
+    state: DecodeBatch | None = None
+
+    def begin(self) -> None:
+        self.state, self.seen, self.spec_cols = None, [], 0
+
+    def keep_rows(self, rows):
+        if self.state is not None:
+            self.state.keep_rows(rows)
+            self.seen = [self.seen[r] for r in rows]
+
+    def open_round(self, rows: int, device) -> DecodeBatch:
+        """The cache for this round: created on the first round, speculative tail dropped."""
+        if self.state is None:
+            self.state = DecodeBatch.empty(rows, device)
+            self.seen, self.spec_cols = [0] * rows, 0
+        self.state.crop_right(self.spec_cols)
+        return self.state
 
 
 class NGramDrafter(Drafter):
@@ -114,7 +142,7 @@ class ScriptedDrafter(Drafter):
         return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype)
 
 
-class LMDrafter(Drafter):
+class LMDrafter(CachedDrafter):
     """Any small HF causal LM that shares the policy's tokenizer, with its own KV cache."""
 
     name = "small_lm"
@@ -123,9 +151,7 @@ class LMDrafter(Drafter):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.forward = PolicyForward.of(model)
-        self.state: DecodeBatch | None = None
-        self.seen: list[int] = []
-        self.spec_cols = 0
+        self.begin()
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -139,22 +165,10 @@ class LMDrafter(Drafter):
             raise ValueError("drafter tokenizer does not match the policy's tokenizer (their "
                              "vocabularies differ); the drafter must share the policy's tokenizer")
 
-    def begin(self) -> None:
-        self.state, self.seen, self.spec_cols = None, [], 0
-
-    def keep_rows(self, rows):
-        if self.state is not None:
-            self.state.keep_rows(rows)
-            self.seen = [self.seen[r] for r in rows]
-
     @torch.no_grad()
     def draft(self, ctx, k):
         seqs = ctx.sequences
-        if self.state is None:
-            self.state = DecodeBatch.empty(len(seqs), self.forward.device)
-            self.seen = [0] * len(seqs)
-        st = self.state
-        st.crop_right(self.spec_cols)
+        st = self.open_round(len(seqs), self.forward.device)
         ids, pos = st.append_ragged([s[n:] for s, n in zip(seqs, self.seen)], 0)
         self.seen = [len(s) for s in seqs]
         logits, _ = self.forward(ids, st.mask, pos, st.cache)

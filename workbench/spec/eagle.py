@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..rollout.batch import DecodeBatch
-from .drafters import Drafter
+from .drafters import CachedDrafter
 
 __all__ = ["EagleHead", "EagleDrafter", "policy_fingerprint", "causal_mask_4d"]
 
@@ -110,7 +109,7 @@ class EagleHead(nn.Module):
         return head.to(policy.get_output_embeddings().weight.device)
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(CachedDrafter):
     """Drafts with an :class:`EagleHead` on top of the policy's own embedding, norm and head."""
 
     name = "eagle"
@@ -118,9 +117,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, policy=None):
         self.head = head.eval()
-        self.state: DecodeBatch | None = None
-        self.seen: list[int] = []
-        self.spec_cols = 0
+        self.begin()
         if policy is not None:
             self.bind(policy)
 
@@ -135,14 +132,6 @@ class EagleDrafter(Drafter):
         super().check_compatible(policy, tokenizer)
         self.bind(policy)
 
-    def begin(self) -> None:
-        self.state, self.seen, self.spec_cols = None, [], 0
-
-    def keep_rows(self, rows):
-        if self.state is not None:
-            self.state.keep_rows(rows)
-            self.seen = [self.seen[r] for r in rows]
-
     def _step(self, ids, hidden, pos):
         st = self.state
         emb = self.embed(ids)
@@ -154,11 +143,7 @@ class EagleDrafter(Drafter):
     def draft(self, ctx, k):
         seqs = ctx.sequences
         pending = ctx.pending_hidden()
-        if self.state is None:
-            self.state = DecodeBatch.empty(len(seqs), self.lm_head.weight.device)
-            self.seen = [0] * len(seqs)
-        st = self.state
-        st.crop_right(self.spec_cols)
+        st = self.open_round(len(seqs), self.lm_head.weight.device)
         # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
         new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
         for r, (toks, h) in enumerate(zip(new, pending)):

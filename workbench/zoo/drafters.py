@@ -72,11 +72,10 @@ class DrafterLMRecipe:
 def train_drafter_lm(out_dir=None, seed: int = 0, minutes: float | None = None,
                      recipe: DrafterLMRecipe | None = None) -> dict:
     """Train the small-LM drafter of the default policy into ``out_dir``."""
-    import torch.nn.functional as F
     from tqdm.auto import tqdm
 
     from ..spec.drafters import LMDrafter
-    from .policy import PolicyRecipe, _collate, build_policy, length_batches
+    from .policy import PolicyRecipe, _collate, build_policy, length_batches, response_lm_step
 
     recipe = recipe or DrafterLMRecipe(seed=seed)
     if minutes is not None:
@@ -102,15 +101,8 @@ def train_drafter_lm(out_dir=None, seed: int = 0, minutes: float | None = None,
             print(f"wall-clock cap of {recipe.minutes} min reached at step {step}")
             break
         ids, labels, mask = _collate(examples, batches[step % len(batches)], tok.pad_token_id)
-        for g in opt.param_groups:
-            g["lr"] = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
+        losses.append(response_lm_step(model, opt, ids, labels, mask, lr))
     model.eval()
     record = {"command": f"workbench zoo train drafter-lm --seed {recipe.seed}",
               "recipe": asdict(recipe), "steps": len(losses),

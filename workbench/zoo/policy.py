@@ -21,7 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from ..tasks import HELDOUT_SEED, TRAIN_SEED, RunningSumTask
 from .tokenizer import build_char_tokenizer
 
-__all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples", "length_batches"]
+__all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples", "length_batches",
+           "response_lm_step"]
 
 
 @dataclass
@@ -107,6 +108,19 @@ def _collate(examples, idx, pad_id: int):
     return ids, labels, mask
 
 
+def response_lm_step(model, opt, ids, labels, mask, lr: float) -> float:
+    """One optimizer step of next-token cross-entropy on the labelled (response) tokens."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
 def _lr_at(step: int, recipe: PolicyRecipe) -> float:
     return recipe.lr * min(1.0, (step + 1) / recipe.warmup)
 
@@ -163,17 +177,9 @@ def train_policy(out_dir: str | os.PathLike | None = None, seed: int = 0,
             break
         ids, labels, mask = _collate(examples, batches[step % len(batches)],
                                      tokenizer.pad_token_id)
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, recipe)
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        losses.append(response_lm_step(model, opt, ids, labels, mask, _lr_at(step, recipe)))
         step += 1
         tokens_seen += int(mask.sum())
-        losses.append(loss.item())
         bar.update(1)
         if step % 20 == 0:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / 20:.4f}")
