@@ -1,7 +1,6 @@
 """Verifiable tasks: the embedded running-sum generator, user JSONL files, rewards."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from .base import Problem, Reward, exact_match_reward, extract_final_answer
 from .jsonl import load_jsonl

@@ -210,7 +210,7 @@ def length_histogram(timeline_or_lengths, ax=None, bins=40, log: bool = False):
 
 def _batch_curve(steps) -> tuple[list[float], list[float]]:
     """Step-function points of one worker's active batch: 0 in gaps and after its last step."""
-    xs, ys = [], []
+    xs, ys, prev_end = [], [], 0.0
     for start, end, size in steps[["start_s", "end_s", "batch_size"]].itertuples(index=False):
         if xs and start > prev_end:
             xs.append(prev_end)

@@ -6,7 +6,6 @@ task or user JSONL) can be encoded, and a token's text is obvious when reading t
 """
 from __future__ import annotations
 
-import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
