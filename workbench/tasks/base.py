@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 __all__ = ["Problem", "Reward", "extract_final_answer", "exact_match_reward"]
 
@@ -51,6 +51,3 @@ def extract_final_answer(completion: str) -> str:
 def exact_match_reward(prompt: str, completion: str, answer: str) -> float:
     """1.0 when the completion's final answer equals ``answer`` exactly, else 0.0."""
     return 1.0 if extract_final_answer(completion) == str(answer).strip() else 0.0
-
-
-RewardFn = Callable[[str, str, str], float]
