@@ -25,7 +25,9 @@ from tqdm.auto import tqdm
 
 from .eagle import EagleHead, causal_mask_4d
 
-__all__ = ["EagleTrainConfig", "harvest_pairs", "train_eagle", "eagle_loss"]
+__all__ = ["EagleTrainConfig", "harvest_pairs", "train_eagle", "eagle_loss", "state_regression"]
+
+STATE_UNITS = ("rms", "raw")
 
 
 @dataclass
@@ -38,6 +40,10 @@ class EagleTrainConfig:
         lr: AdamW learning rate (cosine decay to 10%).
         unroll: extra passes on the head's own predicted states (training-time drafting).
         noise: std of uniform noise added to input states (EAGLE's robustness trick).
+        state_units: ``"rms"`` measures the SmoothL1 in units of each target state's RMS,
+            ``"raw"`` in the policy's own units. Pre-norm states of a small policy have RMS
+            far above 1, so in raw units the regression term dwarfs the cross-entropy that
+            decides the drafted token; ``"rms"`` puts the two on one scale.
         seed: batch order and initialisation.
         checkpoint_every: steps between atomic checkpoints when ``out_dir`` is given.
         max_minutes: wall-clock cap; training stops (and checkpoints) when it is reached.
@@ -48,6 +54,7 @@ class EagleTrainConfig:
     lr: float = 2e-3
     unroll: int = 2
     noise: float = 0.05
+    state_units: str = "rms"
     seed: int = 0
     checkpoint_every: int = 200
     max_minutes: float = float("inf")
@@ -80,8 +87,20 @@ def _pad_batch(items, device, dtype):
     return toks.to(device), states.to(device), mask.to(device)
 
 
+def state_regression(pred: torch.Tensor, target: torch.Tensor, units: str = "rms") -> torch.Tensor:
+    """SmoothL1 between predicted and true hidden states, one value per position (mean over
+    the hidden dimension). ``units="rms"`` divides both by the target's RMS first, so the loss
+    does not change when the states are rescaled together."""
+    if units not in STATE_UNITS:
+        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {units!r}")
+    if units == "rms":
+        scale = target.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
+        pred, target = pred / scale, target / scale
+    return F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
+
+
 def eagle_loss(head: EagleHead, policy, tokens, states, mask, unroll: int = 0,
-               noise: float = 0.0):
+               noise: float = 0.0, state_units: str = "rms"):
     """``(loss, metrics)`` of the head on a padded batch of pairs.
 
     Pass 0 reads the true states; pass ``u`` reads the states pass ``u-1`` predicted, shifted
@@ -104,8 +123,7 @@ def eagle_loss(head: EagleHead, policy, tokens, states, mask, unroll: int = 0,
         pred = head(emb, inputs, attn, rope)[:, :-1]               # pred[:, t] ~ h_{t+1}
         v = valid[:, u:]                                           # inputs predicted u times
         denom = v.sum().clamp(min=1)
-        reg = (F.smooth_l1_loss(pred[:, u:], states[:, 1 + u:], reduction="none").mean(-1)
-               * v).sum() / denom
+        reg = (state_regression(pred[:, u:], states[:, 1 + u:], state_units) * v).sum() / denom
         logq = torch.log_softmax(lm_head(decoder.norm(pred[:, u:])).float(), dim=-1)
         ce = (-(target_p[:, u:] * logq).sum(-1) * v).sum() / denom
         total = total + 0.5 * reg + 0.5 * ce
@@ -127,6 +145,8 @@ def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: Eag
     ``checkpoint_every`` steps and at the end (``EagleHead.save_pretrained``).
     """
     config = config or EagleTrainConfig()
+    if config.state_units not in STATE_UNITS:
+        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {config.state_units!r}")
     if not pairs:
         raise ValueError("no training pairs: harvest a rollout first (harvest_pairs)")
     torch.manual_seed(config.seed)
@@ -151,7 +171,8 @@ def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: Eag
             rng.shuffle(batches)
         tokens, states, mask = _pad_batch([pairs[i] for i in batches[step % len(batches)]],
                                           device, dtype)
-        loss, metrics = eagle_loss(head, policy, tokens, states, mask, config.unroll, config.noise)
+        loss, metrics = eagle_loss(head, policy, tokens, states, mask, config.unroll, config.noise,
+                                   config.state_units)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
