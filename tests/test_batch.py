@@ -57,3 +57,21 @@ def test_append_ragged_right_aligns_new_tokens_and_counts_positions():
     batch.next_pos += 2
     batch.crop_right(2)
     assert batch.mask.shape[1] == 3 and batch.next_pos.tolist() == [3, 1, 0]
+
+
+def test_trim_right_drops_only_trailing_columns_no_row_sees():
+    batch = _batch_with_holes()
+    batch.mask[:, -4:] = 0              # four drafts every row rejected
+    batch.mask[0, -6] = 1               # row 0 kept this one: it and everything left of it stay
+    batch.mask[:, -5] = 0
+    before, pos = _visible(batch), batch.next_pos.clone()
+    width = batch.mask.shape[1]
+    batch.trim_right()
+    assert batch.mask.shape[1] == width - 5
+    assert batch.cache.layers[1].keys.shape[2] == width - 5
+    assert torch.equal(batch.next_pos, pos)
+    for row, layers in zip(_visible(batch), before):
+        for a, b in zip(row, layers):
+            assert torch.equal(a, b)
+    batch.trim_right()                  # nothing left to trim
+    assert batch.mask.shape[1] == width - 5

@@ -118,11 +118,25 @@ class DecodeBatch:
         seen = self.mask.any(dim=0)
         first = int(seen.to(torch.int8).argmax())
         if first > 0:
-            self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                if getattr(layer, "is_initialized", False):
-                    layer.keys = layer.keys[:, :, first:]
-                    layer.values = layer.values[:, :, first:]
+            self._keep_columns(first, self.mask.shape[1])
+
+    def trim_right(self):
+        """Remove trailing columns that no row can see (drafts every row rejected), so a
+        batch of one never carries holes and its attention needs no mask."""
+        if self.size == 0 or self.mask.shape[1] == 0:
+            return
+        visible = torch.nonzero(self.mask.any(dim=0))
+        keep = int(visible[-1]) + 1 if len(visible) else 0
+        if keep < self.mask.shape[1]:
+            self._keep_columns(0, keep)
+
+    def _keep_columns(self, start: int, stop: int):
+        """Keep cache and mask columns ``start:stop`` (a view, no copy)."""
+        self.mask = self.mask[:, start:stop]
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.keys = layer.keys[:, :, start:stop]
+                layer.values = layer.values[:, :, start:stop]
 
     def compact(self, min_holes: int = 16):
         """Squeeze out holes once they are many: each row's visible columns move right,
@@ -178,9 +192,5 @@ class DecodeBatch:
         """Forget the last ``n`` columns, visible to every row (a drafter's speculative tail)."""
         if n <= 0:
             return
-        self.mask = self.mask[:, :-n]
+        self._keep_columns(0, self.mask.shape[1] - n)
         self.next_pos = self.next_pos - n
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.keys = layer.keys[:, :, :-n]
-                layer.values = layer.values[:, :, :-n]

@@ -62,6 +62,11 @@ class DraftContext:
             d.pending_hidden[i] = []
         return out
 
+    @property
+    def needs_logq(self) -> bool:
+        """Whether verification reads the drafter's distribution (speculative sampling)."""
+        return self.decoder.mode == "speculative"
+
     def choose(self, logits: torch.Tensor, depth: int):
         return self.decoder.choose_draft(logits, depth)
 
@@ -111,12 +116,14 @@ class WaveDecoder:
         Greedy: argmax. Coupled: the same coupled uniform the policy will use at that position,
         so a drafter close to the policy lands on the same token. Speculative: an independent
         draw (stream 2) from the drafter's adjusted distribution, as Leviathan et al. require.
+        The logprobs are ``None`` except in speculative mode, the only one that reads them.
         """
-        logq = adjusted_logprobs(logits, self.params)
         if self.mode == "greedy":
-            return logq.argmax(-1), logq
-        stream = 0 if self.mode == "coupled" else 2
-        return choose_tokens(logq, self.params, self._uniforms(depth, stream)), logq
+            return logits.argmax(-1), None
+        logq = adjusted_logprobs(logits, self.params)
+        if self.mode == "coupled":
+            return choose_tokens(logq, self.params, self._uniforms(depth, 0)), None
+        return choose_tokens(logq, self.params, self._uniforms(depth, 2)), logq
 
     # ---- steps --------------------------------------------------------------------------
     def prefill(self) -> None:
@@ -181,6 +188,7 @@ class WaveDecoder:
         # rejected drafts' columns become holes; the fed last_token and accepted drafts stay
         cols = torch.arange(k + 1, device=fed.device)[None, :]
         b.mask[:, width:] = (cols <= accepted[:, None]).to(b.mask.dtype)
+        b.trim_right()
         b.next_pos += accepted + 1
         acc, em, em_lp = accepted.tolist(), emitted.tolist(), emitted_lp.tolist()
         for row, i in enumerate(b.request_ids):

@@ -4,10 +4,11 @@ Every drafter implements the same four calls, which the engine makes:
 
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
 - ``begin()`` at the start of each batch (a *wave*): forget all per-row state.
-- ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V])``: read the rows' committed sequences
-  from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on what is new,
-  and propose. ``logq`` is the drafter's adjusted distribution at each draft (one-hot for
-  deterministic drafters); speculative sampling needs it.
+- ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
+  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on
+  what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
+  (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
+  unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
 - ``keep_rows(rows)`` when finished rows leave the batch.
 
 Drafters with a KV cache keep it in a :class:`~workbench.rollout.batch.DecodeBatch`: each round
@@ -58,6 +59,15 @@ class Drafter:
 
     def draft(self, ctx, k: int):
         raise NotImplementedError
+
+    def proposal(self, ctx, tokens: torch.Tensor):
+        """``(tokens, logq)`` of a deterministic drafter: logq one-hot, built only if read."""
+        return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype) if ctx.needs_logq else None
+
+    @staticmethod
+    def stacked(tokens: list[torch.Tensor], logqs: list[torch.Tensor | None]):
+        """``(tokens [B, k], logq [B, k, V] or None)`` from per-depth lists."""
+        return torch.stack(tokens, 1), None if logqs[0] is None else torch.stack(logqs, 1)
 
 
 class CachedDrafter(Drafter):
@@ -114,7 +124,7 @@ class NGramDrafter(Drafter):
         device = ctx.decoder.batch.mask.device
         tokens = torch.tensor([self.propose(s, k) for s in ctx.sequences], dtype=torch.long,
                               device=device)
-        return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype)
+        return self.proposal(ctx, tokens)
 
 
 class ScriptedDrafter(Drafter):
@@ -139,7 +149,7 @@ class ScriptedDrafter(Drafter):
                 prop[j] = (prop[j] + 1) % self.vocab_size
             out.append(prop)
         tokens = torch.tensor(out, dtype=torch.long, device=ctx.decoder.batch.mask.device)
-        return tokens, one_hot_logq(tokens, self.vocab_size, self.dtype)
+        return self.proposal(ctx, tokens)
 
 
 class LMDrafter(CachedDrafter):
@@ -183,4 +193,4 @@ class LMDrafter(CachedDrafter):
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()
-        return torch.stack(tokens, 1), torch.stack(logqs, 1)
+        return self.stacked(tokens, logqs)

@@ -169,4 +169,4 @@ class EagleDrafter(CachedDrafter):
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()
-        return torch.stack(tokens, 1), torch.stack(logqs, 1)
+        return self.stacked(tokens, logqs)
