@@ -272,3 +272,61 @@ def test_state_regression_in_rms_units_ignores_the_states_scale():
         state_regression(pred, target, "l2")
     with pytest.raises(ValueError, match="state_units must be one of .*'l2'"):
         train_eagle(None, [], EagleTrainConfig(state_units="l2"))
+
+
+def recording(drafter):
+    """The drafter, keeping every round's committed sequences and drafts in ``.rounds``."""
+    inner, drafter.rounds = drafter.draft, []
+
+    def draft(ctx, k):
+        seqs = ctx.sequences
+        tokens, logq = inner(ctx, k)
+        drafter.rounds += [(s, t) for s, t in zip(seqs, tokens.tolist())]
+        return tokens, logq
+
+    drafter.draft = draft
+    return drafter
+
+
+def reference_eagle_drafts(policy, head, seq, k):
+    """The chain an EAGLE head should draft after ``seq``, recomputed from scratch each depth
+    on the whole sequence: no cache, no rotary table, full causal mask."""
+    from workbench.rollout.batch import PolicyForward
+    from workbench.spec.eagle import causal_mask_4d
+    ids = torch.tensor([seq])
+    _, states = PolicyForward.of(policy)(ids, torch.ones_like(ids), torch.arange(len(seq))[None],
+                                         DynamicCache())
+    decoder, lm_head = policy.get_decoder(), policy.get_output_embeddings()
+    feats, toks, drafts = states[0, :-1], ids[0, 1:], []
+    for _ in range(k):
+        n = len(toks)
+        emb = policy.get_input_embeddings()(toks)[None]
+        out = head(emb, feats[None], causal_mask_4d(torch.ones(1, n, dtype=torch.long), n, emb.dtype),
+                   decoder.rotary_emb(emb, torch.arange(n)[None]))
+        drafts.append(int(lm_head(decoder.norm(out[0, -1])).argmax()))
+        feats, toks = torch.cat([feats, out[0, -1:]]), torch.cat([toks, torch.tensor(drafts[-1:])])
+    return drafts
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cached_drafts_equal_a_from_scratch_recompute(tokenizer, batch):
+    """Losslessness holds whatever a drafter proposes, so this is what guards its quality:
+    the cached, ragged, rolled-back chains draft exactly what the drafter computes afresh
+    (the EAGLE head on the whole sequence; the small LM's own greedy continuation)."""
+    policy = tiny_model("llama", tokenizer, context=512)
+    torch.manual_seed(3)
+    head = EagleHead(policy)
+    small = tiny_model("qwen2", tokenizer, seed=5, layers=1)
+    eagle, lm = recording(EagleDrafter(head)), recording(LMDrafter(small, tokenizer))
+    for drafter in (eagle, lm):
+        RolloutEngine(policy, tokenizer).rollout(PROMPTS[:3], max_new_tokens=20, spec_k=3,
+                                                 max_batch_size=batch, drafter=drafter,
+                                                 progress=False)
+        assert len(drafter.rounds) > 10
+    for seq, drafts in eagle.rounds:
+        assert drafts == reference_eagle_drafts(policy, head, seq, 3)
+    for seq, drafts in lm.rounds:
+        out = small.generate(torch.tensor([seq]), attention_mask=torch.ones(1, len(seq)),
+                             max_new_tokens=3, do_sample=False, eos_token_id=None,
+                             pad_token_id=tokenizer.pad_token_id)
+        assert drafts == out[0, len(seq):].tolist()

@@ -127,6 +127,21 @@ class EagleDrafter(CachedDrafter):
         decoder = policy.get_decoder()
         self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
         self.rotary, self.lm_head = decoder.rotary_emb, policy.get_output_embeddings()
+        self._rope_table = None
+
+    def _rope(self, emb, pos):
+        """cos/sin at ``pos``. For the plain RoPE of most policies they come from a table
+        built once, which is cheaper per chained one-token step than recomputing them; RoPE
+        variants whose frequencies depend on the length (dynamic scaling) are recomputed."""
+        if getattr(self.rotary, "rope_type", "default") != "default":
+            return self.rotary(emb, pos)
+        need = int(pos.max()) + 1
+        table = self._rope_table
+        if table is None or table[0].shape[1] < need or table[0].dtype != emb.dtype:
+            size = max(need, 2 * (0 if table is None else table[0].shape[1]), 512)
+            table = self.rotary(emb, torch.arange(size, device=emb.device)[None])
+            self._rope_table = table
+        return table[0][0][pos], table[1][0][pos]
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -135,8 +150,10 @@ class EagleDrafter(CachedDrafter):
     def _step(self, ids, hidden, pos):
         st = self.state
         emb = self.embed(ids)
-        mask = causal_mask_4d(st.mask, ids.shape[1], emb.dtype)
-        out = self.head(emb, hidden, mask, self.rotary(emb, pos), cache=st.cache)
+        # one new token that may see every column needs no mask (a batch of one, no holes)
+        whole = ids.shape[1] == 1 and bool(st.mask.all())
+        mask = None if whole else causal_mask_4d(st.mask, ids.shape[1], emb.dtype)
+        out = self.head(emb, hidden, mask, self._rope(emb, pos), cache=st.cache)
         return out[:, -1:]
 
     @torch.no_grad()

@@ -124,13 +124,14 @@ class EagleRecipe:
     """EAGLE head of the default policy: harvest policy rollouts, then train_eagle."""
 
     seed: int = 0
-    num_prompts: int = 2000
-    steps: int = 800
+    num_prompts: int = 4000
+    steps: int = 5000
     batch_size: int = 32
     lr: float = 2e-3
     unroll: int = 2
     noise: float = 0.05
-    minutes: float = 15.0           # training stops early when this wall-clock cap is hit
+    state_units: str = "rms"
+    minutes: float = 50.0           # training stops early when this wall-clock cap is hit
 
 
 def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
@@ -149,6 +150,7 @@ def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
                                          harvest=True) for p in harvest_pairs(run)]
     cfg = EagleTrainConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr,
                            unroll=recipe.unroll, noise=recipe.noise, seed=recipe.seed,
+                           state_units=recipe.state_units,
                            max_minutes=recipe.minutes - (time.perf_counter() - start) / 60)
     head, history = train_eagle(policy, pairs, cfg, out_dir=out_dir)
     last = history.iloc[-20:].mean(numeric_only=True).to_dict()
