@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .drafters import CachedDrafter
 
@@ -78,6 +80,38 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, hidden], dim=-1))
         return self.layer(x, attention_mask=attention_mask, position_embeddings=position_embeddings,
                           cache=cache, use_cache=cache is not None)
+
+    @property
+    def lean(self) -> bool:
+        """Whether :meth:`step` may run the layer's modules itself: plain full attention of the
+        Llama family (Llama, Qwen2 without sliding windows), no per-head q/k norms."""
+        attn, cfg = self.layer.self_attn, self.layer.self_attn.config
+        return (self.config.policy.get("model_type") in ("llama", "qwen2")
+                and not hasattr(attn, "q_norm")
+                and not getattr(cfg, "use_sliding_window", False)
+                and getattr(attn, "sliding_window", None) is None)
+
+    def step(self, emb, hidden, attention_mask, position_embeddings, cache):
+        """One drafting step, the same function as ``forward`` with less machinery on the way:
+        the layer's norms, projections and MLP are called directly, attention is one SDPA call
+        (GQA without repeating the KV heads), and the cache is the layer-0 entry of ``cache``.
+        Drafting runs k of these per verify step, so their fixed cost is what SD pays."""
+        if not self.lean:
+            return self(emb, hidden, attention_mask, position_embeddings, cache)
+        layer = self.layer
+        attn = layer.self_attn
+        x = self.fc(torch.cat([emb, hidden], dim=-1))
+        h = layer.input_layernorm(x)
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        q = attn.q_proj(h).view(shape).transpose(1, 2)
+        k = attn.k_proj(h).view(shape).transpose(1, 2)
+        v = attn.v_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        k, v = cache.update(k, v, 0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask,
+                                             scale=attn.scaling, enable_gqa=True)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``eagle_config.json`` and ``head.pt`` into ``path`` atomically."""
@@ -153,7 +187,7 @@ class EagleDrafter(CachedDrafter):
         # one new token that may see every column needs no mask (a batch of one, no holes)
         whole = ids.shape[1] == 1 and bool(st.mask.all())
         mask = None if whole else causal_mask_4d(st.mask, ids.shape[1], emb.dtype)
-        out = self.head(emb, hidden, mask, self._rope(emb, pos), cache=st.cache)
+        out = self.head.step(emb, hidden, mask, self._rope(emb, pos), st.cache)
         return out[:, -1:]
 
     @torch.no_grad()
