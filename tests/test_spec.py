@@ -292,7 +292,7 @@ def reference_eagle_drafts(policy, head, seq, k):
     """The chain an EAGLE head should draft after ``seq``, recomputed from scratch each depth
     on the whole sequence: no cache, no rotary table, full causal mask."""
     from workbench.rollout.batch import PolicyForward
-    from workbench.spec.eagle import causal_mask_4d
+    from workbench.rollout.lean import causal_mask_4d
     ids = torch.tensor([seq])
     _, states = PolicyForward.of(policy)(ids, torch.ones_like(ids), torch.arange(len(seq))[None],
                                          DynamicCache())

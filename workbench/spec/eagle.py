@@ -20,13 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ..rollout.lean import RopeTable, lean_layer, step_mask, supports_lean
 from .drafters import CachedDrafter
 
-__all__ = ["EagleHead", "EagleDrafter", "policy_fingerprint", "causal_mask_4d"]
+__all__ = ["EagleHead", "EagleDrafter", "policy_fingerprint"]
 
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "max_position_embeddings")
@@ -35,17 +34,6 @@ _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_atte
 def policy_fingerprint(config) -> dict:
     """The architecture facts a head depends on; a head only loads onto a matching policy."""
     return {k: getattr(config, k, None) for k in _FINGERPRINT_KEYS}
-
-
-def causal_mask_4d(mask: torch.Tensor, q_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask ``[B, 1, q, T]`` for the last ``q_len`` of ``T`` columns:
-    a query sees visible columns (``mask == 1``) at or before its own."""
-    t = mask.shape[1]
-    rows = torch.arange(q_len, device=mask.device)[:, None] + (t - q_len)
-    cols = torch.arange(t, device=mask.device)[None, :]
-    allowed = (cols <= rows)[None] & mask[:, None, :].bool()
-    out = torch.zeros(allowed.shape, dtype=dtype, device=mask.device)
-    return out.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 @dataclass
@@ -83,35 +71,17 @@ class EagleHead(nn.Module):
 
     @property
     def lean(self) -> bool:
-        """Whether :meth:`step` may run the layer's modules itself: plain full attention of the
-        Llama family (Llama, Qwen2 without sliding windows), no per-head q/k norms."""
-        attn, cfg = self.layer.self_attn, self.layer.self_attn.config
-        return (self.config.policy.get("model_type") in ("llama", "qwen2")
-                and not hasattr(attn, "q_norm")
-                and not getattr(cfg, "use_sliding_window", False)
-                and getattr(attn, "sliding_window", None) is None)
+        """Whether :meth:`step` runs the layer's modules itself (``rollout.lean``)."""
+        return supports_lean(self.layer.self_attn.config, self.layer)
 
     def step(self, emb, hidden, attention_mask, position_embeddings, cache):
-        """One drafting step, the same function as ``forward`` with less machinery on the way:
-        the layer's norms, projections and MLP are called directly, attention is one SDPA call
-        (GQA without repeating the KV heads), and the cache is the layer-0 entry of ``cache``.
-        Drafting runs k of these per verify step, so their fixed cost is what SD pays."""
+        """One drafting step, the same function as ``forward`` with less machinery on the way
+        (``rollout.lean``); the cache is the layer-0 entry of ``cache``. Drafting runs k of
+        these per verify step, so their fixed cost is what SD pays."""
         if not self.lean:
             return self(emb, hidden, attention_mask, position_embeddings, cache)
-        layer = self.layer
-        attn = layer.self_attn
         x = self.fc(torch.cat([emb, hidden], dim=-1))
-        h = layer.input_layernorm(x)
-        shape = (*h.shape[:-1], -1, attn.head_dim)
-        q = attn.q_proj(h).view(shape).transpose(1, 2)
-        k = attn.k_proj(h).view(shape).transpose(1, 2)
-        v = attn.v_proj(h).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
-        k, v = cache.update(k, v, 0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask,
-                                             scale=attn.scaling, enable_gqa=True)
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return lean_layer(self.layer, x, attention_mask, position_embeddings, cache, 0)
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """Write ``eagle_config.json`` and ``head.pt`` into ``path`` atomically."""
@@ -160,22 +130,7 @@ class EagleDrafter(CachedDrafter):
         self.head.config.check(policy.config)
         decoder = policy.get_decoder()
         self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
-        self.rotary, self.lm_head = decoder.rotary_emb, policy.get_output_embeddings()
-        self._rope_table = None
-
-    def _rope(self, emb, pos):
-        """cos/sin at ``pos``. For the plain RoPE of most policies they come from a table
-        built once, which is cheaper per chained one-token step than recomputing them; RoPE
-        variants whose frequencies depend on the length (dynamic scaling) are recomputed."""
-        if getattr(self.rotary, "rope_type", "default") != "default":
-            return self.rotary(emb, pos)
-        need = int(pos.max()) + 1
-        table = self._rope_table
-        if table is None or table[0].shape[1] < need or table[0].dtype != emb.dtype:
-            size = max(need, 2 * (0 if table is None else table[0].shape[1]), 512)
-            table = self.rotary(emb, torch.arange(size, device=emb.device)[None])
-            self._rope_table = table
-        return table[0][0][pos], table[1][0][pos]
+        self.rope, self.lm_head = RopeTable(decoder.rotary_emb), policy.get_output_embeddings()
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -184,10 +139,8 @@ class EagleDrafter(CachedDrafter):
     def _step(self, ids, hidden, pos):
         st = self.state
         emb = self.embed(ids)
-        # one new token that may see every column needs no mask (a batch of one, no holes)
-        whole = ids.shape[1] == 1 and bool(st.mask.all())
-        mask = None if whole else causal_mask_4d(st.mask, ids.shape[1], emb.dtype)
-        out = self.head.step(emb, hidden, mask, self._rope(emb, pos), st.cache)
+        mask = step_mask(st.mask, ids.shape[1], emb.dtype)
+        out = self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
         return out[:, -1:]
 
     @torch.no_grad()

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .eagle import EagleHead, causal_mask_4d
+from ..rollout.lean import causal_mask_4d
+from .eagle import EagleHead
 
 __all__ = ["EagleTrainConfig", "harvest_pairs", "train_eagle", "eagle_loss", "state_regression"]
 
