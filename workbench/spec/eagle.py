@@ -61,6 +61,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=True)
         layer_cls = type(policy.get_decoder().layers[0])
         self.layer = layer_cls(cfg, layer_idx=0)
+        self.lean = supports_lean(cfg, self.layer)  # step() runs the modules itself (rollout.lean)
         self.to(dtype=policy.get_output_embeddings().weight.dtype,
                 device=policy.get_output_embeddings().weight.device)
 
@@ -68,11 +69,6 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, hidden], dim=-1))
         return self.layer(x, attention_mask=attention_mask, position_embeddings=position_embeddings,
                           cache=cache, use_cache=cache is not None)
-
-    @property
-    def lean(self) -> bool:
-        """Whether :meth:`step` runs the layer's modules itself (``rollout.lean``)."""
-        return supports_lean(self.layer.self_attn.config, self.layer)
 
     def step(self, emb, hidden, attention_mask, position_embeddings, cache):
         """One drafting step, the same function as ``forward`` with less machinery on the way
