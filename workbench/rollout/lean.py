@@ -91,13 +91,17 @@ class LeanForward:
     ``(logits, prenorm_hidden)`` for positions ``logits_from:`` of the new tokens."""
 
     def __init__(self, model):
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self.rope = RopeTable(self.decoder.rotary_emb)
-        if not all(supports_lean(model.config, layer) for layer in self.decoder.layers):
+        if not self.covers(model):
             raise ValueError(f"no lean forward for model type {model.config.model_type!r}; "
                              f"supported: {LEAN_MODEL_TYPES} with full attention")
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.rope = RopeTable(self.decoder.rotary_emb)
+
+    @staticmethod
+    def covers(model) -> bool:
+        """Whether every decoder layer of ``model`` can run through :func:`lean_layer`."""
+        return all(supports_lean(model.config, layer) for layer in model.get_decoder().layers)
 
     @property
     def device(self) -> torch.device:

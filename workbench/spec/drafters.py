@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..rollout.batch import DecodeBatch, PolicyForward
-from ..rollout.lean import LeanForward, supports_lean
+from ..rollout.lean import LeanForward
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "ScriptedDrafter", "LMDrafter",
            "one_hot_logq"]
@@ -162,8 +162,7 @@ class LMDrafter(CachedDrafter):
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the lean path (rollout.lean) for the Llama family, HF's forward for the rest
-        lean = all(supports_lean(model.config, layer) for layer in model.get_decoder().layers)
-        self.forward = LeanForward(model) if lean else PolicyForward.of(model)
+        self.forward = LeanForward(model) if LeanForward.covers(model) else PolicyForward.of(model)
         self.begin()
 
     def check_compatible(self, policy, tokenizer) -> None:

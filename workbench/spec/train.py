@@ -88,12 +88,16 @@ def _pad_batch(items, device, dtype):
     return toks.to(device), states.to(device), mask.to(device)
 
 
+def _check_state_units(units: str) -> None:
+    if units not in STATE_UNITS:
+        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {units!r}")
+
+
 def state_regression(pred: torch.Tensor, target: torch.Tensor, units: str = "rms") -> torch.Tensor:
     """SmoothL1 between predicted and true hidden states, one value per position (mean over
     the hidden dimension). ``units="rms"`` divides both by the target's RMS first, so the loss
     does not change when the states are rescaled together."""
-    if units not in STATE_UNITS:
-        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {units!r}")
+    _check_state_units(units)
     if units == "rms":
         scale = target.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
         pred, target = pred / scale, target / scale
@@ -146,8 +150,7 @@ def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: Eag
     ``checkpoint_every`` steps and at the end (``EagleHead.save_pretrained``).
     """
     config = config or EagleTrainConfig()
-    if config.state_units not in STATE_UNITS:
-        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {config.state_units!r}")
+    _check_state_units(config.state_units)  # before anything is trained or written
     if not pairs:
         raise ValueError("no training pairs: harvest a rollout first (harvest_pairs)")
     torch.manual_seed(config.seed)
