@@ -21,8 +21,8 @@ import torch
 
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
-from workbench.spec.defaults import default_drafters
-from workbench.spec.sweep import sd_sweep
+from workbench.speculative.defaults import default_drafters
+from workbench.speculative.sweep import sd_sweep
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 

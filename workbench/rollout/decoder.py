@@ -159,7 +159,7 @@ class WaveDecoder:
         ``k`` shrinks near the context's end so that every fed and emitted position fits; a row
         with no room for a draft gets a plain step instead.
         """
-        from ..spec.verify import accept_by_target, speculative_accept
+        from .verify import accept_by_target, speculative_accept
         b = self.batch
         k = min(k, int((self.policy.context - 2 - b.next_pos).min()))
         if k < 1:

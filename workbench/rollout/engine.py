@@ -214,7 +214,7 @@ class RolloutEngine:
         """Generate responses for ``prompts`` (strings or token-id lists).
 
         Keyword overrides replace fields of ``config``, e.g. ``rollout(p, temperature=1.0)``.
-        With a ``drafter`` (see ``workbench.spec``) every step is speculative: the output is
+        With a ``drafter`` (see ``workbench.speculative``) every step is speculative: the output is
         lossless (greedy: identical tokens; coupled: identical to the plain coupled rollout;
         speculative: the policy's distribution).
         """

@@ -1,5 +1,5 @@
 """Matplotlib figures of rollout timelines and task evaluations (object-oriented API)."""
-from .spec import acceptance_vs_batch, sd_time_breakdown, speedup_vs_batch
+from .speculative import acceptance_vs_batch, sd_time_breakdown, speedup_vs_batch
 from .task import accuracy_by_bucket, length_distributions
 from .timeline import active_batch, gantt, length_histogram, mark_percentiles, save_figure
 

@@ -36,7 +36,7 @@ def policy_outputs(policy, tokenizer, num_prompts: int, seed: int, harvest: bool
 def acceptance_on_heldout(policy, tokenizer, drafter, num_prompts: int = 64, k: int = 4,
                           temperature: float = 0.0) -> float:
     """Acceptance length tau (tokens emitted per verify step) on held-out problems."""
-    from ..spec.measure import acceptance_length
+    from ..speculative.measure import acceptance_length
     problems = get_problems("running_sum", num_prompts, seed=HELDOUT_SEED)
     res = RolloutEngine(policy, tokenizer).rollout(
         [p.prompt for p in problems], RolloutConfig(max_new_tokens=384, spec_k=k,
@@ -74,7 +74,7 @@ def train_drafter_lm(out_dir=None, seed: int = 0, minutes: float | None = None,
     """Train the small-LM drafter of the default policy into ``out_dir``."""
     from tqdm.auto import tqdm
 
-    from ..spec.drafters import LMDrafter
+    from ..speculative.drafters import LMDrafter
     from .policy import PolicyRecipe, _collate, build_policy, length_batches, response_lm_step
 
     recipe = recipe or DrafterLMRecipe(seed=seed)
@@ -137,8 +137,8 @@ class EagleRecipe:
 def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
                      recipe: EagleRecipe | None = None) -> dict:
     """Train the EAGLE head of the default policy into ``out_dir``."""
-    from ..spec.eagle import EagleDrafter, EagleHead
-    from ..spec.train import EagleTrainConfig, harvest_pairs, train_eagle
+    from ..speculative import EagleDrafter, EagleHead
+    from ..speculative.train import EagleTrainConfig, harvest_pairs, train_eagle
 
     recipe = recipe or EagleRecipe(seed=seed)
     if minutes is not None:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..models import DEFAULT_EAGLE, load_model
-from .drafters import LMDrafter, NGramDrafter
-from .eagle import EagleDrafter, EagleHead
+from .drafters import EagleDrafter, LMDrafter, NGramDrafter
+from .eagle import EagleHead
 
 __all__ = ["DRAFTER_NAMES", "default_drafters"]
 

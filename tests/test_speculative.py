@@ -6,13 +6,15 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-import workbench.spec.verify as verify
+import workbench.rollout.verify as verify
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.rollout.decoder import WaveDecoder
 from workbench.rollout.engine import StepRecorder
-from workbench.spec import LMDrafter, NGramDrafter, ScriptedDrafter
-from workbench.spec.eagle import EagleDrafter, EagleHead
-from workbench.spec.train import EagleTrainConfig, harvest_pairs, state_regression, train_eagle
+from workbench.speculative import LMDrafter, NGramDrafter
+
+from .drafters import ScriptedDrafter
+from workbench.speculative import EagleDrafter, EagleHead
+from workbench.speculative.train import EagleTrainConfig, harvest_pairs, state_regression, train_eagle
 from workbench.zoo.tokenizer import build_char_tokenizer
 
 from .conftest import PROMPTS, tiny_model

@@ -1,6 +1,6 @@
 """Figures of a speculative-decoding sweep: where SD pays, how close it gets to its bound, and why.
 
-Every function takes the table of :func:`workbench.spec.sweep.sd_sweep` (one row per
+Every function takes the table of :func:`workbench.speculative.sweep.sd_sweep` (one row per
 temperature, batch size, drafter and k), so a sweep redraws from its saved table without an
 engine. Each draws on ``ax`` when given (a figure is created only when it is not) and returns
 the figure. Measures follow DESIGN.md, "Measures": tau is shown with its k (legend) and

@@ -22,10 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..rollout.lean import RopeTable, lean_layer, step_mask, supports_lean
-from .drafters import CachedDrafter
+from ..rollout.lean import lean_layer, supports_lean
 
-__all__ = ["EagleHead", "EagleDrafter", "policy_fingerprint"]
+__all__ = ["EagleHead", "EagleConfig", "policy_fingerprint"]
 
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
                      "num_key_value_heads", "vocab_size", "max_position_embeddings")
@@ -107,66 +106,3 @@ class EagleHead(nn.Module):
         head.load_state_dict(torch.load(path / "head.pt", map_location="cpu", weights_only=True))
         head.config = EagleConfig(**json.loads(cfg_path.read_text()))
         return head.to(policy.get_output_embeddings().weight.device)
-
-
-class EagleDrafter(CachedDrafter):
-    """Drafts with an :class:`EagleHead` on top of the policy's own embedding, norm and head."""
-
-    name = "eagle"
-    needs_hidden = True
-
-    def __init__(self, head: EagleHead, policy=None):
-        self.head = head.eval()
-        self.begin()
-        if policy is not None:
-            self.bind(policy)
-
-    def bind(self, policy) -> None:
-        """Use ``policy``'s frozen embedding, final norm, rotary embedding and LM head."""
-        self.head.config.check(policy.config)
-        decoder = policy.get_decoder()
-        self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
-        self.rope, self.lm_head = RopeTable(decoder.rotary_emb), policy.get_output_embeddings()
-
-    def check_compatible(self, policy, tokenizer) -> None:
-        super().check_compatible(policy, tokenizer)
-        self.bind(policy)
-
-    def _step(self, ids, hidden, pos):
-        st = self.state
-        emb = self.embed(ids)
-        mask = step_mask(st.mask, ids.shape[1], emb.dtype)
-        out = self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
-        return out[:, -1:]
-
-    @torch.no_grad()
-    def draft(self, ctx, k):
-        seqs = ctx.sequences
-        pending = ctx.pending_hidden()
-        st = self.open_round(len(seqs), self.lm_head.weight.device)
-        # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
-        new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
-        for r, (toks, h) in enumerate(zip(new, pending)):
-            if h is None or len(toks) != h.shape[0]:
-                raise RuntimeError(f"row {r}: {len(toks)} new tokens but "
-                                   f"{0 if h is None else h.shape[0]} policy states")
-        ids, pos = st.append_ragged(new, 0)
-        hidden = torch.zeros((*ids.shape, pending[0].shape[-1]), dtype=pending[0].dtype,
-                             device=ids.device)
-        for r, h in enumerate(pending):
-            hidden[r, ids.shape[1] - h.shape[0]:] = h
-        self.seen = [len(s) - 1 for s in seqs]
-        feat = self._step(ids, hidden, pos)
-        tokens, logqs = [], []
-        for depth in range(k):
-            logits = self.lm_head(self.norm(feat))[:, -1]
-            tok, logq = ctx.choose(logits, depth)
-            tokens.append(tok)
-            logqs.append(logq)
-            if depth < k - 1:
-                st.append_columns(1)
-                feat = self._step(tok[:, None], feat, st.next_pos[:, None])
-                st.next_pos += 1
-        self.spec_cols = k - 1
-        st.compact()
-        return self.stacked(tokens, logqs)

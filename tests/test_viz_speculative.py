@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench.spec.measure import sd_bound  # noqa: E402
+from workbench.speculative.measure import sd_bound  # noqa: E402
 from workbench.viz import (  # noqa: E402
     acceptance_vs_batch, save_figure, sd_time_breakdown, speedup_vs_batch)
 

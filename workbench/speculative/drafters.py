@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from ..rollout.batch import DecodeBatch, PolicyForward
-from ..rollout.lean import LeanForward
+from ..rollout.lean import LeanForward, RopeTable, step_mask
 
-__all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "ScriptedDrafter", "LMDrafter",
+__all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "one_hot_logq"]
 
 
@@ -128,31 +128,6 @@ class NGramDrafter(Drafter):
         return self.proposal(ctx, tokens)
 
 
-class ScriptedDrafter(Drafter):
-    """For tests: proposes a known continuation of each request with one wrong token.
-
-    ``continuations[uid]`` is the policy's own greedy response; ``wrong_at[uid]`` is the draft
-    depth whose token is replaced by another one in every round, so that row accepts exactly
-    ``wrong_at[uid]`` drafts per verify step (all ``k`` if ``wrong_at >= k``).
-    """
-
-    name = "scripted"
-
-    def __init__(self, continuations: dict[int, list[int]], wrong_at: dict[int, int]):
-        self.continuations, self.wrong_at = continuations, wrong_at
-
-    def draft(self, ctx, k):
-        out = []
-        for uid, n_resp in zip(ctx.uids, ctx.response_lengths):
-            prop = (self.continuations[uid][n_resp:n_resp + k] + [0] * k)[:k]
-            j = self.wrong_at[uid]
-            if j < k:
-                prop[j] = (prop[j] + 1) % self.vocab_size
-            out.append(prop)
-        tokens = torch.tensor(out, dtype=torch.long, device=ctx.decoder.batch.mask.device)
-        return self.proposal(ctx, tokens)
-
-
 class LMDrafter(CachedDrafter):
     """Any small HF causal LM that shares the policy's tokenizer, with its own KV cache."""
 
@@ -192,6 +167,69 @@ class LMDrafter(CachedDrafter):
             if depth < k - 1:
                 st.append_columns(1)
                 logits, _ = self.forward(tok[:, None], st.mask, st.next_pos[:, None], st.cache)
+                st.next_pos += 1
+        self.spec_cols = k - 1
+        st.compact()
+        return self.stacked(tokens, logqs)
+
+
+class EagleDrafter(CachedDrafter):
+    """Drafts with an :class:`EagleHead` on top of the policy's own embedding, norm and head."""
+
+    name = "eagle"
+    needs_hidden = True
+
+    def __init__(self, head: EagleHead, policy=None):
+        self.head = head.eval()
+        self.begin()
+        if policy is not None:
+            self.bind(policy)
+
+    def bind(self, policy) -> None:
+        """Use ``policy``'s frozen embedding, final norm, rotary embedding and LM head."""
+        self.head.config.check(policy.config)
+        decoder = policy.get_decoder()
+        self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
+        self.rope, self.lm_head = RopeTable(decoder.rotary_emb), policy.get_output_embeddings()
+
+    def check_compatible(self, policy, tokenizer) -> None:
+        super().check_compatible(policy, tokenizer)
+        self.bind(policy)
+
+    def _step(self, ids, hidden, pos):
+        st = self.state
+        emb = self.embed(ids)
+        mask = step_mask(st.mask, ids.shape[1], emb.dtype)
+        out = self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
+        return out[:, -1:]
+
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        seqs = ctx.sequences
+        pending = ctx.pending_hidden()
+        st = self.open_round(len(seqs), self.lm_head.weight.device)
+        # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
+        new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
+        for r, (toks, h) in enumerate(zip(new, pending)):
+            if h is None or len(toks) != h.shape[0]:
+                raise RuntimeError(f"row {r}: {len(toks)} new tokens but "
+                                   f"{0 if h is None else h.shape[0]} policy states")
+        ids, pos = st.append_ragged(new, 0)
+        hidden = torch.zeros((*ids.shape, pending[0].shape[-1]), dtype=pending[0].dtype,
+                             device=ids.device)
+        for r, h in enumerate(pending):
+            hidden[r, ids.shape[1] - h.shape[0]:] = h
+        self.seen = [len(s) - 1 for s in seqs]
+        feat = self._step(ids, hidden, pos)
+        tokens, logqs = [], []
+        for depth in range(k):
+            logits = self.lm_head(self.norm(feat))[:, -1]
+            tok, logq = ctx.choose(logits, depth)
+            tokens.append(tok)
+            logqs.append(logq)
+            if depth < k - 1:
+                st.append_columns(1)
+                feat = self._step(tok[:, None], feat, st.next_pos[:, None])
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()

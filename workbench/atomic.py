@@ -1,0 +1,98 @@
+"""Atomic writes of files and folders: a reader (or a resumed run) sees the old version or the
+new one, never half of either.
+
+A file is written to a temporary sibling and renamed over the target (``os.replace`` is atomic
+on one file system). A folder is built in a temporary sibling; the old folder, if any, is first
+renamed aside, the new one renamed into place, and only then is the old one deleted. An
+interruption between those two renames leaves the old folder at ``.<name>.old``, which
+:func:`recover_dir` (called by :func:`atomic_dir` itself) puts back before the next write.
+Every writer of the workbench goes through these helpers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["atomic_file", "atomic_dir", "write_text", "write_json", "recover_dir"]
+
+
+def _check_parent(path: Path, what: str) -> None:
+    if path.exists() and path.is_dir() != (what == "folder"):
+        kind = "folder" if path.is_dir() else "file"
+        raise FileExistsError(f"cannot write a {what} to {str(path)!r}: it is an existing {kind}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on a clean exit it replaces ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    _check_parent(path, "file")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are meant to be shared
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
+def recover_dir(path: str | os.PathLike) -> None:
+    """Put back a folder that an interrupted :func:`atomic_dir` left renamed aside."""
+    path = Path(path)
+    old = _old(path)
+    if old.is_dir():
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(old, path)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``path``; on a clean exit it replaces ``path``.
+
+    On an exception the temporary folder is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    _check_parent(path, "folder")
+    recover_dir(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        tmp.chmod(0o755)
+        yield tmp
+        if path.exists():
+            old = _old(path)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, obj, indent: int = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (serialised before anything is touched)."""
+    return write_text(path, json.dumps(obj, indent=indent))
