@@ -13,8 +13,8 @@ def _batch_with_holes(seed=0, rows=3, width=40, heads=2, dim=4):
     for layer in range(2):
         keys = torch.randn(rows, heads, width, dim, generator=g, dtype=torch.float64)
         cache.update(keys, keys * 2, layer)
-    batch = DecodeBatch(list(range(rows)), mask, mask.sum(1), torch.zeros(rows, dtype=torch.long),
-                        cache)
+    batch = DecodeBatch(list(range(rows)), mask, (mask.cumsum(1) - 1).clamp(min=0), mask.sum(1),
+                        torch.zeros(rows, dtype=torch.long), cache)
     return batch
 
 

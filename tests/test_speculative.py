@@ -8,8 +8,10 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import workbench.rollout.verify as verify
 from workbench.rollout import RolloutConfig, RolloutEngine
-from workbench.rollout.decoder import WaveDecoder
-from workbench.rollout.engine import StepRecorder
+from workbench.rollout.decoder import BatchDecoder
+from workbench.rollout.forward import policy_forward
+from workbench.rollout.request import RequestOutput
+from workbench.rollout.worker import StepRecorder
 from workbench.speculative import LMDrafter, NGramDrafter
 
 from .drafters import ScriptedDrafter
@@ -86,13 +88,13 @@ def test_visible_kv_equals_a_fresh_recompute_after_rejections(tokenizer):
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=60, spec_k=4)
     plain = engine.rollout(PROMPTS, cfg, progress=False)
-    reqs = engine.make_requests(engine.encode(PROMPTS), cfg)
+    reqs = [RequestOutput.of(q, 0) for q in engine.make_requests(engine.encode(PROMPTS), cfg)]
     drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
                               {r.uid: i % 3 for i, r in enumerate(plain.requests)})
     drafter.check_compatible(model, tokenizer)
-    dec = WaveDecoder(engine.policy, reqs, cfg, StepRecorder(0, "sim"), engine.eos_id,
-                      engine.pad_id, drafter=drafter)
-    dec.prefill()
+    dec = BatchDecoder(policy_forward(model), cfg, StepRecorder(0, "sim"), engine.eos_id,
+                       engine.pad_id, drafter=drafter)
+    dec.admit(reqs)
     for _ in range(4):
         dec.spec_step(4)
     b = dec.batch
@@ -293,11 +295,11 @@ def recording(drafter):
 def reference_eagle_drafts(policy, head, seq, k):
     """The chain an EAGLE head should draft after ``seq``, recomputed from scratch each depth
     on the whole sequence: no cache, no rotary table, full causal mask."""
-    from workbench.rollout.batch import PolicyForward
-    from workbench.rollout.lean import causal_mask_4d
+    from workbench.rollout.forward import causal_mask_4d
     ids = torch.tensor([seq])
-    _, states = PolicyForward.of(policy)(ids, torch.ones_like(ids), torch.arange(len(seq))[None],
-                                         DynamicCache())
+    pos = torch.arange(len(seq))[None]
+    _, states = policy_forward(policy, lean=False)(ids, pos, torch.ones_like(ids), pos,
+                                                   DynamicCache())
     decoder, lm_head = policy.get_decoder(), policy.get_output_embeddings()
     feats, toks, drafts = states[0, :-1], ids[0, 1:], []
     for _ in range(k):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from .rollout.timeline import length_percentiles
 from .tasks import Problem, exact_match_reward
 
 __all__ = ["EvalReport", "evaluate_policy", "score_rollout", "length_percentiles",
@@ -16,14 +17,6 @@ __all__ = ["EvalReport", "evaluate_policy", "score_rollout", "length_percentiles
 
 # Bucket edges (response tokens) used by every accuracy-per-length table.
 LENGTH_BUCKETS = (0, 32, 64, 128, 256, 10_000)
-
-
-def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
-    """``{"length_p50": ..., ...}`` of a sequence of token counts."""
-    arr = np.asarray(list(lengths), dtype=float)
-    if arr.size == 0:
-        return {f"length_p{q}": float("nan") for q in qs}
-    return {f"length_p{q}": float(np.percentile(arr, q)) for q in qs}
 
 
 @dataclass

@@ -1,8 +1,15 @@
-"""Batched rollout: the decode engine, sampling, workers and timelines."""
-from .engine import RequestOutput, RolloutConfig, RolloutEngine, RolloutResult
-from .sampling import SamplingParams, make_uid, split_uid
+"""Batched rollout: the decode engine, forwards, sampling, step schedules, workers, timelines."""
+from .config import RolloutConfig
+from .engine import RolloutEngine, RolloutResult
+from .request import Request, RequestOutput
+from .sampling import SamplingParams, Stream, make_uid, split_uid
+from .schedule import (PlainSchedule, Schedule, StaticSchedule, StepPlan, StepReport,
+                       ThresholdSchedule)
 from .timeline import Timeline
-from .workers import Backend, LocalBackend
+from .worker import Backend, LocalBackend, Worker, WorkerResult, WorkerTask
 
-__all__ = ["RolloutEngine", "RolloutConfig", "RolloutResult", "RequestOutput",
-           "SamplingParams", "make_uid", "split_uid", "Timeline", "Backend", "LocalBackend"]
+__all__ = ["RolloutEngine", "RolloutConfig", "RolloutResult", "Request", "RequestOutput",
+           "SamplingParams", "Stream", "make_uid", "split_uid", "Timeline",
+           "Schedule", "StepPlan", "StepReport", "PlainSchedule", "StaticSchedule",
+           "ThresholdSchedule", "Backend", "LocalBackend", "Worker", "WorkerTask",
+           "WorkerResult"]

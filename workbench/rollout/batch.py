@@ -1,12 +1,20 @@
 """The state of one decoding batch: rows, their KV cache, visibility mask and positions.
 
 Rows of a batch advance by different amounts (speculative decoding accepts a different number
-of draft tokens per row), so the cache is shared in shape but not in meaning: ``mask[r, j]``
-says whether cache column ``j`` is part of row ``r``'s sequence, and ``next_pos[r]`` is the
-position id row ``r``'s next token takes. A column may be a hole (masked) in the middle of a
-row; attention never sees it, so what a row attends to always equals a fresh recompute of its
-own tokens. Finished rows leave the batch (``keep_rows``) and all-hole columns on the left are
-trimmed, so finished requests cost nothing further.
+of draft tokens per row) and join at different times (continuous batching), so the cache is
+shared in shape but not in meaning:
+
+- ``mask[r, j]`` says whether cache column ``j`` is part of row ``r``'s sequence;
+- ``col_pos[r, j]`` is the position id of the token in that column (meaningless for holes);
+- ``next_pos[r]`` is the position id row ``r``'s next token takes.
+
+Invariant: a row's visible columns hold its own tokens, left to right in position order, and
+their keys/values equal a fresh recompute of that row's sequence. A column may be a hole
+(masked) anywhere in a row; attention never sees it. Attention masks are built from
+``col_pos``, never from column indices, so causality and sliding windows count real tokens
+however many holes lie between them (see ``rollout.forward.attention_mask``).
+Finished rows leave (``keep_rows``), new rows join (``concat``), and columns no row can see
+are trimmed, so finished requests cost nothing further.
 """
 from __future__ import annotations
 
@@ -15,52 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-__all__ = ["PolicyForward", "DecodeBatch"]
+__all__ = ["DecodeBatch"]
 
 
-class PolicyForward:
-    """A causal LM split into the pieces the engine calls: decoder stack, final norm, LM head.
-
-    Calling the decoder and the head separately lets the engine compute logits only where it
-    needs them (the last prompt position at prefill, every draft position at verify) and read
-    the pre-norm last hidden state, which the EAGLE drafter consumes and the harvest stores.
-    Works for Llama-family models (Llama, Qwen2/3, Mistral) as transformers builds them.
-    """
-
-    @classmethod
-    def of(cls, model) -> "PolicyForward":
-        """The model's PolicyForward, created once (its norm hook is registered once)."""
-        if not isinstance(getattr(model, "_workbench_forward", None), cls):
-            model._workbench_forward = cls(model)
-        return model._workbench_forward
-
-    def __init__(self, model):
-        self.model = model
-        self.decoder = model.get_decoder()
-        self.lm_head = model.get_output_embeddings()
-        self.config = model.config
-        self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self._prenorm: torch.Tensor | None = None
-        self.decoder.norm.register_forward_pre_hook(self._keep_prenorm)
-
-    def _keep_prenorm(self, module, args):
-        self._prenorm = args[0]
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    @torch.no_grad()
-    def __call__(self, input_ids, attention_mask, position_ids, cache, logits_from: int = -1):
-        """``(logits, prenorm_hidden)`` for positions ``logits_from:`` of the new tokens."""
-        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask,
-                           position_ids=position_ids, cache=cache, use_cache=True)
-        hidden = out.last_hidden_state[:, logits_from:]
-        return self.lm_head(hidden), self._prenorm
+def _layers(cache):
+    """The initialised layers of ``cache`` (a layer is initialised by its first update)."""
+    return [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
 
 
 @dataclass
@@ -69,6 +37,7 @@ class DecodeBatch:
 
     request_ids: list[int]               # index into the worker's requests, per row
     mask: torch.Tensor                   # [B, T] long: 1 = column visible to the row
+    col_pos: torch.Tensor                # [B, T] long: position id of each column's token
     next_pos: torch.Tensor               # [B] long: position id of the row's next token
     last_token: torch.Tensor             # [B] long: the token to feed next
     cache: DynamicCache = field(default_factory=DynamicCache)
@@ -77,8 +46,12 @@ class DecodeBatch:
     def size(self) -> int:
         return len(self.request_ids)
 
+    @property
+    def width(self) -> int:
+        return self.mask.shape[1]
+
     @classmethod
-    def from_prompts(cls, prompts: list[list[int]], request_ids: list[int], pad_id: int,
+    def from_prompts(cls, prompts: list[list[int]], request_ids, pad_id: int,
                      device) -> tuple["DecodeBatch", torch.Tensor, torch.Tensor]:
         """A batch before prefill, plus the left-padded ``input_ids`` and ``position_ids``."""
         width = max(len(p) for p in prompts)
@@ -87,85 +60,32 @@ class DecodeBatch:
         for r, p in enumerate(prompts):
             ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
             mask[r, width - len(p):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        batch = cls(request_ids=list(request_ids), mask=mask.to(device),
+        pos = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+        batch = cls(request_ids=list(request_ids), mask=mask.to(device), col_pos=pos,
                     next_pos=mask.sum(-1).to(device), last_token=ids[:, -1].to(device))
-        return batch, ids.to(device), pos.to(device)
-
-    def append_columns(self, n: int, visible: torch.Tensor | None = None):
-        """Extend the mask by ``n`` columns for tokens about to be fed (visible by default)."""
-        cols = (torch.ones((self.size, n), dtype=self.mask.dtype, device=self.mask.device)
-                if visible is None else visible.to(self.mask.dtype))
-        self.mask = torch.cat([self.mask, cols], dim=1)
-
-    def keep_rows(self, rows: torch.Tensor | list[int]):
-        """Drop every row not in ``rows`` (finished requests), then trim all-hole columns."""
-        rows_t = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
-        self.request_ids = [self.request_ids[i] for i in rows_t.tolist()]
-        self.mask = self.mask.index_select(0, rows_t)
-        self.next_pos = self.next_pos.index_select(0, rows_t)
-        self.last_token = self.last_token.index_select(0, rows_t)
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.keys = layer.keys.index_select(0, rows_t)
-                layer.values = layer.values.index_select(0, rows_t)
-        self.trim_left()
-
-    def trim_left(self):
-        """Remove leading columns that no row can see (left padding of departed rows)."""
-        if self.size == 0:
-            return
-        seen = self.mask.any(dim=0)
-        first = int(seen.to(torch.int8).argmax())
-        if first > 0:
-            self._keep_columns(first, self.mask.shape[1])
-
-    def trim_right(self):
-        """Remove trailing columns that no row can see (drafts every row rejected), so a
-        batch of one never carries holes and its attention needs no mask."""
-        if self.size == 0 or self.mask.shape[1] == 0:
-            return
-        visible = torch.nonzero(self.mask.any(dim=0))
-        keep = int(visible[-1]) + 1 if len(visible) else 0
-        if keep < self.mask.shape[1]:
-            self._keep_columns(0, keep)
-
-    def _keep_columns(self, start: int, stop: int):
-        """Keep cache and mask columns ``start:stop`` (a view, no copy)."""
-        self.mask = self.mask[:, start:stop]
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.keys = layer.keys[:, :, start:stop]
-                layer.values = layer.values[:, :, start:stop]
-
-    def compact(self, min_holes: int = 16):
-        """Squeeze out holes once they are many: each row's visible columns move right,
-        in order, and the cache is gathered to match. Attention results are unchanged."""
-        if self.size == 0:
-            return
-        counts = self.mask.sum(dim=1)
-        width = int(counts.max())
-        holes = self.mask.shape[1] - width
-        if holes < max(min_holes, self.mask.shape[1] // 4):
-            return
-        # a stable sort of the 0/1 mask puts each row's hidden columns first and keeps the
-        # visible ones in their original order at the end
-        order = torch.sort(self.mask, dim=1, stable=True).indices[:, -width:]
-        self.mask = self.mask.gather(1, order)
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
-                                                     layer.keys.shape[-1])
-                layer.keys = layer.keys.gather(2, idx)
-                layer.values = layer.values.gather(2, idx)
+        return batch, ids.to(device), pos
 
     @classmethod
     def empty(cls, rows: int, device) -> "DecodeBatch":
         """A batch of ``rows`` with nothing fed yet (a drafter's cache before its first feed)."""
-        return cls(request_ids=list(range(rows)),
-                   mask=torch.zeros((rows, 0), dtype=torch.long, device=device),
+        zeros = torch.zeros((rows, 0), dtype=torch.long, device=device)
+        return cls(request_ids=list(range(rows)), mask=zeros, col_pos=zeros.clone(),
                    next_pos=torch.zeros(rows, dtype=torch.long, device=device),
                    last_token=torch.zeros(rows, dtype=torch.long, device=device))
+
+    # ---- columns ------------------------------------------------------------------------
+    def append_columns(self, n: int, visible: torch.Tensor | None = None,
+                       positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Extend the batch by ``n`` columns for tokens about to be fed (visible by default,
+        at positions ``next_pos + 0..n-1`` by default); returns their positions ``[B, n]``."""
+        dev = self.mask.device
+        if positions is None:
+            positions = self.next_pos[:, None] + torch.arange(n, device=dev)
+        cols = (torch.ones((self.size, n), dtype=self.mask.dtype, device=dev)
+                if visible is None else visible.to(self.mask.dtype))
+        self.mask = torch.cat([self.mask, cols], dim=1)
+        self.col_pos = torch.cat([self.col_pos, positions], dim=1)
+        return positions
 
     def append_ragged(self, seqs: list[list[int]], pad_id: int):
         """Append one block holding each row's new tokens right-aligned (holes before them).
@@ -182,15 +102,124 @@ class DecodeBatch:
                 ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
                 vis[r, width - len(s):] = 1
         vis = vis.to(device)
-        offsets = vis.cumsum(-1) - 1
-        pos = (self.next_pos[:, None] + offsets).clamp(min=0)
-        self.append_columns(width, visible=vis)
+        pos = (self.next_pos[:, None] + vis.cumsum(-1) - 1).clamp(min=0)
+        self.append_columns(width, visible=vis, positions=pos)
         self.next_pos = self.next_pos + vis.sum(-1)
         return ids.to(device), pos
+
+    def _keep_columns(self, start: int, stop: int):
+        """Keep cache and mask columns ``start:stop`` (a view, no copy)."""
+        self.mask = self.mask[:, start:stop]
+        self.col_pos = self.col_pos[:, start:stop]
+        for layer in _layers(self.cache):
+            layer.keys = layer.keys[:, :, start:stop]
+            layer.values = layer.values[:, :, start:stop]
+
+    def trim_left(self):
+        """Remove leading columns that no row can see (left padding of departed rows)."""
+        if self.size == 0 or self.width == 0:
+            return
+        first = int(self.mask.any(dim=0).to(torch.int8).argmax())
+        if first > 0:
+            self._keep_columns(first, self.width)
+
+    def trim_right(self):
+        """Remove trailing columns that no row can see (drafts every row rejected), so a
+        batch of one never carries holes and its attention needs no mask."""
+        if self.size == 0 or self.width == 0:
+            return
+        visible = torch.nonzero(self.mask.any(dim=0))
+        keep = int(visible[-1]) + 1 if len(visible) else 0
+        if keep < self.width:
+            self._keep_columns(0, keep)
 
     def crop_right(self, n: int):
         """Forget the last ``n`` columns, visible to every row (a drafter's speculative tail)."""
         if n <= 0:
             return
-        self._keep_columns(0, self.mask.shape[1] - n)
+        self._keep_columns(0, self.width - n)
         self.next_pos = self.next_pos - n
+
+    def compact(self, min_holes: int = 16):
+        """Squeeze out holes once they are many: each row's visible columns move right,
+        in order, and the cache is gathered to match. Attention results are unchanged."""
+        if self.size == 0:
+            return
+        width = int(self.mask.sum(dim=1).max())
+        if self.width - width < max(min_holes, self.width // 4):
+            return
+        # a stable sort of the 0/1 mask puts each row's hidden columns first and keeps the
+        # visible ones in their original order at the end
+        order = torch.sort(self.mask, dim=1, stable=True).indices[:, -width:]
+        self.mask = self.mask.gather(1, order)
+        self.col_pos = self.col_pos.gather(1, order)
+        for layer in _layers(self.cache):
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx)
+
+    # ---- rows ---------------------------------------------------------------------------
+    def keep_rows(self, rows: torch.Tensor | list[int]):
+        """Drop every row not in ``rows`` (finished requests), then trim all-hole columns."""
+        rows_t = torch.as_tensor(rows, dtype=torch.long, device=self.mask.device)
+        self.request_ids = [self.request_ids[i] for i in rows_t.tolist()]
+        self.mask = self.mask.index_select(0, rows_t)
+        self.col_pos = self.col_pos.index_select(0, rows_t)
+        self.next_pos = self.next_pos.index_select(0, rows_t)
+        self.last_token = self.last_token.index_select(0, rows_t)
+        for layer in _layers(self.cache):
+            layer.keys = layer.keys.index_select(0, rows_t)
+            layer.values = layer.values.index_select(0, rows_t)
+        self.trim_left()
+
+    def concat(self, other: "DecodeBatch") -> None:
+        """Append ``other``'s rows below this batch's (requests joining a running batch).
+
+        The narrower of the two is left-padded with hole columns, so every row keeps its own
+        columns, right-aligned, and sees nothing of the other's. A cache layer that only one
+        side has initialised gets all-hole rows on the other side.
+        """
+        width = max(self.width, other.width)
+        parts = [(self, width - self.width), (other, width - other.width)]
+        self.mask = torch.cat([pad_left(b.mask, n) for b, n in parts])
+        self.col_pos = torch.cat([pad_left(b.col_pos, n) for b, n in parts])
+        n_layers = max(len(self.cache.layers), len(other.cache.layers))
+        for i in range(n_layers):
+            mine, theirs = _layer_kv(self.cache, i), _layer_kv(other.cache, i)
+            if mine is None and theirs is None:
+                continue
+            like = mine if mine is not None else theirs
+            kv = []
+            for j in range(2):
+                blocks = [_kv_or_zeros(x, j, like[j], b.size, b.width)
+                          for x, b in ((mine, self), (theirs, other))]
+                kv.append(torch.cat([pad_left(t, width - t.shape[2], dim=2) for t in blocks]))
+            if mine is None:
+                self.cache.update(kv[0], kv[1], i)
+            else:
+                layer = self.cache.layers[i]
+                layer.keys, layer.values = kv
+        self.request_ids = self.request_ids + other.request_ids
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
+        self.last_token = torch.cat([self.last_token, other.last_token])
+
+
+def _layer_kv(cache, i):
+    if i < len(cache.layers) and getattr(cache.layers[i], "is_initialized", False):
+        return cache.layers[i].keys, cache.layers[i].values
+    return None
+
+
+def _kv_or_zeros(kv, j, like, rows, width):
+    if kv is not None:
+        return kv[j]
+    return like.new_zeros((rows, like.shape[1], width, like.shape[3]))
+
+
+def pad_left(t: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
+    """``t`` with ``n`` zero columns prepended along ``dim`` (holes: masked, never seen)."""
+    if n <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)

@@ -1,11 +1,13 @@
-"""One wave of requests decoded together on one worker, one engine call (step) at a time.
+"""The live batch of one worker, advanced one engine call (step) at a time.
 
 Between steps every live row has exactly one token that it emitted but has not fed yet
 (``batch.last_token``). A *plain* step feeds it and samples the next token; a *speculative*
 step drafts ``k`` tokens, feeds ``[last_token, drafts]`` to the policy in one forward, keeps
 each row's accepted prefix plus one token of the policy's own, and turns the rejected cache
-columns into holes. Both end the same way (emit, finish, drop finished rows), so an adaptive
-engine can switch between them at any step of the same batch.
+columns into holes. Both end the same way (emit, finish, drop finished rows), so a schedule
+can switch between them at any step. ``admit`` prefills waiting requests and joins them to
+the running batch (continuous batching); coupled draws depend on ``(seed, uid, position)``
+only, so a request's tokens do not depend on when it joined or with whom.
 """
 from __future__ import annotations
 
@@ -13,10 +15,13 @@ import time
 
 import torch
 
-from .batch import DecodeBatch, PolicyForward
-from .sampling import SamplingParams, adjusted_logprobs, choose_tokens, coupled_uniforms
+from . import verify
+from .batch import DecodeBatch
+from .forward import Forward
+from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
+from .schedule import StepPlan, StepReport
 
-__all__ = ["WaveDecoder", "DraftContext"]
+__all__ = ["BatchDecoder", "DraftContext"]
 
 
 def _timed(fn, *args, **kwargs):
@@ -26,8 +31,8 @@ def _timed(fn, *args, **kwargs):
 
 
 class DraftContext:
-    """What a drafter sees each round: the live rows' full sequences so far, and the policy's
-    pre-norm hidden states it has not consumed yet.
+    """What a drafter sees each round: the live rows' full sequences so far, the policy's
+    pre-norm hidden states it has not consumed yet, and the device to draft on.
 
     ``sequences[r]`` is prompt + response of row ``r``; ``pending_hidden[r]`` holds one state
     per committed token the drafter has not seen, the state that predicted that token
@@ -35,23 +40,25 @@ class DraftContext:
     verification mode needs and returns ``(tokens, adjusted logprobs)``.
     """
 
-    def __init__(self, decoder: "WaveDecoder"):
+    def __init__(self, decoder: "BatchDecoder"):
         self.decoder = decoder
+        self.device = decoder.forward.device
+
+    def _rows(self):
+        d = self.decoder
+        return [d.reqs[i] for i in d.batch.request_ids]
 
     @property
     def sequences(self) -> list[list[int]]:
-        d = self.decoder
-        return [d.reqs[i].prompt_ids + d.reqs[i].tokens for i in d.batch.request_ids]
+        return [r.prompt_ids + r.tokens for r in self._rows()]
 
     @property
     def response_lengths(self) -> list[int]:
-        d = self.decoder
-        return [len(d.reqs[i].tokens) for i in d.batch.request_ids]
+        return [len(r.tokens) for r in self._rows()]
 
     @property
     def uids(self) -> list[int]:
-        d = self.decoder
-        return [d.reqs[i].uid for i in d.batch.request_ids]
+        return [r.uid for r in self._rows()]
 
     def pending_hidden(self) -> list[torch.Tensor]:
         """Pop the unconsumed policy states of every row (a list of ``[n_r, H]`` tensors)."""
@@ -71,42 +78,41 @@ class DraftContext:
         return self.decoder.choose_draft(logits, depth)
 
 
-class WaveDecoder:
-    """Decode ``reqs`` as one batch; the engine calls ``prefill`` then steps until ``done``."""
+class BatchDecoder:
+    """One worker's live batch: ``admit`` requests, then ``step`` until ``size == 0``."""
 
-    def __init__(self, policy: PolicyForward, reqs, config, rec, eos_id, pad_id,
-                 on_finish=lambda n: None, drafter=None):
-        self.policy, self.reqs, self.config, self.rec = policy, reqs, config, rec
+    def __init__(self, forward: Forward, config, rec, eos_id, pad_id, drafter=None,
+                 on_finish=lambda n: None):
+        self.forward, self.config, self.rec = forward, config, rec
         self.drafter = drafter
         self.params: SamplingParams = config.sampling
         self.eos_id, self.pad_id, self.on_finish = eos_id, pad_id, on_finish
         self.draft_hidden = bool(getattr(drafter, "needs_hidden", False))
-        self.pending_hidden: list[list[torch.Tensor]] = [[] for _ in reqs]  # for the drafter
-        self.harvest: list[list[torch.Tensor]] = [[] for _ in reqs]         # for the caller
-        self.batch: DecodeBatch | None = None
+        self.reqs = []                                   # every request admitted, in order
+        self.pending_hidden: list[list[torch.Tensor]] = []  # per request, for the drafter
+        self.harvest: list[list[torch.Tensor]] = []         # per request, for the caller
+        self.batch = DecodeBatch.empty(0, forward.device)
         self.mode = "greedy" if self.params.greedy else config.spec_mode
+        if drafter is not None:
+            drafter.begin()
 
     @property
-    def done(self) -> bool:
-        return self.batch is not None and self.batch.size == 0
+    def size(self) -> int:
+        return self.batch.size
 
     # ---- sampling -----------------------------------------------------------------------
-    def _uniform_grid(self, width: int, stream: int = 0, offset: int = 0):
+    def _uniform_grid(self, batch, width: int, stream: Stream = Stream.TOKEN, offset: int = 0):
         """Coupled uniforms ``[B, width]`` at each row's response positions
         ``len(tokens) + offset + 0..width-1``."""
-        rows = [self.reqs[i] for i in self.batch.request_ids]
+        rows = [self.reqs[i] for i in batch.request_ids]
         uids = [[r.uid] * width for r in rows]
         pos = [[len(r.tokens) + offset + j for j in range(width)] for r in rows]
         return coupled_uniforms(self.params.seed, uids, pos, stream)
 
-    def _uniforms(self, offset: int, stream: int = 0):
-        """Coupled uniforms ``[B]`` at each row's response position ``len(tokens) + offset``."""
-        return self._uniform_grid(1, stream, offset)[:, 0]
-
-    def sample_next(self, logits: torch.Tensor):
+    def sample_next(self, batch, logits: torch.Tensor):
         """Each row's next token and its adjusted logprob (coupled draw at its position)."""
         logp = adjusted_logprobs(logits, self.params)
-        u = None if self.params.greedy else self._uniforms(0)
+        u = None if self.params.greedy else self._uniform_grid(batch, 1)[:, 0]
         tok = choose_tokens(logp, self.params, u)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
@@ -115,89 +121,118 @@ class WaveDecoder:
 
         Greedy: argmax. Coupled: the same coupled uniform the policy will use at that position,
         so a drafter close to the policy lands on the same token. Speculative: an independent
-        draw (stream 2) from the drafter's adjusted distribution, as Leviathan et al. require.
-        The logprobs are ``None`` except in speculative mode, the only one that reads them.
+        draw (``Stream.DRAFT``) from the drafter's adjusted distribution, as Leviathan et al.
+        require. The logprobs are ``None`` except in speculative mode, the only one that reads
+        them.
         """
         if self.mode == "greedy":
             return logits.argmax(-1), None
         logq = adjusted_logprobs(logits, self.params)
-        if self.mode == "coupled":
-            return choose_tokens(logq, self.params, self._uniforms(depth, 0)), None
-        return choose_tokens(logq, self.params, self._uniforms(depth, 2)), logq
+        stream = Stream.TOKEN if self.mode == "coupled" else Stream.DRAFT
+        tok = choose_tokens(logq, self.params, self._uniform_grid(self.batch, 1, stream, depth)[:, 0])
+        return tok, logq if self.mode == "speculative" else None
 
     # ---- steps --------------------------------------------------------------------------
-    def prefill(self) -> None:
+    def admit(self, reqs) -> None:
+        """Prefill ``reqs`` and join them to the running batch (a ``prefill`` step)."""
         start = self.rec.begin()
-        batch, ids, pos = DecodeBatch.from_prompts([r.prompt_ids for r in self.reqs],
-                                                   range(len(self.reqs)), self.pad_id,
-                                                   self.policy.device)
-        self.batch = batch
-        for r in self.reqs:
+        first = len(self.reqs)
+        self.reqs.extend(reqs)
+        self.pending_hidden.extend([] for _ in reqs)
+        self.harvest.extend([] for _ in reqs)
+        new, ids, pos = DecodeBatch.from_prompts([r.prompt_ids for r in reqs],
+                                                 range(first, first + len(reqs)), self.pad_id,
+                                                 self.forward.device)
+        for r in reqs:
             r.start_s = start
-        (logits, hidden), fwd_s = _timed(self.policy, ids, batch.mask, pos, batch.cache)
-        for row, r in enumerate(self.reqs):
-            self._keep_hidden(row, hidden[row, -len(r.prompt_ids):])
-        tok, lp = self.sample_next(logits[:, -1])
-        self._finish_step("prefill", [[t] for t in tok.tolist()], [[x] for x in lp.tolist()],
-                          fwd_s)
+        (logits, hidden), fwd_s = _timed(self.forward, ids, pos, new.mask, new.col_pos,
+                                         new.cache)
+        tok, lp = self.sample_next(new, logits[:, -1])
+        states = [hidden[row, -len(r.prompt_ids):] for row, r in enumerate(reqs)]
+        self._finish_step(new, "prefill", [[t] for t in tok.tolist()],
+                          [[x] for x in lp.tolist()], states, fwd_s)
+        if new.size == 0:
+            return
+        if self.drafter is not None:
+            self.drafter.add_rows(new.size)
+        if self.batch.size == 0:
+            self.batch = new
+        else:
+            self.batch.concat(new)
 
-    def plain_step(self) -> None:
+    def step(self, plan: StepPlan, worker: int) -> StepReport:
+        """One decode step as ``plan`` says; what it did, for the schedule."""
+        start, rows = self.rec.begin(), self.size
+        if plan.speculative:
+            n, drafted, accepted, draft_s, fwd_s = self.spec_step(plan.k)
+        else:
+            (n, fwd_s), drafted, accepted, draft_s = self.plain_step(), 0, 0, 0.0
+        return StepReport(worker, plan, rows, n, drafted, accepted, draft_s, fwd_s,
+                          self.rec.mark - start)
+
+    def plain_step(self) -> tuple[int, float]:
+        """Feed every row's last token, sample the next; ``(tokens emitted, forward s)``."""
         b = self.batch
-        b.append_columns(1)
-        (logits, hidden), fwd_s = _timed(self.policy, b.last_token[:, None], b.mask,
-                                         b.next_pos[:, None], b.cache)
+        pos = b.append_columns(1)
+        (logits, hidden), fwd_s = _timed(self.forward, b.last_token[:, None], pos, b.mask,
+                                         b.col_pos, b.cache)
         b.next_pos += 1
-        for row, i in enumerate(b.request_ids):
-            self._keep_hidden(i, hidden[row, -1:])
-        tok, lp = self.sample_next(logits[:, -1])
-        self._finish_step("decode", [[t] for t in tok.tolist()], [[x] for x in lp.tolist()],
-                          fwd_s)
+        tok, lp = self.sample_next(b, logits[:, -1])
+        n = self._finish_step(b, "decode", [[t] for t in tok.tolist()],
+                              [[x] for x in lp.tolist()], hidden[:, -1:].unbind(0), fwd_s)
+        return n, fwd_s
 
-    def spec_step(self, k: int) -> None:
+    def spec_step(self, k: int):
         """Draft ``k`` tokens per row, verify them in one policy forward, accept per row.
 
-        ``k`` shrinks near the context's end so that every fed and emitted position fits; a row
-        with no room for a draft gets a plain step instead.
+        ``k`` shrinks near the context's end so that every fed and emitted position fits; with
+        no room for a draft the step is plain. Returns ``(tokens emitted, drafted, accepted,
+        draft s, forward s)``.
         """
-        from .verify import accept_by_target, speculative_accept
         b = self.batch
-        k = min(k, int((self.policy.context - 2 - b.next_pos).min()))
+        k = min(k, int((self.forward.context - 2 - b.next_pos).min()))
         if k < 1:
-            return self.plain_step()
+            n, fwd_s = self.plain_step()
+            return n, 0, 0, 0.0, fwd_s
         (draft, logq), draft_s = _timed(self.drafter.draft, DraftContext(self), k)
         self.rec.end("draft", b.size, 0, draft_s)
-        width = b.mask.shape[1]
-        b.append_columns(k + 1)
+        width = b.width
+        pos = b.append_columns(k + 1)
         fed = torch.cat([b.last_token[:, None], draft], dim=1)
-        pos = b.next_pos[:, None] + torch.arange(k + 1, device=fed.device)
-        (logits, hidden), fwd_s = _timed(self.policy, fed, b.mask, pos, b.cache, logits_from=0)
-        logp = adjusted_logprobs(logits, self.params)                    # [B, k+1, V]
-        if self.mode == "speculative":
-            accepted, last = speculative_accept(draft, logp, logq, self._uniform_grid(k, 1),
-                                                self._uniform_grid(k + 1, 0))
-        else:
-            if self.mode == "greedy":
-                target = logp.argmax(-1)
-            else:
-                target = choose_tokens(logp, self.params, self._uniform_grid(k + 1, 0))
-            accepted = accept_by_target(draft, target)
-            last = target.gather(1, accepted[:, None]).squeeze(1)
-        emitted = torch.cat([draft, last[:, None]], dim=1)
-        emitted.scatter_(1, accepted[:, None], last[:, None])             # drafts[:n] + last
-        emitted_lp = logp.gather(-1, emitted[..., None]).squeeze(-1)
+        (logits, hidden), fwd_s = _timed(self.forward, fed, pos, b.mask, b.col_pos, b.cache,
+                                         logits_from=0)
+        accepted, emitted, emitted_lp = self._verify(draft, logq, logits, k)
         # rejected drafts' columns become holes; the fed last_token and accepted drafts stay
         cols = torch.arange(k + 1, device=fed.device)[None, :]
         b.mask[:, width:] = (cols <= accepted[:, None]).to(b.mask.dtype)
         b.trim_right()
         b.next_pos += accepted + 1
-        acc, em, em_lp = accepted.tolist(), emitted.tolist(), emitted_lp.tolist()
-        for row, i in enumerate(b.request_ids):
-            self._keep_hidden(i, hidden[row, :acc[row] + 1])
+        acc = accepted.tolist()
         for row, i in enumerate(b.request_ids):
             self.reqs[i].accepted_per_step.append(acc[row])
             self.reqs[i].drafted += k
-        self._finish_step("verify", [em[r][:acc[r] + 1] for r in range(b.size)],
-                          [em_lp[r][:acc[r] + 1] for r in range(b.size)], fwd_s)
+        rows = b.size
+        n = self._finish_step(b, "verify", [e[:a + 1] for e, a in zip(emitted.tolist(), acc)],
+                              [e[:a + 1] for e, a in zip(emitted_lp.tolist(), acc)],
+                              [hidden[row, :a + 1] for row, a in enumerate(acc)], fwd_s)
+        return n, k * rows, sum(acc), draft_s, fwd_s
+
+    def _verify(self, draft, logq, logits, k):
+        """Accepted counts, emitted tokens ``drafts[:n] + [last]`` and their logprobs."""
+        logp = adjusted_logprobs(logits, self.params)                    # [B, k+1, V]
+        b = self.batch
+        if self.mode == "speculative":
+            accepted, last = verify.speculative_accept(
+                draft, logp, logq, self._uniform_grid(b, k, Stream.ACCEPT),
+                self._uniform_grid(b, k + 1))
+        else:
+            target = (logp.argmax(-1) if self.mode == "greedy"
+                      else choose_tokens(logp, self.params, self._uniform_grid(b, k + 1)))
+            accepted = verify.accept_by_target(draft, target)
+            last = target.gather(1, accepted[:, None]).squeeze(1)
+        emitted = torch.cat([draft, last[:, None]], dim=1)
+        emitted.scatter_(1, accepted[:, None], last[:, None])
+        return accepted, emitted, logp.gather(-1, emitted[..., None]).squeeze(-1)
 
     # ---- bookkeeping --------------------------------------------------------------------
     def _keep_hidden(self, i: int, h: torch.Tensor) -> None:
@@ -207,29 +242,37 @@ class WaveDecoder:
         if self.config.harvest:
             self.harvest[i].append(h.cpu())
 
-    def _finish_step(self, kind, tokens, logprobs, fwd_s) -> None:
-        """Emit each row's new tokens (cut at EOS, the length cap or the context), record the
-        step, and drop the rows that finished (from the drafter's batch too)."""
-        b, cfg = self.batch, self.config
+    def _emit(self, r, toks, lps) -> int:
+        """Append ``toks`` to request ``r`` up to EOS or the length cap; how many it took."""
+        before = len(r.tokens)
+        for t, lp in zip(toks, lps):
+            r.tokens.append(t)
+            r.logprobs.append(lp)
+            if t == self.eos_id:
+                r.finish = "eos"
+                break
+            if len(r.tokens) >= self.config.max_new_tokens:
+                r.finish = "length"
+                break
+        return len(r.tokens) - before
+
+    def _finish_step(self, b, kind, tokens, logprobs, states, fwd_s) -> int:
+        """Emit each row's new tokens (cut at EOS, the length cap or the context), keep the
+        policy states of the tokens that stayed, record the step, and drop finished rows
+        (from the drafter's batch too). Returns the tokens emitted over all rows."""
         finished, n_emitted = [], 0
-        room = (self.policy.context - 1 - b.next_pos).tolist()  # positions after the last token
-        for row, (toks, lps) in enumerate(zip(tokens, logprobs)):
-            r = self.reqs[b.request_ids[row]]
-            before = len(r.tokens)
-            for t, lp in zip(toks, lps):
-                r.tokens.append(t)
-                r.logprobs.append(lp)
-                if t == self.eos_id:
-                    r.finish = "eos"
-                    break
-                if len(r.tokens) >= cfg.max_new_tokens:
-                    r.finish = "length"
-                    break
+        room = (self.forward.context - 1 - b.next_pos).tolist()  # positions after the last
+        for row, (toks, lps, h) in enumerate(zip(tokens, logprobs, states)):
+            i = b.request_ids[row]
+            r = self.reqs[i]
+            took = self._emit(r, toks, lps)
+            # a state is kept for each fed token whose successor was committed
+            self._keep_hidden(i, h[:len(h) - (len(toks) - took)])
             if not r.finish and room[row] <= 0:
                 r.finish = "length"
-            n_emitted += len(r.tokens) - before
+            n_emitted += took
             if kind == "verify":
-                r.emitted_per_step.append(len(r.tokens) - before)
+                r.emitted_per_step.append(took)
             if r.finish:
                 finished.append(row)
         end = self.rec.end(kind, b.size, n_emitted, fwd_s)
@@ -242,9 +285,10 @@ class WaveDecoder:
             done = set(finished)
             keep = [r for r in range(b.size) if r not in done]
             b.keep_rows(keep)
-            if self.drafter is not None:
+            if self.drafter is not None and b is self.batch:
                 self.drafter.keep_rows(keep)
         b.compact()
+        return n_emitted
 
     def finish(self) -> None:
         """After the last step: assemble harvested hidden states per request."""

@@ -9,14 +9,24 @@ function of the logits and that uniform.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 import torch
 
-__all__ = ["SamplingParams", "adjusted_logprobs", "coupled_uniforms", "choose_tokens",
-           "make_uid", "split_uid"]
+__all__ = ["SamplingParams", "Stream", "adjusted_logprobs", "coupled_uniforms", "choose_tokens",
+           "make_uid", "split_uid", "SEED_LIMIT"]
 
 _PROMPT_BITS, _SAMPLE_BITS = 24, 16
+SEED_LIMIT = 2**64  # seeds are hashed as unsigned 64-bit integers: [0, 2**64) without wrapping
+
+
+class Stream(IntEnum):
+    """Independent families of coupled draws at the same ``(seed, uid, position)``."""
+
+    TOKEN = 0    # the token emitted at a position (the policy's, and a coupled draft's)
+    ACCEPT = 1   # speculative sampling: the accept test of a draft
+    DRAFT = 2    # speculative sampling: the drafter's own draw, independent of the policy's
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,19 @@ class SamplingParams:
                              f"{self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_seed(seed) -> None:
+    """Seeds are integers in [0, 2**64): a float, a bool, a negative or a larger number would
+    either fail deep inside sampling or silently wrap onto another seed's draws."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+            or not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
 
 
 def adjusted_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -75,15 +94,14 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def coupled_uniforms(seed: int, uids, positions, stream: int = 0) -> np.ndarray:
+def coupled_uniforms(seed: int, uids, positions, stream: Stream = Stream.TOKEN) -> np.ndarray:
     """Uniforms in [0, 1), one per ``(uid, position)`` pair, a pure function of the inputs.
 
-    ``stream`` separates independent uses (token choice, speculative accept tests) of the same
-    position.
+    ``stream`` (a :class:`Stream`) separates independent uses of the same position.
     """
     uids = np.asarray(uids, dtype=np.int64).astype(np.uint64)
     positions = np.asarray(positions, dtype=np.int64).astype(np.uint64)
-    h = _splitmix64(np.full_like(uids, np.uint64(seed & (2**64 - 1))) ^ np.uint64(stream))
+    h = _splitmix64(np.full_like(uids, np.uint64(seed)) ^ np.uint64(int(stream)))
     h = _splitmix64(h ^ uids)
     h = _splitmix64(h ^ positions)
     return (h >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)

@@ -26,7 +26,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["Timeline", "STEP_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS"]
+from ..atomic import atomic_dir
+
+__all__ = ["Timeline", "STEP_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS",
+           "length_percentiles"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -36,6 +39,14 @@ REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
 CLOCKS = ("wall", "sim")
+
+
+def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
+    """``{"length_p50": ..., ...}`` of a sequence of token counts (NaN when empty)."""
+    arr = np.asarray(list(lengths), dtype=float)
+    if arr.size == 0:
+        return {f"length_p{q}": float("nan") for q in qs}
+    return {f"length_p{q}": float(np.percentile(arr, q)) for q in qs}
 
 
 @dataclass
@@ -106,7 +117,6 @@ class Timeline:
         return float((m - t_q) / m)
 
     def length_percentiles(self, qs=(50, 90, 99)) -> dict[str, float]:
-        from ..evaluate import length_percentiles
         return length_percentiles(self.requests["response_tokens"], qs)
 
     def tokens_per_s(self) -> float:
@@ -137,19 +147,14 @@ class Timeline:
 
     # ---- files --------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write ``steps.parquet``, ``requests.parquet`` and ``timeline.json`` atomically."""
-        folder = Path(folder)
-        if folder.exists() and not folder.is_dir():
-            raise FileExistsError(f"cannot save a timeline into {str(folder)!r}: it is a file")
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, table in (("steps", self.steps), ("requests", self.requests)):
-            tmp = folder / f".{name}.parquet.tmp"
-            table.to_parquet(tmp, index=False)
-            os.replace(tmp, folder / f"{name}.parquet")
-        tmp = folder / ".timeline.json.tmp"
-        tmp.write_text(json.dumps({"num_workers": self.num_workers, "clock": self.clock}))
-        os.replace(tmp, folder / "timeline.json")
-        return folder
+        """Write ``steps.parquet``, ``requests.parquet`` and ``timeline.json`` into ``folder``,
+        all three replaced at once (an interrupted save leaves the previous timeline)."""
+        with atomic_dir(folder) as tmp:
+            self.steps.to_parquet(tmp / "steps.parquet", index=False)
+            self.requests.to_parquet(tmp / "requests.parquet", index=False)
+            (tmp / "timeline.json").write_text(json.dumps({"num_workers": self.num_workers,
+                                                           "clock": self.clock}))
+        return Path(folder)
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> "Timeline":

@@ -1,15 +1,19 @@
 """Drafters: anything that proposes ``k`` tokens per row for the policy to verify.
 
-Every drafter implements the same four calls, which the engine makes:
+Every drafter implements the same calls, which the engine makes:
 
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
-- ``begin()`` at the start of each batch (a *wave*): forget all per-row state.
+- ``begin()`` at the start of each worker's rollout: forget all per-row state.
 - ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
   sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on
   what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
   (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
   unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
-- ``keep_rows(rows)`` when finished rows leave the batch.
+- ``keep_rows(rows)`` when finished rows leave the batch, ``add_rows(n)`` when ``n`` new
+  rows join it at the bottom (continuous batching).
+
+``module`` is the drafter's trainable ``nn.Module`` (``None`` for model-free drafters): what a
+backend's ``update_weights`` loads new weights into.
 
 Drafters with a KV cache keep it in a :class:`~workbench.rollout.batch.DecodeBatch`: each round
 first drops the speculative tail it fed while chaining (the last ``k - 1`` columns), then feeds
@@ -20,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..rollout.batch import DecodeBatch, PolicyForward
-from ..rollout.lean import LeanForward, RopeTable, step_mask
+from ..rollout.batch import DecodeBatch
+from ..rollout.forward import RopeTable, attention_mask, policy_forward
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "one_hot_logq"]
@@ -43,6 +47,7 @@ class Drafter:
 
     name = "drafter"
     needs_hidden = False  # True: the engine keeps the policy's hidden states for it
+    module = None         # the trainable nn.Module, if any
 
     vocab_size: int = 0
 
@@ -56,6 +61,9 @@ class Drafter:
         pass
 
     def keep_rows(self, rows: list[int]) -> None:
+        pass
+
+    def add_rows(self, n: int) -> None:
         pass
 
     def draft(self, ctx, k: int):
@@ -88,6 +96,16 @@ class CachedDrafter(Drafter):
         if self.state is not None:
             self.state.keep_rows(rows)
             self.seen = [self.seen[r] for r in rows]
+
+    def add_rows(self, n: int) -> None:
+        """New rows join at the bottom with nothing seen yet (no state yet: nothing to do)."""
+        if self.state is None or self.state.size == 0:
+            self.begin()  # the first round sizes the cache to the batch
+            return
+        self.state.crop_right(self.spec_cols)
+        self.spec_cols = 0
+        self.state.concat(DecodeBatch.empty(n, self.state.mask.device))
+        self.seen = self.seen + [0] * n
 
     def open_round(self, rows: int, device) -> DecodeBatch:
         """The cache for this round: created on the first round, speculative tail dropped."""
@@ -122,9 +140,8 @@ class NGramDrafter(Drafter):
         return [int(arr[-1])] * k
 
     def draft(self, ctx, k):
-        device = ctx.decoder.batch.mask.device
         tokens = torch.tensor([self.propose(s, k) for s in ctx.sequences], dtype=torch.long,
-                              device=device)
+                              device=ctx.device)
         return self.proposal(ctx, tokens)
 
 
@@ -136,9 +153,13 @@ class LMDrafter(CachedDrafter):
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        # the lean path (rollout.lean) for the Llama family, HF's forward for the rest
-        self.forward = LeanForward(model) if LeanForward.covers(model) else PolicyForward.of(model)
+        # the lean path (rollout.forward) for the Llama family, HF's forward for the rest
+        self.forward = policy_forward(model)
         self.begin()
+
+    @property
+    def module(self):
+        return self.model
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -155,18 +176,18 @@ class LMDrafter(CachedDrafter):
     @torch.no_grad()
     def draft(self, ctx, k):
         seqs = ctx.sequences
-        st = self.open_round(len(seqs), self.forward.device)
+        st = self.open_round(len(seqs), ctx.device)
         ids, pos = st.append_ragged([s[n:] for s, n in zip(seqs, self.seen)], 0)
         self.seen = [len(s) for s in seqs]
-        logits, _ = self.forward(ids, st.mask, pos, st.cache)
+        logits, _ = self.forward(ids, pos, st.mask, st.col_pos, st.cache)
         tokens, logqs = [], []
         for depth in range(k):
             tok, logq = ctx.choose(logits[:, -1], depth)
             tokens.append(tok)
             logqs.append(logq)
             if depth < k - 1:
-                st.append_columns(1)
-                logits, _ = self.forward(tok[:, None], st.mask, st.next_pos[:, None], st.cache)
+                pos = st.append_columns(1)
+                logits, _ = self.forward(tok[:, None], pos, st.mask, st.col_pos, st.cache)
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()
@@ -174,16 +195,20 @@ class LMDrafter(CachedDrafter):
 
 
 class EagleDrafter(CachedDrafter):
-    """Drafts with an :class:`EagleHead` on top of the policy's own embedding, norm and head."""
+    """Drafts with an :class:`~workbench.speculative.eagle.EagleHead` on top of the policy's own embedding, norm and head."""
 
     name = "eagle"
     needs_hidden = True
 
-    def __init__(self, head: EagleHead, policy=None):
+    def __init__(self, head, policy=None):
         self.head = head.eval()
         self.begin()
         if policy is not None:
             self.bind(policy)
+
+    @property
+    def module(self):
+        return self.head
 
     def bind(self, policy) -> None:
         """Use ``policy``'s frozen embedding, final norm, rotary embedding and LM head."""
@@ -199,7 +224,7 @@ class EagleDrafter(CachedDrafter):
     def _step(self, ids, hidden, pos):
         st = self.state
         emb = self.embed(ids)
-        mask = step_mask(st.mask, ids.shape[1], emb.dtype)
+        mask = attention_mask(st.mask, st.col_pos, pos, None, emb.dtype, allow_none=True)
         out = self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
         return out[:, -1:]
 
@@ -207,7 +232,7 @@ class EagleDrafter(CachedDrafter):
     def draft(self, ctx, k):
         seqs = ctx.sequences
         pending = ctx.pending_hidden()
-        st = self.open_round(len(seqs), self.lm_head.weight.device)
+        st = self.open_round(len(seqs), ctx.device)
         # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
         new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
         for r, (toks, h) in enumerate(zip(new, pending)):
@@ -228,8 +253,8 @@ class EagleDrafter(CachedDrafter):
             tokens.append(tok)
             logqs.append(logq)
             if depth < k - 1:
-                st.append_columns(1)
-                feat = self._step(tok[:, None], feat, st.next_pos[:, None])
+                pos = st.append_columns(1)
+                feat = self._step(tok[:, None], feat, pos)
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..rollout.lean import lean_layer, supports_lean
+from ..rollout.forward import lean_layer, supports_lean
 
 __all__ = ["EagleHead", "EagleConfig", "policy_fingerprint"]
 
@@ -60,7 +60,7 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=True)
         layer_cls = type(policy.get_decoder().layers[0])
         self.layer = layer_cls(cfg, layer_idx=0)
-        self.lean = supports_lean(cfg, self.layer)  # step() runs the modules itself (rollout.lean)
+        self.lean = supports_lean(cfg, self.layer)  # step() runs the modules itself (rollout.forward)
         self.to(dtype=policy.get_output_embeddings().weight.dtype,
                 device=policy.get_output_embeddings().weight.device)
 
@@ -71,7 +71,7 @@ class EagleHead(nn.Module):
 
     def step(self, emb, hidden, attention_mask, position_embeddings, cache):
         """One drafting step, the same function as ``forward`` with less machinery on the way
-        (``rollout.lean``); the cache is the layer-0 entry of ``cache``. Drafting runs k of
+        (``rollout.forward``); the cache is the layer-0 entry of ``cache``. Drafting runs k of
         these per verify step, so their fixed cost is what SD pays."""
         if not self.lean:
             return self(emb, hidden, attention_mask, position_embeddings, cache)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..rollout.lean import causal_mask_4d
+from ..rollout.forward import causal_mask_4d
 from .eagle import EagleHead
 
 __all__ = ["EagleTrainConfig", "harvest_pairs", "train_eagle", "eagle_loss", "state_regression"]

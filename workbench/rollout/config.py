@@ -1,0 +1,75 @@
+"""The arguments of one rollout step, validated before anything runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling import SamplingParams
+
+__all__ = ["RolloutConfig", "SPEC_MODES", "BATCHING"]
+
+SPEC_MODES = ("coupled", "speculative")
+BATCHING = ("continuous", "waves")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Arguments of one rollout step.
+
+    Args:
+        max_new_tokens: response length cap per request (finish = "length" when reached).
+        temperature, top_p, seed: sampling (temperature 0 = greedy); see SamplingParams.
+            ``seed`` is an integer in [0, 2**64).
+        samples_per_prompt: responses per prompt (a GRPO group).
+        rl_step: RL step number; part of every request's uid, hence of its coupled draws.
+        workers: N workers the requests are sharded over (the GPUs of a synchronous step).
+        max_batch_size: rows decoded together on a worker; None = the whole shard at once.
+        batching: when a worker's shard is larger than ``max_batch_size``: ``"continuous"``
+            refills the slot of a finished row at once with the next waiting request (its
+            prefill joins the running batch, as in vLLM and SGLang), so the batch stays full
+            until the queue empties; ``"waves"`` decodes ``max_batch_size`` requests until the
+            last of them finishes, then the next wave.
+        harvest: keep the policy's pre-norm last hidden state at every fed position (drafter
+            training data) in ``RequestOutput.hidden``.
+        spec_k: draft tokens per speculative step when a drafter is given without a schedule.
+        spec_mode: verification when sampling (temperature > 0): "coupled" (output token-
+            identical to the plain coupled rollout) or "speculative" (the rejection-sampling
+            rule of Leviathan et al.; same distribution, different draws). Greedy verifies by
+            exact match.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    samples_per_prompt: int = 1
+    rl_step: int = 0
+    workers: int = 1
+    max_batch_size: int | None = None
+    batching: str = "continuous"
+    harvest: bool = False
+    spec_k: int = 4
+    spec_mode: str = "coupled"
+
+    def __post_init__(self):
+        for name, accepted in (("spec_mode", SPEC_MODES), ("batching", BATCHING)):
+            if getattr(self, name) not in accepted:
+                raise ValueError(f"{name} must be one of {accepted}, got "
+                                 f"{getattr(self, name)!r}")
+        checks = [("workers", self.workers, 1), ("max_new_tokens", self.max_new_tokens, 1),
+                  ("spec_k", self.spec_k, 1),
+                  ("samples_per_prompt", self.samples_per_prompt, 1), ("rl_step", self.rl_step, 0)]
+        for name, value, low in checks:
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.max_batch_size is not None and (isinstance(self.max_batch_size, bool)
+                                                or not isinstance(self.max_batch_size, int)
+                                                or self.max_batch_size < 1):
+            raise ValueError(f"max_batch_size must be None or an integer >= 1, got "
+                             f"{self.max_batch_size!r}")
+        if not isinstance(self.harvest, bool):
+            raise ValueError(f"harvest must be True or False, got {self.harvest!r}")
+        self.sampling  # validates temperature, top_p and seed
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_p, self.seed)

@@ -1,0 +1,201 @@
+"""The forward passes of the engine: one protocol, a lean implementation and HF's.
+
+Every forward the engine makes (prefill, plain decode step, verify pass, a small-LM drafter's
+steps) has one signature::
+
+    forward(input_ids, position_ids, mask, col_pos, cache, logits_from=-1)
+        -> (logits for positions logits_from: of the new tokens, pre-norm hidden states)
+
+``mask``/``col_pos`` are the batch's visibility and position of every cache column, the new
+columns included (``rollout.batch.DecodeBatch``). The attention mask is built here from
+positions, not column indices, so causality and sliding windows count real tokens whatever
+holes speculative decoding and joining rows leave in the cache.
+
+- :class:`LeanForward` calls the layers' own modules (norms, projections, MLP) directly, one
+  SDPA call per layer with GQA, cos/sin from a table, and no mask at all for a one-token step
+  that may see every column. HF's model forward rebuilds masks and rotary embeddings, checks
+  inputs and records outputs on every call; on small models that fixed cost is most of a step.
+  Covered: Llama, Qwen2 and Mistral layers (sliding windows included) without per-head q/k
+  norms (:func:`supports_lean`).
+- :class:`HFForward` runs the model's own decoder with a prepared 4D mask (a dict of masks
+  for models that mix full and sliding layers): any other Llama-family architecture.
+:func:`policy_forward` picks the lean one where it applies. Both are tested equal to HF.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+__all__ = ["Forward", "LeanForward", "HFForward", "policy_forward", "supports_lean",
+           "layer_windows", "attention_mask", "causal_mask_4d", "lean_layer", "RopeTable"]
+
+LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+# ---- masks ------------------------------------------------------------------------------
+def layer_windows(config, num_layers: int) -> list[int | None]:
+    """Each decoder layer's sliding window (``None``: full attention), as HF configures it."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+    return [window] * num_layers
+
+
+def attention_mask(mask: torch.Tensor, col_pos: torch.Tensor, q_pos: torch.Tensor,
+                   window: int | None, dtype: torch.dtype,
+                   allow_none: bool = False) -> torch.Tensor | None:
+    """Additive mask ``[B, 1, q, T]``: query ``i`` of row ``b`` (position ``q_pos[b, i]``)
+    sees column ``j`` when it is visible, at or before that position, and inside the window
+    (``q_pos - col_pos < window``, HF's sliding-window rule). With ``allow_none``, ``None``
+    when every query may see every column (no mask needed)."""
+    kv, q = col_pos[:, None, :], q_pos[:, :, None]
+    allowed = mask[:, None, :].bool() & (kv <= q)
+    if window is not None:
+        allowed &= kv > q - window
+    if allow_none and bool(allowed.all()):
+        return None
+    out = torch.zeros(allowed.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def causal_mask_4d(mask: torch.Tensor, q_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """The mask for the last ``q_len`` of ``T`` columns of right-padded training sequences,
+    whose positions are their column indices."""
+    t = mask.shape[1]
+    cols = torch.arange(t, device=mask.device).expand(mask.shape[0], -1)
+    return attention_mask(mask, cols, cols[:, t - q_len:], None, dtype)
+
+
+class RopeTable:
+    """cos/sin at given positions. For plain RoPE they come from a table built once (cheaper
+    per one-token step than recomputing them); RoPE variants whose frequencies depend on the
+    length (dynamic scaling) are recomputed by the model's own rotary embedding."""
+
+    def __init__(self, rotary):
+        self.rotary, self.table = rotary, None
+
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor):
+        if getattr(self.rotary, "rope_type", "default") != "default":
+            return self.rotary(x, pos)
+        need = int(pos.max()) + 1
+        table = self.table
+        if table is None or table[0].shape[1] < need or table[0].dtype != x.dtype:
+            size = max(need, 2 * (0 if table is None else table[0].shape[1]), 512)
+            table = self.table = self.rotary(x, torch.arange(size, device=x.device)[None])
+        return table[0][0][pos], table[1][0][pos]
+
+
+# ---- the lean layer ---------------------------------------------------------------------
+def supports_lean(config, layer) -> bool:
+    """Whether ``layer`` (of a model with ``config``) can run through :func:`lean_layer`."""
+    attn = getattr(layer, "self_attn", None)
+    return (getattr(config, "model_type", None) in LEAN_MODEL_TYPES and attn is not None
+            and all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                               "scaling", "head_dim"))
+            and not hasattr(attn, "q_norm"))
+
+
+def lean_layer(layer, x, mask, position_embeddings, cache, layer_idx: int):
+    """One decoder layer on ``x``, the same function as the HF layer, with its KV in entry
+    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything)."""
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    shape = (*h.shape[:-1], -1, attn.head_dim)
+    q = attn.q_proj(h).view(shape).transpose(1, 2)
+    k = attn.k_proj(h).view(shape).transpose(1, 2)
+    v = attn.v_proj(h).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+    k, v = cache.update(k, v, layer_idx)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+                                         enable_gqa=True)
+    x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+# ---- the two forwards -------------------------------------------------------------------
+class Forward:
+    """The protocol (see the module docstring); subclasses implement ``__call__``."""
+
+    def __init__(self, model):
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.windows = layer_windows(model.config, len(self.decoder.layers))
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def masks(self, mask, col_pos, q_pos, dtype, allow_none: bool) -> dict:
+        """``{window: additive mask or None}`` for every distinct window of the layers."""
+        return {w: attention_mask(mask, col_pos, q_pos, w, dtype, allow_none)
+                for w in set(self.windows)}
+
+
+class LeanForward(Forward):
+    """The protocol through :func:`lean_layer` (Llama, Qwen2, Mistral)."""
+
+    def __init__(self, model):
+        if not self.covers(model):
+            raise ValueError(f"no lean forward for model type {model.config.model_type!r}; "
+                             f"supported: {LEAN_MODEL_TYPES} without per-head q/k norms")
+        super().__init__(model)
+        self.rope = RopeTable(self.decoder.rotary_emb)
+
+    @staticmethod
+    def covers(model) -> bool:
+        """Whether every decoder layer of ``model`` can run through :func:`lean_layer`."""
+        return all(supports_lean(model.config, layer) for layer in model.get_decoder().layers)
+
+    @torch.no_grad()
+    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
+        x = self.decoder.embed_tokens(input_ids)
+        masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True)
+        rope = self.rope(x, position_ids)
+        for i, (layer, window) in enumerate(zip(self.decoder.layers, self.windows)):
+            x = lean_layer(layer, x, masks[window], rope, cache, i)
+        return self.lm_head(self.decoder.norm(x[:, logits_from:])), x
+
+
+class HFForward(Forward):
+    """The protocol through the model's own decoder forward (any HF Llama-family model)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._prenorm: torch.Tensor | None = None
+        self.decoder.norm.register_forward_pre_hook(self._keep_prenorm)
+
+    def _keep_prenorm(self, module, args):
+        self._prenorm = args[0]
+
+    def _mask_argument(self, masks: dict):
+        if len(masks) == 1:
+            return next(iter(masks.values()))
+        by_type = {None: "full_attention"}
+        return {by_type.get(w, "sliding_attention"): m for w, m in masks.items()}
+
+    @torch.no_grad()
+    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
+        dtype = self.decoder.embed_tokens.weight.dtype
+        masks = self.masks(mask, col_pos, position_ids, dtype, allow_none=False)
+        out = self.decoder(input_ids=input_ids, attention_mask=self._mask_argument(masks),
+                           position_ids=position_ids, cache=cache, use_cache=True)
+        hidden = out.last_hidden_state[:, logits_from:]
+        return self.lm_head(hidden), self._prenorm
+
+
+def policy_forward(model, lean: bool | None = None) -> Forward:
+    """The forward the engine uses for ``model``, made once per model and kind (a hook is
+    registered once): lean where :meth:`LeanForward.covers` the model, unless ``lean=False``."""
+    lean = LeanForward.covers(model) if lean is None else lean
+    cache = model.__dict__.setdefault("_workbench_forwards", {})
+    if lean not in cache:
+        cache[lean] = LeanForward(model) if lean else HFForward(model)
+    return cache[lean]

@@ -1,0 +1,130 @@
+"""Step schedules: at every decode step of every worker, plain or speculative, and how.
+
+The engine asks ``schedule.plan(batch_size, worker)`` before each decode step and answers
+with ``schedule.observe(report)`` after it. A schedule may change its mind at every step of
+the same batch: plain and speculative steps leave the batch in the same state (one emitted,
+unfed token per row), and the output is lossless either way, so a schedule decides speed
+only, never what is sampled. TLT's adaptive engine (speculate once few requests remain, and
+let a bandit pick the strategy per batch-size bucket) is one such schedule; the static ones
+here reproduce plain decoding and the fixed-``k`` SD of ``rollout(..., drafter=d)``.
+
+With the local backend every worker consults the same schedule object, one after another. A
+backend whose workers live in other processes hands each worker its own copy; its reports are
+the worker's to keep, and the steps table holds every step's figures for the driver.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
+           "ThresholdSchedule", "PLAIN"]
+
+PLAN_KINDS = ("plain", "speculative")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What one decode step does.
+
+    Args:
+        kind: ``"plain"`` (feed each row's last token, sample one) or ``"speculative"``.
+        k: draft depth of a speculative step (tokens drafted per row).
+        branch: draft tokens per node; 1 is a chain. Trees (branch > 1) come with the tree
+            strategies; the engine refuses them until then.
+        verify_budget: tokens per row the policy verifies in one pass (trees); ``None``: all.
+    """
+
+    kind: str = "plain"
+    k: int = 0
+    branch: int = 1
+    verify_budget: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in PLAN_KINDS:
+            raise ValueError(f"StepPlan kind must be one of {PLAN_KINDS}, got {self.kind!r}")
+        if self.kind == "speculative" and (not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"a speculative StepPlan needs an integer k >= 1, got {self.k!r}")
+        if not isinstance(self.branch, int) or self.branch < 1:
+            raise ValueError(f"branch must be an integer >= 1, got {self.branch!r}")
+        if self.verify_budget is not None and (not isinstance(self.verify_budget, int)
+                                               or self.verify_budget < 1):
+            raise ValueError(f"verify_budget must be None or an integer >= 1, got "
+                             f"{self.verify_budget!r}")
+
+    @property
+    def speculative(self) -> bool:
+        return self.kind == "speculative"
+
+
+PLAIN = StepPlan()
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one decode step did, as the schedule sees it.
+
+    ``rows`` is the live batch size the step ran at; ``tokens`` the response tokens it
+    emitted over all rows (after cuts at EOS or the length cap); ``drafted``/``accepted`` the
+    draft tokens proposed and kept over all rows (0 for a plain step); ``draft_s`` the
+    drafter's seconds, ``forward_s`` the policy forward's, ``elapsed_s`` the whole step's
+    (drafting, verification and bookkeeping) on the worker's clock.
+    """
+
+    worker: int
+    plan: StepPlan
+    rows: int
+    tokens: int
+    drafted: int
+    accepted: int
+    draft_s: float
+    forward_s: float
+    elapsed_s: float
+
+
+class Schedule(Protocol):
+    """Decides each decode step (``plan``) and learns from what it did (``observe``)."""
+
+    needs_drafter: bool  # whether any plan may be speculative (the engine checks for a drafter)
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan: ...
+
+    def observe(self, report: StepReport) -> None: ...
+
+
+class PlainSchedule:
+    """Every step plain: the policy alone."""
+
+    needs_drafter = False
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan:
+        return PLAIN
+
+    def observe(self, report: StepReport) -> None:
+        pass
+
+
+class StaticSchedule(PlainSchedule):
+    """Every step speculative with the same draft depth ``k``."""
+
+    needs_drafter = True
+
+    def __init__(self, k: int = 4):
+        self.step = StepPlan("speculative", k)
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan:
+        return self.step
+
+
+class ThresholdSchedule(StaticSchedule):
+    """Speculative with depth ``k`` once the live batch has at most ``max_batch`` rows,
+    plain before: TLT's rule that SD pays in the long tail, when few requests remain."""
+
+    def __init__(self, k: int = 4, max_batch: int = 32):
+        super().__init__(k)
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.max_batch = max_batch
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan:
+        return self.step if batch_size <= self.max_batch else PLAIN

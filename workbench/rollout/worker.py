@@ -1,0 +1,211 @@
+"""Workers and backends: who decodes each shard of a rollout step, and on which clock.
+
+A :class:`Worker` owns its policy (and its forward), its own drafter, and the step recorder of
+its latest rollout. It is pure in what it returns: it receives a :class:`WorkerTask` (the
+requests, the config, the token ids it needs) and gives back a :class:`WorkerResult` (its
+requests' outputs and its steps-table rows); the engine reassembles results by uid. Its
+recorder stays open after the last decode step, so other work (drafter training in the long
+tail's idle window) can add rows on the same clock with :meth:`Worker.timed`.
+
+A backend starts workers from factories, maps a function over them, pushes new weights to
+them after a policy or drafter update, and closes them. The local backend runs its workers in
+this process one after another and times each from its own start, so laying them side by
+side gives the *sim* clock of N workers running in parallel. A Ray backend fills the same
+interface with really parallel workers (clock ``wall``); never mix the two in a comparison.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from .config import RolloutConfig
+from .decoder import BatchDecoder
+from .forward import policy_forward
+from .request import Request, RequestOutput
+from .schedule import Schedule
+
+__all__ = ["StepRecorder", "WorkerTask", "WorkerResult", "Worker", "Backend", "LocalBackend"]
+
+
+class StepRecorder:
+    """A worker's clock and its steps-table rows; each step starts where the last one ended."""
+
+    def __init__(self, worker: int, clock: str):
+        self.worker, self.clock = worker, clock
+        self.t0 = time.perf_counter()
+        self.rows: list[dict] = []
+        self.mark = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def begin(self) -> float:
+        """Start of the next step: the end of the previous one (0 for the first)."""
+        return self.mark
+
+    def end(self, kind: str, batch_size: int, tokens: int, forward_s: float) -> float:
+        end = self.now()
+        self.rows.append({"worker": self.worker, "step": len(self.rows), "kind": kind,
+                          "start_s": self.mark, "end_s": end, "batch_size": batch_size,
+                          "tokens": tokens, "forward_s": forward_s, "clock": self.clock})
+        self.mark = end
+        return end
+
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
+        """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
+        where the last one ended: work done later in the same rollout step (after the
+        worker's last decode step, in its idle window) is charged where it would have run."""
+        self.t0 = time.perf_counter() - self.mark  # the clock resumes at the last mark
+        t = time.perf_counter()
+        out = fn()
+        self.end(kind, batch_size, tokens, time.perf_counter() - t)
+        return out
+
+
+@dataclass
+class WorkerTask:
+    """Everything a worker needs for its shard of one rollout step."""
+
+    worker: int
+    requests: list[Request]
+    config: RolloutConfig
+    eos_id: int | None
+    pad_id: int
+
+
+@dataclass
+class WorkerResult:
+    """What a worker gives back: its requests' outputs and its steps-table rows."""
+
+    worker: int
+    requests: list[RequestOutput]
+    steps: list[dict]
+
+
+class Worker:
+    """One worker: a policy, its own drafter (optional), and the recorder of its last rollout."""
+
+    def __init__(self, index: int, model, drafter=None, clock: str = "sim"):
+        self.index, self.model, self.drafter, self.clock = index, model, drafter, clock
+        self.forward = policy_forward(model)
+        self.recorder: StepRecorder | None = None
+
+    def rollout(self, task: WorkerTask, schedule: Schedule, drafter=None,
+                on_finish=lambda n: None) -> WorkerResult:
+        """Decode ``task.requests`` under ``schedule`` (with ``drafter``, or this worker's own)."""
+        cfg = task.config
+        drafter = drafter if drafter is not None else self.drafter
+        if schedule.needs_drafter and drafter is None:
+            raise ValueError(f"the schedule {type(schedule).__name__} speculates, but worker "
+                             f"{self.index} has no drafter: pass drafter= or start the "
+                             "workers with a drafter_factory")
+        self.recorder = rec = StepRecorder(self.index, self.clock)
+        outputs = [RequestOutput.of(q, self.index) for q in task.requests]
+        dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,
+                           drafter if schedule.needs_drafter else None, on_finish)
+        cap = cfg.max_batch_size or max(1, len(outputs))
+        queue = deque(outputs)
+        with torch.no_grad():
+            while queue:
+                dec.admit([queue.popleft() for _ in range(min(cap - dec.size, len(queue)))])
+                while dec.size and (cfg.batching == "waves" or dec.size == cap or not queue):
+                    self._step(dec, schedule)
+        dec.finish()
+        return WorkerResult(self.index, outputs, list(rec.rows))
+
+    def _step(self, dec: BatchDecoder, schedule: Schedule) -> None:
+        plan = schedule.plan(dec.size, self.index)
+        if plan.branch > 1 or plan.verify_budget is not None:
+            raise NotImplementedError(f"tree drafting (branch={plan.branch}, verify_budget="
+                                      f"{plan.verify_budget}) is not built yet; plan chains "
+                                      "(branch=1, verify_budget=None)")
+        if plan.speculative and dec.drafter is None:
+            raise ValueError(f"the schedule planned {plan} but declares needs_drafter=False")
+        schedule.observe(dec.step(plan, self.index))
+
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
+        """Run ``fn()`` as a step of ``kind`` on this worker's clock, after its last step."""
+        if self.recorder is None:
+            self.recorder = StepRecorder(self.index, self.clock)
+        return self.recorder.timed(kind, fn, batch_size, tokens)
+
+    def load_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
+        """Load new policy and/or drafter weights (state dicts) into this worker's modules."""
+        if policy is not None:
+            self.model.load_state_dict(policy)
+        if drafter is not None:
+            if getattr(self.drafter, "module", None) is None:
+                raise ValueError(f"worker {self.index} has no drafter with weights to update")
+            self.drafter.module.load_state_dict(drafter)
+
+
+class Backend(Protocol):
+    name: str
+    clock: str  # "sim" or "wall": the clock the workers' times are on
+
+    @property
+    def num_workers(self) -> int: ...
+
+    def start(self, policy_factory: Callable[[int], object],
+              drafter_factory: Callable[[int, object], object] | None = None,
+              num_workers: int = 1) -> None:
+        """Build worker ``w``'s policy as ``policy_factory(w)`` and its drafter as
+        ``drafter_factory(w, policy)``."""
+        ...
+
+    def map(self, fn: Callable[[Worker, object], object], items: list) -> list:
+        """``[fn(worker w, items[w]) for w]``, each worker's times measured on its own clock."""
+        ...
+
+    def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
+        """Load new policy and/or drafter weights into every worker."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """All workers in this process, one after another; times laid side by side (sim clock)."""
+
+    name = "local"
+    clock = "sim"
+
+    def __init__(self):
+        self.workers: list[Worker] = []
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
+    def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        self.close()
+        for w in range(num_workers):
+            model = policy_factory(w)
+            drafter = drafter_factory(w, model) if drafter_factory is not None else None
+            self.workers.append(Worker(w, model, drafter, self.clock))
+
+    def map(self, fn, items):
+        if len(items) > self.num_workers:
+            raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
+                             "backend with enough workers")
+        return [fn(worker, item) for worker, item in zip(self.workers, items)]
+
+    def update_weights(self, policy=None, drafter=None) -> None:
+        seen_models, seen_drafters = set(), set()  # workers may share one module locally
+        for worker in self.workers:
+            new_model = id(worker.model) not in seen_models
+            module = getattr(worker.drafter, "module", None)
+            new_drafter = module is not None and id(module) not in seen_drafters
+            worker.load_weights(policy if new_model else None,
+                                drafter if new_drafter or module is None else None)
+            seen_models.add(id(worker.model))
+            seen_drafters.add(id(module))
+
+    def close(self) -> None:
+        self.workers = []
