@@ -1,7 +1,8 @@
 """Shared fixtures: tiny random models built in the test, in float64 where equality matters."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from workbench.zoo.tokenizer import build_char_tokenizer
 
@@ -13,28 +14,41 @@ def tokenizer():
     return build_char_tokenizer()
 
 
+# name -> (config class, model class, config overrides, EOS scale): Llama-family variants
+# the engine claims to support. Tied embeddings need a stronger EOS.
+ARCHS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}, 0.3),                       # GQA 4/2, untied
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}, 2.0),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM,                                  # q/k norms, MQA
+              {"num_key_value_heads": 1, "head_dim": 16}, 0.3),
+    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 8}, 0.3),
+    "qwen2_sw": (Qwen2Config, Qwen2ForCausalLM,                               # full + sliding
+                 {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+                  "tie_word_embeddings": True}, 2.0),
+    "llama_odd": (LlamaConfig, LlamaForCausalLM,                      # head_dim 22 (4x22 != 64), MQA
+                  {"head_dim": 22, "num_key_value_heads": 1}, 0.3),
+}
+
+
 def tiny_model(arch: str, tokenizer, seed: int = 0, context: int = 256, layers: int = 2,
                dtype=torch.float64):
-    """A random GQA model (4 query heads over 2 KV heads) whose EOS is likely enough that
+    """A random model of ``arch`` (see ARCHS; 4 query heads) whose EOS is likely enough that
     some rows stop early and others run to the length cap: EOS's output row reads one hidden
     dimension, so EOS wins whenever that dimension is large."""
-    cls_cfg, cls_model = {"llama": (LlamaConfig, LlamaForCausalLM),
-                          "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    cfg = cls_cfg(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=context, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                  tie_word_embeddings=arch == "qwen2")
+    cls_cfg, cls_model, overrides, eos_scale = ARCHS[arch]
+    kw = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=context, eos_token_id=tokenizer.eos_token_id,
+              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+              tie_word_embeddings=False)
+    cfg = cls_cfg(**{**kw, **overrides})
     torch.manual_seed(seed)
     model = cls_model(cfg).to(dtype).eval()
     with torch.no_grad():
         w = model.get_output_embeddings().weight
         w[tokenizer.eos_token_id] = 0
-        w[tokenizer.eos_token_id, 1] = EOS_SCALE[arch]
+        w[tokenizer.eos_token_id, 1] = eos_scale
     return model
-
-
-EOS_SCALE = {"llama": 0.3, "qwen2": 2.0}  # tied embeddings (qwen2) need a stronger EOS
 
 
 @pytest.fixture(params=["llama", "qwen2"])

@@ -80,6 +80,16 @@ class Timeline:
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
                    r.astype({"worker": int, "uid": "int64"}), num_workers, clock)
 
+    def with_steps(self, rows: list[dict]) -> "Timeline":
+        """This timeline with more steps-table rows (e.g. drafter training that a worker ran
+        in its idle window, recorded by ``Worker.timed`` on the same clock)."""
+        extra = pd.DataFrame(rows, columns=STEP_COLUMNS).assign(clock=self.clock)
+        known = set(zip(self.steps["worker"], self.steps["step"]))
+        if any(key in known for key in zip(extra["worker"], extra["step"])):
+            raise ValueError("these step rows are already in the timeline (same worker and step)")
+        steps = pd.concat([self.steps, extra], ignore_index=True).astype(self.steps.dtypes)
+        return Timeline(steps, self.requests, self.num_workers, self.clock)
+
     # ---- measures -----------------------------------------------------------------------
     @property
     def makespan_s(self) -> float:

@@ -1,0 +1,297 @@
+"""The engine's seams: continuous batching, step schedules, pure workers and the backend,
+and the input checks (float64 wherever tokens must be identical)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
+                               StaticSchedule, StepPlan)
+from workbench.rollout.decoder import BatchDecoder
+from workbench.rollout.forward import policy_forward
+from workbench.rollout.request import RequestOutput
+from workbench.rollout.worker import StepRecorder
+from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
+from workbench.speculative.train import harvest_pairs
+
+from .conftest import PROMPTS, tiny_model
+from .drafters import ScriptedDrafter
+from .test_rollout import hf_greedy
+
+MANY = [f"a{i} b{i * 7 % 10} c{i % 3}?" * (1 + i % 3) for i in range(14)]
+
+
+def visible_cache_equals_fresh_recompute(model, dec):
+    """Every live row's visible cache columns equal a fresh forward of its fed tokens."""
+    b = dec.batch
+    for row, i in enumerate(b.request_ids):
+        fed = dec.reqs[i].prompt_ids + dec.reqs[i].tokens[:-1]  # the last token is not fed
+        fresh = DynamicCache()
+        with torch.no_grad():
+            model(torch.tensor([fed]), cache=fresh, use_cache=True)
+        visible = b.mask[row].bool()
+        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
+        assert b.col_pos[row, visible].tolist() == list(range(len(fed)))
+        for mine, ref in zip(b.cache.layers, fresh.layers):
+            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=1e-10, rtol=0)
+            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0], atol=1e-10,
+                                       rtol=0)
+
+
+# ---- continuous batching ----------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_batching_gives_the_tokens_of_waves_and_of_running_alone(tokenizer,
+                                                                            temperature):
+    model = tiny_model("llama", tokenizer, seed=0)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=40, temperature=temperature, seed=5, max_batch_size=4,
+                        samples_per_prompt=2)
+    cont = engine.rollout(MANY, cfg, progress=False)
+    waves = engine.rollout(MANY, cfg, batching="waves", progress=False)
+    alone = engine.rollout(MANY, cfg, max_batch_size=1, progress=False)
+    assert cont.tokens == waves.tokens == alone.tokens
+    np.testing.assert_allclose(np.concatenate(cont.logprobs), np.concatenate(alone.logprobs),
+                               atol=1e-10)
+    if temperature == 0:
+        assert cont.tokens == hf_greedy(model, tokenizer, [m for m in MANY for _ in (0, 1)], 40)
+    # the active batch stays full until the queue empties, then shrinks into the long tail
+    steps = cont.timeline.steps
+    prefills = steps.index[steps["kind"] == "prefill"]
+    assert len(prefills) > 3  # requests joined mid-run
+    before_last_join = steps.loc[:prefills[-1]]
+    assert (before_last_join[before_last_join["kind"] == "decode"]["batch_size"] == 4).all()
+    wave_sizes = waves.timeline.steps.query("kind == 'decode'")["batch_size"]
+    assert (wave_sizes < 4).sum() > (steps.query("kind == 'decode'")["batch_size"] < 4).sum()
+    assert len(cont.timeline.steps) < len(waves.timeline.steps)  # fewer, fuller steps
+
+
+def test_a_request_joining_mid_batch_has_a_cache_equal_to_a_fresh_recompute(tokenizer):
+    model = tiny_model("llama", tokenizer, seed=3)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=60)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    reqs = [RequestOutput.of(q, 0) for q in engine.make_requests(engine.encode(PROMPTS), cfg)]
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: i % 3 for i, r in enumerate(plain.requests)})
+    drafter.check_compatible(model, tokenizer)
+    dec = BatchDecoder(policy_forward(model), cfg, StepRecorder(0, "sim"), engine.eos_id,
+                       engine.pad_id, drafter=drafter)
+    dec.admit(reqs[:3])
+    for k in (4, 2, 3):
+        dec.spec_step(k)  # rejections leave holes
+    dec.admit(reqs[3:6])  # short fresh prompts join rows with long, holed caches
+    joined = [i for i in dec.batch.request_ids if i >= 3]
+    assert len(joined) >= 2 and dec.size > len(joined) and (dec.batch.mask == 0).any()
+    visible_cache_equals_fresh_recompute(model, dec)
+    dec.plain_step()
+    dec.spec_step(4)
+    visible_cache_equals_fresh_recompute(model, dec)
+
+
+# ---- schedules --------------------------------------------------------------------------
+class SwitchingSchedule:
+    """Plain while the batch is large, then speculative with k cycling 1..4; keeps reports."""
+
+    needs_drafter = True
+
+    def __init__(self, threshold=3):
+        self.threshold, self.n, self.reports, self.asked = threshold, 0, [], []
+
+    def plan(self, batch_size, worker):
+        self.asked.append(batch_size)
+        if batch_size > self.threshold:
+            return StepPlan()
+        self.n += 1
+        return StepPlan("speculative", 1 + self.n % 4)
+
+    def observe(self, report):
+        self.reports.append(report)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_switching_schedule_is_lossless_and_hears_one_consistent_report_per_step(
+        tokenizer, temperature):
+    model = tiny_model("llama", tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=40, temperature=temperature, seed=9, max_batch_size=5)
+    plain = engine.rollout(MANY, cfg, progress=False)
+    for drafter in (NGramDrafter(), EagleDrafter(EagleHead(model))):
+        schedule = SwitchingSchedule()
+        res = engine.rollout(MANY, cfg, drafter=drafter, schedule=schedule, progress=False)
+        assert res.tokens == plain.tokens
+        steps = res.timeline.steps
+        assert len(schedule.reports) == steps["kind"].isin(["decode", "verify"]).sum()
+        assert schedule.asked == [r.rows for r in schedule.reports]
+        kinds = {r.plan.kind for r in schedule.reports}
+        assert kinds == {"plain", "speculative"} and len({r.plan.k for r in schedule.reports}) > 2
+        for r in schedule.reports:
+            if r.plan.speculative:
+                assert r.drafted == r.plan.k * r.rows and 0 <= r.accepted <= r.drafted
+                assert r.tokens <= r.accepted + r.rows and r.draft_s > 0
+            else:
+                assert r.drafted == r.accepted == 0 and 1 <= r.tokens <= r.rows
+            assert 0 < r.forward_s <= r.elapsed_s
+        response_tokens = sum(len(t) for t in res.tokens)
+        assert sum(r.tokens for r in schedule.reports) == response_tokens - len(res.tokens)
+        assert sum(r.accepted for r in schedule.reports) == res.timeline.requests["accepted"].sum()
+
+
+def test_static_schedule_reproduces_drafter_and_spec_k(tokenizer):
+    model = tiny_model("qwen2", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    a = engine.rollout(PROMPTS, max_new_tokens=30, drafter=NGramDrafter(), spec_k=3,
+                       progress=False)
+    b = engine.rollout(PROMPTS, max_new_tokens=30, drafter=NGramDrafter(),
+                       schedule=StaticSchedule(3), progress=False)
+    assert a.tokens == b.tokens
+    assert a.timeline.requests["drafted"].tolist() == b.timeline.requests["drafted"].tolist()
+    with pytest.raises(ValueError, match="has no drafter"):
+        engine.rollout(PROMPTS, schedule=StaticSchedule(3), progress=False)
+    with pytest.raises(ValueError, match="integer k >= 1"):
+        StepPlan("speculative", 0)
+
+
+# ---- workers and the backend ------------------------------------------------------------
+def test_local_backend_starts_maps_updates_weights_and_closes(tokenizer):
+    old, new = tiny_model("llama", tokenizer, seed=0), tiny_model("llama", tokenizer, seed=7)
+    backend = LocalBackend()
+    engine = RolloutEngine(old, tokenizer, backend=backend)
+    engine.start(workers=2, policy_factory=lambda w: copy.deepcopy(old),
+                 drafter_factory=lambda w, policy: EagleDrafter(EagleHead(policy), policy))
+    models = [w.model for w in backend.workers]
+    assert models[0] is not models[1] and all(m is not old for m in models)
+    assert backend.workers[0].drafter is not backend.workers[1].drafter  # each its own
+    assert backend.map(lambda worker, x: (worker.index, x), [10, 20]) == [(0, 10), (1, 20)]
+    cfg = RolloutConfig(max_new_tokens=24, workers=2)
+    ref_old = RolloutEngine(old, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
+    ref_new = RolloutEngine(new, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
+    assert ref_old != ref_new
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_old
+    # the workers' own drafters serve a speculative schedule
+    sd = engine.rollout(PROMPTS, cfg, schedule=StaticSchedule(2), progress=False)
+    assert sd.tokens == ref_old and sd.timeline.requests["drafted"].sum() > 0
+    head = EagleHead(new).state_dict()
+    engine.update_weights(policy=new.state_dict(), drafter=head)
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_new
+    for worker in backend.workers:
+        for key, value in worker.drafter.module.state_dict().items():
+            assert torch.equal(value, head[key])
+    with pytest.raises(ValueError, match="backend was started with 2 workers"):
+        engine.rollout(PROMPTS, cfg, workers=3, progress=False)
+    backend.close()
+    assert backend.num_workers == 0
+
+
+def test_a_workers_recorder_stays_open_for_work_in_its_idle_window(tokenizer):
+    model = tiny_model("llama", tokenizer, seed=0)
+    engine = RolloutEngine(model, tokenizer)
+    res = engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
+    tl = res.timeline
+    early = int(tl.steps.groupby("worker")["end_s"].max().idxmin())  # idle in the long tail
+    worker = engine.backend.workers[early]
+    last_end = tl.steps.query("worker == @early")["end_s"].max()
+    assert worker.timed("drafter_train", lambda: sum(range(10_000))) == sum(range(10_000))
+    row = worker.recorder.rows[-1]
+    assert row["kind"] == "drafter_train" and row["start_s"] == last_end < row["end_s"]
+    extended = tl.with_steps([row])
+    assert extended.wasted_fraction() < extended.idle_fraction() == tl.idle_fraction()
+    with pytest.raises(ValueError, match="already in the timeline"):
+        extended.with_steps([row])
+
+
+def test_workers_return_results_without_touching_the_requests_they_were_given(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    engine.start(2)
+    cfg = RolloutConfig(max_new_tokens=8)
+    requests = engine.make_requests(engine.encode(PROMPTS[:4]), cfg)
+    from workbench.rollout import WorkerTask
+    tasks = [WorkerTask(w, requests[w::2], cfg, engine.eos_id, engine.pad_id) for w in (0, 1)]
+    results = engine.backend.map(lambda worker, t: worker.rollout(t, PlainSchedule()), tasks)
+    assert [r.uid for r in results[0].requests] == [q.uid for q in requests[0::2]]
+    assert all(r.tokens and r.worker == res.worker for res in results for r in res.requests)
+    assert {row["worker"] for row in results[1].steps} == {1}
+
+
+# ---- speculative decoding with the new seams --------------------------------------------
+@pytest.mark.parametrize("arch", ["mistral", "qwen2_sw"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sd_is_lossless_on_sliding_window_models_at_batch_above_one(tokenizer, arch,
+                                                                    temperature):
+    model = tiny_model(arch, tokenizer, seed=0)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=48, temperature=temperature, seed=3)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    if temperature == 0:
+        assert plain.tokens == hf_greedy(model, tokenizer, PROMPTS, 48)
+    assert max(len(t) for t in plain.tokens) > 3 * model.config.sliding_window
+    scripted = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                               {r.uid: i % 4 for i, r in enumerate(plain.requests)})
+    for drafter in (scripted, NGramDrafter()):
+        res = engine.rollout(PROMPTS, cfg, drafter=drafter, spec_k=3, progress=False)
+        assert res.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sd_with_continuous_batching_is_lossless_for_every_drafter(tokenizer, temperature):
+    model = tiny_model("llama", tokenizer, seed=5)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=32, temperature=temperature, seed=2, max_batch_size=3)
+    plain = engine.rollout(MANY, cfg, progress=False)
+    torch.manual_seed(0)
+    drafters = {"eagle": EagleDrafter(EagleHead(model)), "ngram": NGramDrafter(),
+                "small_lm": LMDrafter(tiny_model("llama", tokenizer, seed=9, layers=1),
+                                      tokenizer)}
+    for name, drafter in drafters.items():
+        res = engine.rollout(MANY, cfg, drafter=drafter, spec_k=3, progress=False)
+        assert res.tokens == plain.tokens, name
+
+
+def test_harvest_during_sd_keeps_states_only_for_committed_tokens(tokenizer):
+    """Verify steps cut at EOS or the length cap emit fewer tokens than they fed; the harvest
+    must hold exactly one state per committed token, the same states plain decoding keeps."""
+    model = tiny_model("llama", tokenizer, seed=6)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=23, harvest=True)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: 99 for r in plain.requests})  # every draft right
+    sd = engine.rollout(PROMPTS, cfg, drafter=drafter, spec_k=4, progress=False)
+    assert sd.tokens == plain.tokens and {r.finish for r in sd.requests} == {"eos", "length"}
+    cut = [r for r in sd.requests if sum(r.emitted_per_step) < 5 * len(r.emitted_per_step)]
+    assert cut  # some verify steps were cut short
+    for (seq, h), (seq_p, h_p) in zip(harvest_pairs(sd), harvest_pairs(plain)):
+        assert torch.equal(seq, seq_p)
+        torch.testing.assert_close(h, h_p, atol=1e-10, rtol=0)
+
+
+# ---- input checks -----------------------------------------------------------------------
+def test_token_ids_outside_the_vocabulary_are_refused_before_anything_runs(tokenizer):
+    engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
+    for bad in ([5, 100], [-1, 5], [5, 2.0]):
+        with pytest.raises(ValueError, match=r"prompt 1 has token id.*accepted: integers in "
+                                             r"\[0, 100\)"):
+            engine.rollout([[5, 6], bad], progress=False)
+
+
+@pytest.mark.parametrize("seed", [1.5, -1, 2**64, True, "3"])
+def test_bad_seeds_are_refused(seed):
+    with pytest.raises(ValueError, match=r"seed must be an integer in \[0, 2\*\*64\)"):
+        RolloutConfig(seed=seed)
+
+
+def test_seeds_do_not_wrap_around(tokenizer):
+    engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
+    big = engine.rollout(PROMPTS[:2], max_new_tokens=20, temperature=1.0, seed=2**64 - 1,
+                         progress=False)
+    assert big.tokens != engine.rollout(PROMPTS[:2], max_new_tokens=20, temperature=1.0,
+                                        seed=0, progress=False).tokens
+
+
+def test_bad_config_values_name_the_value():
+    with pytest.raises(ValueError, match="batching must be one of .*'waves'.*got 'wave'"):
+        RolloutConfig(batching="wave")
+    with pytest.raises(ValueError, match="max_batch_size must be None or an integer"):
+        RolloutConfig(max_batch_size=True)
