@@ -8,10 +8,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 import workbench.rollout.verify as verify
 from workbench.rollout import RolloutConfig, RolloutEngine
-from workbench.rollout.decoder import BatchDecoder
 from workbench.rollout.forward import policy_forward
-from workbench.rollout.request import RequestOutput
-from workbench.rollout.worker import StepRecorder
 from workbench.speculative import LMDrafter, NGramDrafter
 
 from .drafters import ScriptedDrafter
@@ -81,35 +78,6 @@ def test_coupled_sd_reproduces_the_plain_coupled_rollout(arch, tokenizer):
     for name, drafter in drafters_for(model, tokenizer).items():
         res = engine.rollout(PROMPTS[:4], cfg, progress=False, drafter=drafter, spec_k=3)
         assert res.tokens == plain.tokens, name
-
-
-def test_visible_kv_equals_a_fresh_recompute_after_rejections(tokenizer):
-    model = tiny_model("llama", tokenizer)
-    engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=60, spec_k=4)
-    plain = engine.rollout(PROMPTS, cfg, progress=False)
-    reqs = [RequestOutput.of(q, 0) for q in engine.make_requests(engine.encode(PROMPTS), cfg)]
-    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
-                              {r.uid: i % 3 for i, r in enumerate(plain.requests)})
-    drafter.check_compatible(model, tokenizer)
-    dec = BatchDecoder(policy_forward(model), cfg, StepRecorder(0, "sim"), engine.eos_id,
-                       engine.pad_id, drafter=drafter)
-    dec.admit(reqs)
-    for _ in range(4):
-        dec.spec_step(4)
-    b = dec.batch
-    assert b.size >= 2 and (b.mask == 0).any()  # live rows with holes from rejections
-    for row, i in enumerate(b.request_ids):
-        fed = reqs[i].prompt_ids + reqs[i].tokens[:-1]  # the last emitted token is not fed yet
-        fresh = DynamicCache()
-        with torch.no_grad():
-            model(torch.tensor([fed]), cache=fresh, use_cache=True)
-        visible = b.mask[row].bool()
-        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
-        for mine, ref in zip(b.cache.layers, fresh.layers):
-            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=1e-10, rtol=0)
-            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0], atol=1e-10,
-                                       rtol=0)
 
 
 class _NoEosTokenizer:

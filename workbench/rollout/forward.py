@@ -50,6 +50,8 @@ def attention_mask(mask: torch.Tensor, col_pos: torch.Tensor, q_pos: torch.Tenso
     sees column ``j`` when it is visible, at or before that position, and inside the window
     (``q_pos - col_pos < window``, HF's sliding-window rule). With ``allow_none``, ``None``
     when every query may see every column (no mask needed)."""
+    if allow_none and window is None and q_pos.shape[1] == 1 and bool(mask.all()):
+        return None  # one new token, nothing hidden: every column is at or before it
     kv, q = col_pos[:, None, :], q_pos[:, :, None]
     allowed = mask[:, None, :].bool() & (kv <= q)
     if window is not None:
