@@ -17,8 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from ..evaluate import length_percentiles
-from ..rollout.timeline import ROLLOUT_KINDS, STEP_KINDS, Timeline
+from ..rollout.timeline import ROLLOUT_KINDS, STEP_KINDS, Timeline, length_percentiles
 
 __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles"]
 
