@@ -1,5 +1,6 @@
 """The training harness: exact resume, step-by-step continuation, flags and RNG left alone,
 schedules, config errors, and checkpoints that survive an interrupted write."""
+import json
 import math
 import re
 
@@ -227,3 +228,41 @@ def test_wall_clock_cap_and_history_columns():
     net = tiny_net()
     hist = Trainer(net, mse(net), make_batches(), config(steps=2)).run()
     assert list(hist.columns) == ["step", "loss", "lr", "grad_norm", "target_rms", "elapsed_s"]
+
+
+def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypatch):
+    from workbench.models import load_model
+    from workbench.train import train_state_dir
+    from workbench.zoo import policy as recipe_mod
+    recipe = lambda: recipe_mod.PolicyRecipe(  # noqa: E731
+        hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64, train_problems=40,
+        tokens_per_batch=700, steps=4, warmup=2, eval_problems=3, checkpoint_every_s=1e-9)
+    rng = torch.get_rng_state()
+    straight = recipe_mod.train_policy(tmp_path / "straight", recipe=recipe())
+    assert torch.equal(torch.get_rng_state(), rng)  # the recipe no longer reseeds the caller
+    assert straight["steps"] == 4 and straight["train_tokens"] > 0
+    assert straight["heldout"]["num_problems"] == 3
+    real_loss, calls = recipe_mod.response_lm_loss, []
+
+    def crash_on_third_step(model):
+        inner = real_loss(model)
+
+        def loss_fn(batch, generator):
+            calls.append(1)
+            if len(calls) == 3:
+                raise Interrupted
+            return inner(batch, generator)
+        return loss_fn
+
+    monkeypatch.setattr(recipe_mod, "response_lm_loss", crash_on_third_step)
+    with pytest.raises(Interrupted):
+        recipe_mod.train_policy(tmp_path / "resumed", recipe=recipe())
+    monkeypatch.undo()
+    assert train_state_dir(tmp_path / "resumed").is_dir() and not (tmp_path / "resumed").exists()
+    resumed = recipe_mod.train_policy(tmp_path / "resumed", recipe=recipe())
+    assert resumed["steps"] == 4 and not train_state_dir(tmp_path / "resumed").exists()
+    assert json.loads((tmp_path / "resumed" / "provenance.json").read_text())["heldout"]
+    a, _ = load_model(tmp_path / "straight", device="cpu")
+    b, _ = load_model(tmp_path / "resumed", device="cpu")
+    assert next(a.parameters()).dtype == torch.float32  # loads back (saved as float16)
+    assert_same_weights(a, b)

@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 
 from .atomic import atomic_dir, recover_dir
 
-__all__ = ["TrainConfig", "Trainer", "lr_at", "isolated_rng", "SCHEDULES", "CHECKPOINT_FILE"]
+__all__ = ["TrainConfig", "Trainer", "lr_at", "isolated_rng", "train_state_dir", "SCHEDULES",
+           "CHECKPOINT_FILE"]
 
 SCHEDULES = ("constant", "cosine")
 CHECKPOINT_FILE = "trainer.pt"
@@ -158,6 +159,12 @@ def isolated_rng(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed)
         yield
+
+
+def train_state_dir(out_dir: str | os.PathLike) -> Path:
+    """Where a recipe that writes ``out_dir`` keeps its resumable train state (a sibling)."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".train_state")
 
 
 def _arithmetic(config: TrainConfig) -> dict:

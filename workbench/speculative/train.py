@@ -15,14 +15,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from ..rollout.lean import causal_mask_4d
-from ..train import TrainConfig, Trainer, isolated_rng
+from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
 from .eagle import EagleHead
 
 __all__ = ["EagleTrainConfig", "EagleTrainer", "PairBatches", "harvest_pairs", "train_eagle",
@@ -268,12 +267,6 @@ class EagleTrainer:
     @property
     def history(self) -> pd.DataFrame:
         return self.trainer.history
-
-
-def train_state_dir(out_dir: str | os.PathLike) -> Path:
-    """Where a recipe writing to ``out_dir`` keeps its resumable train state."""
-    out_dir = Path(out_dir)
-    return out_dir.with_name(out_dir.name + ".train_state")
 
 
 def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: EagleHead | None = None,
