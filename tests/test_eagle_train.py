@@ -1,6 +1,7 @@
 """EAGLE training on the harness (flags, optimizer kept across calls, exact resume) and the
 head's fingerprint (head_dim, RoPE; old saves still load)."""
 import json
+import os
 
 import pytest
 import torch
@@ -109,6 +110,20 @@ def test_interrupted_head_save_keeps_the_previous_head(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert same_weights(EagleHead.from_pretrained(tmp_path / "head", pol), old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
+    # crash between the two renames: the old head is aside, and loading puts it back
+    real_replace, calls = os.replace, []
+
+    def crash_on_second(src, dst):
+        calls.append(1)
+        if len(calls) == 2:
+            raise Interrupted
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_second)
+    with pytest.raises(Interrupted):
+        new.save_pretrained(tmp_path / "head")
+    monkeypatch.undo()
+    assert same_weights(EagleHead.from_pretrained(tmp_path / "head", pol), old)
 
 
 def test_head_dim_and_rope_mismatches_name_the_field(tmp_path):
