@@ -101,43 +101,39 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
         for name in ("steps", "warmup", "seed", "checkpoint_every", "log_every"):
-            _check_int(name, getattr(self, name))
-        _check_real("lr", self.lr, "a finite number > 0", lambda v: 0 < v < math.inf)
-        _check_real("lr_floor", self.lr_floor, "a number in [0, 1]", lambda v: 0 <= v <= 1)
-        _check_real("weight_decay", self.weight_decay, "a finite number >= 0",
-                    lambda v: 0 <= v < math.inf)
-        _check_real("eps", self.eps, "a finite number > 0", lambda v: 0 < v < math.inf)
-        _check_real("max_minutes", self.max_minutes, "a number > 0 (inf: no cap)", lambda v: v > 0)
-        _check_real("checkpoint_every_s", self.checkpoint_every_s, "a number > 0 (inf: never)",
-                    lambda v: v > 0)
-        if self.clip_norm is not None:
-            _check_real("clip_norm", self.clip_norm, "a finite number > 0 or None",
-                        lambda v: 0 < v < math.inf)
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
+                raise ValueError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
+        for name, (accepted, ok) in _REAL_FIELDS.items():
+            v = getattr(self, name)
+            if not (v is None and name == "clip_norm") and not (_is_real(v) and ok(v)):
+                raise ValueError(f"TrainConfig.{name} must be {accepted}, got {v!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULES}, "
                              f"got {self.schedule!r}")
-        betas = self.betas
-        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-                or not all(_is_real(b) and 0 <= b < 1 for b in betas)):
-            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), got {betas!r}")
+        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
+                or not all(_is_real(b) and 0 <= b < 1 for b in self.betas)):
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), "
+                             f"got {self.betas!r}")
         for name in ("train_mode", "resume", "progress"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TrainConfig.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
 
 
+_REAL_FIELDS = {  # field: (what is accepted, the test)
+    "lr": ("a finite number > 0", lambda v: 0 < v < math.inf),
+    "lr_floor": ("a number in [0, 1]", lambda v: 0 <= v <= 1),
+    "weight_decay": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
+    "eps": ("a finite number > 0", lambda v: 0 < v < math.inf),
+    "clip_norm": ("a finite number > 0 or None", lambda v: 0 < v < math.inf),
+    "max_minutes": ("a number > 0 (inf: no cap)", lambda v: v > 0),
+    "checkpoint_every_s": ("a number > 0 (inf: never)", lambda v: v > 0),
+}
+
+
 def _is_real(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
-
-
-def _check_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 63:
-        raise ValueError(f"TrainConfig.{name} must be an integer >= 0, got {value!r}")
-
-
-def _check_real(name: str, value, accepted: str, ok: Callable[[float], bool]) -> None:
-    if not _is_real(value) or not ok(value):
-        raise ValueError(f"TrainConfig.{name} must be {accepted}, got {value!r}")
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -173,10 +169,6 @@ def _arithmetic(config: TrainConfig) -> dict:
     if config.schedule == "cosine":  # the horizon shapes every step's LR
         out["steps"] = config.steps
     return out
-
-
-def _scalar(v):
-    return v.item() if isinstance(v, torch.Tensor) else v
 
 
 class Trainer:
@@ -325,7 +317,7 @@ class Trainer:
         self.step += 1
         self.elapsed_s = time.perf_counter() - self._t0
         row = {"step": self.step, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item(),
-               **{k: _scalar(v) for k, v in metrics.items()}, "elapsed_s": self.elapsed_s}
+               **metrics, "elapsed_s": self.elapsed_s}
         self._rows.append(row)
         return row
 
@@ -338,7 +330,7 @@ class Trainer:
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {self.step}; the weights "
                                      "were not updated (lower lr, or check the batch)")
-        return loss, dict(metrics)
+        return loss, {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
 
     def _report(self, row: dict, bar) -> None:
         every = self.config.log_every or 20
@@ -365,9 +357,9 @@ class Trainer:
         grads = [(p, p.requires_grad) for r in roots for p in r.parameters()]
         modes = [(m, m.training) for r in roots for m in r.modules()]
         try:
-            for f in self.frozen:
-                f.eval().requires_grad_(False)
             self.model.train(self.config.train_mode).requires_grad_(False)
+            for f in self.frozen:  # after the model: a frozen submodule stays frozen
+                f.eval().requires_grad_(False)
             for p in self.params:
                 p.requires_grad_(True)
             yield
