@@ -266,3 +266,17 @@ def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypa
     b, _ = load_model(tmp_path / "resumed", device="cpu")
     assert next(a.parameters()).dtype == torch.float32  # loads back (saved as float16)
     assert_same_weights(a, b)
+
+
+def test_drafter_lm_recipe_runs_on_the_harness(tmp_path, monkeypatch):
+    from workbench.models import load_model
+    from workbench.zoo import drafters
+    monkeypatch.setattr(drafters, "acceptance_on_heldout", lambda *a, **kw: 1.0)
+    recipe = drafters.DrafterLMRecipe(num_prompts=2, hidden_size=32, layers=1, heads=2,
+                                      kv_heads=1, intermediate_size=64, steps=3, warmup=1)
+    record = drafters.train_drafter_lm(tmp_path / "lm", recipe=recipe)
+    assert record["steps"] == 3 and math.isfinite(record["final_loss"])
+    assert json.loads((tmp_path / "lm" / "provenance.json").read_text())["steps"] == 3
+    assert not (tmp_path / "lm.train_state").exists()
+    model, _ = load_model(tmp_path / "lm", device="cpu")
+    assert model.config.hidden_size == 32
