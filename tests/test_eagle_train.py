@@ -165,3 +165,13 @@ def test_the_shipped_eagle_head_still_loads():
     pol, tok = load_model("default", device="cpu")
     drafter = default_drafters(pol, tok, names=("eagle",))["eagle"]
     assert drafter.head.config.policy["head_dim"] == 32
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("batch_size", 0, r"EagleTrainConfig\.batch_size must be an integer >= 1, got 0"),
+    ("noise", -0.1, r"EagleTrainConfig\.noise must be a finite number >= 0, got -0\.1"),
+    ("lr", -1.0, r"TrainConfig\.lr must be a finite number > 0, got -1\.0"),
+    ("checkpoint_every", -5, r"TrainConfig\.checkpoint_every must be an integer >= 0, got -5")])
+def test_bad_eagle_config_values_are_named_before_training(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        train_eagle(policy(), pairs(), cfg(**{field: value}), progress=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -80,7 +81,7 @@ class EagleTrainConfig:
         return TrainConfig(steps=self.steps, lr=self.lr, schedule="cosine", warmup=0,
                            lr_floor=0.1, weight_decay=0.0, clip_norm=1.0, seed=self.seed,
                            max_minutes=self.max_minutes, checkpoint_dir=checkpoint_dir,
-                           checkpoint_every=self.checkpoint_every if checkpoint_dir else 0,
+                           checkpoint_every=self.checkpoint_every,
                            progress=progress, desc="train eagle")
 
 
@@ -282,12 +283,18 @@ def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: Eag
     config.validate()  # before anything is trained or written
     if not pairs:
         raise ValueError("no training pairs: harvest a rollout first (harvest_pairs)")
+    if out_dir is not None and Path(out_dir).is_file():
+        raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
     fresh = head is None
     state = train_state_dir(out_dir) if out_dir is not None else None
     et = EagleTrainer(policy, head, config, checkpoint_dir=state, progress=progress)
-    every = config.checkpoint_every
-    if out_dir is not None and every:
-        et.trainer.on_step = lambda t: t.step % every or et.head.save_pretrained(out_dir)
+
+    def save_head(trainer):
+        if config.checkpoint_every and trainer.step % config.checkpoint_every == 0:
+            et.head.save_pretrained(out_dir)
+
+    if out_dir is not None:
+        et.trainer.on_step = save_head
     et.train(pairs)
     if out_dir is not None:
         et.head.save_pretrained(out_dir)
