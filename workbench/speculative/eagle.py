@@ -14,25 +14,63 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..atomic import atomic_dir, recover_dir
 from ..rollout.forward import lean_layer, supports_lean
 
 __all__ = ["EagleHead", "EagleConfig", "policy_fingerprint"]
 
+# Config attributes the head's shapes or arithmetic depend on (None where a config lacks one).
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
-                     "num_key_value_heads", "vocab_size", "max_position_embeddings")
+                     "num_key_value_heads", "vocab_size", "max_position_embeddings",
+                     "hidden_act", "rms_norm_eps", "attention_bias", "mlp_bias",
+                     "partial_rotary_factor")
+
+
+def _jsonable(value):
+    """``value`` as it reads back from JSON (tuples become lists), so saved and live compare."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _rope(config) -> dict | None:
+    """The RoPE settings: transformers 5 keeps them in ``rope_parameters``, older versions in
+    ``rope_theta`` and ``rope_scaling``; whichever the config has is what the head rotates by."""
+    params = getattr(config, "rope_parameters", None)
+    if params is not None:
+        return _jsonable(params)
+    old = {k: getattr(config, k) for k in ("rope_theta", "rope_scaling") if hasattr(config, k)}
+    return _jsonable(old) if old else None
 
 
 def policy_fingerprint(config) -> dict:
-    """The architecture facts a head depends on; a head only loads onto a matching policy."""
-    return {k: getattr(config, k, None) for k in _FINGERPRINT_KEYS}
+    """The architecture facts a head depends on; a head only loads onto a matching policy.
+
+    Shapes (widths, heads, ``head_dim``: explicit or hidden / heads) and arithmetic (activation,
+    norm epsilon, biases, RoPE settings): a head trained under one RoPE base drafts garbage
+    under another even though every tensor fits.
+    """
+    out = {k: _jsonable(getattr(config, k, None)) for k in _FINGERPRINT_KEYS}
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None and getattr(config, "num_attention_heads", None):
+        head_dim = config.hidden_size // config.num_attention_heads
+    out["head_dim"] = head_dim
+    out["rope_parameters"] = _rope(config)
+    return out
+
+
+def _differences(mine, theirs, prefix: str = "") -> list[str]:
+    """``"key: head A vs policy B"`` for each differing entry; nested dicts (RoPE) key by key."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        out = []
+        for k in sorted(set(mine) | set(theirs)):
+            out += _differences(mine.get(k), theirs.get(k), f"{prefix}{k}.")
+        return out
+    return [] if mine == theirs else [f"{prefix[:-1]}: head {mine!r} vs policy {theirs!r}"]
 
 
 @dataclass
@@ -41,12 +79,17 @@ class EagleConfig:
     policy_name: str = ""   # where that policy came from, for the reader
 
     def check(self, policy_config) -> None:
+        """Raise ``ValueError`` naming every field where the head's policy and this one differ.
+
+        Only keys the head recorded are checked: heads saved before a key joined the
+        fingerprint (the shipped one lacks ``head_dim`` and the RoPE settings) still load.
+        """
         mine, theirs = self.policy, policy_fingerprint(policy_config)
-        diff = {k: (mine.get(k), theirs[k]) for k in theirs if mine.get(k) != theirs[k]}
+        recorded = [k for k in theirs if k in mine]
+        diff = [d for k in recorded for d in _differences(mine[k], theirs[k], f"{k}.")]
         if diff:
-            detail = ", ".join(f"{k}: head {a!r} vs policy {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"this EAGLE head belongs to another policy architecture ({detail})"
-                             f"; train a head for this policy")
+            raise ValueError(f"this EAGLE head belongs to another policy architecture "
+                             f"({', '.join(diff)}); train a head for this policy")
 
 
 class EagleHead(nn.Module):
@@ -83,26 +126,26 @@ class EagleHead(nn.Module):
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"cannot save an EAGLE head to {str(path)!r}: it is a file")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        tmp.chmod(0o755)
-        (tmp / "eagle_config.json").write_text(json.dumps(asdict(self.config), indent=2))
-        torch.save({k: v.detach().cpu() for k, v in self.state_dict().items()}, tmp / "head.pt")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        config = json.dumps(asdict(self.config), indent=2)
+        weights = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        with atomic_dir(path) as tmp:  # the previous head stays whole until the new one is
+            (tmp / "eagle_config.json").write_text(config)
+            torch.save(weights, tmp / "head.pt")
         return path
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, policy) -> "EagleHead":
         """Load a head saved by ``save_pretrained`` onto ``policy`` (architectures must match)."""
         path = Path(path)
+        recover_dir(path)  # a save interrupted between its two renames left the head aside
         cfg_path = path / "eagle_config.json"
         if not cfg_path.is_file():
             raise FileNotFoundError(f"no EAGLE head in {str(path)!r}: expected eagle_config.json "
                                     "and head.pt (EagleHead.save_pretrained writes them)")
-        EagleConfig(**json.loads(cfg_path.read_text())).check(policy.config)
+        saved = EagleConfig(**json.loads(cfg_path.read_text()))
+        saved.check(policy.config)  # before any tensor is read: a clear error, not a size one
         head = cls(policy)
         head.load_state_dict(torch.load(path / "head.pt", map_location="cpu", weights_only=True))
-        head.config = EagleConfig(**json.loads(cfg_path.read_text()))
+        # keys an older save did not record are now known to be this policy's
+        head.config = EagleConfig({**head.config.policy, **saved.policy}, saved.policy_name)
         return head.to(policy.get_output_embeddings().weight.device)

@@ -12,41 +12,43 @@ forcing.
 """
 from __future__ import annotations
 
+import math
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..rollout.forward import causal_mask_4d
+from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
 from .eagle import EagleHead
 
-__all__ = ["EagleTrainConfig", "harvest_pairs", "train_eagle", "eagle_loss", "state_regression"]
+__all__ = ["EagleTrainConfig", "EagleTrainer", "PairBatches", "harvest_pairs", "train_eagle",
+           "eagle_loss", "state_regression"]
 
 STATE_UNITS = ("rms", "raw")
 
 
 @dataclass
 class EagleTrainConfig:
-    """Arguments of :func:`train_eagle`.
+    """Arguments of :class:`EagleTrainer` and :func:`train_eagle`.
 
     Args:
-        steps: optimizer steps.
+        steps: optimizer steps (and the horizon of the cosine LR decay).
         batch_size: sequences per step.
         lr: AdamW learning rate (cosine decay to 10%).
         unroll: extra passes on the head's own predicted states (training-time drafting).
-        noise: std of uniform noise added to input states (EAGLE's robustness trick).
+        noise: half-width of the uniform noise added to input states (EAGLE's robustness
+            trick), drawn from the trainer's generator.
         state_units: ``"rms"`` measures the SmoothL1 in units of each target state's RMS,
             ``"raw"`` in the policy's own units. Pre-norm states of a small policy have RMS
             far above 1, so in raw units the regression term dwarfs the cross-entropy that
             decides the drafted token; ``"rms"`` puts the two on one scale.
-        seed: batch order and initialisation.
-        checkpoint_every: steps between atomic checkpoints when ``out_dir`` is given.
+        seed: batch order, initialisation and noise.
+        checkpoint_every: steps between head saves (and train-state checkpoints) when
+            ``train_eagle`` is given ``out_dir``.
         max_minutes: wall-clock cap; training stops (and checkpoints) when it is reached.
     """
 
@@ -59,6 +61,28 @@ class EagleTrainConfig:
     seed: int = 0
     checkpoint_every: int = 200
     max_minutes: float = float("inf")
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field (the harness checks the optimizer's)."""
+        _check_state_units(self.state_units)
+        for name, low in (("batch_size", 1), ("unroll", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"EagleTrainConfig.{name} must be an integer >= {low}, "
+                                 f"got {v!r}")
+        if (isinstance(self.noise, bool) or not isinstance(self.noise, (int, float))
+                or not 0 <= self.noise < math.inf):
+            raise ValueError(f"EagleTrainConfig.noise must be a finite number >= 0, "
+                             f"got {self.noise!r}")
+        self.train_config()
+
+    def train_config(self, checkpoint_dir=None, progress: bool = False) -> TrainConfig:
+        """The harness's config: AdamW, cosine decay to 10% without warm-up, clip 1.0."""
+        return TrainConfig(steps=self.steps, lr=self.lr, schedule="cosine", warmup=0,
+                           lr_floor=0.1, weight_decay=0.0, clip_norm=1.0, seed=self.seed,
+                           max_minutes=self.max_minutes, checkpoint_dir=checkpoint_dir,
+                           checkpoint_every=self.checkpoint_every,
+                           progress=progress, desc="train eagle")
 
 
 def harvest_pairs(result) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -104,12 +128,23 @@ def state_regression(pred: torch.Tensor, target: torch.Tensor, units: str = "rms
     return F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
 
 
+def _uniform_noise(like: torch.Tensor, half_width: float, generator) -> torch.Tensor:
+    """Uniform noise in [-half_width, half_width) drawn from ``generator`` (never the global
+    RNG), made on the generator's device and moved to the states'."""
+    if generator is None:
+        raise ValueError(f"eagle_loss: noise={half_width} needs a torch.Generator "
+                         "(generator=...); the Trainer passes its own")
+    u = torch.rand(like.shape, generator=generator, dtype=like.dtype, device=generator.device)
+    return (u.to(like.device) - 0.5) * 2 * half_width
+
+
 def eagle_loss(head: EagleHead, policy, tokens, states, mask, unroll: int = 0,
-               noise: float = 0.0, state_units: str = "rms"):
+               noise: float = 0.0, state_units: str = "rms", generator=None):
     """``(loss, metrics)`` of the head on a padded batch of pairs.
 
     Pass 0 reads the true states; pass ``u`` reads the states pass ``u-1`` predicted, shifted
-    one position, which is what the head sees when drafting at depth ``u + 1``.
+    one position, which is what the head sees when drafting at depth ``u + 1``. Input noise
+    (``noise`` > 0) is drawn from ``generator``.
     """
     decoder, lm_head = policy.get_decoder(), policy.get_output_embeddings()
     n = states.shape[1]
@@ -124,7 +159,7 @@ def eagle_loss(head: EagleHead, policy, tokens, states, mask, unroll: int = 0,
     total, reg_sum, ce_sum, acc = 0.0, 0.0, 0.0, []
     for u in range(unroll + 1):
         if noise:
-            inputs = inputs + (torch.rand_like(inputs) - 0.5) * 2 * noise
+            inputs = inputs + _uniform_noise(inputs, noise, generator)
         pred = head(emb, inputs, attn, rope)[:, :-1]               # pred[:, t] ~ h_{t+1}
         v = valid[:, u:]                                           # inputs predicted u times
         denom = v.sum().clamp(min=1)
@@ -142,56 +177,128 @@ def eagle_loss(head: EagleHead, policy, tokens, states, mask, unroll: int = 0,
                                   **{f"top1_depth{u + 1}": a for u, a in enumerate(acc)}}
 
 
+class PairBatches:
+    """The batch of each step, from harvested pairs: sorted by length and cut into batches of
+    similar length (little padding), visited every epoch in an order drawn from (seed, epoch)
+    alone, so that the batch of a step depends on the step and nothing else (exact resume)."""
+
+    def __init__(self, pairs, batch_size: int, seed: int, device, dtype):
+        self.pairs, self.seed, self.device, self.dtype = pairs, seed, device, dtype
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
+        self.groups = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+    def __call__(self, step: int):
+        epoch, i = divmod(step, len(self.groups))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        group = self.groups[int(torch.randperm(len(self.groups), generator=g)[i])]
+        return _pad_batch([self.pairs[j] for j in group], self.device, self.dtype)
+
+
+def _no_pairs(step):
+    raise ValueError("no training pairs: pass pairs to EagleTrainer.train (harvest_pairs)")
+
+
+class EagleTrainer:
+    """Trains an EAGLE head for a frozen policy, a few steps at a time.
+
+    Optimizer, LR-schedule position, generator and history live on between calls, so the RL
+    loop can call ``train(new_pairs, steps=n)`` after every rollout and the head keeps
+    learning where it left off. The policy's ``requires_grad`` flags and train/eval modes are
+    the same after every call as before it.
+
+    Args:
+        policy: the policy whose next hidden states the head predicts (frozen during training).
+        head: the head to train; default a new one, initialised from ``config.seed``.
+        config: an :class:`EagleTrainConfig`.
+        checkpoint_dir: folder of the harness's train-state checkpoint; training resumes from
+            it when it holds one.
+        progress: show a progress bar.
+    """
+
+    def __init__(self, policy, head: EagleHead | None = None,
+                 config: EagleTrainConfig | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None, progress: bool = False):
+        self.config = config if config is not None else EagleTrainConfig()
+        self.config.validate()
+        if head is None:
+            with isolated_rng(self.config.seed):  # seeded, and the caller's RNG untouched
+                head = EagleHead(policy)
+        else:
+            head.config.check(policy.config)
+        self.policy, self.head = policy, head
+        self.trainer = Trainer(head, self._loss, _no_pairs,
+                               self.config.train_config(checkpoint_dir, progress),
+                               frozen=[policy])
+
+    def _loss(self, batch, generator):
+        tokens, states, mask = batch
+        c = self.config
+        return eagle_loss(self.head, self.policy, tokens, states, mask, c.unroll, c.noise,
+                          c.state_units, generator=generator)
+
+    def set_pairs(self, pairs) -> None:
+        """Train on ``pairs`` (from :func:`harvest_pairs`) from the next step on."""
+        if not pairs:
+            raise ValueError("no training pairs: harvest a rollout first (harvest_pairs)")
+        hidden = self.policy.config.hidden_size
+        if pairs[0][1].shape[-1] != hidden:
+            raise ValueError(f"the pairs hold states of width {pairs[0][1].shape[-1]}, the "
+                             f"policy's hidden size is {hidden}: harvest this policy")
+        weight = self.policy.get_output_embeddings().weight
+        self.trainer.batches = PairBatches(pairs, self.config.batch_size, self.config.seed,
+                                           weight.device, weight.dtype)
+
+    def train(self, pairs=None, steps: int | None = None, stop=None) -> pd.DataFrame:
+        """Train ``steps`` more steps (default: up to ``config.steps`` in all) on ``pairs``
+        (default: the last ones given); ``stop(step)`` preempts between steps. Returns the
+        history rows of this call."""
+        if pairs is not None:
+            self.set_pairs(pairs)
+        before = len(self.trainer.history)
+        return self.trainer.run(steps, stop).iloc[before:].reset_index(drop=True)
+
+    @property
+    def step(self) -> int:
+        return self.trainer.step
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
+
+    @property
+    def history(self) -> pd.DataFrame:
+        return self.trainer.history
+
+
 def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: EagleHead | None = None,
                 out_dir: str | os.PathLike | None = None, progress: bool = True):
     """Train an EAGLE head for ``policy`` on harvested ``pairs``; returns ``(head, history)``.
 
-    The policy stays frozen. With ``out_dir`` the head is checkpointed atomically every
-    ``checkpoint_every`` steps and at the end (``EagleHead.save_pretrained``).
+    The policy stays frozen and keeps its flags. With ``out_dir`` the head is saved atomically
+    every ``checkpoint_every`` steps and at the end; beside it, ``<out_dir>.train_state`` holds
+    the trainer's checkpoint, from which an interrupted run resumes exactly, and which is
+    removed once the run is done.
     """
-    config = config or EagleTrainConfig()
-    _check_state_units(config.state_units)  # before anything is trained or written
+    config = config if config is not None else EagleTrainConfig()
+    config.validate()  # before anything is trained or written
     if not pairs:
         raise ValueError("no training pairs: harvest a rollout first (harvest_pairs)")
-    torch.manual_seed(config.seed)
-    head = head or EagleHead(policy)
-    head.train()
-    for p in policy.parameters():
-        p.requires_grad_(False)
-    dtype = policy.get_output_embeddings().weight.dtype
-    device = policy.get_output_embeddings().weight.device
-    opt = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * s / config.steps))).item())
-    rng = random.Random(config.seed)
-    # batches of similar length: sort by length, cut, shuffle the batches each epoch
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
-    batches = [order[s:s + config.batch_size] for s in range(0, len(order), config.batch_size)]
-    history = []
-    bar = tqdm(range(config.steps), desc="train eagle", disable=not progress)
-    start = time.perf_counter()
-    for step in bar:
-        if step % len(batches) == 0:
-            rng.shuffle(batches)
-        tokens, states, mask = _pad_batch([pairs[i] for i in batches[step % len(batches)]],
-                                          device, dtype)
-        loss, metrics = eagle_loss(head, policy, tokens, states, mask, config.unroll, config.noise,
-                                   config.state_units)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        history.append({"step": step + 1, "loss": loss.item(), **metrics,
-                        "elapsed_s": time.perf_counter() - start})
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{metrics['top1_depth1']:.2f}")
-        out_of_time = time.perf_counter() - start > config.max_minutes * 60
-        if out_dir is not None and ((step + 1) % config.checkpoint_every == 0
-                                    or step + 1 == config.steps or out_of_time):
-            head.save_pretrained(Path(out_dir))
-        if out_of_time:
-            print(f"wall-clock cap of {config.max_minutes:.1f} min reached at step {step + 1}")
-            break
-    head.eval()
-    return head, pd.DataFrame(history)
+    if out_dir is not None and Path(out_dir).is_file():
+        raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
+    fresh = head is None
+    state = train_state_dir(out_dir) if out_dir is not None else None
+    et = EagleTrainer(policy, head, config, checkpoint_dir=state, progress=progress)
+
+    def save_head(trainer):
+        if config.checkpoint_every and trainer.step % config.checkpoint_every == 0:
+            et.head.save_pretrained(out_dir)
+
+    if out_dir is not None:
+        et.trainer.on_step = save_head
+    et.train(pairs)
+    if out_dir is not None:
+        et.head.save_pretrained(out_dir)
+        et.trainer.discard_checkpoint()
+    if fresh:
+        et.head.eval()  # a head made here is handed over ready to draft
+    return et.head, et.history

@@ -7,13 +7,13 @@ responses, which greedy SD must predict, and temperature-1 samples, which sample
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..atomic import write_json
 from ..models import DEFAULT_EAGLE, EMBEDDED, load_model, save_model
 from ..rollout import RolloutConfig, RolloutEngine
 from ..tasks import HELDOUT_SEED, TRAIN_SEED, get_problems
@@ -46,9 +46,13 @@ def acceptance_on_heldout(policy, tokenizer, drafter, num_prompts: int = 64, k: 
 
 
 def _write_provenance(path: Path, record: dict) -> None:
-    tmp = path / ".provenance.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2))
-    os.replace(tmp, path / "provenance.json")
+    write_json(path / "provenance.json", record)
+    print(json.dumps(record, indent=2))
+
+
+def _remaining_minutes(budget: float, start: float) -> float:
+    """What is left of a wall-clock budget that data preparation has already used."""
+    return max(1e-3, budget - (time.perf_counter() - start) / 60)
 
 
 @dataclass
@@ -69,53 +73,57 @@ class DrafterLMRecipe:
     minutes: float = 15.0
 
 
+def _drafter_examples(policy, tok, recipe: DrafterLMRecipe):
+    runs = policy_outputs(policy, tok, recipe.num_prompts, recipe.seed)
+    return [(r.prompt_ids + r.tokens, len(r.prompt_ids)) for run in runs for r in run.requests]
+
+
+def _build_drafter(policy, tok, recipe: DrafterLMRecipe):
+    from .policy import PolicyRecipe, build_policy
+    arch = PolicyRecipe(seed=recipe.seed, hidden_size=recipe.hidden_size, layers=recipe.layers,
+                        heads=recipe.heads, kv_heads=recipe.kv_heads,
+                        intermediate_size=recipe.intermediate_size,
+                        max_position=policy.config.max_position_embeddings)
+    return build_policy(arch, policy.config.vocab_size, tok)
+
+
 def train_drafter_lm(out_dir=None, seed: int = 0, minutes: float | None = None,
                      recipe: DrafterLMRecipe | None = None) -> dict:
-    """Train the small-LM drafter of the default policy into ``out_dir``."""
-    from tqdm.auto import tqdm
+    """Train the small-LM drafter of the default policy into ``out_dir``.
 
+    Trains through the harness with the policy recipe's loss and optimiser (weight decay 0);
+    an interrupted run resumes from ``<out_dir>.train_state``.
+    """
     from ..speculative.drafters import LMDrafter
-    from .policy import PolicyRecipe, _collate, build_policy, length_batches, response_lm_step
+    from ..train import train_state_dir
+    from .policy import final_loss, length_batches, lm_train_config, train_lm
 
     recipe = recipe or DrafterLMRecipe(seed=seed)
     if minutes is not None:
         recipe.minutes = minutes
     out_dir = Path(out_dir) if out_dir is not None else EMBEDDED["default-drafter"]
+    lm_train_config(recipe, 0.0)  # bad recipe values fail here, before any work
     start = time.perf_counter()
     policy, tok = load_model("default", device="cpu")
-    runs = policy_outputs(policy, tok, recipe.num_prompts, recipe.seed)
-    examples = [(r.prompt_ids + r.tokens, len(r.prompt_ids)) for run in runs
-                for r in run.requests]
-    arch = PolicyRecipe(seed=recipe.seed, hidden_size=recipe.hidden_size, layers=recipe.layers,
-                        heads=recipe.heads, kv_heads=recipe.kv_heads,
-                        intermediate_size=recipe.intermediate_size,
-                        max_position=policy.config.max_position_embeddings)
-    model = build_policy(arch, policy.config.vocab_size, tok)
-    batches = length_batches(examples, recipe.tokens_per_batch, seed=recipe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
-                            weight_decay=0.0)
-    model.train()
-    losses = []
-    for step in tqdm(range(recipe.steps), desc="train drafter LM"):
-        if time.perf_counter() - start > recipe.minutes * 60:
-            print(f"wall-clock cap of {recipe.minutes} min reached at step {step}")
-            break
-        ids, labels, mask = _collate(examples, batches[step % len(batches)], tok.pad_token_id)
-        lr = recipe.lr * min(1.0, (step + 1) / recipe.warmup)
-        losses.append(response_lm_step(model, opt, ids, labels, mask, lr))
-    model.eval()
+    examples = _drafter_examples(policy, tok, recipe)
+    model = _build_drafter(policy, tok, recipe)
+    config = lm_train_config(recipe, 0.0, train_state_dir(out_dir), desc="train drafter LM",
+                             max_minutes=_remaining_minutes(recipe.minutes, start))
+    trainer = train_lm(model, examples, length_batches(examples, recipe.tokens_per_batch,
+                                                       seed=recipe.seed),
+                       tok.pad_token_id, config)
     record = {"command": f"workbench zoo train drafter-lm --seed {recipe.seed}",
-              "recipe": asdict(recipe), "steps": len(losses),
+              "recipe": asdict(recipe), "steps": trainer.step,
               "train_sequences": len(examples),
               "parameters": sum(p.numel() for p in model.parameters()),
-              "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:]))}
+              "final_loss": final_loss(trainer)}
     save_model(model, tok, out_dir, dtype=torch.float16)
     drafter_model, _ = load_model(out_dir, device="cpu")
     record["accept_len_greedy_k4"] = acceptance_on_heldout(policy, tok,
                                                            LMDrafter(drafter_model, tok))
     record["wall_time_s"] = round(time.perf_counter() - start, 1)
     _write_provenance(out_dir, record)
-    print(json.dumps(record, indent=2))
+    trainer.discard_checkpoint()
     return record
 
 
@@ -151,7 +159,7 @@ def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
     cfg = EagleTrainConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr,
                            unroll=recipe.unroll, noise=recipe.noise, seed=recipe.seed,
                            state_units=recipe.state_units,
-                           max_minutes=recipe.minutes - (time.perf_counter() - start) / 60)
+                           max_minutes=_remaining_minutes(recipe.minutes, start))
     head, history = train_eagle(policy, pairs, cfg, out_dir=out_dir)
     last = history.iloc[-20:].mean(numeric_only=True).to_dict()
     record = {"command": f"workbench zoo train eagle --seed {recipe.seed}",
@@ -162,5 +170,4 @@ def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
                   policy, tok, EagleDrafter(EagleHead.from_pretrained(out_dir, policy))),
               "wall_time_s": round(time.perf_counter() - start, 1)}
     _write_provenance(out_dir, record)
-    print(json.dumps(record, indent=2))
     return record

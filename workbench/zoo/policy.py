@@ -1,28 +1,33 @@
 """Recipe for the embedded default policy: a small GQA Llama trained on running-sum traces.
 
 ``workbench zoo train default`` runs it. The recipe is seeded end to end (problem stream, batch
-order, initialisation), sized for 2 CPU cores (about 25 minutes), checkpoints atomically so an
-interrupted run resumes, and ships the result in float16 with a provenance file.
+order, initialisation), sized for 2 CPU cores (about 25 minutes), trains through the harness
+(``workbench.train``), whose atomic checkpoint in ``<out_dir>.train_state`` lets an interrupted
+run resume to the same weights, and ships the result in float16 with a provenance file.
+
+The pieces (examples, length batches, the response-token LM loss, the harness config) are also
+what the small-LM drafter recipe trains with.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ..atomic import write_json
 from ..tasks import HELDOUT_SEED, TRAIN_SEED, RunningSumTask
+from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
 from .tokenizer import build_char_tokenizer
 
 __all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples", "length_batches",
-           "response_lm_step"]
+           "collate", "response_lm_loss", "lm_batches", "lm_train_config", "train_lm",
+           "final_loss"]
 
 
 @dataclass
@@ -58,8 +63,8 @@ def build_policy(recipe: PolicyRecipe, vocab_size: int, tokenizer) -> LlamaForCa
         max_position_embeddings=recipe.max_position, tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
-    torch.manual_seed(recipe.seed)
-    return LlamaForCausalLM(config)
+    with isolated_rng(recipe.seed):  # seeded, without reseeding the caller's global RNG
+        return LlamaForCausalLM(config)
 
 
 def encode_examples(problems, tokenizer) -> list[tuple[list[int], int]]:
@@ -95,7 +100,8 @@ def length_batches(examples, tokens_per_batch: int, seed: int) -> list[list[int]
     return batches
 
 
-def _collate(examples, idx, pad_id: int):
+def collate(examples, idx, pad_id: int):
+    """``(ids, labels, mask)`` of the examples ``idx``, right-padded; labels only on responses."""
     longest = max(len(examples[i][0]) for i in idx)
     ids = torch.full((len(idx), longest), pad_id, dtype=torch.long)
     labels = torch.full((len(idx), longest), -100, dtype=torch.long)
@@ -108,114 +114,120 @@ def _collate(examples, idx, pad_id: int):
     return ids, labels, mask
 
 
-def response_lm_step(model, opt, ids, labels, mask, lr: float) -> float:
-    """One optimizer step of next-token cross-entropy on the labelled (response) tokens."""
-    for g in opt.param_groups:
-        g["lr"] = lr
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss.item()
+def lm_batches(examples, batches: list[list[int]], pad_id: int):
+    """The harness's batch source: step ``s`` trains on ``batches[s % len(batches)]``."""
+    if not batches:
+        raise ValueError("no batches: the example list is empty")
+    return lambda step: collate(examples, batches[step % len(batches)], pad_id)
 
 
-def _lr_at(step: int, recipe: PolicyRecipe) -> float:
-    return recipe.lr * min(1.0, (step + 1) / recipe.warmup)
+def response_lm_loss(model):
+    """The harness's loss: next-token cross-entropy on the labelled (response) tokens; the
+    padded tokens of the batch are reported as ``tokens``."""
+    def loss_fn(batch, generator):
+        ids, labels, mask = batch
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+        return loss, {"tokens": int(mask.sum())}
+    return loss_fn
 
 
-def _atomic_torch_save(obj, path: Path):
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def lm_train_config(recipe, weight_decay: float, checkpoint_dir=None, desc: str = "train",
+                    **kw) -> TrainConfig:
+    """The LM recipes' optimisation: AdamW betas (0.9, 0.95), linear warm-up then a constant LR
+    (so a run of N steps is exactly the first N steps of a longer one), clipping at 1.0.
+    ``kw`` sets or overrides other :class:`TrainConfig` fields."""
+    fields = dict(steps=recipe.steps, lr=recipe.lr, schedule="constant", warmup=recipe.warmup,
+                  betas=(0.9, 0.95), weight_decay=weight_decay, clip_norm=1.0, seed=recipe.seed,
+                  max_minutes=recipe.minutes, checkpoint_dir=checkpoint_dir, desc=desc)
+    return TrainConfig(**{**fields, **kw})
 
 
-def train_policy(out_dir: str | os.PathLike | None = None, seed: int = 0,
-                 minutes: float | None = None, recipe: PolicyRecipe | None = None) -> dict:
-    """Train the default policy and save it (float16) with ``provenance.json`` into ``out_dir``.
+def train_lm(model, examples, batches, pad_id: int, config: TrainConfig, on_step=None) -> Trainer:
+    """Train ``model`` on ``examples`` (resuming from ``config.checkpoint_dir`` if it holds a
+    checkpoint); returns the trainer, whose history holds the losses and token counts."""
+    trainer = Trainer(model, response_lm_loss(model), lm_batches(examples, batches, pad_id),
+                      config, on_step=on_step)
+    trainer.run()
+    return trainer
 
-    Resumes from ``<out_dir>.train_state.pt`` when a previous run was interrupted.
-    Returns the provenance record.
-    """
-    from ..evaluate import evaluate_policy  # late: evaluate imports the rollout code
-    from ..models import EMBEDDED, load_model, save_model
 
+def final_loss(trainer: Trainer, last: int = 20) -> float:
+    """Mean loss of the last ``last`` steps (NaN before any step)."""
+    losses = trainer.history["loss"].tail(last)
+    return float(losses.mean()) if len(losses) else float("nan")
+
+
+def _resolve(out_dir, seed, minutes, recipe):
+    from ..models import EMBEDDED
     recipe = recipe or PolicyRecipe(seed=seed)
     if minutes is not None:
         recipe.minutes = minutes
     out_dir = Path(out_dir) if out_dir is not None else EMBEDDED["default"]
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
-    state_path = out_dir.with_name(out_dir.name + ".train_state.pt")
-    torch.manual_seed(recipe.seed)
+    return recipe, out_dir
 
-    tokenizer = build_char_tokenizer()
-    task = RunningSumTask()
-    problems = task.generate(recipe.train_problems, seed=TRAIN_SEED + recipe.seed)
-    examples = encode_examples(problems, tokenizer)
+
+def _snapshots(recipe: PolicyRecipe, out_dir: Path, tokenizer):
+    """``on_step`` hook saving float16 snapshots to ``<out_dir>.snapshots/step<N>``."""
+    from ..models import save_model
+    if not recipe.snapshot_every:
+        return None
+    folder = out_dir.with_name(out_dir.name + ".snapshots")
+
+    def snap(trainer):
+        if trainer.step % recipe.snapshot_every == 0:
+            save_model(trainer.model, tokenizer, folder / f"step{trainer.step}",
+                       dtype=torch.float16)
+    return snap
+
+
+def _provenance(recipe: PolicyRecipe, trainer: Trainer, model) -> dict:
+    hist = trainer.history
+    return {"command": f"workbench zoo train default --seed {recipe.seed}",
+            "recipe": asdict(recipe), "steps": trainer.step,
+            "train_tokens": int(hist["tokens"].sum()) if len(hist) else 0,
+            "wall_time_s": round(trainer.elapsed_s, 1), "final_loss": final_loss(trainer),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def _evaluate_shipped(out_dir: Path, task, recipe: PolicyRecipe) -> dict:
+    """Held-out accuracy of what ships: the float16 weights, loaded back as a user would."""
+    from ..evaluate import evaluate_policy  # late: evaluate imports the rollout code
+    from ..models import load_model
+    shipped, tokenizer = load_model(out_dir, device="cpu")
+    report = evaluate_policy(shipped, tokenizer,
+                             task.generate(recipe.eval_problems, seed=HELDOUT_SEED))
+    return {"heldout": report.summary(),
+            "heldout_by_bucket": report.by_bucket().to_dict(orient="records")}
+
+
+def train_policy(out_dir: str | os.PathLike | None = None, seed: int = 0,
+                 minutes: float | None = None, recipe: PolicyRecipe | None = None) -> dict:
+    """Train the default policy and save it (float16) with ``provenance.json`` into ``out_dir``.
+
+    Resumes from ``<out_dir>.train_state`` when a previous run was interrupted (and removes it
+    once the model is saved and scored). Returns the provenance record.
+    """
+    from ..models import save_model
+    recipe, out_dir = _resolve(out_dir, seed, minutes, recipe)
+    state = train_state_dir(out_dir)
+    config = lm_train_config(recipe, recipe.weight_decay, state, desc="train policy",
+                             checkpoint_every_s=recipe.checkpoint_every_s, log_every=20)
+    tokenizer, task = build_char_tokenizer(), RunningSumTask()
+    examples = encode_examples(task.generate(recipe.train_problems,
+                                             seed=TRAIN_SEED + recipe.seed), tokenizer)
     batches = length_batches(examples, recipe.tokens_per_batch, seed=recipe.seed)
     model = build_policy(recipe, len(tokenizer), tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95),
-                            weight_decay=recipe.weight_decay)
-    step, tokens_seen, elapsed = 0, 0, 0.0
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, tokens_seen, elapsed = state["step"], state["tokens"], state["elapsed_s"]
-        print(f"resuming from {state_path} at step {step}")
-
-    model.train()
-    start = time.perf_counter() - elapsed
-    last_ckpt = time.perf_counter()
-    losses = []
-    bar = tqdm(total=recipe.steps, initial=step, desc="train policy")
-    while step < recipe.steps:
-        if time.perf_counter() - start > recipe.minutes * 60:
-            print(f"wall-clock cap of {recipe.minutes} min reached at step {step}")
-            break
-        ids, labels, mask = _collate(examples, batches[step % len(batches)],
-                                     tokenizer.pad_token_id)
-        losses.append(response_lm_step(model, opt, ids, labels, mask, _lr_at(step, recipe)))
-        step += 1
-        tokens_seen += int(mask.sum())
-        bar.update(1)
-        if step % 20 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-20:]) / 20:.4f}")
-            print(f"step {step} loss {sum(losses[-20:]) / 20:.4f} "
-                  f"elapsed {time.perf_counter() - start:.0f}s", flush=True)
-        if recipe.snapshot_every and step % recipe.snapshot_every == 0:
-            save_model(model, tokenizer, out_dir.with_name(out_dir.name + ".snapshots") /
-                       f"step{step}", dtype=torch.float16)
-        if time.perf_counter() - last_ckpt > recipe.checkpoint_every_s:
-            _atomic_torch_save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                "step": step, "tokens": tokens_seen,
-                                "elapsed_s": time.perf_counter() - start}, state_path)
-            last_ckpt = time.perf_counter()
-    bar.close()
-    wall_s = time.perf_counter() - start
-    model.eval()
-
-    provenance = {
-        "command": f"workbench zoo train default --seed {recipe.seed}",
-        "recipe": asdict(recipe), "steps": step, "train_tokens": tokens_seen,
-        "wall_time_s": round(wall_s, 1), "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-    }
+    trainer = train_lm(model, examples, batches, tokenizer.pad_token_id, config,
+                       on_step=_snapshots(recipe, out_dir, tokenizer))
+    provenance = _provenance(recipe, trainer, model)
     save_model(model, tokenizer, out_dir, dtype=torch.float16,
                extra_files={"provenance.json": json.dumps(provenance, indent=2)})
-    # Measure what ships: the float16-rounded weights, loaded back as a user would.
-    shipped, shipped_tok = load_model(out_dir, device="cpu")
-    report = evaluate_policy(shipped, shipped_tok,
-                             task.generate(recipe.eval_problems, seed=HELDOUT_SEED))
-    provenance["heldout"] = report.summary()
-    provenance["heldout_by_bucket"] = report.by_bucket().to_dict(orient="records")
-    tmp = out_dir / "provenance.json.tmp"
-    tmp.write_text(json.dumps(provenance, indent=2))
-    os.replace(tmp, out_dir / "provenance.json")
-    if state_path.is_file():
-        state_path.unlink()
+    provenance.update(_evaluate_shipped(out_dir, task, recipe))
+    write_json(out_dir / "provenance.json", provenance)
+    trainer.discard_checkpoint()
     print(json.dumps(provenance["heldout"], indent=2))
     return provenance

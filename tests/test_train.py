@@ -1,0 +1,282 @@
+"""The training harness: exact resume, step-by-step continuation, flags and RNG left alone,
+schedules, config errors, and checkpoints that survive an interrupted write."""
+import json
+import math
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from workbench import train as train_mod
+from workbench.train import CHECKPOINT_FILE, TrainConfig, Trainer, isolated_rng, lr_at
+
+
+class Interrupted(Exception):
+    pass
+
+
+def tiny_net(seed=0):
+    with isolated_rng(seed):
+        net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.0), nn.Linear(16, 3))
+    return net.double()
+
+
+def make_batches(n=5, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 6, generator=g, dtype=torch.float64),
+             torch.randn(8, 3, generator=g, dtype=torch.float64)) for _ in range(n)]
+
+
+def mse(net, noise=0.0):
+    """A loss that draws input noise from the trainer's generator when ``noise`` > 0."""
+    def loss_fn(batch, generator):
+        x, y = batch
+        if noise:
+            x = x + noise * torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        loss = ((net(x) - y) ** 2).mean()
+        return loss, {"target_rms": y.pow(2).mean().sqrt()}
+    return loss_fn
+
+
+def config(**kw):
+    base = dict(steps=12, lr=0.05, schedule="cosine", warmup=2, seed=3, progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def assert_same_weights(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def uninterrupted(noise, **kw):
+    net = tiny_net()
+    trainer = Trainer(net, mse(net, noise), make_batches(), config(**kw))
+    trainer.run()
+    return net, trainer
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_stopped_then_resumed_run_equals_an_uninterrupted_one(tmp_path, noise):
+    ref, ref_trainer = uninterrupted(noise)
+    net = tiny_net()
+    first = Trainer(net, mse(net, noise), make_batches(), config(checkpoint_dir=tmp_path / "ck"))
+    first.run(stop=lambda step: step >= 5)
+    assert first.stop_reason == "stop" and first.step == 5
+    assert (tmp_path / "ck" / CHECKPOINT_FILE).is_file()
+    net2 = tiny_net(seed=99)  # different init: everything must come from the checkpoint
+    second = Trainer(net2, mse(net2, noise), make_batches(), config(checkpoint_dir=tmp_path / "ck"))
+    assert second.step == 5
+    hist = second.run()
+    assert second.step == 12 and list(hist["step"]) == list(range(1, 13))
+    assert_same_weights(net2, ref)
+    assert list(hist["loss"]) == list(ref_trainer.history["loss"])
+
+
+def test_crash_mid_run_resumes_from_the_last_checkpoint_exactly(tmp_path):
+    ref, _ = uninterrupted(0.3)
+    net = tiny_net()
+    calls = []
+
+    def crashing(batch, generator):
+        calls.append(1)
+        if len(calls) == 9:
+            raise Interrupted
+        return mse(net, 0.3)(batch, generator)
+
+    first = Trainer(net, crashing, make_batches(),
+                    config(checkpoint_dir=tmp_path / "ck", checkpoint_every=4))
+    with pytest.raises(Interrupted):
+        first.run()
+    net2 = tiny_net()
+    second = Trainer(net2, mse(net2, 0.3), make_batches(),
+                     config(checkpoint_dir=tmp_path / "ck", checkpoint_every=4))
+    assert second.step == 8
+    second.run()
+    assert_same_weights(net2, ref)
+
+
+def test_two_runs_of_n_steps_equal_one_run_of_2n():
+    ref, ref_trainer = uninterrupted(0.3, steps=10)
+    net = tiny_net()
+    trainer = Trainer(net, mse(net, 0.3), make_batches(), config(steps=10))
+    trainer.run(steps=5)
+    state = trainer.optimizer.state[trainer.params[0]]
+    assert int(state["step"]) == 5
+    trainer.run(steps=5)
+    assert int(trainer.optimizer.state[trainer.params[0]]["step"]) == 10
+    assert_same_weights(net, ref)
+    assert trainer.history.equals(ref_trainer.history.assign(elapsed_s=trainer.history.elapsed_s))
+
+
+def test_run_leaves_the_callers_flags_and_global_rng_alone():
+    net = tiny_net()
+    teacher = tiny_net(seed=5)
+    net.eval()
+    net[0].weight.requires_grad_(False)  # the caller froze this one: it stays out of training
+    teacher[0].train()
+    flags = lambda m: ([p.requires_grad for p in m.parameters()],  # noqa: E731
+                       [x.training for x in m.modules()])
+    before, teacher_before = flags(net), flags(teacher)
+    frozen_w = net[0].weight.clone()
+    seen = {}
+
+    def loss_fn(batch, generator):
+        seen["training"], seen["teacher"] = net.training, teacher.training
+        seen["teacher_grad"] = any(p.requires_grad for p in teacher.parameters())
+        x, y = batch
+        return ((net(x) + teacher(x) - y) ** 2).mean()
+
+    rng = torch.get_rng_state()
+    trainer = Trainer(net, loss_fn, make_batches(), config(steps=3), frozen=[teacher])
+    trainer.run()
+    assert seen == {"training": True, "teacher": False, "teacher_grad": False}
+    assert flags(net) == before and flags(teacher) == teacher_before
+    assert torch.equal(net[0].weight, frozen_w)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+    def boom(batch, generator):
+        raise Interrupted
+
+    trainer.loss_fn = boom
+    with pytest.raises(Interrupted):
+        trainer.run(steps=1)
+    assert flags(net) == before and flags(teacher) == teacher_before
+
+
+def test_lr_schedules_give_the_documented_values():
+    const = TrainConfig(lr=1.0, warmup=4, steps=10)
+    assert [lr_at(s, const) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert lr_at(10_000, const) == 1.0
+    cos = TrainConfig(lr=2.0, schedule="cosine", warmup=2, steps=12, lr_floor=0.1)
+    assert lr_at(0, cos) == 1.0 and lr_at(1, cos) == 2.0
+    assert lr_at(2, cos) == 2.0                                    # decay starts at the peak
+    assert math.isclose(lr_at(7, cos), 2.0 * (0.1 + 0.9 * 0.5))  # halfway
+    assert math.isclose(lr_at(12, cos), 0.2) and math.isclose(lr_at(50, cos), 0.2)  # the floor
+    eagle = TrainConfig(lr=1.0, schedule="cosine", steps=100)    # no warm-up: EAGLE's recipe
+    assert math.isclose(lr_at(25, eagle), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
+    net = tiny_net()
+    trainer = Trainer(net, mse(net), make_batches(), TrainConfig(lr=1.0, warmup=4, steps=6,
+                                                                 progress=False))
+    assert list(trainer.run()["lr"]) == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("steps", -1, "integer >= 0"), ("steps", 2.5, "integer >= 0"), ("warmup", True, "integer"),
+    ("lr", 0.0, "> 0"), ("lr", float("nan"), "> 0"), ("schedule", "linear", "'constant'"),
+    ("lr_floor", 1.5, r"\[0, 1\]"), ("clip_norm", -1.0, "> 0 or None"),
+    ("betas", (0.9, 1.0), r"\[0, 1\)"), ("max_minutes", 0, "> 0"), ("seed", -3, ">= 0"),
+    ("weight_decay", -0.1, ">= 0"), ("progress", "yes", "True or False")])
+def test_bad_config_values_are_named(field, value, accepted):
+    with pytest.raises(ValueError, match=rf"TrainConfig\.{field} must be .*{accepted}.*"
+                                         "got " + re.escape(repr(value)[:4])):
+        TrainConfig(**{field: value})
+
+
+def test_bad_inputs_to_the_trainer_are_named(tmp_path):
+    net = tiny_net()
+    with pytest.raises(ValueError, match="batches must be .*got list"):
+        Trainer(net, mse(net), [], config())
+    with pytest.raises(ValueError, match="params must belong to the model"):
+        Trainer(net, mse(net), make_batches(), config(), params=tiny_net().parameters())
+    trainer = Trainer(net, mse(net), make_batches(), config())
+    with pytest.raises(ValueError, match=r"run\(steps=...\) must be .*got -2"):
+        trainer.run(steps=-2)
+    trainer.loss_fn = lambda b, g: torch.tensor(float("nan"), requires_grad=True)
+    before = [p.clone() for p in net.parameters()]
+    with pytest.raises(FloatingPointError, match="loss is nan at step 0"):
+        trainer.run(steps=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+    # a checkpoint written under another lr does not resume silently
+    Trainer(net, mse(net), make_batches(), config(checkpoint_dir=tmp_path / "ck")).run(steps=2)
+    with pytest.raises(ValueError, match="written with lr=0.05, this config has lr=0.1"):
+        Trainer(net, mse(net), make_batches(), config(checkpoint_dir=tmp_path / "ck", lr=0.1))
+
+
+def test_interrupted_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    net = tiny_net()
+    ck = tmp_path / "ck"
+    trainer = Trainer(net, mse(net), make_batches(), config(checkpoint_dir=ck))
+    trainer.run(steps=3)
+    real_save = torch.save
+
+    def half_then_crash(obj, path, *a, **kw):
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise Interrupted
+
+    monkeypatch.setattr(train_mod.torch, "save", half_then_crash)
+    with pytest.raises(Interrupted):
+        trainer.run(steps=2)
+    monkeypatch.setattr(train_mod.torch, "save", real_save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temp folder left behind
+    net2 = tiny_net(seed=7)
+    again = Trainer(net2, mse(net2), make_batches(), config(checkpoint_dir=ck))
+    assert again.step == 3
+    ref = tiny_net()
+    Trainer(ref, mse(ref), make_batches(), config()).run(steps=3)
+    assert_same_weights(net2, ref)
+
+
+def test_wall_clock_cap_and_history_columns():
+    net = tiny_net()
+    trainer = Trainer(net, mse(net), make_batches(), config(max_minutes=1e-9))
+    hist = trainer.run()
+    assert trainer.stop_reason == "time" and trainer.step <= 1
+    net = tiny_net()
+    hist = Trainer(net, mse(net), make_batches(), config(steps=2)).run()
+    assert list(hist.columns) == ["step", "loss", "lr", "grad_norm", "target_rms", "elapsed_s"]
+
+
+def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypatch):
+    from workbench.models import load_model
+    from workbench.train import train_state_dir
+    from workbench.zoo import policy as recipe_mod
+    recipe = lambda: recipe_mod.PolicyRecipe(  # noqa: E731
+        hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64, train_problems=40,
+        tokens_per_batch=700, steps=4, warmup=2, eval_problems=3, checkpoint_every_s=1e-9)
+    rng = torch.get_rng_state()
+    straight = recipe_mod.train_policy(tmp_path / "straight", recipe=recipe())
+    assert torch.equal(torch.get_rng_state(), rng)  # the recipe no longer reseeds the caller
+    assert straight["steps"] == 4 and straight["train_tokens"] > 0
+    assert straight["heldout"]["num_problems"] == 3
+    real_loss, calls = recipe_mod.response_lm_loss, []
+
+    def crash_on_third_step(model):
+        inner = real_loss(model)
+
+        def loss_fn(batch, generator):
+            calls.append(1)
+            if len(calls) == 3:
+                raise Interrupted
+            return inner(batch, generator)
+        return loss_fn
+
+    monkeypatch.setattr(recipe_mod, "response_lm_loss", crash_on_third_step)
+    with pytest.raises(Interrupted):
+        recipe_mod.train_policy(tmp_path / "resumed", recipe=recipe())
+    monkeypatch.undo()
+    assert train_state_dir(tmp_path / "resumed").is_dir() and not (tmp_path / "resumed").exists()
+    resumed = recipe_mod.train_policy(tmp_path / "resumed", recipe=recipe())
+    assert resumed["steps"] == 4 and not train_state_dir(tmp_path / "resumed").exists()
+    assert json.loads((tmp_path / "resumed" / "provenance.json").read_text())["heldout"]
+    a, _ = load_model(tmp_path / "straight", device="cpu")
+    b, _ = load_model(tmp_path / "resumed", device="cpu")
+    assert next(a.parameters()).dtype == torch.float32  # loads back (saved as float16)
+    assert_same_weights(a, b)
+
+
+def test_drafter_lm_recipe_runs_on_the_harness(tmp_path, monkeypatch):
+    from workbench.models import load_model
+    from workbench.zoo import drafters
+    monkeypatch.setattr(drafters, "acceptance_on_heldout", lambda *a, **kw: 1.0)
+    recipe = drafters.DrafterLMRecipe(num_prompts=2, hidden_size=32, layers=1, heads=2,
+                                      kv_heads=1, intermediate_size=64, steps=3, warmup=1)
+    record = drafters.train_drafter_lm(tmp_path / "lm", recipe=recipe)
+    assert record["steps"] == 3 and math.isfinite(record["final_loss"])
+    assert json.loads((tmp_path / "lm" / "provenance.json").read_text())["steps"] == 3
+    assert not (tmp_path / "lm.train_state").exists()
+    model, _ = load_model(tmp_path / "lm", device="cpu")
+    assert model.config.hidden_size == 32
