@@ -61,3 +61,62 @@ def test_score_rollout_on_no_problems_or_wrong_problems():
         score_rollout(result, ["a1?"])
     with pytest.raises(ValueError, match="1 requests do not come from 2 problems x 1 samples"):
         score_rollout(result, [Problem("a", "1"), Problem("b", "2")])
+
+
+# ----------------------------------------------------------------------------- the CLI
+
+TOY_NOTEBOOK = {"cells": [{"id": "params", "cell_type": "code", "metadata": {"tags": ["parameters"]},
+                           "source": "out_dir = '.'\nx = 1", "outputs": [], "execution_count": None}],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                            "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.fixture
+def toy(tmp_path):
+    import json
+    (tmp_path / "toy.ipynb").write_text(json.dumps(TOY_NOTEBOOK))
+    return tmp_path
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("notebooks:\n  - notebook: toy.ipynb\n    parameters: {y: 1}\n", "parameter(s) ['y'] not declared"),
+    ("notebooks: [\n", "not valid YAML"),
+    ("notebooks:\n  - notebook: nope.ipynb\n", "notebook not found: nope.ipynb"),
+    ("notebook:\n  - notebook: toy.ipynb\n", "unknown key(s) ['notebook']"),
+    ("notebooks:\n  - notebook: toy.ipynb\n    grid: {x: 3}\n", "must be a non-empty list, got 3"),
+])
+def test_pipeline_user_errors_print_one_message_and_exit_2(toy, capsys, monkeypatch, text, expected):
+    monkeypatch.chdir(toy)
+    (toy / "p.yaml").write_text(text)
+    assert main(["pipeline", "run", "p.yaml", "--runs-root", str(toy / "runs")]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("workbench pipeline run: error: ") and expected in err
+    assert len(err.strip().splitlines()) <= 3 and "Traceback" not in err
+    assert not (toy / "runs").exists()
+
+
+def test_pipeline_user_error_from_the_command_line_has_no_traceback(toy):
+    (toy / "p.yaml").write_text("notebooks:\n  - notebook: toy.ipynb\n    parameters: {y: 1}\n")
+    done = subprocess.run([sys.executable, "-m", "workbench", "pipeline", "run", "p.yaml"],
+                          cwd=toy, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "['y'] not declared" in done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 3
+    assert not (toy / "runs").exists()
+
+
+def test_missing_pipeline_file_exits_2(tmp_path, capsys):
+    assert main(["pipeline", "run", str(tmp_path / "nope.yaml")]) == 2
+    assert "pipeline file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("minutes", ["0", "-1", "nan", "soon"])
+def test_zoo_minutes_must_be_positive(minutes, capsys, monkeypatch):
+    import workbench.zoo
+    calls = []  # never train for real here: the recipe would overwrite data/models
+    monkeypatch.setitem(workbench.zoo.RECIPES, "default", lambda **kw: calls.append(kw))
+    with pytest.raises(SystemExit) as raised:
+        main(["zoo", "train", "default", "--minutes", minutes])
+    assert raised.value.code == 2 and calls == []
+    assert "minutes must be a positive number" in capsys.readouterr().err
