@@ -120,3 +120,35 @@ def test_zoo_minutes_must_be_positive(minutes, capsys, monkeypatch):
         main(["zoo", "train", "default", "--minutes", minutes])
     assert raised.value.code == 2 and calls == []
     assert "minutes must be a positive number" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- results
+
+def test_write_table_and_metrics_check_their_input_before_writing(tmp_path):
+    from workbench.results import write_metrics, write_table
+    table = pd.DataFrame({"a": [1, 2]})
+    with pytest.raises(ValueError, match=r"cannot tell the format of .*t\.json.*'\.parquet', '\.pq', '\.csv'"):
+        write_table(table, tmp_path / "t.json")
+    with pytest.raises(TypeError, match="DataFrame, got dict"):
+        write_table({"a": [1]}, tmp_path / "t.csv")
+    with pytest.raises(TypeError, match="metrics must be a dict of scalars, got list"):
+        write_metrics(tmp_path, [("a", 1)])
+    assert list(tmp_path.iterdir()) == []
+    assert pd.read_csv(write_table(table, tmp_path / "T.CSV"))["a"].tolist() == [1, 2]
+
+
+def test_interrupted_table_write_keeps_the_previous_table(tmp_path, monkeypatch):
+    from workbench.results import write_metrics, write_table
+    path = write_table(pd.DataFrame({"a": [1]}), tmp_path / "t.parquet")
+    write_metrics(tmp_path, {"x": 1})
+
+    def half_write(self, target, *args, **kwargs):
+        Path(target).write_bytes(b"PAR1 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", half_write)
+    with pytest.raises(KeyboardInterrupt):
+        write_table(pd.DataFrame({"a": [2]}), path)
+    monkeypatch.undo()
+    assert pd.read_parquet(path)["a"].tolist() == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "t.parquet"]

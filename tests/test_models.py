@@ -138,3 +138,16 @@ def test_unavailable_device_is_refused_before_loading():
         pytest.skip("CUDA is available here")
     with pytest.raises(ValueError, match=r"device 'cuda'.*not available.*'cpu'"):
         load_model("default", device="cuda")
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(saved_tiny, tokenizer, monkeypatch):
+    before = {p.name: p.read_bytes() for p in saved_tiny.iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_model(tiny_model("llama", tokenizer, seed=1, dtype=torch.float32), tokenizer, saved_tiny)
+    assert {p.name: p.read_bytes() for p in saved_tiny.iterdir()} == before
+    assert [p.name for p in saved_tiny.parent.iterdir()] == [saved_tiny.name]
