@@ -151,3 +151,9 @@ def test_interrupted_save_keeps_the_previous_checkpoint(saved_tiny, tokenizer, m
         save_model(tiny_model("llama", tokenizer, seed=1, dtype=torch.float32), tokenizer, saved_tiny)
     assert {p.name: p.read_bytes() for p in saved_tiny.iterdir()} == before
     assert [p.name for p in saved_tiny.parent.iterdir()] == [saved_tiny.name]
+
+
+def test_corrupt_config_names_the_config_not_the_tokenizer(saved_tiny):
+    (saved_tiny / "config.json").write_text('{"model_type": "lla')
+    with pytest.raises(ValueError, match=r"config\.json' is truncated or corrupt.*save_model"):
+        load_model(saved_tiny, device="cpu")

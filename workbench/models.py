@@ -8,6 +8,7 @@ hub here, so a name is either one of :data:`EMBEDDED` or a local folder holding 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -72,6 +73,17 @@ def _fix_hint(path: Path) -> str:
         if folder.resolve() == path.resolve():
             return f"rebuild it with `workbench zoo train {RECIPE_OF[name]}`"
     return "re-save the model with save_model(model, tokenizer, folder) or save_pretrained"
+
+
+def _check_config(path: Path) -> None:
+    config = path / "config.json"
+    try:
+        ok = isinstance(json.loads(config.read_text(encoding="utf-8")), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"model config {str(config)!r} is truncated or corrupt (not a JSON "
+                         f"object); {_fix_hint(path)}")
 
 
 def _check_weights(path: Path) -> None:
@@ -140,6 +152,7 @@ def load_model(name_or_path: str | os.PathLike = "default", device: str | torch.
     if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
         raise ValueError(f"dtype {dtype} is not a floating-point dtype; accepted: torch.float32, "
                          "torch.float64, torch.bfloat16, torch.float16")
+    _check_config(path)
     _check_weights(path)
     tokenizer = _load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
