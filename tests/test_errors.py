@@ -15,7 +15,6 @@ from workbench.tasks import Problem, get_problems
 
 from .conftest import tiny_model
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------- evaluate
