@@ -194,3 +194,68 @@ def test_invalid_pipelines_are_rejected(project, tmp_path, text, match):
 def test_missing_pipeline_file(tmp_path):
     with pytest.raises(PipelineError, match="pipeline file not found"):
         run_pipeline(tmp_path / "nope.yaml", runs_root=tmp_path / "runs")
+
+
+@pytest.mark.parametrize("where", ["runs_root", "pipeline_dir", "run_dir"])
+def test_output_path_that_is_a_file_fails_before_anything_runs(project, tmp_path, where):
+    yaml_path = write_pipeline(project, "notebooks:\n  - notebook: notebooks/toy.ipynb\n")
+    runs_root = tmp_path / "runs"
+    if where == "runs_root":
+        blocker = runs_root
+    else:
+        (runs_root / "demo").parent.mkdir(parents=True)
+        blocker = runs_root / "demo"
+        if where == "run_dir":
+            blocker.mkdir()
+            run_name = run_pipeline(yaml_path, runs_root=tmp_path / "probe")["run_name"].iloc[0]
+            blocker = blocker / run_name
+    blocker.write_text("not a folder")
+    before = sorted(blocker.parent.iterdir())
+    with pytest.raises(PipelineError, match=rf"{blocker.name}' is an existing file.*folder"):
+        run_pipeline(yaml_path, runs_root=runs_root)
+    assert sorted(blocker.parent.iterdir()) == before and blocker.read_text() == "not a folder"
+
+
+def test_unreadable_pipeline_files_are_pipeline_errors(project, tmp_path):
+    with pytest.raises(PipelineError, match="is a folder, not a pipeline YAML file"):
+        run_pipeline(project / "pipelines", runs_root=tmp_path / "runs")
+    bad = project / "pipelines" / "latin1.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(PipelineError, match="not UTF-8 text"):
+        run_pipeline(bad, runs_root=tmp_path / "runs")
+    with pytest.raises(PipelineError, match=r"not valid YAML \(line 2, column 1\)") as raised:
+        run_pipeline(write_pipeline(project, "notebooks: [\n"), runs_root=tmp_path / "runs")
+    assert "\n" not in str(raised.value)  # one line, fit for a command line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_interrupted_results_write_keeps_the_previous_results(project, tmp_path, monkeypatch):
+    yaml_path = write_pipeline(project, "notebooks:\n  - notebook: notebooks/toy.ipynb\n")
+    runs_root = tmp_path / "runs"
+    run_pipeline(yaml_path, runs_root=runs_root)
+    before = {name: (runs_root / "demo" / name).read_bytes() for name in ("results.csv", "results.parquet")}
+
+    def half_write(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"PAR1 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", half_write)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(yaml_path, runs_root=runs_root)
+    monkeypatch.undo()
+    after = {name: (runs_root / "demo" / name).read_bytes() for name in before}
+    assert after["results.parquet"] == before["results.parquet"]
+    assert not [p.name for p in (runs_root / "demo").iterdir() if p.name.startswith(".")]
+    assert load_results(runs_root / "demo")["status"].tolist() == ["ok"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("name: p\nnotebook: []\n", r"accepted: \['name', 'notebooks'\] \(did you mean 'notebooks'\?\)"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {sed: 1}\n",
+     r"\['sed'\] not declared .* \(did you mean 'seed'\?\)"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    1: x\n    grids: {}\n",
+     r"unknown key\(s\) \[1, 'grids'\]; .* \(did you mean 'grid'\?\)"),
+])
+def test_near_misses_are_suggested(project, tmp_path, text, match):
+    with pytest.raises(PipelineError, match=match):
+        run_pipeline(write_pipeline(project, text), runs_root=tmp_path / "runs")

@@ -87,3 +87,57 @@ def test_jsonl_empty_and_missing_files(tmp_path):
         load_jsonl(_write(tmp_path / "empty.jsonl", [""]))
     with pytest.raises(FileNotFoundError, match="not found"):
         load_jsonl(tmp_path / "missing.jsonl")
+
+
+@pytest.mark.parametrize("answer, shown", [(None, "null"), (True, "true"), ([1], "list"),
+                                           ({"a": 1}, "object"), ("  ", "blank")])
+def test_jsonl_answer_must_be_a_string_or_number(tmp_path, answer, shown):
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1}),
+                                      json.dumps({"prompt": "b", "answer": answer})])
+    with pytest.raises(ValueError) as e:
+        load_jsonl(f)
+    msg = str(e.value)
+    assert "line 2: 'answer' must be a non-empty string or a number" in msg and shown in msg
+    assert "line 1" not in msg
+
+
+def test_jsonl_reference_null_is_no_reference_and_other_types_are_refused(tmp_path):
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1, "reference": None})])
+    assert load_jsonl(f)[0].reference == ""
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1, "reference": 3})])
+    with pytest.raises(ValueError, match="line 1: 'reference' must be a string"):
+        load_jsonl(f)
+
+
+def test_jsonl_suffix_is_case_insensitive(tmp_path):
+    f = _write(tmp_path / "T.JSONL", [json.dumps({"prompt": "1+1?", "answer": 2})])
+    assert get_problems(str(f))[0].answer == "2"
+    assert get_problems(f, 1)[0].prompt == "1+1?"  # a Path works too
+
+
+def test_jsonl_with_a_byte_order_mark_or_bad_encoding(tmp_path):
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "a", "answer": 1}).encode() + b"\n")
+    assert load_jsonl(f)[0].prompt == "a"
+    f.write_bytes(b'{"prompt": "\xff", "answer": 1}\n')
+    with pytest.raises(ValueError, match=r"not UTF-8 text"):
+        load_jsonl(f)
+
+
+@pytest.mark.parametrize("num, match", [(2.5, "num must be an integer >= 0, got 2.5"),
+                                        ("10", "num must be an integer >= 0, got '10'"),
+                                        (True, "got True"), (-1, "got -1")])
+def test_get_problems_rejects_a_bad_count(tmp_path, num, match):
+    f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1})] * 3)
+    for task in ("running_sum", str(f)):
+        with pytest.raises(ValueError, match=match):
+            get_problems(task, num)
+
+
+def test_get_problems_names_the_task_when_unknown_or_not_a_string(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown task 'data/x.json'; accepted: \['default', 'running_sum'\]"):
+        get_problems("data/x.json", 3)
+    with pytest.raises(ValueError, match="unknown task 3"):
+        get_problems(3, 3)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        get_problems(str(tmp_path / "missing.jsonl"))

@@ -15,9 +15,29 @@ def _zoo_train(args) -> int:
 
 
 def _pipeline_run(args) -> int:
-    from .pipeline import run_pipeline
-    table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root)
+    """Exit 0 when every run is ok, 1 when a run failed (recorded in its run.json), 2 for a
+    pipeline that cannot run as written (one message, nothing run or written)."""
+    from .pipeline import PipelineError, run_pipeline
+    try:
+        table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root)
+    except PipelineError as exc:
+        print(f"workbench pipeline run: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("workbench pipeline run: interrupted; finished runs are kept and rerunning "
+              "resumes from them", file=sys.stderr)
+        return 130
     return 0 if (table["status"] == "ok").all() else 1
+
+
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"minutes must be a positive number, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     zt.add_argument("name", help="recipe name, e.g. 'default'")
     zt.add_argument("--out", default=None, help="output folder (default: the recipe's data/ path)")
     zt.add_argument("--seed", type=int, default=0)
-    zt.add_argument("--minutes", type=float, default=None,
+    zt.add_argument("--minutes", type=_positive_minutes, default=None,
                     help="wall-clock budget; the recipe's own default when omitted")
     zt.set_defaults(func=_zoo_train)
 

@@ -27,6 +27,9 @@ class EvalReport:
 
     def summary(self) -> dict[str, float]:
         t = self.table
+        if t.empty:
+            raise ValueError("no problems in this report: summary() needs at least one row; "
+                             "evaluate_policy at least one problem")
         lengths = t["response_tokens"]
         p99 = float(np.percentile(lengths, 99))
         tail = t[lengths >= p99]
@@ -39,6 +42,10 @@ class EvalReport:
     def by_bucket(self, column: str = "reference_tokens") -> pd.DataFrame:
         """Accuracy, count and EOS rate per length bucket of ``column``."""
         t = self.table
+        if column not in t.columns:
+            raise ValueError(f"column {column!r} is not in the table; accepted: a column of "
+                             f"token counts, e.g. 'reference_tokens' or 'response_tokens' "
+                             f"(columns: {list(t.columns)})")
         buckets = pd.cut(t[column], bins=list(LENGTH_BUCKETS), right=False)
         g = t.groupby(buckets, observed=True)
         res = pd.DataFrame({"problems": g.size(), "accuracy": g["reward"].mean(),
@@ -57,11 +64,16 @@ def evaluate_policy(model, tokenizer, problems: list[Problem], reward=exact_matc
     ``reference_tokens`` counts the worked solution plus EOS (NaN when the task has none).
     """
     from .rollout import RolloutConfig, RolloutEngine
+    _check_problems(problems, "evaluate")
+    if not callable(reward):
+        raise TypeError(f"reward must be a callable reward(prompt, completion, answer), got "
+                        f"{reward!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    config = RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=batch_size)
     order = sorted(range(len(problems)), key=lambda i: len(problems[i].prompt))
     result = RolloutEngine(model, tokenizer).rollout(
-        [problems[i].prompt for i in order],
-        RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=batch_size),
-        progress=progress)
+        [problems[i].prompt for i in order], config, progress=progress)
     rows = [None] * len(problems)
     for i, r in zip(order, result.requests):
         p = problems[i]
@@ -75,11 +87,26 @@ def evaluate_policy(model, tokenizer, problems: list[Problem], reward=exact_matc
     return EvalReport(pd.DataFrame(rows))
 
 
+def _check_problems(problems, verb: str) -> None:
+    """A non-empty list of Problems, else a clear error (before any decoding)."""
+    if isinstance(problems, (str, Problem)) or not hasattr(problems, "__len__"):
+        raise TypeError(f"problems must be a list of workbench.tasks.Problem, got "
+                        f"{type(problems).__name__}")
+    if len(problems) == 0:
+        raise ValueError(f"no problems to {verb}: pass a non-empty list of Problems, e.g. "
+                         "get_problems('running_sum', 100) or load_jsonl('tasks.jsonl')")
+    for i, p in enumerate(problems):
+        if not isinstance(p, Problem):
+            raise ValueError(f"problems[{i}] is a {type(p).__name__}; expected a "
+                             "workbench.tasks.Problem (from get_problems or load_jsonl)")
+
+
 def score_rollout(result, problems: list[Problem], reward=exact_match_reward) -> list[float]:
     """Reward of every request of a rollout of ``problems`` (prompt i = problems[i]).
 
     The rewards are also stored in the timeline's requests table (column ``reward``).
     """
+    _check_problems(problems, "score")
     if len(problems) * result.config.samples_per_prompt != len(result.requests):
         raise ValueError(f"{len(result.requests)} requests do not come from {len(problems)} "
                          f"problems x {result.config.samples_per_prompt} samples")

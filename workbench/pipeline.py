@@ -1,31 +1,7 @@
 """Run notebooks through papermill as a pipeline: ``workbench pipeline run pipelines/x.yaml``.
 
-A pipeline YAML lists notebooks, each with fixed parameters, an optional grid and an optional
-list of seeds; every combination becomes one *run*, executed by papermill into its own folder
-``<runs_root>/<pipeline>/<run_name>/``::
-
-    name: quickstart                  # optional; default: the YAML file's stem
-    notebooks:
-      - notebook: notebooks/00_task_and_policy.ipynb
-        name: task_and_policy         # optional run-name prefix; default: the notebook's stem
-        parameters: {num_problems: 200}   # optional fixed parameters
-        grid: {temperature: [0.0, 1.0]}   # optional; the cartesian product of the lists
-        seeds: [0, 1, 2]                  # optional; each value becomes the parameter `seed`
-
-Accepted keys are exactly these (top level: ``name``, ``notebooks``; per notebook:
-``notebook``, ``name``, ``parameters``, ``grid``, ``seeds``); anything else is an error, so a
-typo cannot silently drop a setting.
-
-Notebook paths are resolved against the current directory, and if the file is not there,
-against the YAML file's grandparent (the project root for ``pipelines/x.yaml``), so a pipeline
-works from the project root and from anywhere else. The notebook's kernel runs in that same
-directory, so notebooks can use project-relative paths.
-
-Every parameter a pipeline sets, ``seed`` included, must be declared in the notebook's
-``parameters``-tagged cell, and so must ``out_dir``: the runner injects the absolute run folder
-there (users never set it) and the notebook writes its artifacts into it. papermill only warns
-about undeclared parameters; a misspelt one would silently run the default, so here it is an
-error. All checks happen before anything runs or is written: a bad pipeline leaves no trace.
+The YAML format and its validation live in :mod:`workbench.pipeline_spec` (its names are
+re-exported here); every check happens before anything runs or is written.
 
 Each run folder holds the executed ``notebook.ipynb``, whatever the notebook writes (figures,
 ``metrics.json``), and ``run.json``: parameters, their hash, notebook path, git commit and
@@ -50,189 +26,29 @@ sample standard deviation of each metric over its ok runs, with counts of ok and
 """
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
-import tempfile
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import nbformat
 import pandas as pd
 import papermill
-import yaml
 from tqdm.auto import tqdm
 
-TOP_KEYS = ("name", "notebooks")
-ENTRY_KEYS = ("notebook", "name", "parameters", "grid", "seeds")
-OUT_DIR = "out_dir"
-SEED = "seed"
+from .atomic import atomic_file, write_text
+from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
+                            load_pipeline)
+
+__all__ = ["PipelineError", "RunSpec", "Pipeline", "load_pipeline", "run_pipeline", "load_results",
+           "summarize", "TOP_KEYS", "ENTRY_KEYS", "OUT_DIR", "SEED"]
+
 VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench")
-
-
-class PipelineError(ValueError):
-    """A pipeline YAML that cannot run as written; raised before anything runs."""
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One notebook execution with one parameter set, fully resolved and validated."""
-
-    pipeline: str
-    entry: str           # run-name prefix
-    notebook: str        # as written in the YAML, for the results table
-    notebook_path: Path  # absolute
-    root: Path           # the kernel's working directory
-    parameters: dict[str, Any]  # everything but out_dir
-    varied: tuple[str, ...]     # keys that vary within the entry, shown in the run name
-
-    @property
-    def param_hash(self) -> str:
-        blob = json.dumps(self.parameters, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:8]
-
-    @property
-    def run_name(self) -> str:
-        readable = "-".join(_slug(f"{k}{self.parameters[k]}") for k in self.varied)[:80]
-        return "-".join(part for part in (self.entry, readable, self.param_hash) if part)
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    name: str
-    runs: list[RunSpec]
-
-
-# ----------------------------------------------------------------------------- loading
-
-def load_pipeline(yaml_path: str | os.PathLike) -> Pipeline:
-    """Parse and validate a pipeline YAML into its runs; raise PipelineError on any problem."""
-    yaml_path = Path(yaml_path)
-    config = _read_yaml(yaml_path)
-    _check_keys(config, TOP_KEYS, f"pipeline {yaml_path}")
-    name = _slug(str(config.get("name", yaml_path.stem)))
-    if not name:
-        raise PipelineError(f"{yaml_path}: pipeline name {config.get('name')!r} is not usable as a folder name")
-    entries = config.get("notebooks")
-    if not isinstance(entries, list) or not entries:
-        raise PipelineError(f"{yaml_path}: `notebooks` must be a non-empty list of notebook entries")
-    runs = [run for entry in entries for run in _entry_runs(entry, name, yaml_path)]
-    _check_unique(runs, yaml_path)
-    return Pipeline(name=name, runs=runs)
-
-
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise PipelineError(f"pipeline file not found: {path}")
-    try:
-        config = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(config, dict):
-        raise PipelineError(f"{path}: expected a mapping with keys {list(TOP_KEYS)}")
-    return config
-
-
-def _check_keys(mapping: dict, accepted: tuple[str, ...], where: str) -> None:
-    unknown = sorted(set(mapping) - set(accepted))
-    if unknown:
-        raise PipelineError(f"{where}: unknown key(s) {unknown}; accepted: {list(accepted)}")
-
-
-def _entry_runs(entry: Any, pipeline: str, yaml_path: Path) -> list[RunSpec]:
-    """Expand one notebook entry into its runs: fixed parameters x grid x seeds."""
-    if not isinstance(entry, dict) or "notebook" not in entry:
-        raise PipelineError(f"{yaml_path}: each `notebooks` item needs a `notebook` path, got {entry!r}")
-    notebook = str(entry["notebook"])
-    where = f"{yaml_path}: notebook {notebook}"
-    _check_keys(entry, ENTRY_KEYS, where)
-    fixed = _mapping(entry.get("parameters", {}), "parameters", where)
-    grid = _mapping(entry.get("grid", {}), "grid", where)
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise PipelineError(f"{where}: grid values for {key!r} must be a non-empty list, got {values!r}")
-    if "seeds" in entry:
-        seeds = entry["seeds"]
-        if not isinstance(seeds, list) or not seeds or not all(_is_int(s) for s in seeds):
-            raise PipelineError(f"{where}: `seeds` must be a non-empty list of integers, got {seeds!r}")
-        grid = {**grid, SEED: seeds}
-    _check_overlaps(fixed, grid, where)
-
-    notebook_path, root = _resolve_notebook(notebook, yaml_path)
-    _check_declared(notebook_path, [*fixed, *grid, OUT_DIR], where)
-    prefix = _slug(str(entry.get("name", notebook_path.stem)))
-    combos = itertools.product(*grid.values())
-    return [RunSpec(pipeline=pipeline, entry=prefix, notebook=notebook, notebook_path=notebook_path,
-                    root=root, parameters={**fixed, **dict(zip(grid, combo))}, varied=tuple(grid))
-            for combo in combos]
-
-
-def _mapping(value: Any, key: str, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise PipelineError(f"{where}: `{key}` must be a mapping of parameter names, got {value!r}")
-    return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_overlaps(fixed: dict, grid: dict, where: str) -> None:
-    both = sorted(set(fixed) & set(grid))
-    if both:
-        raise PipelineError(f"{where}: parameter(s) {both} set both as fixed and varied "
-                            f"(grid/seeds); keep one")
-    if OUT_DIR in fixed or OUT_DIR in grid:
-        raise PipelineError(f"{where}: `{OUT_DIR}` is set by the runner (the run folder); remove it")
-
-
-def _resolve_notebook(notebook: str, yaml_path: Path) -> tuple[Path, Path]:
-    """Return the notebook's absolute path and the directory it resolved against."""
-    for root in (Path.cwd(), yaml_path.resolve().parent.parent):
-        candidate = root / notebook
-        if candidate.is_file():
-            return candidate.resolve(), root
-    raise PipelineError(f"{yaml_path}: notebook not found: {notebook} (looked relative to "
-                        f"{Path.cwd()} and {yaml_path.resolve().parent.parent})")
-
-
-def _check_declared(notebook_path: Path, names: list[str], where: str) -> None:
-    """Every parameter must be declared in the notebook's parameters cell (papermill only warns)."""
-    try:
-        nb = nbformat.read(notebook_path, as_version=4)
-    except Exception as exc:  # nbformat raises several types for unreadable files
-        raise PipelineError(f"{where}: cannot read notebook: {exc}") from exc
-    if not any("parameters" in cell.metadata.get("tags", []) for cell in nb.cells):
-        raise PipelineError(f"{where}: the notebook has no cell tagged `parameters`; papermill "
-                            f"needs one to know where to inject values (declare at least {OUT_DIR})")
-    declared = papermill.inspect_notebook(str(notebook_path))
-    missing = [name for name in names if name not in declared]
-    if missing:
-        raise PipelineError(f"{where}: parameter(s) {missing} not declared in the notebook's "
-                            f"parameters cell; declared: {sorted(declared)}")
-
-
-def _check_unique(runs: list[RunSpec], yaml_path: Path) -> None:
-    seen: set[str] = set()
-    for run in runs:
-        if run.run_name in seen:
-            raise PipelineError(f"{yaml_path}: two runs would share the folder {run.run_name}; give "
-                                f"entries of the same notebook distinct `name`s or parameters")
-        seen.add(run.run_name)
-
-
-def _slug(text: str) -> str:
-    """A folder-name-safe version of text (no separators, no leading dots)."""
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("._")
 
 
 # ----------------------------------------------------------------------------- running
@@ -246,6 +62,7 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     """
     pipeline = load_pipeline(yaml_path)
     pipeline_dir = Path(runs_root) / pipeline.name
+    _check_outputs(pipeline_dir, pipeline.runs)
     provenance = {root: _git_info(root) for root in {run.root for run in pipeline.runs}}
     versions = _package_versions()
 
@@ -266,13 +83,27 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     return table
 
 
+def _check_outputs(pipeline_dir: Path, runs: list[RunSpec]) -> None:
+    """The run folders can be made: no existing file stands where a folder goes, and the
+    nearest existing folder is writable (PipelineError, before anything runs)."""
+    for path in [*(pipeline_dir / run.run_name for run in runs), pipeline_dir, *pipeline_dir.parents]:
+        if path.exists() and not path.is_dir():
+            raise PipelineError(f"cannot write runs under {str(pipeline_dir)!r}: {str(path)!r} is "
+                                "an existing file, where a folder is needed; move it or pass "
+                                "another runs root (--runs-root)")
+    existing = next(p for p in (pipeline_dir, *pipeline_dir.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PipelineError(f"cannot write runs under {str(pipeline_dir)!r}: {str(existing)!r} "
+                            "is not writable; pass another runs root (--runs-root)")
+
+
 def _finished_record(run_dir: Path, run: RunSpec) -> dict | None:
     """The run.json of an earlier ok run with the same parameters, else None."""
     try:
         record = json.loads((run_dir / "run.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if record.get("status") == "ok" and record.get("param_hash") == run.param_hash:
+    if isinstance(record, dict) and record.get("status") == "ok" and record.get("param_hash") == run.param_hash:
         return record
     return None
 
@@ -310,8 +141,7 @@ def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict) -> d
         "error": error,
         "metrics": metrics,
     }
-    _atomic_write(run_dir / "run.json",
-                  lambda tmp: tmp.write_text(json.dumps(record, indent=2, default=str)))
+    write_text(run_dir / "run.json", json.dumps(record, indent=2, default=str))
     return record
 
 
@@ -366,18 +196,6 @@ def _package_versions() -> dict:
     return versions
 
 
-def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """Write via a temp file in the same folder and os.replace, so readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 # ----------------------------------------------------------------------------- results
 
 def _row(record: dict, run: RunSpec, skipped: bool) -> dict:
@@ -403,11 +221,11 @@ def _cell(value: Any) -> Any:
 
 
 def _write_results(table: pd.DataFrame, pipeline_dir: Path) -> None:
-    pipeline_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(pipeline_dir / "results.csv", lambda tmp: table.to_csv(tmp, index=False))
-    parquet_table = _parquet_safe(table)
-    _atomic_write(pipeline_dir / "results.parquet",
-                  lambda tmp: parquet_table.to_parquet(tmp, index=False))
+    parquet_table = _parquet_safe(table)  # before anything is written
+    with atomic_file(pipeline_dir / "results.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    with atomic_file(pipeline_dir / "results.parquet") as tmp:
+        parquet_table.to_parquet(tmp, index=False)
 
 
 def _parquet_safe(table: pd.DataFrame) -> pd.DataFrame:

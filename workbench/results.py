@@ -5,7 +5,6 @@ JSON object of scalars and must never be half-written.
 """
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import os
@@ -13,7 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from .atomic import atomic_file, write_json
+
 __all__ = ["prepare_out_dir", "write_metrics", "write_table"]
+
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
@@ -40,22 +43,24 @@ def _scalar(key: str, value):
 
 def write_metrics(out_dir: str | os.PathLike, metrics: dict) -> Path:
     """Write ``{out_dir}/metrics.json`` atomically; non-finite numbers become null."""
+    if not isinstance(metrics, dict):
+        raise TypeError(f"metrics must be a dict of scalars, got {type(metrics).__name__}")
     clean = {str(k): _scalar(str(k), v) for k, v in metrics.items()}
-    path = prepare_out_dir(out_dir) / "metrics.json"
-    tmp = path.with_name(".metrics.json.tmp")
-    tmp.write_text(json.dumps(clean, indent=2))
-    os.replace(tmp, path)
-    return path
+    return write_json(prepare_out_dir(out_dir) / "metrics.json", clean)
 
 
 def write_table(table: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write a table as parquet (or CSV when the name ends in .csv) atomically."""
+    """Write a table as parquet (``.parquet``/``.pq``) or CSV (``.csv``), any case, atomically."""
     path = Path(path)
+    if not isinstance(table, pd.DataFrame):
+        raise TypeError(f"write_table writes a pandas DataFrame, got {type(table).__name__}")
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise ValueError(f"write_table cannot tell the format of {str(path)!r}: accepted "
+                         f"suffixes {list(TABLE_SUFFIXES)}")
     prepare_out_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if path.suffix == ".csv":
-        table.to_csv(tmp, index=False)
-    else:
-        table.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        if path.suffix.lower() == ".csv":
+            table.to_csv(tmp, index=False)
+        else:
+            table.to_parquet(tmp, index=False)
     return path

@@ -1,6 +1,9 @@
 """Verifiable tasks: the embedded running-sum generator, user JSONL files, rewards."""
 from __future__ import annotations
 
+import numbers
+import os
+from pathlib import Path
 
 from .base import Problem, Reward, exact_match_reward, extract_final_answer
 from .jsonl import load_jsonl
@@ -17,17 +20,22 @@ TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003
 
 
-def get_problems(task: str, num: int | None = None, seed: int = HELDOUT_SEED) -> list[Problem]:
+def get_problems(task: str | os.PathLike, num: int | None = None,
+                 seed: int = HELDOUT_SEED) -> list[Problem]:
     """Problems of a named embedded task, or of a JSONL file path.
 
-    ``task`` is one of :data:`TASKS` or a path ending in ``.jsonl``. ``num`` caps the count
-    (required for generated tasks); for files it takes the first ``num`` lines.
+    ``task`` is one of :data:`TASKS` or a path ending in ``.jsonl`` (any case). ``num`` caps the
+    count (required for generated tasks); for files it takes the first ``num`` lines.
     """
-    if task in TASKS:
+    if num is not None and (not isinstance(num, numbers.Integral) or isinstance(num, bool)
+                            or num < 0):
+        raise ValueError(f"num must be an integer >= 0, got {num!r} (or None to take every "
+                         "problem of a JSONL file)")
+    if isinstance(task, str) and task in TASKS:
         if num is None:
             raise ValueError(f"task {task!r} is generated: pass num, the number of problems")
-        return TASKS[task]().generate(num, seed=seed)
-    if str(task).endswith(".jsonl"):
+        return TASKS[task]().generate(int(num), seed=seed)
+    if isinstance(task, (str, os.PathLike)) and Path(task).suffix.lower() == ".jsonl":
         problems = load_jsonl(task)
         return problems if num is None else problems[:num]
     raise ValueError(f"unknown task {task!r}; accepted: {sorted(TASKS)} or a path to a .jsonl "

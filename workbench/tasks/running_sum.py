@@ -19,6 +19,7 @@ of steps: long problems are harder, which gives RL something to learn on the tai
 from __future__ import annotations
 
 import math
+import numbers
 import random
 import string
 from dataclasses import dataclass
@@ -80,8 +81,8 @@ class RunningSumTask:
 
     def generate(self, num: int, seed: int = 0) -> list[Problem]:
         """``num`` problems drawn from ``seed``; the same seed always gives the same list."""
-        if num < 0:
-            raise ValueError(f"num must be >= 0, got {num}")
+        if not isinstance(num, numbers.Integral) or isinstance(num, bool) or num < 0:
+            raise ValueError(f"num must be an integer >= 0, got {num!r}")
         rng = random.Random(f"{self.name}:{seed}")
         out = []
         for uid in range(num):

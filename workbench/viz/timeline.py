@@ -249,11 +249,7 @@ def save_figure(fig, path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"save_figure writes PNG files; got {str(path)!r} (use a .png name)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    from ..atomic import atomic_file
+    with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
