@@ -141,3 +141,97 @@ def test_printouts_say_when_the_spread_is_wide():
     text = markdown(table)
     assert text.splitlines() == ["| system | ratio | spread_wide |", "|---|---|---|",
                                  "| a | 1.00 | no |", "| b | 2.00 | yes |"]
+
+
+# ---- sd_sweep: the interleaved SD sweep ---------------------------------------------------
+
+def spied_engine(tokenizer, calls, makespans=None):
+    """A tiny float64 engine whose rollout records (kind, k, batch size, temperature); with
+    ``makespans`` (an iterator), each result's timeline reports the next one as its makespan."""
+    from types import SimpleNamespace
+
+    from workbench.rollout import RolloutEngine
+
+    from .conftest import tiny_model
+    engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
+    real = engine.rollout
+
+    def rollout(prompts, config=None, progress=True, drafter=None, **kw):
+        kind = "plain" if drafter is None else drafter.name
+        calls.append((kind, config.spec_k if drafter is not None else None,
+                      config.max_batch_size, config.temperature))
+        result = real(prompts, config, progress=progress, drafter=drafter, **kw)
+        if makespans is not None:
+            t = result.timeline
+            result.timeline = SimpleNamespace(steps=t.steps, requests=t.requests,
+                                              makespan_s=next(makespans))
+        return result
+
+    engine.rollout = rollout
+    return engine
+
+
+def test_sd_sweep_interleaves_plain_and_sd_and_reports_the_spread(tokenizer):
+    from workbench.speculative import NGramDrafter
+    from workbench.speculative.sweep import SPREAD_COLUMNS, sd_sweep, sweep_spread_note
+
+    from .conftest import PROMPTS
+    calls = []
+    engine = spied_engine(tokenizer, calls)
+    table = sd_sweep(engine, PROMPTS[:3], {"ngram": NGramDrafter()}, ks=(1, 2),
+                     batch_sizes=(1, 3), temperatures=(0.0,), repeats=3, max_new_tokens=12,
+                     progress=False)
+    # per (temperature, batch size): 3 repeats, each running plain, ngram k=1, ngram k=2 once,
+    # the order rotating, before the next batch size starts
+    assert len(calls) == 2 * 3 * 3
+    for cell, bs in enumerate((1, 3)):
+        cell_calls = calls[cell * 9:(cell + 1) * 9]
+        assert {c[2] for c in cell_calls} == {bs}
+        repeats = [[(c[0], c[1]) for c in cell_calls[r * 3:(r + 1) * 3]] for r in range(3)]
+        assert repeats[0] == [("plain", None), ("ngram", 1), ("ngram", 2)]
+        assert repeats[1] == [("ngram", 1), ("ngram", 2), ("plain", None)]
+        assert repeats[2] == [("ngram", 2), ("plain", None), ("ngram", 1)]
+    assert len(table) == 4 and set(SPREAD_COLUMNS) <= set(table.columns)
+    for col in ("speedup", "tau", "T1", "Td", "Tv", "bound", "identical", "diverged_at",
+                "plain_tok_s", "sd_tok_s", "plain_s", "sd_s", "tokens"):
+        assert col in table.columns
+    assert (table["speedup_min"] <= table["speedup"]).all()
+    assert (table["speedup"] <= table["speedup_max"]).all()
+    np.testing.assert_allclose(table["speedup_spread"],
+                               (table["speedup_max"] - table["speedup_min"]) / table["speedup"])
+    assert (table["repeats"] == 3).all() and table["identical"].all()  # float64, greedy
+    assert table["spread_wide"].dtype == bool
+    assert "configurations" in sweep_spread_note(table)
+
+
+def test_sd_sweep_speedup_is_the_median_of_per_repeat_token_rate_ratios(tokenizer):
+    """Makespans scripted per call: the busy repeat of the SD system does not move the median,
+    and the ratio is taken inside each repeat (not as a ratio of medians)."""
+    from workbench.speculative import NGramDrafter
+    from workbench.speculative.sweep import sd_sweep, sweep_spread_note
+
+    from .conftest import PROMPTS
+    makespans = iter([1.0, 0.5,    # repeat 0: plain, sd -> 2.0
+                      2.0, 1.0,    # repeat 1: sd, plain -> 1.0 / 2.0 = 0.5
+                      4.0, 1.0])   # repeat 2: plain, sd -> 4.0
+    engine = spied_engine(tokenizer, [], makespans)
+    table = sd_sweep(engine, PROMPTS[:2], {"ngram": NGramDrafter()}, ks=(2,), batch_sizes=(2,),
+                     repeats=3, max_new_tokens=8, progress=False)
+    row = table.iloc[0]
+    # equal tokens (greedy, lossless), so each per-repeat ratio is plain / SD makespan
+    assert row["speedup"] == pytest.approx(2.0)
+    assert row["speedup_min"] == pytest.approx(0.5) and row["speedup_max"] == pytest.approx(4.0)
+    assert row["speedup_spread"] == pytest.approx(1.75) and bool(row["spread_wide"])
+    # the medians of the makespans (1.0 and 1.0) would have said 1.0x
+    assert row["plain_s"] == pytest.approx(1.0) and row["sd_s"] == pytest.approx(1.0)
+    assert "WIDE SPREAD in 1 of 1 configurations" in sweep_spread_note(table)
+    assert "batch 2 ngram k=2: 2.00x (0.50-4.00)" in sweep_spread_note(table)
+
+
+def test_sd_sweep_refuses_fewer_than_three_repeats_before_running(tokenizer):
+    from workbench.speculative.sweep import sd_sweep
+    calls = []
+    engine = spied_engine(tokenizer, calls)
+    with pytest.raises(ValueError, match="repeats must be an integer >= 3.*got 1"):
+        sd_sweep(engine, ["a1?"], {}, repeats=1, progress=False)
+    assert calls == []

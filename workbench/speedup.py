@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["WIDE_SPREAD", "MIN_REPEATS", "ORDERS", "Runs", "run_order", "interleave",
-           "per_repeat_ratios", "summarize", "compare", "spread_stats", "format_ratio",
-           "spread_note", "markdown"]
+           "check_repeats", "per_repeat_ratios", "summarize", "compare", "spread_stats",
+           "format_ratio", "spread_note", "markdown"]
 
 WIDE_SPREAD = 0.25  # (max - min) / median of the per-repeat ratios above this is "wide"
 MIN_REPEATS = 3     # a median of fewer ratios says nothing about the spread
@@ -54,7 +54,8 @@ class Runs:
     higher_is_better: bool = False
 
 
-def _check_repeats(repeats) -> None:
+def check_repeats(repeats) -> None:
+    """ValueError naming ``repeats`` unless it is an integer >= :data:`MIN_REPEATS`."""
     if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) \
             or repeats < MIN_REPEATS:
         raise ValueError(f"repeats must be an integer >= {MIN_REPEATS} (a median of per-repeat "
@@ -92,7 +93,7 @@ def interleave(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN
     each timed run (a progress bar). Raises ValueError for fewer than 3 repeats, no systems,
     an unknown order or a measure that is not a positive finite number.
     """
-    _check_repeats(repeats)
+    check_repeats(repeats)
     if not systems:
         raise ValueError("interleave needs at least one system")
     if not isinstance(warmup, int) or warmup < 0:
