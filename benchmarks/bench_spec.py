@@ -89,7 +89,7 @@ def against_hf(systems: dict, eos: int, args) -> pd.DataFrame:
         mine = cut[i * args.repeats:(i + 1) * args.repeats]
         rows.append({"system": name, "tok/s": f"{count / stats.loc[name, 'value']:.1f}",
                      **{("vs HF generate" if c == "ratio" else c): v
-                        for c, v in ratio_cells(stats.loc[name]).items()},
+                        for c, v in ratio_cells(stats.loc[name], baseline=i == 0).items()},
                      "same tokens": all(m == reference for m in mine),
                      "spread_wide": bool(stats.loc[name, "spread_wide"])})
     return pd.DataFrame(rows)

@@ -38,8 +38,11 @@ def add_common(ap: argparse.ArgumentParser, repeats: int) -> None:
                     help="(max-min)/median of the per-repeat ratios above this is flagged")
 
 
-def ratio_cells(stats: dict, digits: int = 2) -> dict:
-    """The columns a ratio takes in a printed table: median, min-max, spread (with the flag)."""
+def ratio_cells(stats: dict, digits: int = 2, baseline: bool = False) -> dict:
+    """The columns a ratio takes in a printed table: median, min-max, spread (with the flag);
+    the baseline's own row reads "1 (baseline)" with empty spread cells."""
+    if baseline:
+        return {"ratio": "1 (baseline)", "min-max": "", "spread": ""}
     spread = f"{stats['spread']:.0%}" + (" WIDE" if stats["spread_wide"] else "")
     return {"ratio": f"{stats['ratio']:.{digits}f}",
             "min-max": f"{stats['ratio_min']:.{digits}f}-{stats['ratio_max']:.{digits}f}",
