@@ -1,23 +1,28 @@
 """Rollout engine vs HF ``generate``: greedy tokens/s at several batch sizes, side by side.
 
 Same model, same prompts (default task, held-out seed, so lengths are long-tailed), same
-greedy settings; both must produce identical tokens. Each configuration runs ``--repeats``
-times, alternating engine and HF, and the median is reported with the ratio. Also reports the
-engine's overhead: the share of decode-step wall time spent inside the model's forward.
+greedy settings; both must produce identical tokens (checked in every repeat). At each batch
+size the engine and HF alternate inside each of ``--repeats`` repeats (the order rotating), so
+a busy period hits both; the ratio is the median of the per-repeat ratios (HF seconds over
+engine seconds, i.e. engine tokens/s over HF tokens/s), printed with its min-max and relative
+spread, flagged WIDE above ``--wide``. Tokens/s columns are tokens over the median wall
+seconds. Also reports the engine's overhead: the share of decode-step wall time spent inside
+the model's forward (median over repeats).
 
-    python benchmarks/bench_engine.py --batch-sizes 1 8 32 --prompts 32 --repeats 3
+    python benchmarks/bench_engine.py --batch-sizes 1 8 32 --prompts 32 --repeats 5
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import pandas as pd
 import torch
 
+from common import add_common, header, print_table, ratio_cells
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 
@@ -39,10 +44,29 @@ def engine_generate(engine, prompts, batch_size, max_new_tokens):
     return res.tokens, res.timeline.steps
 
 
-def timed(fn, *args):
-    t = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t
+def forward_share(steps) -> float:
+    dec = steps[steps["kind"] == "decode"]
+    return float(dec["forward_s"].sum() / (dec["end_s"] - dec["start_s"]).sum())
+
+
+def measure(engine, model, tok, prompts, bs, args) -> dict:
+    """One batch size: engine and HF interleaved; a row of the printed table."""
+    n = args.max_new_tokens
+    runs = interleave({"engine": lambda: engine_generate(engine, prompts, bs, n),
+                       "hf_generate": lambda: hf_generate(model, tok, prompts, bs, n)},
+                      args.repeats, warmup=args.warmup)
+    for r, ((tokens, _), ref) in enumerate(zip(runs.outputs["engine"],
+                                               runs.outputs["hf_generate"])):
+        if tokens != ref:
+            raise SystemExit(f"batch {bs}, repeat {r}: engine and HF generate disagree")
+    stats = summarize(runs, baseline="hf_generate", wide=args.wide).set_index("system")
+    n_tokens = sum(len(t) for t in runs.outputs["engine"][0][0])
+    shares = [forward_share(steps) for _, steps in runs.outputs["engine"]]
+    return {"batch size": bs, "tokens": n_tokens,
+            "engine tok/s": f"{n_tokens / stats.loc['engine', 'value']:.1f}",
+            "HF generate tok/s": f"{n_tokens / stats.loc['hf_generate', 'value']:.1f}",
+            **ratio_cells(stats.loc["engine"]), "forward share": f"{statistics.median(shares):.1%}",
+            "spread_wide": bool(stats.loc["engine", "spread_wide"])}
 
 
 def main():
@@ -50,10 +74,10 @@ def main():
     ap.add_argument("--model", default="default")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_common(ap, repeats=5)
     args = ap.parse_args()
 
     model, tok = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
@@ -61,26 +85,15 @@ def main():
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=HELDOUT_SEED)]
     rows = []
     for bs in args.batch_sizes:
-        t_engine, t_hf, shares = [], [], []
-        for _ in range(args.repeats):
-            (tokens, steps), dt = timed(engine_generate, engine, prompts, bs, args.max_new_tokens)
-            t_engine.append(dt)
-            dec = steps[steps["kind"] == "decode"]
-            shares.append(dec["forward_s"].sum() / (dec["end_s"] - dec["start_s"]).sum())
-            ref, dt = timed(hf_generate, model, tok, prompts, bs, args.max_new_tokens)
-            t_hf.append(dt)
-            if tokens != ref:
-                raise SystemExit(f"batch {bs}: engine and HF generate disagree")
-        n_tokens = sum(len(t) for t in tokens)
-        eng, hf = n_tokens / statistics.median(t_engine), n_tokens / statistics.median(t_hf)
-        rows.append({"batch_size": bs, "tokens": n_tokens, "engine_tok_s": round(eng, 1),
-                     "hf_generate_tok_s": round(hf, 1), "ratio": round(eng / hf, 2),
-                     "forward_share": round(statistics.median(shares), 3)})
+        rows.append(measure(engine, model, tok, prompts, bs, args))
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    print(f"\nmodel={args.model} device={args.device} dtype={args.dtype} prompts={args.prompts} "
-          f"repeats={args.repeats} (median) threads={torch.get_num_threads()}")
-    print(table.to_string(index=False))
+    print("\n" + header(ap, args, f"model={args.model} device={args.device} dtype={args.dtype} "
+                        f"prompts={args.prompts} max_new_tokens={args.max_new_tokens}, greedy, "
+                        "wall clock of this process"))
+    print_table("Engine vs HF generate (same tokens, checked every repeat); ratio = engine "
+                "tok/s over HF tok/s", table.drop(columns="spread_wide"), table["spread_wide"],
+                args.wide, "batch sizes")
 
 
 if __name__ == "__main__":

@@ -2,27 +2,31 @@
 
 Part 1 (``sd_sweep``): EAGLE at k draft tokens, batch sizes 1..32, greedy and temperature 1,
 plus every drafter at batch 1: speedup, acceptance length tau, and the bound
-tau*T1/(k*Td+Tv) from step times measured in the same runs.
+tau*T1/(k*Td+Tv) from step times measured in the same runs. At each (temperature, batch size)
+plain decoding and every drafter alternate inside each repeat; the speedup is the median of
+the per-repeat tokens/s ratios (makespans on the engine's clock), with min-max and spread.
 Part 2 (batch 1, greedy, same prompts, tokens must agree): HF ``generate`` plain, HF
 ``generate(assistant_model=<small LM>)`` (assisted generation), HF
 ``generate(prompt_lookup_num_tokens=k)``, and this engine plain / with the same small LM /
-with n-gram / with EAGLE. Medians of ``--repeats`` runs, wall clock of this process.
+with n-gram / with EAGLE, all seven alternating inside each repeat, wall clock of this
+process; ratio = median of the per-repeat ratios against HF ``generate``.
+A spread (max-min)/median above ``--wide`` is flagged WIDE in the tables.
 
     python benchmarks/bench_spec.py --prompts 16 --repeats 3
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import pandas as pd
 import torch
 
+from common import add_common, header, print_table, ratio_cells
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative.defaults import default_drafters
 from workbench.speculative.sweep import sd_sweep
+from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 
@@ -36,73 +40,98 @@ def hf_batch1(model, tok, prompts, max_new_tokens, **kw):
     return out
 
 
-def median_time(fn, repeats):
-    times, out = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return out, statistics.median(times)
+def sweep_table(table: pd.DataFrame, with_batch: bool = True) -> pd.DataFrame:
+    """The printed columns of an sd_sweep table (BENCHMARKS.md's), the speedup with its spread."""
+    rows = []
+    for r in table.itertuples():
+        stats = {"ratio": r.speedup, "ratio_min": r.speedup_min, "ratio_max": r.speedup_max,
+                 "spread": r.speedup_spread, "spread_wide": r.spread_wide}
+        cells = ratio_cells(stats)
+        rows.append({"temperature": f"{r.temperature:g}",
+                     **({"batch": r.batch_size} if with_batch else {}), "drafter": r.drafter,
+                     "k": r.k, "tau": f"{r.tau:.2f}", "plain tok/s": f"{r.plain_tok_s:.1f}",
+                     "SD tok/s": f"{r.sd_tok_s:.1f}", "speedup": cells["ratio"],
+                     "min-max": cells["min-max"], "spread": cells["spread"],
+                     "bound": f"{r.bound:.2f}", "identical": bool(r.identical)})
+    return pd.DataFrame(rows)
+
+
+def hf_systems(policy, tok, drafters, engine, prompts, k, n) -> dict:
+    """Part 2's seven systems, each a callable returning responses (token lists)."""
+    small_lm = drafters["small_lm"].model
+    runs = {
+        "HF `generate`": lambda: hf_batch1(policy, tok, prompts, n),
+        "HF `generate(assistant_model=small LM)`": lambda: hf_batch1(
+            policy, tok, prompts, n, assistant_model=small_lm),
+        f"HF `generate(prompt_lookup_num_tokens={k})`": lambda: hf_batch1(
+            policy, tok, prompts, n, prompt_lookup_num_tokens=k),
+    }
+    cfg = RolloutConfig(max_new_tokens=n, max_batch_size=1, spec_k=k)
+    for name, label in (("plain", "engine, plain"), ("small_lm", "engine, SD with the same "
+                        "small LM"), ("ngram", "engine, SD with n-gram"),
+                        ("eagle", "engine, SD with EAGLE")):
+        drafter = None if name == "plain" else drafters[name]
+        runs[label] = (lambda d=drafter: engine.rollout(prompts, cfg, drafter=d,
+                                                        progress=False).tokens)
+    return runs
+
+
+def against_hf(systems: dict, eos: int, args) -> pd.DataFrame:
+    """Part 2: the systems interleaved; tok/s, ratio to HF generate with spread, same tokens."""
+    runs = interleave(systems, args.repeats, warmup=args.warmup)
+    cut = [[t[:t.index(eos) + 1] if eos in t else t for t in out]
+           for outs in runs.outputs.values() for out in outs]
+    reference = cut[0]
+    stats = summarize(runs, wide=args.wide).set_index("system")  # baseline: HF generate
+    count = sum(len(t) for t in reference)
+    rows = []
+    for i, name in enumerate(systems):
+        mine = cut[i * args.repeats:(i + 1) * args.repeats]
+        rows.append({"system": name, "tok/s": f"{count / stats.loc[name, 'value']:.1f}",
+                     **{("vs HF generate" if c == "ratio" else c): v
+                        for c, v in ratio_cells(stats.loc[name], baseline=i == 0).items()},
+                     "same tokens": all(m == reference for m in mine),
+                     "spread_wide": bool(stats.loc[name, "spread_wide"])})
+    return pd.DataFrame(rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-hf", action="store_true", help="part 1 only")
+    add_common(ap, repeats=3)
     args = ap.parse_args()
-    pd.set_option("display.width", 200)
 
     policy, tok = load_model("default", device=args.device, dtype=getattr(torch, args.dtype))
     engine = RolloutEngine(policy, tok)
     drafters = default_drafters(policy, tok)
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=HELDOUT_SEED)]
-    common = dict(repeats=args.repeats, max_new_tokens=args.max_new_tokens, progress=False)
-
+    common = dict(repeats=args.repeats, max_new_tokens=args.max_new_tokens, progress=False,
+                  wide=args.wide)
+    print(header(ap, args, f"default policy, device={args.device} dtype={args.dtype} "
+                           f"prompts={args.prompts} k={args.k} "
+                           f"max_new_tokens={args.max_new_tokens}"), flush=True)
     curve = sd_sweep(engine, prompts, {"eagle": drafters["eagle"]}, ks=[args.k],
                      batch_sizes=args.batch_sizes, temperatures=[0.0, 1.0], **common)
+    print_table("EAGLE vs plain decoding, by batch size (engine clock, median of per-repeat "
+                "tokens/s ratios)", sweep_table(curve), curve["spread_wide"], args.wide,
+                "configurations")
     at1 = sd_sweep(engine, prompts, drafters, ks=[args.k], batch_sizes=[1],
                    temperatures=[0.0, 1.0], **common)
-    cols = ["temperature", "batch_size", "drafter", "k", "tau", "plain_tok_s", "sd_tok_s",
-            "speedup", "bound", "identical"]
-    print(f"device={args.device} dtype={args.dtype} prompts={args.prompts} "
-          f"repeats={args.repeats} threads={torch.get_num_threads()} (wall clock, median)")
-    print("\nEAGLE vs plain, by batch size\n" + curve[cols].round(3).to_string(index=False))
-    print("\nevery drafter at batch 1\n" + at1[cols].round(3).to_string(index=False))
+    print_table("Every drafter at batch 1", sweep_table(at1, with_batch=False),
+                at1["spread_wide"], args.wide, "configurations")
     if args.skip_hf:
         return
-
-    k, n = args.k, args.max_new_tokens
-    small_lm = drafters["small_lm"].model
-    runs = {
-        "hf generate": lambda: hf_batch1(policy, tok, prompts, n),
-        "hf assisted (small LM)": lambda: hf_batch1(policy, tok, prompts, n,
-                                                    assistant_model=small_lm),
-        f"hf prompt lookup (k={k})": lambda: hf_batch1(policy, tok, prompts, n,
-                                                       prompt_lookup_num_tokens=k),
-    }
-    for name in ("plain", "small_lm", "ngram", "eagle"):
-        drafter = None if name == "plain" else drafters[name]
-        runs[f"engine {name}"] = (lambda d=drafter: engine.rollout(
-            prompts, RolloutConfig(max_new_tokens=n, max_batch_size=1, spec_k=k), drafter=d,
-            progress=False).tokens)
-    rows, reference = [], None
-    for name, fn in runs.items():
-        tokens, seconds = median_time(fn, args.repeats)
-        tokens = [t[:t.index(tok.eos_token_id) + 1] if tok.eos_token_id in t else t
-                  for t in tokens]
-        reference = reference or tokens
-        count = sum(len(t) for t in tokens)
-        rows.append({"system": name, "tok_s": round(count / seconds, 1),
-                     "same_tokens": tokens == reference})
-    table = pd.DataFrame(rows)
-    table["vs_hf_generate"] = (table["tok_s"] / table["tok_s"].iloc[0]).round(2)
-    print("\nbatch 1, greedy\n" + table.to_string(index=False))
+    table = against_hf(hf_systems(policy, tok, drafters, engine, prompts, args.k,
+                                  args.max_new_tokens), tok.eos_token_id, args)
+    print_table("Against HF at batch 1, greedy (wall clock; ratio = median of per-repeat "
+                "ratios to HF generate)", table.drop(columns="spread_wide"),
+                table["spread_wide"], args.wide, "systems")
 
 
 if __name__ == "__main__":

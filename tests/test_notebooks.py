@@ -15,12 +15,23 @@ SMOKE = {
                               "tail_share", "length_p50", "length_p90", "length_p99",
                               "tokens_per_s", "accuracy"]),
     "02_speculative_decoding": ({"num_prompts": 2, "batch_sizes": [1, 2], "ks": [2],
-                                 "curve_k": 2, "temperatures": [0.0, 1.0], "repeats": 1,
-                                 "max_new_tokens": 24, "lossless_prompts": 2},
+                                 "curve_k": 2, "temperatures": [0.0, 1.0], "repeats": 3,
+                                 "max_new_tokens": 16, "lossless_prompts": 2},
                                 ["accept_len_eagle", "accept_len_ngram", "accept_len_small_lm",
                                  "speedup_bs1", "speedup_bs8", "speedup_bs32", "speedup_bs1_t1",
-                                 "bound_bs1", "lossless"]),
+                                 "speedup_bs1_min", "speedup_bs1_max", "speedup_bs1_t1_min",
+                                 "speedup_bs1_t1_max", "speedup_spread_wide", "bound_bs1",
+                                 "lossless"]),
 }
+# notebooks that report a speedup: their output must say whether its spread is wide
+SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
+
+
+def printed(executed) -> str:
+    import nbformat
+    nb = nbformat.read(executed, as_version=4)
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.output_type == "stream")
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
@@ -37,6 +48,11 @@ def test_notebook_smoke_run_writes_metrics(name, tmp_path):
     assert list(out_dir.glob("*.png"))
     if "lossless" in metrics:
         assert metrics["lossless"] is True
+    if name in SAYS_SPREAD:
+        text = printed(tmp_path / "executed.ipynb")
+        notes = text.count("Spread: every per-repeat ratio") + text.count("WIDE SPREAD in")
+        assert notes == SAYS_SPREAD[name], text
+        assert metrics["speedup_bs1_min"] <= metrics["speedup_bs1"] <= metrics["speedup_bs1_max"]
 
 
 def test_notebook_refuses_an_out_dir_that_is_a_file(tmp_path):

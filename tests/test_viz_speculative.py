@@ -35,11 +35,14 @@ def make_table() -> pd.DataFrame:
         speedup = bound * (0.85 - 0.03 * np.log2(bs))
         tokens = 400 * bs
         plain_s = tokens / bs * t1
+        lo, hi = speedup * (0.95 - 0.02 * np.log2(bs)), speedup * (1.04 + 0.05 * np.log2(bs))
         rows.append({"temperature": temp, "batch_size": bs, "drafter": drafter, "k": k,
                      "tokens": tokens, "plain_s": plain_s, "sd_s": plain_s / speedup,
                      "plain_tok_s": tokens / plain_s, "sd_tok_s": tokens * speedup / plain_s,
                      "tau": tau, "T1": t1, "Td": TD[drafter], "Tv": tv, "bound": bound,
-                     "identical": True, "diverged_at": None, "speedup": speedup})
+                     "identical": True, "diverged_at": None, "speedup": speedup,
+                     "speedup_min": lo, "speedup_max": hi, "speedup_spread": (hi - lo) / speedup,
+                     "spread_wide": (hi - lo) / speedup > 0.25, "repeats": 3})
     return pd.DataFrame(rows).sample(frac=1.0, random_state=0).reset_index(drop=True)
 
 
@@ -158,3 +161,37 @@ def test_breakdown_defaults_to_the_first_drafter_k_and_temperature(tmp_path):
     ax = sd_time_breakdown(table).axes[0]
     assert f"{first['drafter']} k={first['k']}" in ax.get_title()
     assert save_figure(ax.figure, tmp_path / "breakdown.png").stat().st_size > 0
+
+
+def test_speedup_error_bars_span_the_per_repeat_ratios_and_rings_mark_wide_spreads():
+    table = make_table()
+    assert table["spread_wide"].any() and not table["spread_wide"].all()
+    fig = speedup_vs_batch(table)
+    for temp, ax in zip(TEMPERATURES, fig.axes):
+        for drafter, k in product(DRAFTERS, KS):
+            bars, = [c for c in ax.collections if c.get_gid() == f"spread-{drafter}-k{k}"]
+            r = table[(table["temperature"] == temp) & (table["drafter"] == drafter)
+                      & (table["k"] == k)].sort_values("batch_size")
+            segs = np.array(bars.get_segments())  # one vertical segment per batch size
+            np.testing.assert_allclose(segs[:, 0, 0], r["batch_size"])
+            np.testing.assert_allclose(segs[:, 0, 1], r["speedup_min"])
+            np.testing.assert_allclose(segs[:, 1, 1], r["speedup_max"])
+            wide = r[r["spread_wide"]]
+            rings = lines(ax, f"wide-{drafter}-k{k}")
+            assert len(rings) == (1 if len(wide) else 0)
+            if len(wide):
+                np.testing.assert_allclose(rings[0].get_xdata(), wide["batch_size"])
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "min-max of the per-repeat ratios" in legend
+    assert "wide spread: rerun on a quiet machine" in legend
+    quiet = table.assign(spread_wide=False)
+    legend = [t.get_text() for t in speedup_vs_batch(quiet).axes[0].get_legend().get_texts()]
+    assert not any(t.startswith("wide") for t in legend)
+
+
+def test_speedup_draws_a_table_saved_before_the_spread_columns_existed():
+    old = make_table().drop(columns=["speedup_min", "speedup_max", "speedup_spread",
+                                     "spread_wide", "repeats"])
+    fig = speedup_vs_batch(old)
+    assert not any((c.get_gid() or "").startswith("spread-") for c in fig.axes[0].collections)
+    assert len(lines(fig.axes[0], "speedup-")) == len(DRAFTERS) * len(KS)

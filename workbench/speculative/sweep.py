@@ -1,13 +1,16 @@
 """Where does SD pay? Speedup and acceptance over batch sizes, drafters, k and temperature.
 
 One function runs the grid on one engine and returns one tidy table; notebooks and the
-benchmark both use it, so their numbers mean the same thing. Plain decoding of the same
-engine, prompts, batch size and temperature is the baseline; every time is the median of
-``repeats`` runs on the wall clock of this process (one worker).
+benchmark both use it, so their numbers mean the same thing (DESIGN.md, "Measures": *SD
+speedup*). Plain decoding of the same engine, prompts, batch size and temperature is the
+baseline. At each (temperature, batch size) plain decoding and every (drafter, k) alternate
+inside each repeat (the order rotates between repeats, :mod:`workbench.speedup`), so a busy
+period hits them all; the speedup is the median over repeats of the per-repeat tokens/s ratio
+(SD over plain, makespans on the rollout's own clock, one worker), reported with its spread.
 """
 from __future__ import annotations
 
-import statistics
+from dataclasses import replace
 from itertools import product
 
 import pandas as pd
@@ -15,9 +18,15 @@ import torch
 from tqdm.auto import tqdm
 
 from ..rollout import RolloutConfig
+from ..speedup import (
+    WIDE_SPREAD, check_repeats, interleave, per_repeat_ratios, spread_note, spread_stats)
 from .measure import acceptance_length, sd_bound, step_times
 
-__all__ = ["sd_sweep", "first_divergence", "check_lossless", "sweep_value", "sweep_metrics"]
+__all__ = ["sd_sweep", "first_divergence", "check_lossless", "sweep_value", "sweep_metrics",
+           "sweep_spread_note", "SPREAD_COLUMNS"]
+
+# the columns sd_sweep adds for the spread of the per-repeat speedups
+SPREAD_COLUMNS = ("speedup_min", "speedup_max", "speedup_spread", "spread_wide", "repeats")
 
 
 def first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:
@@ -30,49 +39,99 @@ def first_divergence(a: list[list[int]], b: list[list[int]]) -> int | None:
     return None if len(flat_a) == len(flat_b) else min(len(flat_a), len(flat_b))
 
 
-def _run(engine, prompts, cfg, drafter, repeats):
-    times, result = [], None
-    for _ in range(repeats):
-        result = engine.rollout(prompts, cfg, drafter=drafter, progress=False)
-        times.append(result.timeline.makespan_s)
-    return result, statistics.median(times)
+def _tokens(result) -> int:
+    return sum(len(t) for t in result.tokens)
+
+
+def _tok_s(result, seconds) -> float:
+    """The measure compared per repeat: tokens over the rollout's makespan."""
+    return _tokens(result) / result.timeline.makespan_s
+
+
+def _median(results, attr) -> float:
+    return float(pd.Series([getattr(r.timeline, attr) for r in results]).median())
+
+
+def _cell_systems(engine, prompts, base, drafters, ks) -> tuple[dict, dict]:
+    """``{system name: callable}`` for plain and every (drafter, k), and ``{name: (drafter,
+    k)}`` for the SD ones."""
+    systems = {"plain": lambda: engine.rollout(prompts, base, progress=False)}
+    which = {}
+    for (name, drafter), k in product(drafters.items(), ks):
+        key = f"{name} k={k}"
+        which[key] = (name, k)
+        cfg = replace(base, spec_k=k)
+        systems[key] = (lambda c=cfg, d=drafter:
+                        engine.rollout(prompts, c, drafter=d, progress=False))
+    return systems, which
+
+
+def _sd_row(plain, sd, ratios, k, wide) -> dict:
+    """The measures of one (drafter, k) from its runs and the plain runs of the same repeats."""
+    t1 = step_times(pd.concat([r.timeline.steps for r in plain]))["T1"]
+    times = step_times(pd.concat([r.timeline.steps for r in sd]), k)
+    tau = acceptance_length(pd.concat([r.timeline.requests for r in sd]))
+    divs = [d for d in (first_divergence(p.tokens, s.tokens) for p, s in zip(plain, sd))
+            if d is not None]
+    stats = spread_stats(ratios, wide)
+    return {"tokens": _tokens(plain[0]), "plain_s": _median(plain, "makespan_s"),
+            "sd_s": _median(sd, "makespan_s"),
+            "plain_tok_s": float(pd.Series([_tok_s(r, 0) for r in plain]).median()),
+            "sd_tok_s": float(pd.Series([_tok_s(r, 0) for r in sd]).median()),
+            "tau": tau, "T1": t1, "Td": times["Td"], "Tv": times["Tv"],
+            "bound": sd_bound(tau, t1, times["Td"], times["Tv"], k),
+            "identical": not divs, "diverged_at": min(divs) if divs else None,
+            "speedup": stats["ratio"], "speedup_min": stats["ratio_min"],
+            "speedup_max": stats["ratio_max"], "speedup_spread": stats["spread"],
+            "spread_wide": stats["spread_wide"], "repeats": stats["repeats"]}
 
 
 def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
              temperatures=(0.0,), repeats: int = 3, max_new_tokens: int = 384,
-             seed: int = 0, progress: bool = True) -> pd.DataFrame:
+             seed: int = 0, progress: bool = True, wide: float = WIDE_SPREAD) -> pd.DataFrame:
     """One row per (temperature, batch size, drafter, k): speedup over plain decoding, tau,
     T1/Td/Tv, the bound, and whether the SD tokens equal the plain tokens (greedy and coupled
-    sampling must; float32 rounding can make them diverge late, reported as ``diverged_at``).
+    sampling must; float32 rounding can make them diverge late, reported as ``diverged_at``,
+    the earliest over repeats).
+
+    At each (temperature, batch size), plain decoding and every (drafter, k) run once per
+    repeat, interleaved. ``speedup`` is the median over ``repeats`` (at least 3) of the per-repeat
+    ratio SD tokens/s over plain tokens/s, i.e. (plain makespan / SD makespan) x (SD tokens /
+    plain tokens); ``speedup_min``/``speedup_max`` are its extremes, ``speedup_spread`` is
+    (max - min) / median and ``spread_wide`` says it exceeds ``wide``. ``plain_s``/``sd_s``
+    and ``plain_tok_s``/``sd_tok_s`` are medians over repeats (so ``speedup`` need not equal
+    their ratio exactly); T1, Td and Tv are median step times over all repeats, tau is over all
+    verify steps of all repeats.
     """
+    check_repeats(repeats)
     rows = []
     grid = list(product(temperatures, batch_sizes))
-    bar = tqdm(total=len(grid) * (1 + len(drafters) * len(ks)), desc="sd sweep",
+    bar = tqdm(total=len(grid) * repeats * (1 + len(drafters) * len(ks)), desc="sd sweep",
                disable=not progress)
     for temp, bs in grid:
         base = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
                              max_batch_size=bs)
-        plain, plain_s = _run(engine, prompts, base, None, repeats)
-        bar.update()
-        t1 = step_times(plain.timeline.steps)["T1"]
-        n_tokens = sum(len(t) for t in plain.tokens)
-        for (name, drafter), k in product(drafters.items(), ks):
-            cfg = RolloutConfig(**{**base.__dict__, "spec_k": k})
-            sd, sd_s = _run(engine, prompts, cfg, drafter, repeats)
-            bar.update()
-            tau = acceptance_length(sd)
-            times = step_times(sd.timeline.steps, k)
-            div = first_divergence(plain.tokens, sd.tokens)
+        systems, which = _cell_systems(engine, prompts, base, drafters, ks)
+        runs = interleave(systems, repeats, measure=_tok_s, higher_is_better=True,
+                          on_run=lambda *_: bar.update())
+        ratios = per_repeat_ratios(runs, "plain")
+        for key, (name, k) in which.items():
+            mine = ratios[ratios["system"] == key].sort_values("repeat")["ratio"]
             rows.append({"temperature": temp, "batch_size": bs, "drafter": name, "k": k,
-                         "tokens": n_tokens, "plain_s": plain_s, "sd_s": sd_s,
-                         "plain_tok_s": n_tokens / plain_s,
-                         "sd_tok_s": sum(len(t) for t in sd.tokens) / sd_s,
-                         "tau": tau, "T1": t1, "Td": times["Td"], "Tv": times["Tv"],
-                         "bound": sd_bound(tau, t1, times["Td"], times["Tv"], k),
-                         "identical": div is None, "diverged_at": div})
-            rows[-1]["speedup"] = rows[-1]["sd_tok_s"] / rows[-1]["plain_tok_s"]
+                         **_sd_row(runs.outputs["plain"], runs.outputs[key], mine, k, wide)})
     bar.close()
     return pd.DataFrame(rows)
+
+
+def sweep_spread_note(table: pd.DataFrame, wide: float = WIDE_SPREAD) -> str:
+    """The sentence a notebook prints under an sd_sweep table: whether any speedup's
+    per-repeat spread is wide (and which rows), or that none is."""
+    note = spread_note(table, wide=wide, what="configurations")
+    bad = table[table["spread_wide"].astype(bool)] if "spread_wide" in table else table[:0]
+    rows = [f"T={r.temperature:g} batch {r.batch_size} {r.drafter} k={r.k}: "
+            f"{r.speedup:.2f}x ({r.speedup_min:.2f}-{r.speedup_max:.2f})"
+            for r in bad.itertuples()]
+    return note + ("\n  " + "\n  ".join(rows) if rows else "")
 
 
 def check_lossless(model_name: str, drafters_factory, prompts, k: int = 4,
@@ -107,16 +166,23 @@ def sweep_value(table: pd.DataFrame, column: str, **where) -> float:
 def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFrame,
                   k: int = 4) -> dict:
     """The scalars notebook 02 reports: tau per drafter (greedy, k), EAGLE speedups by batch
-    size (greedy) and at batch 1 (temperature 1), the bound at batch 1, and ``lossless``
-    (true only if the float64 check ran and every drafter reproduced plain decoding)."""
+    size (greedy) and at batch 1 (temperature 1), each with ``_min``/``_max`` (extremes of the
+    per-repeat ratios), the bound at batch 1, ``speedup_spread_wide`` (true if any speedup of
+    either table has a wide spread), and ``lossless`` (true only if the float64 check ran and
+    every drafter reproduced plain decoding)."""
     metrics = {f"accept_len_{name}": sweep_value(compare, "tau", drafter=name, k=k,
                                                  temperature=0.0)
                for name in compare["drafter"].unique()}
-    for bs in (1, 8, 32):
-        metrics[f"speedup_bs{bs}"] = sweep_value(curve, "speedup", batch_size=bs,
-                                                 temperature=0.0)
-    metrics["speedup_bs1_t1"] = sweep_value(curve, "speedup", batch_size=1, temperature=1.0)
+    cells = {f"speedup_bs{bs}": dict(batch_size=bs, temperature=0.0) for bs in (1, 8, 32)}
+    cells["speedup_bs1_t1"] = dict(batch_size=1, temperature=1.0)
+    for key, where in cells.items():
+        metrics[key] = sweep_value(curve, "speedup", **where)
+        for end in ("min", "max"):
+            metrics[f"{key}_{end}"] = (sweep_value(curve, f"speedup_{end}", **where)
+                                       if f"speedup_{end}" in curve else float("nan"))
     metrics["bound_bs1"] = sweep_value(curve, "bound", batch_size=1, temperature=0.0)
+    metrics["speedup_spread_wide"] = bool(any(
+        t["spread_wide"].astype(bool).any() for t in (compare, curve) if "spread_wide" in t))
     metrics["lossless"] = bool(len(exact) > 0 and exact["identical"].all())
     metrics["k"] = k
     return metrics

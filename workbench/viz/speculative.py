@@ -89,31 +89,61 @@ def _per_drafter(ax, rows, column, styles, gid):
     return sorted(rows["batch_size"].unique())
 
 
+def _spread(ax, rows, styles) -> list:
+    """Error bars from ``speedup_min`` to ``speedup_max`` (the per-repeat ratios of an
+    interleaved sweep) and a red ring on each point whose spread is wide; the legend handles
+    that explain them (none for a table without spread columns)."""
+    if not {"speedup_min", "speedup_max"} <= set(rows.columns):
+        return []
+    handles = [Line2D([], [], color="gray", marker="|", linestyle="-",
+                      label="min-max of the per-repeat ratios")]
+    for (drafter, k), r in rows.groupby(["drafter", "k"], sort=True):
+        r = r.sort_values("batch_size")
+        y = r["speedup"].to_numpy(float)
+        err = [y - r["speedup_min"].to_numpy(float), r["speedup_max"].to_numpy(float) - y]
+        bars = ax.errorbar(r["batch_size"], y, yerr=err, fmt="none", capsize=3, linewidth=1.0,
+                           ecolor=styles[(drafter, k)]["color"], label=f"_spread {drafter}")
+        bars.lines[2][0].set_gid(f"spread-{drafter}-k{k}")
+        wide = r[r["spread_wide"].astype(bool)] if "spread_wide" in r else r[:0]
+        if len(wide):
+            ax.plot(wide["batch_size"], wide["speedup"], "o", markersize=13, fillstyle="none",
+                    color="red", linestyle="none", gid=f"wide-{drafter}-k{k}",
+                    label=f"_wide {drafter} k={k}")
+    if "spread_wide" in rows and rows["spread_wide"].astype(bool).any():
+        handles.append(Line2D([], [], color="red", marker="o", fillstyle="none",
+                              linestyle="none", label="wide spread: rerun on a quiet machine"))
+    return handles
+
+
 def speedup_vs_batch(table, ax=None, temperature=None):
     """SD speedup over plain decoding against batch size, each (drafter, k) with its bound.
 
-    Solid lines are measured speedups, dashed lines of the same colour the bound
-    tau*T1/(k*Td+Tv) from the same run; the gap says how lean the engine is. The line at 1
-    is plain decoding: below it SD costs time. One panel per temperature unless one is chosen.
+    Solid lines are measured speedups (medians of per-repeat ratios), dashed lines of the same
+    colour the bound tau*T1/(k*Td+Tv) from the same run; the gap says how lean the engine is.
+    When the table has them, error bars span the per-repeat ratios (``speedup_min`` to
+    ``speedup_max``) and a red ring marks a wide spread. The line at 1 is plain decoding: below
+    it SD costs time. One panel per temperature unless one is chosen.
     """
     fig, panels = _panels(table, ax, temperature)
     styles = _styles(table)
-    for i, (temp, ax, rows) in enumerate(panels):
+    spread = {}
+    for temp, ax, rows in panels:
         for (drafter, k), r in rows.groupby(["drafter", "k"], sort=True):
             r = r.sort_values("batch_size")
             ax.plot(r["batch_size"], r["bound"], "--", linewidth=1.2, alpha=0.8,
                     color=styles[(drafter, k)]["color"], gid=f"bound-{drafter}-k{k}",
                     label=f"_bound {drafter} k={k}")
         _batch_axis(ax, _per_drafter(ax, rows, "speedup", styles, "speedup"))
+        spread.update({h.get_label(): h for h in _spread(ax, rows, styles)})
         ax.axhline(1.0, color="black", linewidth=1.0, gid="plain-decoding",
                    label="plain decoding")
         ax.set_title(_temperature_title(temp))
         ax.grid(alpha=0.3)
-        if i == 0:
-            ax.set_ylabel(f"speedup over plain decoding ({CLOCK} clock)")
-            bound = Line2D([], [], color="gray", linestyle="--", label="SD bound (same colour)")
-            *measured, plain = ax.get_legend_handles_labels()[0]
-            ax.legend(handles=[*measured, bound, plain], fontsize=8)
+    first = panels[0][1]
+    first.set_ylabel(f"speedup over plain decoding ({CLOCK} clock)")
+    bound = Line2D([], [], color="gray", linestyle="--", label="SD bound (same colour)")
+    *measured, plain = first.get_legend_handles_labels()[0]
+    first.legend(handles=[*measured, bound, *spread.values(), plain], fontsize=8)
     return fig
 
 

@@ -1,0 +1,216 @@
+"""Side-by-side timing that survives a busy machine (DESIGN.md, "Measures": *SD speedup*).
+
+Systems under comparison alternate inside each repeat, and the order rotates between repeats,
+so a busy period (another job on the same cores) hits every system rather than one. A
+comparison is the **median of the per-repeat ratios** against a baseline, reported with its
+spread: the smallest and largest per-repeat ratio and the relative spread
+``(max - min) / median``. A relative spread above ``wide`` (default :data:`WIDE_SPREAD`,
+0.25) sets ``spread_wide``: the figure is not trustworthy, and tables and printouts say so.
+
+Typical use::
+
+    runs = interleave({"plain": run_plain, "fast": run_fast}, repeats=5)
+    table = summarize(runs, baseline="plain")     # one row per system
+    print(markdown(table)); print(spread_note(table))
+
+A system is a callable of no arguments. What is compared per repeat is its *measure*: by
+default the wall seconds of the call (lower is better); pass ``measure=fn(output, seconds)``
+to use something the call returns instead, e.g. a rollout's makespan, or a rate such as
+tokens/s with ``higher_is_better=True``. Ratios are always oriented so that above 1 means
+"better than the baseline": baseline/system for times, system/baseline for rates.
+
+This module imports nothing else from workbench, so every layer may use it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["WIDE_SPREAD", "MIN_REPEATS", "ORDERS", "Runs", "run_order", "interleave",
+           "check_repeats", "per_repeat_ratios", "summarize", "compare", "spread_stats",
+           "format_ratio", "spread_note", "markdown"]
+
+WIDE_SPREAD = 0.25  # (max - min) / median of the per-repeat ratios above this is "wide"
+MIN_REPEATS = 3     # a median of fewer ratios says nothing about the spread
+ORDERS = ("rotate", "alternate", "fixed")
+
+
+@dataclass
+class Runs:
+    """What :func:`interleave` measured.
+
+    ``table``: one row per run, columns ``repeat`` (0-based), ``slot`` (position inside the
+    repeat), ``system``, ``seconds`` (wall time of the call) and ``value`` (its measure).
+    ``outputs[system]``: what each call returned, one entry per repeat in repeat order.
+    ``higher_is_better``: how ``value`` reads (False: a time; True: a rate).
+    """
+
+    table: pd.DataFrame
+    outputs: dict = field(default_factory=dict)
+    higher_is_better: bool = False
+
+
+def check_repeats(repeats) -> None:
+    """ValueError naming ``repeats`` unless it is an integer >= :data:`MIN_REPEATS`."""
+    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) \
+            or repeats < MIN_REPEATS:
+        raise ValueError(f"repeats must be an integer >= {MIN_REPEATS} (a median of per-repeat "
+                         f"ratios with its spread), got {repeats!r}")
+
+
+def run_order(names: list, repeat: int, order: str = "rotate") -> list:
+    """The systems' order inside repeat ``repeat``.
+
+    ``rotate``: repeat r starts at system r mod n (A B C, B C A, C A B, ...); with two systems
+    it alternates. ``alternate``: forward, then backward (A B C, C B A, ...). ``fixed``: the
+    same order every repeat (still interleaved, but the same neighbour always goes first).
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    names = list(names)
+    if order == "rotate":
+        r = repeat % len(names) if names else 0
+        return names[r:] + names[:r]
+    if order == "alternate" and repeat % 2:
+        return names[::-1]
+    return names
+
+
+def interleave(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN_REPEATS, *,
+               measure: Callable[[Any, float], float] | None = None,
+               higher_is_better: bool = False, order: str = "rotate", warmup: int = 0,
+               clock: Callable[[], float] = time.perf_counter,
+               on_run: Callable[[Hashable, int], None] | None = None) -> Runs:
+    """Run every system once per repeat, in the order :func:`run_order` gives, ``repeats`` times.
+
+    ``measure(output, seconds)`` turns a call into its measure (default: the wall seconds).
+    ``warmup`` untimed rounds run first (lazy initialisation, caches), in the same order.
+    ``clock`` is the timer (a fake one in tests). ``on_run(system, repeat)`` is called after
+    each timed run (a progress bar). Raises ValueError for fewer than 3 repeats, no systems,
+    an unknown order or a measure that is not a positive finite number.
+    """
+    check_repeats(repeats)
+    if not systems:
+        raise ValueError("interleave needs at least one system")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    names = list(systems)
+    run_order(names, 0, order)  # validates order before anything runs
+    for w in range(warmup):
+        for name in run_order(names, w, order):
+            systems[name]()
+    rows, outputs = [], {name: [] for name in names}
+    for r in range(repeats):
+        for slot, name in enumerate(run_order(names, r, order)):
+            start = clock()
+            out = systems[name]()
+            seconds = clock() - start
+            value = seconds if measure is None else measure(out, seconds)
+            if not np.isfinite(value) or value <= 0:
+                raise ValueError(f"system {name!r}, repeat {r}: measure must be a positive "
+                                 f"finite number, got {value!r}")
+            rows.append({"repeat": r, "slot": slot, "system": name, "seconds": seconds,
+                         "value": float(value)})
+            outputs[name].append(out)
+            if on_run is not None:
+                on_run(name, r)
+    table = pd.DataFrame(rows, columns=["repeat", "slot", "system", "seconds", "value"])
+    return Runs(table, outputs, higher_is_better)
+
+
+def per_repeat_ratios(runs: Runs, baseline: Hashable) -> pd.DataFrame:
+    """Per repeat and system, the ratio to the baseline of the same repeat (above 1 = better):
+    one row per (repeat, system), columns ``repeat``, ``system``, ``value``, ``ratio``."""
+    t = runs.table
+    if baseline not in set(t["system"]):
+        raise ValueError(f"baseline {baseline!r} is not a system; systems: "
+                         f"{list(dict.fromkeys(t['system']))}")
+    base = t[t["system"] == baseline].set_index("repeat")["value"]
+    out = t[["repeat", "system", "value"]].copy()
+    b = out["repeat"].map(base).to_numpy(float)
+    v = out["value"].to_numpy(float)
+    out["ratio"] = v / b if runs.higher_is_better else b / v
+    return out.reset_index(drop=True)
+
+
+def spread_stats(ratios, wide: float = WIDE_SPREAD) -> dict:
+    """``{ratio, ratio_min, ratio_max, spread, spread_wide, repeats}`` of per-repeat ratios:
+    their median, extremes, relative spread (max - min) / median, and whether it exceeds
+    ``wide``."""
+    r = np.asarray(list(ratios), dtype=float)
+    if r.size == 0:
+        raise ValueError("no ratios to summarise")
+    med = float(np.median(r))
+    spread = float((r.max() - r.min()) / med) if med else float("inf")
+    return {"ratio": med, "ratio_min": float(r.min()), "ratio_max": float(r.max()),
+            "spread": spread, "spread_wide": bool(spread > wide), "repeats": int(r.size)}
+
+
+def summarize(runs: Runs, baseline: Hashable | None = None,
+              wide: float = WIDE_SPREAD) -> pd.DataFrame:
+    """One row per system (in the order given to :func:`interleave`): ``system``, ``value``
+    (the median measure), ``ratio`` (median of the per-repeat ratios to ``baseline``, the first
+    system by default), ``ratio_min``, ``ratio_max``, ``spread`` ((max - min) / median),
+    ``spread_wide`` (spread > ``wide``) and ``repeats``. The baseline's own row has ratio 1."""
+    if not isinstance(wide, (int, float)) or not wide > 0:
+        raise ValueError(f"wide must be a positive number, got {wide!r}")
+    names = list(runs.outputs) or list(dict.fromkeys(runs.table["system"]))
+    baseline = names[0] if baseline is None else baseline
+    ratios = per_repeat_ratios(runs, baseline)
+    rows = []
+    for name in names:
+        mine = ratios[ratios["system"] == name]
+        rows.append({"system": name, "value": float(mine["value"].median()),
+                     **spread_stats(mine["ratio"], wide)})
+    return pd.DataFrame(rows)
+
+
+def compare(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN_REPEATS, *,
+            baseline: Hashable | None = None, wide: float = WIDE_SPREAD,
+            **interleave_kw) -> tuple[pd.DataFrame, Runs]:
+    """:func:`interleave` then :func:`summarize`: ``(summary table, runs)``."""
+    runs = interleave(systems, repeats, **interleave_kw)
+    return summarize(runs, baseline, wide), runs
+
+
+def format_ratio(ratio: float, lo: float, hi: float, wide: bool, digits: int = 2) -> str:
+    """``"1.85x (1.70-1.93)"``, with ``" WIDE SPREAD"`` appended when the spread is wide."""
+    text = f"{ratio:.{digits}f}x ({lo:.{digits}f}-{hi:.{digits}f})"
+    return text + (" WIDE SPREAD" if wide else "")
+
+
+def spread_note(table: pd.DataFrame, flag: str = "spread_wide", wide: float = WIDE_SPREAD,
+                what: str = "rows") -> str:
+    """A sentence for the printout: how many ``what`` have a wide spread, or that none has."""
+    if flag not in table.columns:
+        raise ValueError(f"no {flag!r} column; columns: {list(table.columns)}")
+    n = int(table[flag].fillna(False).astype(bool).sum())
+    if n == 0:
+        return (f"Spread: every per-repeat ratio lies within {wide:.0%} of its median "
+                f"((max-min)/median <= {wide:g}).")
+    return (f"WIDE SPREAD in {n} of {len(table)} {what}: (max-min)/median of the per-repeat "
+            f"ratios exceeds {wide:g}. The machine was probably busy; rerun before quoting "
+            "these figures.")
+
+
+def markdown(table: pd.DataFrame, floatfmt: str = ".2f") -> str:
+    """A GitHub markdown table (no extra dependency): floats with ``floatfmt``, booleans as
+    yes/no, missing values empty."""
+    def cell(v):
+        if isinstance(v, (bool, np.bool_)):
+            return "yes" if v else "no"
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return ""
+        if isinstance(v, (float, np.floating)):
+            return format(float(v), floatfmt)
+        return str(v)
+
+    head = "| " + " | ".join(map(str, table.columns)) + " |"
+    rule = "|" + "---|" * len(table.columns)
+    body = ["| " + " | ".join(cell(v) for v in row) + " |"
+            for row in table.itertuples(index=False)]
+    return "\n".join([head, rule, *body])
