@@ -75,3 +75,36 @@ def test_trim_right_drops_only_trailing_columns_no_row_sees():
             assert torch.equal(a, b)
     batch.trim_right()                  # nothing left to trim
     assert batch.mask.shape[1] == width - 5
+
+
+def test_growing_cache_appends_in_place_and_survives_trims_drops_and_joins():
+    """KVCache writes each step into spare room; whatever the batch does to its columns and
+    rows in between, the visible keys equal those of HF's concatenating DynamicCache."""
+    from workbench.rollout.batch import KVCache
+    g = torch.Generator().manual_seed(1)
+    grow, ref = KVCache(), DynamicCache()
+
+    def append(n, rows):
+        k = torch.randn(rows, 2, n, 4, generator=g, dtype=torch.float64)
+        ref.update(k, -k, 0)
+        return grow.update(k, -k, 0)[0]
+
+    append(5, 3)
+    buf = grow.layers[0]._buf_k
+    out = append(1, 3)
+    assert out.data_ptr() == buf.data_ptr()  # written in place, no copy
+    for c in (grow, ref):  # the batch's own column and row operations, on both caches
+        batch = DecodeBatch(list(range(3)), torch.ones(3, 6, dtype=torch.long),
+                            torch.arange(6).expand(3, -1), torch.full((3,), 6),
+                            torch.zeros(3, dtype=torch.long), c)
+        batch.mask[:, -1] = 0
+        batch.trim_right()      # a prefix view: the next append overwrites the dropped column
+    append(2, 3)
+    for c in (grow, ref):
+        DecodeBatch(list(range(3)), torch.ones(3, 7, dtype=torch.long),
+                    torch.arange(7).expand(3, -1), torch.full((3,), 7),
+                    torch.zeros(3, dtype=torch.long), c).keep_rows([2, 0])
+    append(3, 2)
+    assert torch.equal(grow.layers[0].keys, ref.layers[0].keys)
+    assert torch.equal(grow.layers[0].values, ref.layers[0].values)
+    assert grow.layers[0].keys.shape == (2, 2, 10, 4)

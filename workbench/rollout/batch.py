@@ -22,8 +22,53 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-__all__ = ["DecodeBatch"]
+__all__ = ["DecodeBatch", "KVCache", "GrowingLayer"]
+
+
+class GrowingLayer(DynamicLayer):
+    """A KV cache layer whose ``keys``/``values`` are views ``[:, :, :n]`` of buffers with room
+    to spare, so appending a step's columns is an in-place write, not a copy of the whole
+    cache (``torch.cat``, HF's way, copies every column at every step: a third of a step's
+    time at batch 32). Whenever the batch's own operations replace ``keys`` by something that
+    is not a prefix of the buffer (rows dropped or joined, columns trimmed on the left,
+    compaction), the next append moves it into a fresh buffer once."""
+
+    def _backs(self, buf: torch.Tensor | None, view: torch.Tensor) -> bool:
+        return (buf is not None and view.data_ptr() == buf.data_ptr()
+                and view.shape[:2] == buf.shape[:2] and view.stride() == buf.stride()
+                and view.shape[2] <= buf.shape[2])
+
+    def _room(self, view: torch.Tensor, buf: torch.Tensor | None, need: int) -> torch.Tensor:
+        if self._backs(buf, view) and buf.shape[2] >= need:
+            return buf
+        shape = list(view.shape)
+        shape[2] = max(64, 2 * need)
+        fresh = view.new_empty(shape)
+        fresh[:, :, :view.shape[2]] = view
+        return fresh
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+            self._buf_k = self._buf_v = None
+        n, m = self.keys.shape[2], key_states.shape[2]
+        self._buf_k = self._room(self.keys, self._buf_k, n + m)
+        self._buf_v = self._room(self.values, self._buf_v, n + m)
+        self._buf_k[:, :, n:n + m] = key_states
+        self._buf_v[:, :, n:n + m] = value_states
+        self.keys, self.values = self._buf_k[:, :, :n + m], self._buf_v[:, :, :n + m]
+        return self.keys, self.values
+
+
+class KVCache(DynamicCache):
+    """HF's DynamicCache (so HF forwards accept it) made of :class:`GrowingLayer`."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer_class_to_replicate = GrowingLayer
 
 
 def _layers(cache):
@@ -40,7 +85,7 @@ class DecodeBatch:
     col_pos: torch.Tensor                # [B, T] long: position id of each column's token
     next_pos: torch.Tensor               # [B] long: position id of the row's next token
     last_token: torch.Tensor             # [B] long: the token to feed next
-    cache: DynamicCache = field(default_factory=DynamicCache)
+    cache: DynamicCache = field(default_factory=KVCache)
 
     @property
     def size(self) -> int:

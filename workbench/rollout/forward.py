@@ -23,9 +23,10 @@ holes speculative decoding and joining rows leave in the cache.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 __all__ = ["Forward", "LeanForward", "HFForward", "policy_forward", "supports_lean",
            "layer_windows", "attention_mask", "causal_mask_4d", "lean_layer", "RopeTable"]
@@ -90,30 +91,76 @@ class RopeTable:
 
 
 # ---- the lean layer ---------------------------------------------------------------------
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim")
+_FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def supports_lean(config, layer) -> bool:
-    """Whether ``layer`` (of a model with ``config``) can run through :func:`lean_layer`."""
-    attn = getattr(layer, "self_attn", None)
+    """Whether ``layer`` (of a model with ``config``) can run through :func:`lean_layer`:
+    Llama-style attention without q/k norms, a gated MLP, and RMS norms."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    norms = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
     return (getattr(config, "model_type", None) in LEAN_MODEL_TYPES and attn is not None
-            and all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj",
-                                               "scaling", "head_dim"))
-            and not hasattr(attn, "q_norm"))
+            and all(hasattr(attn, n) for n in _PROJECTIONS) and not hasattr(attn, "q_norm")
+            and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+            and all(hasattr(n, "variance_epsilon") for n in norms))
+
+
+def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """An HF RMSNorm module's arithmetic without the module call: normalised in float32 (as
+    HF does, even for float64 input), cast back, times the weight. (``F.rms_norm`` is a
+    composite of more ops than this on the CPU.)"""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return norm.weight * h.to(x.dtype)
+
+
+def fused_linear(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for several linears on the same input: one matmul instead of
+    several. Cached per first module and rebuilt whenever any weight changes in place
+    (``_version``) or is replaced, so training and ``update_weights`` are seen at once."""
+    key = tuple((m.weight.data_ptr(), m.weight._version,
+                 None if m.bias is None else m.bias._version) for m in linears)
+    hit = _FUSED.get(linears[0])
+    if hit is None or hit[0] != key:
+        biases = [m.bias for m in linears]
+        bias = None if any(b is None for b in biases) else torch.cat([b.detach() for b in biases])
+        hit = (key, torch.cat([m.weight.detach() for m in linears]), bias)
+        _FUSED[linears[0]] = hit
+    return hit[1], hit[2]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x [B, L, heads, d]`` (HF's ``x * cos + rotate_half(x) * sin``)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def lean_layer(layer, x, mask, position_embeddings, cache, layer_idx: int):
     """One decoder layer on ``x``, the same function as the HF layer, with its KV in entry
-    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything)."""
-    attn = layer.self_attn
-    h = layer.input_layernorm(x)
-    shape = (*h.shape[:-1], -1, attn.head_dim)
-    q = attn.q_proj(h).view(shape).transpose(1, 2)
-    k = attn.k_proj(h).view(shape).transpose(1, 2)
-    v = attn.v_proj(h).view(shape).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
-    k, v = cache.update(k, v, layer_idx)
+    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything).
+
+    The arithmetic is the layer's own; what goes is the machinery around it: q/k/v come from
+    one fused matmul, RoPE rotates queries and keys in one pass, gate and up projections are
+    one matmul, norms are one fused op, and modules are not called through ``__call__``."""
+    attn, mlp = layer.self_attn, layer.mlp
+    d = attn.head_dim
+    h = rms_norm(layer.input_layernorm, x)
+    w, b = fused_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+    qkv = F.linear(h, w, b).view(*h.shape[:-1], -1, d)               # [B, L, heads, d]
+    n_q, n_kv = attn.q_proj.weight.shape[0] // d, attn.k_proj.weight.shape[0] // d
+    cos, sin = (t.unsqueeze(2) for t in position_embeddings)
+    qk = _rotate(qkv[:, :, :n_q + n_kv], cos, sin)
+    q, k = qk[:, :, :n_q].transpose(1, 2), qk[:, :, n_q:].transpose(1, 2)
+    k, v = cache.update(k, qkv[:, :, n_q + n_kv:].transpose(1, 2), layer_idx)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
                                          enable_gqa=True)
-    x = x + attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    x = x + F.linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), attn.o_proj.weight,
+                     attn.o_proj.bias)
+    h = rms_norm(layer.post_attention_layernorm, x)
+    w, b = fused_linear(mlp.gate_proj, mlp.up_proj)
+    gate, up = F.linear(h, w, b).chunk(2, dim=-1)
+    return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
 
 # ---- the two forwards -------------------------------------------------------------------
@@ -158,12 +205,12 @@ class LeanForward(Forward):
 
     @torch.no_grad()
     def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
-        x = self.decoder.embed_tokens(input_ids)
+        x = F.embedding(input_ids, self.decoder.embed_tokens.weight)
         masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True)
         rope = self.rope(x, position_ids)
         for i, (layer, window) in enumerate(zip(self.decoder.layers, self.windows)):
             x = lean_layer(layer, x, masks[window], rope, cache, i)
-        return self.lm_head(self.decoder.norm(x[:, logits_from:])), x
+        return self.lm_head(rms_norm(self.decoder.norm, x[:, logits_from:])), x
 
 
 class HFForward(Forward):
