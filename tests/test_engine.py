@@ -62,6 +62,8 @@ def test_continuous_batching_gives_the_tokens_of_waves_and_of_running_alone(toke
     assert len(prefills) > 3  # requests joined mid-run
     before_last_join = steps.loc[:prefills[-1]]
     assert (before_last_join[before_last_join["kind"] == "decode"]["batch_size"] == 4).all()
+    active = cont.timeline.active_batch()  # joining prefills count the rows they join too
+    assert (active[active["start_s"] <= steps.loc[prefills[-1], "start_s"]]["batch_size"] == 4).all()
     wave_sizes = waves.timeline.steps.query("kind == 'decode'")["batch_size"]
     assert (wave_sizes < 4).sum() > (steps.query("kind == 'decode'")["batch_size"] < 4).sum()
     assert len(cont.timeline.steps) < len(waves.timeline.steps)  # fewer, fuller steps

@@ -144,9 +144,19 @@ class Timeline:
         }).reindex(range(self.num_workers)).fillna(0).rename_axis("worker")
 
     def active_batch(self) -> pd.DataFrame:
-        """Rows ``worker, start_s, end_s, batch_size`` of rollout steps: the active batch over time."""
+        """Rows ``worker, start_s, end_s, batch_size`` of rollout steps: the active batch over
+        time. A prefill step runs only the requests joining the batch (continuous batching),
+        so its active batch counts every request of the worker live at its start: the running
+        rows waiting for it and the joining ones."""
         s = self.steps[self.steps["kind"].isin(ROLLOUT_KINDS)]
-        return s[["worker", "start_s", "end_s", "batch_size"]].reset_index(drop=True)
+        s = s[["worker", "start_s", "end_s", "batch_size", "kind"]].reset_index(drop=True)
+        req = self.requests
+        for i in s.index[s["kind"] == "prefill"]:
+            w, t = s.at[i, "worker"], s.at[i, "start_s"]
+            mine = req[req["worker"] == w]
+            live = int(((mine["start_s"] <= t) & (mine["end_s"] > t)).sum())
+            s.at[i, "batch_size"] = max(live, int(s.at[i, "batch_size"]))
+        return s.drop(columns="kind")
 
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of DESIGN.md's measures."""
