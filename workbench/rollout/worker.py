@@ -109,7 +109,7 @@ class Worker:
                            drafter if schedule.needs_drafter else None, on_finish)
         cap = cfg.max_batch_size or max(1, len(outputs))
         queue = deque(outputs)
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step
             while queue:
                 dec.admit([queue.popleft() for _ in range(min(cap - dec.size, len(queue)))])
                 while dec.size and (cfg.batching == "waves" or dec.size == cap or not queue):
