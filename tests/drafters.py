@@ -25,5 +25,5 @@ class ScriptedDrafter(Drafter):
             if j < k:
                 prop[j] = (prop[j] + 1) % self.vocab_size
             out.append(prop)
-        tokens = torch.tensor(out, dtype=torch.long, device=ctx.decoder.batch.mask.device)
+        tokens = torch.tensor(out, dtype=torch.long, device=ctx.device)
         return self.proposal(ctx, tokens)

@@ -197,15 +197,12 @@ class LocalBackend:
         return [fn(worker, item) for worker, item in zip(self.workers, items)]
 
     def update_weights(self, policy=None, drafter=None) -> None:
-        seen_models, seen_drafters = set(), set()  # workers may share one module locally
+        loaded = set()  # workers may share one module here: load each module once
         for worker in self.workers:
-            new_model = id(worker.model) not in seen_models
             module = getattr(worker.drafter, "module", None)
-            new_drafter = module is not None and id(module) not in seen_drafters
-            worker.load_weights(policy if new_model else None,
-                                drafter if new_drafter or module is None else None)
-            seen_models.add(id(worker.model))
-            seen_drafters.add(id(module))
+            worker.load_weights(policy if id(worker.model) not in loaded else None,
+                                drafter if id(module) not in loaded else None)
+            loaded |= {id(worker.model), id(module)}
 
     def close(self) -> None:
         self.workers = []
