@@ -232,8 +232,7 @@ class HFForward(Forward):
 
     @torch.no_grad()
     def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
-        dtype = self.decoder.embed_tokens.weight.dtype
-        masks = self.masks(mask, col_pos, position_ids, dtype, allow_none=False)
+        masks = self.masks(mask, col_pos, position_ids, self.dtype, allow_none=False)
         out = self.decoder(input_ids=input_ids, attention_mask=self._mask_argument(masks),
                            position_ids=position_ids, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[:, logits_from:]
