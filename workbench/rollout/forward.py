@@ -24,12 +24,14 @@ holes speculative decoding and joining rows leave in the cache.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 __all__ = ["Forward", "LeanForward", "HFForward", "policy_forward", "supports_lean",
-           "layer_windows", "attention_mask", "causal_mask_4d", "lean_layer", "RopeTable"]
+           "layer_windows", "attention_mask", "causal_mask_4d", "lean_layer", "run_layer",
+           "LayerPlan", "layer_plan", "RopeTable"]
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -92,7 +94,7 @@ class RopeTable:
 
 # ---- the lean layer ---------------------------------------------------------------------
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim")
-_FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def supports_lean(config, layer) -> bool:
@@ -106,28 +108,71 @@ def supports_lean(config, layer) -> bool:
             and all(hasattr(n, "variance_epsilon") for n in norms))
 
 
-def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
-    """An HF RMSNorm module's arithmetic without the module call: normalised in float32 (as
-    HF does, even for float64 input), cast back, times the weight. (``F.rms_norm`` is a
-    composite of more ops than this on the CPU.)"""
+def rms_norm(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
+    """An HF RMSNorm's arithmetic without the module call: normalised in float32 (as HF does,
+    even for float64 input), cast back, times the weight. (``F.rms_norm`` is a composite of
+    more ops than this on the CPU.)"""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
-def fused_linear(*linears) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) for several linears on the same input: one matmul instead of
-    several. Cached per first module and rebuilt whenever any weight changes in place
-    (``_version``) or is replaced, so training and ``update_weights`` are seen at once."""
-    key = tuple((m.weight.data_ptr(), m.weight._version,
-                 None if m.bias is None else m.bias._version) for m in linears)
-    hit = _FUSED.get(linears[0])
+def weights_key(params) -> tuple:
+    """Changes whenever a parameter is written in place (``_version``: ``load_state_dict``,
+    optimizer steps) or gets new storage (``.data = ...``)."""
+    return tuple((p.data_ptr(), p._version) for p in params)
+
+
+def _cat(tensors) -> torch.Tensor | None:
+    return None if any(t is None for t in tensors) else torch.cat([t.detach() for t in tensors])
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """A decoder layer's tensors, read once from its modules, with q/k/v and gate/up fused
+    into one weight each (one matmul instead of three, and of two). Reading nn.Module
+    attributes costs more than some of the ops they feed, so a step reads these instead."""
+
+    ln1: torch.Tensor
+    eps1: float
+    w_qkv: torch.Tensor
+    b_qkv: torch.Tensor | None
+    n_q: int
+    n_kv: int
+    head_dim: int
+    scale: float
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    ln2: torch.Tensor
+    eps2: float
+    w_gate_up: torch.Tensor
+    b_gate_up: torch.Tensor | None
+    act: object
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+
+    @classmethod
+    def of(cls, layer) -> "LayerPlan":
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+        d = attn.head_dim
+        return cls(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
+                   _cat([m.weight for m in qkv]), _cat([m.bias for m in qkv]),
+                   attn.q_proj.weight.shape[0] // d, attn.k_proj.weight.shape[0] // d, d,
+                   attn.scaling, attn.o_proj.weight, attn.o_proj.bias,
+                   layer.post_attention_layernorm.weight,
+                   layer.post_attention_layernorm.variance_epsilon,
+                   _cat([m.weight for m in gate_up]), _cat([m.bias for m in gate_up]),
+                   mlp.act_fn, mlp.down_proj.weight, mlp.down_proj.bias)
+
+
+def layer_plan(layer) -> LayerPlan:
+    """``layer``'s plan, cached and rebuilt whenever one of its weights changes."""
+    key = weights_key(layer.parameters())
+    hit = _PLANS.get(layer)
     if hit is None or hit[0] != key:
-        biases = [m.bias for m in linears]
-        bias = None if any(b is None for b in biases) else torch.cat([b.detach() for b in biases])
-        hit = (key, torch.cat([m.weight.detach() for m in linears]), bias)
-        _FUSED[linears[0]] = hit
-    return hit[1], hit[2]
+        hit = _PLANS[layer] = (key, LayerPlan.of(layer))
+    return hit[1]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -136,31 +181,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def lean_layer(layer, x, mask, position_embeddings, cache, layer_idx: int):
-    """One decoder layer on ``x``, the same function as the HF layer, with its KV in entry
-    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything).
-
-    The arithmetic is the layer's own; what goes is the machinery around it: q/k/v come from
-    one fused matmul, RoPE rotates queries and keys in one pass, gate and up projections are
-    one matmul, norms are one fused op, and modules are not called through ``__call__``."""
-    attn, mlp = layer.self_attn, layer.mlp
-    d = attn.head_dim
-    h = rms_norm(layer.input_layernorm, x)
-    w, b = fused_linear(attn.q_proj, attn.k_proj, attn.v_proj)
-    qkv = F.linear(h, w, b).view(*h.shape[:-1], -1, d)               # [B, L, heads, d]
-    n_q, n_kv = attn.q_proj.weight.shape[0] // d, attn.k_proj.weight.shape[0] // d
+def run_layer(p: LayerPlan, x, mask, position_embeddings, cache, layer_idx: int):
+    """One decoder layer on ``x``, the same arithmetic as the HF layer, with its KV in entry
+    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything). What goes
+    is the machinery around the arithmetic: fused matmuls, RoPE on queries and keys in one
+    pass, no module calls."""
+    h = rms_norm(p.ln1, p.eps1, x)
+    qkv = F.linear(h, p.w_qkv, p.b_qkv).view(*h.shape[:-1], -1, p.head_dim)  # [B, L, heads, d]
+    n = p.n_q + p.n_kv
     cos, sin = (t.unsqueeze(2) for t in position_embeddings)
-    qk = _rotate(qkv[:, :, :n_q + n_kv], cos, sin)
-    q, k = qk[:, :, :n_q].transpose(1, 2), qk[:, :, n_q:].transpose(1, 2)
-    k, v = cache.update(k, qkv[:, :, n_q + n_kv:].transpose(1, 2), layer_idx)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
-                                         enable_gqa=True)
-    x = x + F.linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), attn.o_proj.weight,
-                     attn.o_proj.bias)
-    h = rms_norm(layer.post_attention_layernorm, x)
-    w, b = fused_linear(mlp.gate_proj, mlp.up_proj)
-    gate, up = F.linear(h, w, b).chunk(2, dim=-1)
-    return x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    qk = _rotate(qkv[:, :, :n], cos, sin)
+    k, v = cache.update(qk[:, :, p.n_q:].transpose(1, 2), qkv[:, :, n:].transpose(1, 2),
+                        layer_idx)
+    out = F.scaled_dot_product_attention(qk[:, :, :p.n_q].transpose(1, 2), k, v,
+                                         attn_mask=mask, scale=p.scale, enable_gqa=True)
+    x = x + F.linear(out.transpose(1, 2).reshape(*x.shape[:-1], -1), p.w_o, p.b_o)
+    gate, up = F.linear(rms_norm(p.ln2, p.eps2, x), p.w_gate_up, p.b_gate_up).chunk(2, dim=-1)
+    return x + F.linear(p.act(gate) * up, p.w_down, p.b_down)
+
+
+def lean_layer(layer, x, mask, position_embeddings, cache, layer_idx: int):
+    """:func:`run_layer` on ``layer``'s (cached) plan."""
+    return run_layer(layer_plan(layer), x, mask, position_embeddings, cache, layer_idx)
 
 
 # ---- the two forwards -------------------------------------------------------------------
@@ -189,7 +231,10 @@ class Forward:
 
 
 class LeanForward(Forward):
-    """The protocol through :func:`lean_layer` (Llama, Qwen2, Mistral)."""
+    """The protocol through :func:`run_layer` (Llama, Qwen2, Mistral). The layers' plans are
+    checked against the weights once per call (:func:`weights_key`), so weights loaded or
+    trained in place are used at the next step. A module given a new parameter object needs
+    a new forward."""
 
     def __init__(self, model):
         if not self.covers(model):
@@ -197,20 +242,30 @@ class LeanForward(Forward):
                              f"supported: {LEAN_MODEL_TYPES} without per-head q/k norms")
         super().__init__(model)
         self.rope = RopeTable(self.decoder.rotary_emb)
+        self.params = list(model.parameters())
+        self.key, self.plans = None, []
 
     @staticmethod
     def covers(model) -> bool:
         """Whether every decoder layer of ``model`` can run through :func:`lean_layer`."""
         return all(supports_lean(model.config, layer) for layer in model.get_decoder().layers)
 
+    def _plans(self) -> list[LayerPlan]:
+        key = weights_key(self.params)
+        if key != self.key:
+            self.key, self.plans = key, [LayerPlan.of(layer) for layer in self.decoder.layers]
+        return self.plans
+
     @torch.no_grad()
     def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
+        plans = self._plans()
         x = F.embedding(input_ids, self.decoder.embed_tokens.weight)
         masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True)
         rope = self.rope(x, position_ids)
-        for i, (layer, window) in enumerate(zip(self.decoder.layers, self.windows)):
-            x = lean_layer(layer, x, masks[window], rope, cache, i)
-        return self.lm_head(rms_norm(self.decoder.norm, x[:, logits_from:])), x
+        for i, (plan, window) in enumerate(zip(plans, self.windows)):
+            x = run_layer(plan, x, masks[window], rope, cache, i)
+        norm = self.decoder.norm
+        return self.lm_head(rms_norm(norm.weight, norm.variance_epsilon, x[:, logits_from:])), x
 
 
 class HFForward(Forward):
