@@ -87,3 +87,20 @@ def test_prenorm_states_equal_hf_hidden_states(tokenizer):
         _, hidden = fwd(ids, pos, torch.ones_like(ids), pos, DynamicCache(), logits_from=0)
         # HF's last hidden state is after the final norm; the engine keeps the one before it
         torch.testing.assert_close(model.get_decoder().norm(hidden[0]), ref_hidden)
+
+
+def test_lean_forward_sees_weights_changed_in_place(tokenizer):
+    """Plans (fused weights) are rebuilt when weights are loaded or trained in place."""
+    model, other = tiny_model("llama", tokenizer, seed=0), tiny_model("llama", tokenizer, seed=4)
+    seq = tokenizer(PROMPTS[1])["input_ids"]
+    ids, pos = torch.tensor([seq]), torch.arange(len(seq))[None]
+    lean = LeanForward(model)
+    before, _ = lean(ids, pos, torch.ones_like(ids), pos, DynamicCache(), logits_from=0)
+    model.load_state_dict(other.state_dict())  # copies into the same tensors
+    after, _ = lean(ids, pos, torch.ones_like(ids), pos, DynamicCache(), logits_from=0)
+    torch.testing.assert_close(after[0], fresh(other, seq)[0])
+    assert not torch.allclose(before, after)
+    with torch.no_grad():
+        model.get_decoder().layers[1].mlp.up_proj.weight.mul_(2)  # one weight, trained in place
+    again, _ = lean(ids, pos, torch.ones_like(ids), pos, DynamicCache(), logits_from=0)
+    torch.testing.assert_close(again[0], fresh(model, seq)[0])
