@@ -11,10 +11,11 @@ columns included (``rollout.batch.DecodeBatch``). The attention mask is built he
 positions, not column indices, so causality and sliding windows count real tokens whatever
 holes speculative decoding and joining rows leave in the cache.
 
-- :class:`LeanForward` calls the layers' own modules (norms, projections, MLP) directly, one
-  SDPA call per layer with GQA, cos/sin from a table, and no mask at all for a one-token step
-  that may see every column. HF's model forward rebuilds masks and rotary embeddings, checks
-  inputs and records outputs on every call; on small models that fixed cost is most of a step.
+- :class:`LeanForward` runs each layer's arithmetic on tensors read once from its modules
+  (:class:`LayerPlan`: q/k/v and gate/up fused into one matmul each), one SDPA call per layer
+  with GQA, cos/sin from a table, and no mask at all for a one-token step that may see every
+  column. HF's model forward rebuilds masks and rotary embeddings, checks inputs and records
+  outputs on every call; on small models that fixed cost is most of a step.
   Covered: Llama, Qwen2 and Mistral layers (sliding windows included) without per-head q/k
   norms (:func:`supports_lean`).
 - :class:`HFForward` runs the model's own decoder with a prepared 4D mask (a dict of masks
