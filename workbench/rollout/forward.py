@@ -81,9 +81,10 @@ class RopeTable:
 
     def __init__(self, rotary):
         self.rotary, self.table = rotary, None
+        self.dynamic = getattr(rotary, "rope_type", "default") != "default"
 
     def __call__(self, x: torch.Tensor, pos: torch.Tensor):
-        if getattr(self.rotary, "rope_type", "default") != "default":
+        if self.dynamic:
             return self.rotary(x, pos)
         need = int(pos.max()) + 1
         table = self.table
@@ -216,6 +217,7 @@ class Forward:
         self.lm_head = model.get_output_embeddings()
         self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.windows = layer_windows(model.config, len(self.decoder.layers))
+        self.distinct_windows = sorted(set(self.windows), key=lambda w: -1 if w is None else w)
 
     @property
     def device(self) -> torch.device:
@@ -228,7 +230,7 @@ class Forward:
     def masks(self, mask, col_pos, q_pos, dtype, allow_none: bool) -> dict:
         """``{window: additive mask or None}`` for every distinct window of the layers."""
         return {w: attention_mask(mask, col_pos, q_pos, w, dtype, allow_none)
-                for w in set(self.windows)}
+                for w in self.distinct_windows}
 
 
 class LeanForward(Forward):
@@ -266,7 +268,8 @@ class LeanForward(Forward):
         for i, (plan, window) in enumerate(zip(plans, self.windows)):
             x = run_layer(plan, x, masks[window], rope, cache, i)
         norm = self.decoder.norm
-        return self.lm_head(rms_norm(norm.weight, norm.variance_epsilon, x[:, logits_from:])), x
+        h = rms_norm(norm.weight, norm.variance_epsilon, x[:, logits_from:])
+        return F.linear(h, self.lm_head.weight, self.lm_head.bias), x
 
 
 class HFForward(Forward):
