@@ -53,13 +53,16 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
-            self._buf_k = self._buf_v = None
+            self._buf_k = self._buf_v = self._mine = None
         n, m = self.keys.shape[2], key_states.shape[2]
-        self._buf_k = self._room(self.keys, self._buf_k, n + m)
-        self._buf_v = self._room(self.values, self._buf_v, n + m)
+        if self.keys is not self._mine or self._buf_k.shape[2] < n + m:
+            # not the view this layer handed out last (the batch replaced it), or full
+            self._buf_k = self._room(self.keys, self._buf_k, n + m)
+            self._buf_v = self._room(self.values, self._buf_v, n + m)
         self._buf_k[:, :, n:n + m] = key_states
         self._buf_v[:, :, n:n + m] = value_states
         self.keys, self.values = self._buf_k[:, :, :n + m], self._buf_v[:, :, :n + m]
+        self._mine = self.keys
         return self.keys, self.values
 
 
@@ -69,6 +72,12 @@ class KVCache(DynamicCache):
     def __init__(self):
         super().__init__()
         self.layer_class_to_replicate = GrowingLayer
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """HF's ``Cache.update`` without its offloading checks."""
+        while len(self.layers) <= layer_idx:
+            self.layers.append(GrowingLayer())
+        return self.layers[layer_idx].update(key_states, value_states)
 
 
 def _layers(cache):

@@ -114,6 +114,8 @@ def rms_norm(weight: torch.Tensor, eps: float, x: torch.Tensor) -> torch.Tensor:
     """An HF RMSNorm's arithmetic without the module call: normalised in float32 (as HF does,
     even for float64 input), cast back, times the weight. (``F.rms_norm`` is a composite of
     more ops than this on the CPU.)"""
+    if x.dtype == torch.float32:  # the common case: no casts
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -185,14 +187,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def run_layer(p: LayerPlan, x, mask, position_embeddings, cache, layer_idx: int):
     """One decoder layer on ``x``, the same arithmetic as the HF layer, with its KV in entry
-    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything). What goes
+    ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything);
+    ``position_embeddings`` are cos/sin ``[B, L, 1, d]`` (:func:`head_rope`). What goes
     is the machinery around the arithmetic: fused matmuls, RoPE on queries and keys in one
     pass, no module calls."""
     h = rms_norm(p.ln1, p.eps1, x)
     qkv = F.linear(h, p.w_qkv, p.b_qkv).view(*h.shape[:-1], -1, p.head_dim)  # [B, L, heads, d]
     n = p.n_q + p.n_kv
-    cos, sin = (t.unsqueeze(2) for t in position_embeddings)
-    qk = _rotate(qkv[:, :, :n], cos, sin)
+    qk = _rotate(qkv[:, :, :n], *position_embeddings)
     k, v = cache.update(qk[:, :, p.n_q:].transpose(1, 2), qkv[:, :, n:].transpose(1, 2),
                         layer_idx)
     out = F.scaled_dot_product_attention(qk[:, :, :p.n_q].transpose(1, 2), k, v,
@@ -202,9 +204,15 @@ def run_layer(p: LayerPlan, x, mask, position_embeddings, cache, layer_idx: int)
     return x + F.linear(p.act(gate) * up, p.w_down, p.b_down)
 
 
+def head_rope(position_embeddings):
+    """HF's cos/sin ``[B, L, d]`` shaped for ``[B, L, heads, d]`` queries and keys."""
+    return tuple(t.unsqueeze(2) for t in position_embeddings)
+
+
 def lean_layer(layer, x, mask, position_embeddings, cache, layer_idx: int):
-    """:func:`run_layer` on ``layer``'s (cached) plan."""
-    return run_layer(layer_plan(layer), x, mask, position_embeddings, cache, layer_idx)
+    """:func:`run_layer` on ``layer``'s (cached) plan, with HF's cos/sin ``[B, L, d]``."""
+    return run_layer(layer_plan(layer), x, mask, head_rope(position_embeddings), cache,
+                     layer_idx)
 
 
 # ---- the two forwards -------------------------------------------------------------------
@@ -264,7 +272,7 @@ class LeanForward(Forward):
         plans = self._plans()
         x = F.embedding(input_ids, self.decoder.embed_tokens.weight)
         masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True)
-        rope = self.rope(x, position_ids)
+        rope = head_rope(self.rope(x, position_ids))
         for i, (plan, window) in enumerate(zip(plans, self.windows)):
             x = run_layer(plan, x, masks[window], rope, cache, i)
         norm = self.decoder.norm
