@@ -63,7 +63,12 @@ def test_continuous_batching_gives_the_tokens_of_waves_and_of_running_alone(toke
     before_last_join = steps.loc[:prefills[-1]]
     assert (before_last_join[before_last_join["kind"] == "decode"]["batch_size"] == 4).all()
     active = cont.timeline.active_batch()  # joining prefills count the rows they join too
-    assert (active[active["start_s"] <= steps.loc[prefills[-1], "start_s"]]["batch_size"] == 4).all()
+    joins = steps.loc[prefills[1:], ["worker", "start_s", "batch_size"]].merge(
+        active, on=["worker", "start_s"], suffixes=("_own", "_active"))
+    assert len(joins) == len(prefills) - 1
+    assert (joins["batch_size_active"] >= joins["batch_size_own"]).all()
+    assert (joins["batch_size_active"] <= 4).all()
+    assert (joins["batch_size_active"] > joins["batch_size_own"]).any()
     wave_sizes = waves.timeline.steps.query("kind == 'decode'")["batch_size"]
     assert (wave_sizes < 4).sum() > (steps.query("kind == 'decode'")["batch_size"] < 4).sum()
     assert len(cont.timeline.steps) < len(waves.timeline.steps)  # fewer, fuller steps
@@ -90,6 +95,17 @@ def test_a_request_joining_mid_batch_has_a_cache_equal_to_a_fresh_recompute(toke
     dec.plain_step()
     dec.spec_step(4)
     visible_cache_equals_fresh_recompute(model, dec)
+
+
+def test_prefill_groups_bound_padding_and_cover_every_request():
+    from workbench.rollout.decoder import prefill_groups
+    lengths = [79, 7, 40, 38, 12, 75, 9, 41, 30, 60]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:
+        block = max(lengths[i] for i in g) * len(g)
+        assert sum(lengths[i] for i in g) >= 0.75 * block
+    assert len(groups) < len(lengths) and prefill_groups([5, 5, 5]) == [[0, 1, 2]]
 
 
 # ---- schedules --------------------------------------------------------------------------

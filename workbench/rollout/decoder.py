@@ -21,7 +21,7 @@ from .forward import Forward
 from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
 from .schedule import StepPlan, StepReport
 
-__all__ = ["BatchDecoder", "DraftContext"]
+__all__ = ["BatchDecoder", "DraftContext", "prefill_groups"]
 
 
 def _timed(fn, *args, **kwargs):
@@ -76,6 +76,24 @@ class DraftContext:
 
     def choose(self, logits: torch.Tensor, depth: int):
         return self.decoder.choose_draft(logits, depth)
+
+
+def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[int]]:
+    """Indices of ``lengths`` in groups to prefill together: longest first, a group growing
+    while at most ``max_padding`` of its left-padded block is padding. A prefill is
+    compute-bound, so padding costs what real tokens cost; one more forward costs little."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None:
+            longest = lengths[g[0]]
+            real = sum(lengths[j] for j in g) + lengths[i]
+            if real >= (1 - max_padding) * longest * (len(g) + 1):
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 class BatchDecoder:
@@ -134,7 +152,13 @@ class BatchDecoder:
 
     # ---- steps --------------------------------------------------------------------------
     def admit(self, reqs) -> None:
-        """Prefill ``reqs`` and join them to the running batch (a ``prefill`` step)."""
+        """Prefill ``reqs`` and join them to the running batch: one ``prefill`` step per group
+        of similar prompt lengths (:func:`prefill_groups`), so that short prompts are not
+        padded to the longest one."""
+        for group in prefill_groups([len(r.prompt_ids) for r in reqs]):
+            self._admit_group([reqs[i] for i in group])
+
+    def _admit_group(self, reqs) -> None:
         start = self.rec.begin()
         first = len(self.reqs)
         self.reqs.extend(reqs)
