@@ -97,6 +97,23 @@ def test_a_request_joining_mid_batch_has_a_cache_equal_to_a_fresh_recompute(toke
     visible_cache_equals_fresh_recompute(model, dec)
 
 
+def test_continuous_batching_refills_once_enough_slots_are_free(tokenizer):
+    model = tiny_model("llama", tokenizer, seed=0)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=40, max_batch_size=8, refill_slots=3,
+                        samples_per_prompt=3)
+    res = engine.rollout(MANY, cfg, progress=False)
+    assert res.tokens == engine.rollout(MANY, cfg, batching="waves", progress=False).tokens
+    steps = res.timeline.steps
+    last_join = steps.index[steps["kind"] == "prefill"][-1]
+    sizes = steps.loc[:last_join].query("kind == 'decode'")["batch_size"]
+    assert sizes.min() >= 8 - 3 + 1 and sizes.max() == 8 and (sizes < 8).any()
+    assert RolloutConfig(max_batch_size=32).refill_for(32) == 4
+    assert RolloutConfig(max_batch_size=8).refill_for(8) == 1
+    with pytest.raises(ValueError, match="refill_slots must be None or an integer >= 1"):
+        RolloutConfig(refill_slots=0)
+
+
 def test_prefill_groups_bound_padding_and_cover_every_request():
     from workbench.rollout.decoder import prefill_groups
     lengths = [79, 7, 40, 38, 12, 75, 9, 41, 30, 60]

@@ -28,6 +28,11 @@ class RolloutConfig:
             prefill joins the running batch, as in vLLM and SGLang), so the batch stays full
             until the queue empties; ``"waves"`` decodes ``max_batch_size`` requests until the
             last of them finishes, then the next wave.
+        refill_slots: continuous batching refills once this many slots are free (or every
+            waiting request fits); 1 refills each finished row's slot at once. Each refill is
+            one prefill forward, which costs about half a decode step of a full batch on a
+            CPU, so refilling slots one by one costs more than the few steps a slot waits.
+            ``None``: an eighth of ``max_batch_size`` (1 below a batch of 16).
         harvest: keep the policy's pre-norm last hidden state at every fed position (drafter
             training data) in ``RequestOutput.hidden``.
         spec_k: draft tokens per speculative step when a drafter is given without a schedule.
@@ -46,6 +51,7 @@ class RolloutConfig:
     workers: int = 1
     max_batch_size: int | None = None
     batching: str = "continuous"
+    refill_slots: int | None = None
     harvest: bool = False
     spec_k: int = 4
     spec_mode: str = "coupled"
@@ -66,9 +72,18 @@ class RolloutConfig:
                                                 or self.max_batch_size < 1):
             raise ValueError(f"max_batch_size must be None or an integer >= 1, got "
                              f"{self.max_batch_size!r}")
+        if self.refill_slots is not None and (isinstance(self.refill_slots, bool)
+                                              or not isinstance(self.refill_slots, int)
+                                              or self.refill_slots < 1):
+            raise ValueError(f"refill_slots must be None or an integer >= 1, got "
+                             f"{self.refill_slots!r}")
         if not isinstance(self.harvest, bool):
             raise ValueError(f"harvest must be True or False, got {self.harvest!r}")
         self.sampling  # validates temperature, top_p and seed
+
+    def refill_for(self, batch_size: int) -> int:
+        """Free slots that trigger a refill of a continuous batch of ``batch_size``."""
+        return self.refill_slots or max(1, batch_size // 8)
 
     @property
     def sampling(self) -> SamplingParams:
