@@ -11,6 +11,10 @@ SPEC_MODES = ("coupled", "speculative")
 BATCHING = ("continuous", "waves")
 
 
+def _int_at_least(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """Arguments of one rollout step.
@@ -65,18 +69,12 @@ class RolloutConfig:
                   ("spec_k", self.spec_k, 1),
                   ("samples_per_prompt", self.samples_per_prompt, 1), ("rl_step", self.rl_step, 0)]
         for name, value, low in checks:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not _int_at_least(value, low):
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.max_batch_size is not None and (isinstance(self.max_batch_size, bool)
-                                                or not isinstance(self.max_batch_size, int)
-                                                or self.max_batch_size < 1):
-            raise ValueError(f"max_batch_size must be None or an integer >= 1, got "
-                             f"{self.max_batch_size!r}")
-        if self.refill_slots is not None and (isinstance(self.refill_slots, bool)
-                                              or not isinstance(self.refill_slots, int)
-                                              or self.refill_slots < 1):
-            raise ValueError(f"refill_slots must be None or an integer >= 1, got "
-                             f"{self.refill_slots!r}")
+        for name in ("max_batch_size", "refill_slots"):
+            value = getattr(self, name)
+            if value is not None and not _int_at_least(value, 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
         if not isinstance(self.harvest, bool):
             raise ValueError(f"harvest must be True or False, got {self.harvest!r}")
         self.sampling  # validates temperature, top_p and seed

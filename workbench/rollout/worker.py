@@ -111,7 +111,7 @@ class Worker:
         queue = deque(outputs)
         with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step
             while queue or dec.size:
-                if queue and self._refill_due(cfg, cap - dec.size, dec.size, len(queue)):
+                if queue and self._refill_due(cfg, cap, dec.size, len(queue)):
                     dec.admit([queue.popleft() for _ in range(min(cap - dec.size, len(queue)))])
                 if dec.size:
                     self._step(dec, schedule)
@@ -119,12 +119,12 @@ class Worker:
         return WorkerResult(self.index, outputs, list(rec.rows))
 
     @staticmethod
-    def _refill_due(cfg: RolloutConfig, free: int, live: int, waiting: int) -> bool:
+    def _refill_due(cfg: RolloutConfig, cap: int, live: int, waiting: int) -> bool:
         """Whether waiting requests join now: waves when the batch is empty; continuous
-        batching once ``cfg.refill_slots`` slots are free (or all that wait fit)."""
+        batching once ``cfg.refill_for(cap)`` slots are free (or all that wait fit)."""
         if live == 0:
             return True
-        return cfg.batching == "continuous" and free >= min(cfg.refill_for(free + live), waiting)
+        return cfg.batching == "continuous" and cap - live >= min(cfg.refill_for(cap), waiting)
 
     def _step(self, dec: BatchDecoder, schedule: Schedule) -> None:
         plan = schedule.plan(dec.size, self.index)
