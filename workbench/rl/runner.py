@@ -22,6 +22,7 @@ import torch
 
 from ..atomic import atomic_dir, recover_dir
 from ..rollout import RolloutConfig, RolloutEngine
+from ..rollout.timeline import ROLLOUT_KINDS
 from ..tasks import Problem, exact_match_reward
 from ..train import TrainConfig, Trainer
 from .grpo import (GRPOConfig, SequenceBatch, aggregate_sums, group_advantages, k3,
@@ -246,15 +247,17 @@ class GRPO:
         drift = torch.cat([k3(ref - o) for ref, o in zip(self._ref, old)]).mean()
         tl = rl.result.timeline
         n = self.config.workers
+        rollout_s = float(tl.steps.loc[tl.steps["kind"].isin(ROLLOUT_KINDS), "end_s"].max())
         return {"step": rl.step, "reward": sum(rl.rewards) / len(rl.rewards),
                 "accuracy": sum(correct) / len(correct),
                 "response_len": sum(lengths) / len(lengths), "response_len_max": max(lengths),
                 "kl_start": float(drift), "loss": float(hist["loss"].mean()),
                 "clip_fraction": float(hist["clip_fraction"].mean()),
                 "grad_norm": float(hist["grad_norm"].mean()),
-                "rollout_s": tl.makespan_s, "update_s": update_s, "update_sim_s": update_s / n,
+                "rollout_s": rollout_s, "update_s": update_s, "update_sim_s": update_s / n,
                 "step_s": tl.makespan_s + update_s / n, "clock": tl.clock,
-                "idle_fraction": tl.idle_fraction(), "tokens": int(sum(lengths))}
+                "idle_fraction": tl.idle_fraction(), "wasted_fraction": tl.wasted_fraction(),
+                "tokens": int(sum(lengths))}
 
     # ---- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:

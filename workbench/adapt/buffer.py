@@ -1,0 +1,73 @@
+"""The drafter's training data during RL: this step's harvest plus last step's long tail.
+
+Every rollout step harvests ``(tokens, policy states)`` pairs (``harvest=True``). The spot
+trainer runs while the step's longest responses are still decoding, so it can only use the
+requests that have already finished, which are the short ones. TLT's *one-step offset* fixes
+that bias: the buffer also serves the previous step's longest sequences, whose states come from
+a policy one update old but whose length is what the drafter must get right in the tail.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["DrafterBuffer", "BufferItem"]
+
+
+@dataclass
+class BufferItem:
+    """One harvested sequence: its pair, when it finished on the step's clock, its length."""
+
+    pair: tuple            # (tokens [L], states [L-1, H]) as harvest_pairs gives it
+    end_s: float
+    response_tokens: int
+
+
+class DrafterBuffer:
+    """This step's harvested sequences (available once finished) plus the carry: the longest
+    ``carry_fraction`` of the previous step's.
+
+    Args:
+        carry_fraction: share of a step's sequences, longest first, carried into the next step.
+        max_items: cap on the sequences served at once (newest step first, then the carry);
+            ``None``: no cap.
+    """
+
+    def __init__(self, carry_fraction: float = 0.25, max_items: int | None = None):
+        if not (isinstance(carry_fraction, (int, float)) and 0 <= carry_fraction <= 1):
+            raise ValueError(f"carry_fraction must be a number in [0, 1], got {carry_fraction!r}")
+        if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
+            raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
+        self.carry_fraction, self.max_items = carry_fraction, max_items
+        self.current: list[BufferItem] = []
+        self.carry: list[BufferItem] = []
+
+    def add_step(self, result, pairs) -> None:
+        """Start a new step's harvest: ``pairs`` (``harvest_pairs(result)``) with the end times
+        of ``result``'s requests. The previous step's longest sequences become the carry."""
+        if len(pairs) != len(result.requests):
+            raise ValueError(f"{len(pairs)} pairs for {len(result.requests)} requests")
+        self.end_step()
+        self.current = [BufferItem(p, r.end_s, len(r.tokens))
+                        for p, r in zip(pairs, result.requests)]
+
+    def end_step(self) -> None:
+        """Move this step's longest ``carry_fraction`` into the carry (the one-step offset)."""
+        if not self.current:
+            return
+        n = math.ceil(self.carry_fraction * len(self.current))
+        longest = sorted(self.current, key=lambda it: -it.response_tokens)
+        self.carry, self.current = longest[:n], []
+
+    def pairs(self, until_s: float = math.inf) -> list:
+        """Pairs to train on at time ``until_s`` of this step: the sequences finished by then,
+        and the carry."""
+        ready = [it for it in self.current if it.end_s <= until_s]
+        items = ready + self.carry
+        if self.max_items is not None:
+            items = items[:self.max_items]
+        return [it.pair for it in items]
+
+    def state(self) -> dict:
+        """Counts for the steps table and notebooks."""
+        return {"buffer_current": len(self.current), "buffer_carry": len(self.carry)}

@@ -1,0 +1,144 @@
+"""The spot trainer: the drafter learns on workers that sit idle while the long tail decodes.
+
+In a synchronous RL step most workers finish their shard long before the step's longest
+response does. TLT puts that idle window to work: the first worker to finish trains the
+drafter on the harvest buffer (:class:`~workbench.adapt.buffer.DrafterBuffer`) until the
+step's last worker finishes, and is then preempted. Training steps are measured for real and
+recorded as ``drafter_train`` rows on that worker's clock, right after its last rollout step;
+a step that does not fit the window runs to its end and extends the RL step.
+
+The drafter that serves rollouts is never the one being trained: training runs on a copy, and
+:meth:`SpotTrainer.publish` saves it atomically (the previous files stay whole until the new
+ones are complete) and then loads it into the serving drafter in one call. A preemption, or a
+crash, in the middle of an update therefore leaves the previous drafter or the new one, never
+a mix. The new drafter serves from the next RL step.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
+from .buffer import DrafterBuffer
+
+__all__ = ["SpotConfig", "SpotTrainer"]
+
+
+@dataclass
+class SpotConfig:
+    """Arguments of the spot trainer.
+
+    Args:
+        lr: AdamW learning rate of the drafter (constant: training never ends during RL).
+        batch_size: sequences per drafter step.
+        unroll, noise, state_units: EAGLE training (see ``EagleTrainConfig``).
+        max_steps: cap on drafter steps per RL step.
+        min_steps: drafter steps run every RL step even when the idle window is shorter (they
+            extend the step); 0: only what fits.
+        carry_fraction: share of a step's longest sequences the buffer carries into the next
+            step (TLT's one-step offset).
+        seed: the drafter trainer's generator (noise) and batch order.
+    """
+
+    lr: float = 1e-3
+    batch_size: int = 16
+    unroll: int = 2
+    noise: float = 0.05
+    state_units: str = "rms"
+    max_steps: int = 400
+    min_steps: int = 0
+    carry_fraction: float = 0.25
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("max_steps", "min_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"SpotConfig.{name} must be an integer >= 0, got {v!r}")
+        self.eagle_config().validate()
+
+    def eagle_config(self) -> EagleTrainConfig:
+        # a horizon far beyond any run: the cosine schedule stays at its peak, a constant LR
+        return EagleTrainConfig(steps=10 ** 12, batch_size=self.batch_size, lr=self.lr,
+                                unroll=self.unroll, noise=self.noise,
+                                state_units=self.state_units, seed=self.seed,
+                                checkpoint_every=0)
+
+
+class SpotTrainer:
+    """Trains ``drafter``'s EAGLE head during RL in the idle windows of rollout steps.
+
+    Args:
+        policy: the policy (frozen while the drafter trains; shared with the engine).
+        drafter: the serving :class:`~workbench.speculative.drafters.EagleDrafter`; its head
+            is replaced by each published version.
+        config: a :class:`SpotConfig`.
+        out_dir: where each published head is saved (atomically); ``None``: memory only.
+    """
+
+    def __init__(self, policy, drafter, config: SpotConfig | None = None,
+                 out_dir: str | os.PathLike | None = None):
+        self.config = config if config is not None else SpotConfig()
+        if getattr(drafter, "head", None) is None:
+            raise ValueError(f"the spot trainer trains EAGLE heads; got a "
+                             f"{type(drafter).__name__} (use EagleDrafter)")
+        self.serving, self.out_dir = drafter, out_dir
+        self.head = copy.deepcopy(drafter.head).requires_grad_(True)
+        self.eagle = EagleTrainer(policy, self.head, self.config.eagle_config())
+        self.buffer = DrafterBuffer(self.config.carry_fraction)
+        self.version = 0
+
+    def train_in_idle(self, result, workers) -> dict:
+        """Train in ``result``'s idle window (``workers``: the backend's workers, indexed by
+        worker id, whose recorders hold the step's clocks); the timeline gains the
+        ``drafter_train`` rows. Returns the step's drafter figures."""
+        self.buffer.add_step(result, harvest_pairs(result))
+        tl = result.timeline
+        last = tl.steps.groupby("worker")["end_s"].max()
+        w = int(last.idxmin())
+        rollout_end = tl.makespan_s
+        data = self.buffer.pairs(until_s=float(last[w]))
+        rec = workers[w].recorder
+        before = len(rec.rows)
+        losses = []
+        c = self.config
+        if data:
+            self.eagle.set_pairs(data)
+            while len(losses) < c.max_steps and (rec.mark < rollout_end
+                                                 or len(losses) < c.min_steps):
+                hist = workers[w].timed("drafter_train", lambda: self.eagle.train(steps=1),
+                                        batch_size=min(c.batch_size, len(data)))
+                losses.append(float(hist["loss"].iloc[-1]))
+            result.timeline = tl.with_steps(rec.rows[before:])
+            self.publish()
+        new = result.timeline
+        return {"drafter_steps": len(losses), "drafter_worker": w,
+                "drafter_window_s": rollout_end - float(last[w]),
+                "drafter_train_s": float(new.busy_s(("drafter_train",)).sum()),
+                "drafter_overrun_s": new.makespan_s - rollout_end,
+                "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
+                "drafter_pairs": len(data), "drafter_version": self.version,
+                **self.buffer.state()}
+
+    def publish(self) -> None:
+        """Save the trained head (atomic folder swap) and load it into the serving drafter."""
+        state = {k: v.detach().clone() for k, v in self.head.state_dict().items()}
+        if self.out_dir is not None:
+            self.head.save_pretrained(self.out_dir)
+        self.serving.head.load_state_dict(state)
+        self.version += 1
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"trainer": self.eagle.trainer.state_dict(), "version": self.version,
+                "serving": self.serving.head.state_dict(),
+                "carry": [(it.pair, it.end_s, it.response_tokens) for it in self.buffer.carry]}
+
+    def load_state_dict(self, state: dict) -> None:
+        from .buffer import BufferItem
+        self.eagle.trainer.load_state_dict(state["trainer"])
+        self.serving.head.load_state_dict(state["serving"])
+        self.version = int(state["version"])
+        self.buffer.current = []
+        self.buffer.carry = [BufferItem(*it) for it in state["carry"]]

@@ -1,0 +1,213 @@
+"""The TLT trainer: GRPO whose rollouts use SD, an adaptive drafter and an adaptive engine.
+
+Each part has a switch, so one loop runs the whole ablation (:data:`VARIANTS`):
+
+- ``baseline``: GRPO, every decode step plain;
+- ``static_sd``: SD with the drafter trained before RL, never updated, a fixed chain of
+  ``spec_k`` drafts at every step;
+- ``adaptive_drafter``: the same, plus the spot trainer, which trains the drafter in each
+  step's idle window and serves the new version from the next step;
+- ``tlt``: plus the adaptive engine: SD only once a worker's live batch falls to the
+  threshold, and a bandit per batch-size bucket picking the strategy.
+
+SD is lossless, so every variant samples from the same policy; with coupled sampling the
+tokens (and hence the updates) are the same in float64, and a float32 run reports the first
+step where a verify pass rounded differently (``tokens_digest`` per step).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..adapt import SpotConfig, SpotTrainer
+from ..atomic import atomic_dir, recover_dir
+from ..rollout import StaticSchedule
+from ..speculative.bandit import DEFAULT_ARMS, DEFAULT_SD_THRESHOLD, AdaptiveSchedule
+from ..speculative.drafters import EagleDrafter
+from ..tasks import exact_match_reward
+from .grpo import GRPOConfig
+from .runner import GRPO
+
+__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS", "acceptance_length", "first_divergence"]
+
+VARIANTS = {  # name: (speculative, adaptive_drafter, adaptive_engine)
+    "baseline": (False, False, False),
+    "static_sd": (True, False, False),
+    "adaptive_drafter": (True, True, False),
+    "tlt": (True, True, True),
+}
+STATE_FILE = "tlt_state.pt"
+
+
+@dataclass
+class TLTConfig:
+    """Arguments of the TLT trainer.
+
+    Args:
+        grpo: the RL configuration (P, G, length cap, lr, workers, ...).
+        speculative: decode with SD (False: the baseline; the other switches are ignored).
+        adaptive_drafter: train the drafter on idle workers (the spot trainer).
+        adaptive_engine: SD only at or below ``threshold`` live rows, strategy by BEG-MAB
+            over ``arms``; False: a fixed chain of ``spec_k`` drafts at every step.
+        spec_k: the static strategy's draft depth.
+        threshold: live rows at or below which the adaptive engine speculates.
+        arms: the bandit's strategies (``workbench.speculative.bandit`` syntax).
+        epsilon, window: the bandit's exploration rate and sliding window.
+        spot: the spot trainer's configuration.
+    """
+
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    speculative: bool = True
+    adaptive_drafter: bool = True
+    adaptive_engine: bool = True
+    spec_k: int = 4
+    threshold: int = DEFAULT_SD_THRESHOLD
+    arms: tuple = DEFAULT_ARMS
+    epsilon: float = 0.1
+    window: int = 300
+    spot: SpotConfig = field(default_factory=SpotConfig)
+
+    def __post_init__(self):
+        for name in ("speculative", "adaptive_drafter", "adaptive_engine"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TLTConfig.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
+        if isinstance(self.spec_k, bool) or not isinstance(self.spec_k, int) or self.spec_k < 1:
+            raise ValueError(f"TLTConfig.spec_k must be an integer >= 1, got {self.spec_k!r}")
+        if self.speculative:
+            self.schedule()  # validates threshold, arms, epsilon and window
+
+    @classmethod
+    def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
+        """The config of ablation variant ``name`` (one of :data:`VARIANTS`)."""
+        if name not in VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; accepted: {list(VARIANTS)}")
+        sd, drafter, engine = VARIANTS[name]
+        return cls(grpo=grpo or GRPOConfig(), speculative=sd, adaptive_drafter=drafter,
+                   adaptive_engine=engine, **kw)
+
+    def schedule(self):
+        """The step schedule of this variant (None: plain decoding)."""
+        if not self.speculative:
+            return None
+        if not self.adaptive_engine:
+            return StaticSchedule(self.spec_k)
+        return AdaptiveSchedule(threshold=self.threshold, arms=self.arms, epsilon=self.epsilon,
+                                window=self.window, seed=self.grpo.seed)
+
+
+def acceptance_length(timeline) -> float:
+    """tau of a rollout: tokens emitted per verify step over every row (NaN without SD)."""
+    r = timeline.requests
+    steps = r["verify_steps"].sum()
+    return float(r["emitted"].sum() / steps) if steps else float("nan")
+
+
+def tokens_digest(result) -> str:
+    """A short hash of every response's tokens, in request order (divergence checks)."""
+    h = hashlib.sha1()
+    for r in result.requests:
+        h.update(repr((r.uid, r.tokens)).encode())
+    return h.hexdigest()[:16]
+
+
+def first_divergence(a: pd.DataFrame, b: pd.DataFrame) -> int:
+    """The first RL step whose tokens differ between two histories (``tokens_digest``);
+    -1 when every common step matches."""
+    for (_, x), (_, y) in zip(a.iterrows(), b.iterrows()):
+        if x["tokens_digest"] != y["tokens_digest"]:
+            return int(x["step"])
+    return -1
+
+
+class TLTTrainer:
+    """GRPO with TLT's rollout speed-ups switched on or off by ``config``.
+
+    Args:
+        model, tokenizer, problems, reward: as :class:`~workbench.rl.runner.GRPO`.
+        config: a :class:`TLTConfig`.
+        drafter_head: the pre-RL EAGLE head (copied; static and adaptive variants start
+            from the same one). Required when ``config.speculative``.
+        checkpoint_dir: atomic checkpoint of the whole loop (policy, optimizer, drafter and
+            its trainer, bandit, history); a run resumes from it.
+        drafter_dir: where the spot trainer publishes each drafter version (atomically).
+    """
+
+    def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
+                 config: TLTConfig | None = None, drafter_head=None,
+                 checkpoint_dir: str | os.PathLike | None = None,
+                 drafter_dir: str | os.PathLike | None = None):
+        self.config = config if config is not None else TLTConfig()
+        c = self.config
+        if c.speculative and drafter_head is None:
+            raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
+                             "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
+        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo)
+        self.drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
+                        if c.speculative else None)
+        self.spot = (SpotTrainer(model, self.drafter, c.spot, drafter_dir)
+                     if c.speculative and c.adaptive_drafter else None)
+        self.schedule = c.schedule()
+        self.timelines: dict[int, object] = {}
+        self.checkpoint_dir = checkpoint_dir
+        if checkpoint_dir is not None and self.has_checkpoint(checkpoint_dir):
+            self.load_checkpoint(checkpoint_dir)
+
+    @property
+    def model(self):
+        return self.grpo.model
+
+    @property
+    def rl_step(self) -> int:
+        return self.grpo.rl_step
+
+    def step(self) -> dict:
+        """One RL step: rollout (SD as configured), drafter training in the idle window,
+        policy update. Returns the step's metrics row."""
+        rl = self.grpo.rollout(self.schedule, self.drafter, harvest=self.spot is not None)
+        extra = {"accept_len": acceptance_length(rl.result.timeline),
+                 "tokens_digest": tokens_digest(rl.result)}
+        if self.spot is not None:
+            extra.update(self.spot.train_in_idle(rl.result, self.grpo.engine.backend.workers))
+        self.timelines[rl.step] = rl.result.timeline
+        return self.grpo.update(rl, extra)
+
+    def run(self, steps: int, progress: bool = True, desc: str = "RL") -> pd.DataFrame:
+        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set)."""
+        for _ in tqdm(range(steps), desc=desc, disable=not progress):
+            self.step()
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint()
+        return self.history
+
+    @property
+    def history(self) -> pd.DataFrame:
+        return self.grpo.history
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        path = Path(path if path is not None else self.checkpoint_dir)
+        state = {"grpo": self.grpo.state_dict(), "schedule": self.schedule,
+                 "spot": self.spot.state_dict() if self.spot is not None else None}
+        with atomic_dir(path) as tmp:
+            torch.save(state, tmp / STATE_FILE)
+        return path
+
+    @staticmethod
+    def has_checkpoint(path) -> bool:
+        recover_dir(path)
+        return (Path(path) / STATE_FILE).is_file()
+
+    def load_checkpoint(self, path) -> None:
+        state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+        self.grpo.load_state_dict(state["grpo"])
+        self.schedule = state["schedule"]
+        if self.spot is not None:
+            self.spot.load_state_dict(state["spot"])
