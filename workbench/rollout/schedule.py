@@ -18,9 +18,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "PLAIN"]
+           "ThresholdSchedule", "PLAIN", "DEFAULT_SD_THRESHOLD", "DECISION_KEYS",
+           "plan_columns", "decision_of"]
 
 PLAN_KINDS = ("plain", "speculative")
+DECISION_KEYS = ("bucket", "arm", "explored")
+
+# SD on once a worker's live batch has at most this many rows. TLT uses 32 on GPUs; this is
+# the largest batch at which EAGLE (k=4) still beat plain decoding of the default policy on
+# this machine (BENCHMARKS.md, "SD speedup against batch size (threshold for the adaptive
+# engine)", benchmarks/bench_threshold.py).
+DEFAULT_SD_THRESHOLD = 32
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,11 @@ class StepReport:
 
 
 class Schedule(Protocol):
-    """Decides each decode step (``plan``) and learns from what it did (``observe``)."""
+    """Decides each decode step (``plan``) and learns from what it did (``observe``).
+
+    Optionally also ``decision(worker) -> dict``: why it planned what it last planned for
+    ``worker`` (keys of :data:`DECISION_KEYS`), logged in the steps table.
+    """
 
     needs_drafter: bool  # whether any plan may be speculative (the engine checks for a drafter)
 
@@ -120,7 +132,7 @@ class ThresholdSchedule(StaticSchedule):
     """Speculative with depth ``k`` once the live batch has at most ``max_batch`` rows,
     plain before: TLT's rule that SD pays in the long tail, when few requests remain."""
 
-    def __init__(self, k: int = 4, max_batch: int = 32):
+    def __init__(self, k: int = 4, max_batch: int = DEFAULT_SD_THRESHOLD):
         super().__init__(k)
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -128,3 +140,17 @@ class ThresholdSchedule(StaticSchedule):
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return self.step if batch_size <= self.max_batch else PLAIN
+
+
+def plan_columns(plan: StepPlan, decision: int) -> dict:
+    """The steps-table columns of decode step number ``decision`` that ran ``plan``."""
+    return {"decision": decision, "plan_k": plan.k if plan.speculative else 0,
+            "plan_branch": plan.branch, "plan_budget": plan.verify_budget}
+
+
+def decision_of(schedule, worker: int) -> dict:
+    """The schedule's reasons for its latest plan for ``worker`` (``{}`` if it gives none)."""
+    explain = getattr(schedule, "decision", None)
+    if explain is None:
+        return {}
+    return {key: value for key, value in explain(worker).items() if key in DECISION_KEYS}

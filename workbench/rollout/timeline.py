@@ -5,7 +5,11 @@ Schema (DESIGN.md, "Timelines are data"):
 steps     one row per engine call on a worker
           worker, step, kind (prefill | decode | draft | verify | drafter_train | train),
           start_s, end_s, batch_size, tokens (tokens emitted), forward_s (time inside the
-          model's forward), clock
+          model's forward), clock; and the schedule's decisions (schedule.py, "Every
+          decision"), NA on rows that no decode step wrote and in tables saved before them:
+          decision (Int64, the decode step's index on its worker), plan_k (Int64, 0 for a
+          plain step), plan_branch (Int64), plan_budget (Int64, NA for a chain), bucket
+          (string), arm (string), explored (boolean)
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
           finish (eos | length), verify_steps, drafted, accepted, reward (NaN until scored)
@@ -28,17 +32,27 @@ import pandas as pd
 
 from ..atomic import atomic_dir
 
-__all__ = ["Timeline", "STEP_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS",
-           "length_percentiles"]
+__all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS",
+           "STEP_KINDS", "length_percentiles"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
 STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tokens",
                 "forward_s", "clock"]
+# the steps table's decision columns and their dtypes (nullable: NA where nothing was decided)
+DECISION_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
+                    "plan_budget": "Int64", "bucket": "string", "arm": "string",
+                    "explored": "boolean"}
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
 CLOCKS = ("wall", "sim")
+
+
+def _with_decision_columns(steps: pd.DataFrame) -> pd.DataFrame:
+    """``steps`` with every decision column, typed (NA-filled where a table lacks one)."""
+    missing = {c: pd.NA for c in DECISION_COLUMNS if c not in steps.columns}
+    return steps.assign(**missing).astype(DECISION_COLUMNS)
 
 
 def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
@@ -70,11 +84,12 @@ class Timeline:
         bad = set(self.steps["kind"]) - set(STEP_KINDS)
         if bad:
             raise ValueError(f"unknown step kind(s) {sorted(bad)}; accepted: {STEP_KINDS}")
+        self.steps = _with_decision_columns(self.steps)
 
     @classmethod
     def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
                      clock: str = "sim") -> "Timeline":
-        s = pd.DataFrame(steps, columns=STEP_COLUMNS)
+        s = pd.DataFrame(steps, columns=STEP_COLUMNS + list(DECISION_COLUMNS))
         s["clock"] = clock
         r = pd.DataFrame(requests, columns=REQUEST_COLUMNS)
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
@@ -83,7 +98,7 @@ class Timeline:
     def with_steps(self, rows: list[dict]) -> "Timeline":
         """This timeline with more steps-table rows (e.g. drafter training that a worker ran
         in its idle window, recorded by ``Worker.timed`` on the same clock)."""
-        extra = pd.DataFrame(rows, columns=STEP_COLUMNS).assign(clock=self.clock)
+        extra = pd.DataFrame(rows, columns=list(self.steps.columns)).assign(clock=self.clock)
         known = set(zip(self.steps["worker"], self.steps["step"]))
         if any(key in known for key in zip(extra["worker"], extra["step"])):
             raise ValueError("these step rows are already in the timeline (same worker and step)")
@@ -157,6 +172,27 @@ class Timeline:
             live = int(((mine["start_s"] <= t) & (mine["end_s"] > t)).sum())
             s.at[i, "batch_size"] = max(live, int(s.at[i, "batch_size"]))
         return s.drop(columns="kind")
+
+    def bandit_choices(self) -> pd.DataFrame:
+        """The schedule's choices per batch-size bucket, from the steps table alone: one row
+        per (bucket, arm) with ``pulls`` (decode steps that ran it), ``explored`` (how many of
+        them were exploring pulls) and ``tokens_per_s`` (mean over those steps of tokens over
+        the step's seconds, draft and verify together: the bandit's reward). Buckets in
+        batch-size order; steps without a bucket (plain above the threshold, or a schedule
+        that does not explain itself) are left out."""
+        s = self.steps[self.steps["decision"].notna() & self.steps["bucket"].notna()]
+        s = s.assign(seconds=s["end_s"] - s["start_s"])
+        per_step = s.groupby(["worker", "decision"]).agg(
+            bucket=("bucket", "first"), arm=("arm", "first"), explored=("explored", "first"),
+            tokens=("tokens", "sum"), seconds=("seconds", "sum"), rows=("batch_size", "max"))
+        per_step["reward"] = per_step["tokens"] / per_step["seconds"]
+        out = per_step.groupby(["bucket", "arm"]).agg(
+            pulls=("reward", "size"), explored=("explored", "sum"),
+            tokens_per_s=("reward", "mean"), smallest=("rows", "min")).reset_index()
+        order = out.groupby("bucket")["smallest"].transform("min")
+        out = out.assign(order=order).sort_values(["order", "bucket", "arm"])
+        return out.drop(columns=["order", "smallest"]).reset_index(drop=True).astype(
+            {"bucket": str, "arm": str, "pulls": int, "explored": int, "tokens_per_s": float})
 
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of DESIGN.md's measures."""

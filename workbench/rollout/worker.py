@@ -26,7 +26,7 @@ from .config import RolloutConfig
 from .decoder import BatchDecoder
 from .forward import policy_forward
 from .request import Request, RequestOutput
-from .schedule import Schedule
+from .schedule import Schedule, StepPlan, decision_of, plan_columns
 
 __all__ = ["StepRecorder", "WorkerTask", "WorkerResult", "Worker", "Backend", "LocalBackend"]
 
@@ -39,6 +39,7 @@ class StepRecorder:
         self.t0 = time.perf_counter()
         self.rows: list[dict] = []
         self.mark = 0.0
+        self.decisions = 0  # decode steps labelled so far
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -54,6 +55,14 @@ class StepRecorder:
                           "tokens": tokens, "forward_s": forward_s, "clock": self.clock})
         self.mark = end
         return end
+
+    def label(self, first: int, plan: StepPlan, decision: dict) -> None:
+        """Write the plan of the decode step whose rows start at ``rows[first]``, and the
+        schedule's ``decision`` columns, onto those rows (schedule.py, "Every decision")."""
+        columns = {**plan_columns(plan, self.decisions), **decision}
+        for row in self.rows[first:]:
+            row.update(columns)
+        self.decisions += 1
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
         """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
@@ -134,7 +143,10 @@ class Worker:
                                       "(branch=1, verify_budget=None)")
         if plan.speculative and dec.drafter is None:
             raise ValueError(f"the schedule planned {plan} but declares needs_drafter=False")
-        schedule.observe(dec.step(plan, self.index))
+        first = len(dec.rec.rows)
+        report = dec.step(plan, self.index)
+        dec.rec.label(first, plan, decision_of(schedule, self.index))  # before observe moves on
+        schedule.observe(report)
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
         """Run ``fn()`` as a step of ``kind`` on this worker's clock, after its last step."""

@@ -1,0 +1,69 @@
+"""Where does SD stop paying? EAGLE speedup against batch size, for the adaptive engine's
+threshold (``workbench.rollout.schedule.DEFAULT_SD_THRESHOLD``).
+
+``sd_sweep`` at each batch size with its own prompt set of ``--prompts-per-row`` x batch
+prompts (at least ``--min-prompts``) under continuous batching, so the live batch stays at
+its cap for most of the run instead of decaying through a single wave's tail; plain decoding
+and EAGLE at k draft tokens alternate inside each repeat. The speedup is the median of the
+per-repeat tokens/s ratios (engine clock), with min-max and spread. The threshold is the
+largest batch size at which SD still paid (speedup > 1 at every temperature).
+
+    python benchmarks/bench_threshold.py --batch-sizes 1 2 4 8 16 32 64 128 256 --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+import torch
+
+from bench_spec import sweep_table
+from common import add_common, header, print_table
+from workbench.models import load_model
+from workbench.rollout import RolloutEngine
+from workbench.speculative.defaults import default_drafters
+from workbench.speculative.sweep import sd_sweep
+from workbench.tasks import HELDOUT_SEED, get_problems
+
+
+def largest_paying(curve: pd.DataFrame) -> int | None:
+    """The largest batch size whose speedup exceeds 1 at every temperature (None if none)."""
+    paying = curve.groupby("batch_size")["speedup"].min() > 1
+    return int(paying[paying].index.max()) if paying.any() else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-sizes", type=int, nargs="+",
+                    default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    ap.add_argument("--prompts-per-row", type=int, default=4)
+    ap.add_argument("--min-prompts", type=int, default=16)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=384)
+    add_common(ap, repeats=5)
+    args = ap.parse_args()
+
+    policy, tok = load_model("default")
+    engine = RolloutEngine(policy, tok)
+    eagle = default_drafters(policy, tok, names=("eagle",))
+    print(header(ap, args, f"default policy + shipped EAGLE head, CPU float32, k={args.k}, "
+                           f"max_new_tokens={args.max_new_tokens}"), flush=True)
+    tables = []
+    for bs in args.batch_sizes:
+        n = max(args.min_prompts, args.prompts_per_row * bs)
+        prompts = [p.prompt for p in get_problems("running_sum", n, seed=HELDOUT_SEED)]
+        tables.append(sd_sweep(engine, prompts, eagle, ks=[args.k], batch_sizes=[bs],
+                               temperatures=[0.0, 1.0], repeats=args.repeats,
+                               max_new_tokens=args.max_new_tokens, progress=False,
+                               wide=args.wide).assign(prompts=n))
+        print(f"batch {bs} done", flush=True)
+    curve = pd.concat(tables, ignore_index=True).sort_values(["temperature", "batch_size"])
+    print_table("EAGLE vs plain decoding, by batch size (engine clock, median of per-repeat "
+                "tokens/s ratios)", sweep_table(curve), curve["spread_wide"], args.wide,
+                "configurations")
+    print(f"\nLargest batch size at which SD paid at every temperature: "
+          f"{largest_paying(curve)}")
+
+
+if __name__ == "__main__":
+    main()
