@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 from ..adapt import SpotConfig, SpotTrainer
 from ..atomic import atomic_dir, recover_dir
 from ..rollout import StaticSchedule
-from ..speculative.bandit import DEFAULT_ARMS, DEFAULT_SD_THRESHOLD, AdaptiveSchedule
+from ..rollout.schedule import DEFAULT_SD_THRESHOLD
+from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
 from ..speculative.drafters import EagleDrafter
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig

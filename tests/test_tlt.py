@@ -1,0 +1,169 @@
+"""The adaptive drafter and the TLT trainer: the buffer's one-step offset, idle-window
+training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
+import pytest
+import torch
+
+from workbench.adapt import DrafterBuffer, SpotConfig, SpotTrainer
+from workbench.rl import GRPOConfig
+from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.speculative import EagleDrafter, EagleHead
+from workbench.speculative.train import harvest_pairs
+from workbench.tasks import Problem
+
+from .conftest import PROMPTS, tiny_model
+
+CHAINS = ("chain:k=2", "chain:k=3")
+
+
+def _reward(prompt, completion, answer):
+    return completion.count("a") / max(1, len(completion))
+
+
+def _problems(n=8):
+    return [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(PROMPTS[:n])]
+
+
+def _rollout(model, tokenizer, workers=2):
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers, harvest=True,
+                        samples_per_prompt=2)
+    return engine, engine.rollout(PROMPTS, cfg, progress=False)
+
+
+def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    _, result = _rollout(model, tokenizer)
+    pairs = harvest_pairs(result)
+    buf = DrafterBuffer(carry_fraction=0.25)
+    buf.add_step(result, pairs)
+    ends = sorted(r.end_s for r in result.requests)
+    assert len(buf.pairs(until_s=ends[3])) == sum(e <= ends[3] for e in ends)
+    assert len(buf.pairs()) == len(pairs) and buf.carry == []
+    buf.add_step(result, pairs)  # next step: the carry is the longest quarter of the last
+    longest = sorted((len(r.tokens) for r in result.requests), reverse=True)[:4]
+    assert sorted((it.response_tokens for it in buf.carry), reverse=True) == longest
+    assert len(buf.pairs(until_s=-1.0)) == 4
+    with pytest.raises(ValueError, match="carry_fraction"):
+        DrafterBuffer(carry_fraction=1.5)
+
+
+def _spot(tokenizer, tmp_path, **kw):
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    torch.manual_seed(1)
+    drafter = EagleDrafter(EagleHead(model).eval(), model)
+    engine, result = _rollout(model, tokenizer)
+    spot = SpotTrainer(model, drafter, SpotConfig(batch_size=4, **kw), tmp_path / "drafter")
+    return model, drafter, engine, result, spot
+
+
+def test_spot_training_runs_in_the_idle_window_on_the_sim_clock(tokenizer, tmp_path):
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, min_steps=3)
+    before = {k: v.clone() for k, v in drafter.head.state_dict().items()}
+    last = result.timeline.steps.groupby("worker")["end_s"].max()
+    out = spot.train_in_idle(result, engine.backend.workers)
+    steps = result.timeline.steps
+    train = steps[steps["kind"] == "drafter_train"]
+    assert len(train) == out["drafter_steps"] >= 3
+    w = out["drafter_worker"]
+    assert w == int(last.idxmin()) and set(train["worker"]) == {w}
+    assert train["start_s"].iloc[0] == pytest.approx(last[w])          # right after its shard
+    assert (train["start_s"].iloc[1:].values == train["end_s"].iloc[:-1].values).all()
+    # it stops once the last worker is done; only the step that crossed the end overruns
+    assert (train["start_s"].iloc[:-1] < last.max()).all() or out["drafter_steps"] <= 3
+    assert out["drafter_overrun_s"] == pytest.approx(max(0.0, train["end_s"].max() - last.max()))
+    served = drafter.head.state_dict()
+    assert any(not torch.equal(before[k], served[k]) for k in before)     # published
+    on_disk = EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict()
+    assert all(torch.equal(on_disk[k], served[k]) for k in served)
+
+
+def _state(head):
+    return {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+
+def _same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monkeypatch):
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, min_steps=2, max_steps=2)
+    spot.train_in_idle(result, engine.backend.workers)
+    v1 = _state(drafter.head)
+    # killed inside an optimizer step: the serving and saved drafters stay at v1
+    calls = {"n": 0}
+    real_loss = spot.eagle.trainer.loss_fn
+
+    def dying_loss(batch, generator):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("preempted")
+        return real_loss(batch, generator)
+    spot.eagle.trainer.loss_fn = dying_loss
+    with pytest.raises(KeyboardInterrupt):
+        spot.train_in_idle(result, engine.backend.workers)
+    assert _same(v1, _state(drafter.head))
+    assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
+    # killed while the new version is being written: the folder still loads as v1
+    spot.eagle.trainer.loss_fn = real_loss
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        raise KeyboardInterrupt("preempted while saving")
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        spot.publish()
+    monkeypatch.setattr(torch, "save", real_save)
+    loaded = EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict()
+    assert _same(v1, loaded) and _same(v1, _state(drafter.head))
+    spot.publish()  # and the next publish lands whole
+    assert _same(_state(spot.head), EagleHead.from_pretrained(tmp_path / "drafter",
+                                                              model).state_dict())
+
+
+def _trainer(tokenizer, variant, **kw):
+    model = tiny_model("llama", tokenizer)
+    torch.manual_seed(3)
+    head = EagleHead(model).to(torch.float64)
+    grpo = GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
+                      workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
+    cfg = TLTConfig.variant(variant, grpo, threshold=2, arms=CHAINS, spec_k=3,
+                            spot=SpotConfig(batch_size=4, min_steps=2, max_steps=3), **kw)
+    return TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head)
+
+
+def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer):
+    base = _trainer(tokenizer, "baseline")
+    tlt = _trainer(tokenizer, "tlt")
+    hb, ht = base.run(2, progress=False), tlt.run(2, progress=False)
+    assert first_divergence(hb, ht) == -1
+    assert hb["reward"].tolist() == ht["reward"].tolist()
+    for a, b in zip(base.model.state_dict().values(), tlt.model.state_dict().values()):
+        assert torch.equal(a, b)
+    # TLT really speculated and really trained its drafter
+    assert (ht["accept_len"] >= 1).all() and ht["drafter_steps"].min() >= 2
+    assert ht["drafter_version"].tolist() == [1, 2]
+    steps = tlt.timelines[1].steps
+    assert {"verify", "decode", "drafter_train"} <= set(steps["kind"])
+    assert hb["accept_len"].isna().all()
+
+
+def test_static_and_adaptive_variants(tokenizer):
+    static = _trainer(tokenizer, "static_sd")
+    head0 = _state(static.drafter.head)
+    hist = static.run(1, progress=False)
+    assert "drafter_steps" not in hist.columns and _same(head0, _state(static.drafter.head))
+    assert set(static.timelines[0].steps["kind"]) >= {"verify"}
+
+
+def test_bad_tlt_input(tokenizer):
+    with pytest.raises(ValueError, match="threshold"):
+        TLTConfig(threshold=0)
+    with pytest.raises(ValueError, match="unknown variant"):
+        TLTConfig.variant("fast")
+    with pytest.raises(ValueError, match="chain:k=9x|strateg"):
+        TLTConfig(arms=("chain:k=9x",))
+    model = tiny_model("llama", tokenizer)
+    with pytest.raises(ValueError, match="drafter_head"):
+        TLTTrainer(model, tokenizer, _problems(), _reward, TLTConfig())
