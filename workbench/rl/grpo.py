@@ -61,6 +61,9 @@ class GRPOConfig:
         weight_decay, clip_norm, betas: AdamW and gradient clipping.
         micro_tokens: padded tokens per forward inside a minibatch (sequences of similar
             length go together; their losses sum into one backward).
+        kl_sample: sequences per step on which the KL to the starting policy is measured
+            when ``kl_coef`` is 0 (the measure needs the reference's forward; a sample keeps
+            it cheap); with ``kl_coef`` > 0 every sequence has it anyway.
         workers: rollout workers ``N`` (the sim clock charges the update as its time / N).
         max_batch_size: rows decoded together per worker (None: the whole shard).
         spec_mode: SD verification when sampling ("coupled" or "speculative").
@@ -82,6 +85,7 @@ class GRPOConfig:
     clip_norm: float | None = 1.0
     betas: tuple = (0.9, 0.99)
     micro_tokens: int = 8192
+    kl_sample: int = 32
     workers: int = 1
     max_batch_size: int | None = None
     spec_mode: str = "coupled"
@@ -97,7 +101,7 @@ class GRPOConfig:
                              f"the advantage compares each response with its group, got "
                              f"{self.samples_per_prompt!r}")
         for name in ("prompts_per_step", "max_new_tokens", "epochs", "minibatches",
-                     "micro_tokens", "workers"):
+                     "micro_tokens", "workers", "kl_sample"):
             if not _is_int(getattr(self, name), 1):
                 raise ValueError(f"GRPOConfig.{name} must be an integer >= 1, "
                                  f"got {getattr(self, name)!r}")

@@ -143,8 +143,9 @@ class GRPO:
         self._responses = [r.tokens for r in reqs]
         self._adv = group_advantages(rl.rewards, c.samples_per_prompt, c.scale_rewards)
         on_policy = c.epochs == 1 and c.minibatches == 1
-        self._old = None if on_policy else self._response_logprobs(self.model)
-        self._ref = self._response_logprobs(self.reference)
+        self._old = None if on_policy else self._response_logprobs(self.model, len(reqs))
+        n = len(reqs) if c.kl_coef else min(c.kl_sample, len(reqs))
+        self._ref = self._response_logprobs(self.reference, n)
         self._seen_logp = [None] * len(reqs)
         base = self.trainer.step
         plan = self._minibatch_plan(rl.step, len(reqs))
@@ -199,10 +200,11 @@ class GRPO:
                 for g in micro_batches(lengths, self.config.micro_tokens)]
 
     @torch.no_grad()
-    def _response_logprobs(self, model) -> list[torch.Tensor]:
-        """Each sequence's response-token log-probabilities under ``model`` (no grad)."""
+    def _response_logprobs(self, model, n: int) -> list[torch.Tensor | None]:
+        """The first ``n`` sequences' response-token log-probabilities under ``model`` (no
+        grad); ``None`` for the rest."""
         out = [None] * len(self._prompts)
-        for mb in self._micro(list(range(len(self._prompts)))):
+        for mb in self._micro(list(range(n))):
             logp = sequence_logprobs(model, mb, self.config.temperature)
             for row, i in enumerate(mb.index):
                 out[i] = self._response_part(mb, row, logp)
@@ -244,7 +246,8 @@ class GRPO:
         lengths = [len(r.tokens) for r in reqs]
         correct = [extract_final_answer(r.text) == str(rl.problems[r.prompt_id].answer).strip()
                    for r in reqs]
-        drift = torch.cat([k3(ref - o) for ref, o in zip(self._ref, old)]).mean()
+        drift = torch.cat([k3(ref - o) for ref, o in zip(self._ref, old)
+                           if ref is not None]).mean()
         tl = rl.result.timeline
         n = self.config.workers
         rollout_s = float(tl.steps.loc[tl.steps["kind"].isin(ROLLOUT_KINDS), "end_s"].max())

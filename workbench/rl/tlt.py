@@ -32,11 +32,12 @@ from ..rollout import StaticSchedule
 from ..rollout.schedule import DEFAULT_SD_THRESHOLD
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
 from ..speculative.drafters import EagleDrafter
+from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .runner import GRPO
 
-__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS", "acceptance_length", "first_divergence"]
+__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS", "tokens_digest", "first_divergence"]
 
 VARIANTS = {  # name: (speculative, adaptive_drafter, adaptive_engine)
     "baseline": (False, False, False),
@@ -104,13 +105,6 @@ class TLTConfig:
                                 window=self.window, seed=self.grpo.seed)
 
 
-def acceptance_length(timeline) -> float:
-    """tau of a rollout: tokens emitted per verify step over every row (NaN without SD)."""
-    r = timeline.requests
-    steps = r["verify_steps"].sum()
-    return float(r["emitted"].sum() / steps) if steps else float("nan")
-
-
 def tokens_digest(result) -> str:
     """A short hash of every response's tokens, in request order (divergence checks)."""
     h = hashlib.sha1()
@@ -173,7 +167,7 @@ class TLTTrainer:
         """One RL step: rollout (SD as configured), drafter training in the idle window,
         policy update. Returns the step's metrics row."""
         rl = self.grpo.rollout(self.schedule, self.drafter, harvest=self.spot is not None)
-        extra = {"accept_len": acceptance_length(rl.result.timeline),
+        extra = {"accept_len": acceptance_length(rl.result),
                  "tokens_digest": tokens_digest(rl.result)}
         if self.spot is not None:
             extra.update(self.spot.train_in_idle(rl.result, self.grpo.engine.backend.workers))

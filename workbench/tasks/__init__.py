@@ -10,14 +10,16 @@ from .jsonl import load_jsonl
 from .running_sum import RunningSumTask
 
 __all__ = ["Problem", "Reward", "RunningSumTask", "exact_match_reward", "extract_final_answer",
-           "load_jsonl", "get_problems", "TASKS", "TRAIN_SEED", "HELDOUT_SEED"]
+           "load_jsonl", "get_problems", "TASKS", "TRAIN_SEED", "HELDOUT_SEED", "RL_SEED"]
 
 TASKS = {"running_sum": RunningSumTask, "default": RunningSumTask}
 
 # Seeds of the split every recipe and notebook agrees on: the zoo trains on TRAIN_SEED
-# problems, evaluation uses HELDOUT_SEED problems (the generator's streams never coincide).
+# problems, RL draws its prompts from RL_SEED problems, evaluation uses HELDOUT_SEED problems
+# (the generator's streams never coincide).
 TRAIN_SEED = 0
 HELDOUT_SEED = 1_000_003
+RL_SEED = 2_000_003  # the RL prompt pool: neither the policy's training data nor held out
 
 
 def get_problems(task: str | os.PathLike, num: int | None = None,

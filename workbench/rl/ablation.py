@@ -1,0 +1,138 @@
+"""The TLT ablation: every variant over several seeds, run in lockstep, and its measures.
+
+Variants advance one RL step at a time in a rotating order (baseline, static SD, adaptive
+drafter, TLT, then the next seed...), so that a machine that slows down for a while slows
+every variant alike, the way the SD benchmarks alternate their systems inside each repeat.
+All measures follow DESIGN.md: step times on the sim clock (rollout makespan of N workers, the
+policy update charged as its measured time / N, drafter work that overran its idle window),
+rollout fraction, end-to-end speedup (sum of baseline step times over the variant's) and its
+Amdahl prediction ``1 / ((1 - f) + f / s)``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ..evaluate import evaluate_policy
+from ..tasks import exact_match_reward
+from .grpo import GRPOConfig
+from .tlt import VARIANTS, TLTConfig, TLTTrainer
+
+__all__ = ["Ablation", "run_ablation", "amdahl"]
+
+
+def amdahl(fraction: float, speedup: float) -> float:
+    """The end-to-end speedup when a ``fraction`` of the time runs ``speedup`` times faster."""
+    return 1.0 / ((1.0 - fraction) + fraction / speedup)
+
+
+@dataclass
+class Ablation:
+    """Histories of every (variant, seed), their step timelines, and held-out accuracies."""
+
+    history: pd.DataFrame                   # one row per variant, seed, RL step
+    evals: pd.DataFrame                     # variant, seed, step, accuracy (held-out, greedy)
+    trainers: dict = field(default_factory=dict)   # (variant, seed) -> TLTTrainer
+
+    def timeline(self, variant: str, seed: int, step: int):
+        """The timeline of one RL step of one run."""
+        return self.trainers[(variant, seed)].timelines[step]
+
+    def per_variant(self) -> pd.DataFrame:
+        """Per variant: summed sim step and rollout times (over seeds and steps), final reward
+        (mean and standard deviation over seeds), idle fractions, acceptance length."""
+        h = self.history
+        last = h[h["step"] == h["step"].max()]
+        g = h.groupby("variant", sort=False)
+        out = pd.DataFrame({
+            "step_s": g["step_s"].sum(), "rollout_s": g["rollout_s"].sum(),
+            "update_sim_s": g["update_sim_s"].sum(),
+            "rollout_fraction": g["rollout_s"].sum() / g["step_s"].sum(),
+            "idle_fraction": g["idle_fraction"].mean(),
+            "wasted_fraction": g["wasted_fraction"].mean(),
+            "accept_len": g["accept_len"].mean() if "accept_len" in h else np.nan,
+            "reward_final": last.groupby("variant")["reward"].mean(),
+            "reward_final_sd": last.groupby("variant")["reward"].std(ddof=1),
+        })
+        base = out.loc["baseline"] if "baseline" in out.index else None
+        if base is not None:
+            out["e2e_speedup"] = base["step_s"] / out["step_s"]
+            out["rollout_speedup"] = base["rollout_s"] / out["rollout_s"]
+            out["amdahl_prediction"] = [amdahl(base["rollout_fraction"], s)
+                                        for s in out["rollout_speedup"]]
+        return out.rename_axis("variant").reset_index()
+
+    def metrics(self, variant: str = "tlt") -> dict:
+        """The flat scalars notebook 04 reports, TLT against the baseline."""
+        pv = self.per_variant().set_index("variant")
+        b, t = pv.loc["baseline"], pv.loc[variant]
+        ev = self.evals
+        start = ev[ev["step"] == 0]["accuracy"].mean()
+        final = ev[(ev["variant"] == "baseline") & (ev["step"] == ev["step"].max())]
+        return {"e2e_speedup": float(t["e2e_speedup"]),
+                "amdahl_prediction": float(t["amdahl_prediction"]),
+                "e2e_over_amdahl": float(t["e2e_speedup"] / t["amdahl_prediction"]),
+                "rollout_speedup": float(t["rollout_speedup"]),
+                "rollout_fraction_baseline": float(b["rollout_fraction"]),
+                "accuracy_start": float(start),
+                "accuracy_final_baseline": float(final["accuracy"].mean()),
+                "reward_final_baseline": float(b["reward_final"]),
+                "reward_final_tlt": float(t["reward_final"]),
+                "reward_final_baseline_sd": float(b["reward_final_sd"]),
+                "reward_final_tlt_sd": float(t["reward_final_sd"]),
+                "idle_fraction_baseline": float(b["idle_fraction"]),
+                "idle_fraction_tlt": float(t["idle_fraction"]),
+                "wasted_fraction_tlt": float(t["wasted_fraction"]),
+                "rl_steps": int(self.history["step"].max() + 1),
+                "seeds": int(self.history["seed"].nunique())}
+
+
+def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
+                 variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
+                 reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
+                 progress: bool = True, **tlt_kw) -> Ablation:
+    """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
+
+    Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
+    sets the GRPO seed (prompt order, sampling). ``tlt_kw`` go to every :class:`TLTConfig`
+    (threshold, arms, spec_k, spot, ...). With ``eval_problems`` the held-out greedy accuracy
+    of each run is measured before the first step and after the last.
+    """
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; accepted: {list(VARIANTS)}")
+    runs = {}
+    for seed in seeds:
+        for v in variants:
+            cfg = TLTConfig.variant(v, replace(grpo, seed=seed), **tlt_kw)
+            runs[(v, seed)] = TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
+                                         cfg, drafter_head=drafter_head if cfg.speculative
+                                         else None)
+    evals = []
+
+    def evaluate(step):
+        if eval_problems is None:
+            return
+        for (v, seed), tr in runs.items():
+            if step == 0 and evals and v != variants[0]:  # every run starts from one policy
+                evals.append({**evals[0], "variant": v, "seed": seed})
+                continue
+            rep = evaluate_policy(tr.model, tokenizer, eval_problems, progress=False,
+                                  max_new_tokens=eval_max_new_tokens or grpo.max_new_tokens)
+            evals.append({"variant": v, "seed": seed, "step": step,
+                          "accuracy": rep.summary()["accuracy"]})
+
+    evaluate(0)
+    order = list(runs)
+    for step in tqdm(range(steps), desc="RL steps (all variants)", disable=not progress):
+        shift = step % len(order)
+        for key in order[shift:] + order[:shift]:
+            runs[key].step()
+    evaluate(steps)
+    rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
+            for row in tr.grpo.rows]
+    return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
