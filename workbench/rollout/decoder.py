@@ -4,7 +4,8 @@ Between steps every live row has exactly one token that it emitted but has not f
 (``batch.last_token``). A *plain* step feeds it and samples the next token; a *speculative*
 step drafts ``k`` tokens, feeds ``[last_token, drafts]`` to the policy in one forward, keeps
 each row's accepted prefix plus one token of the policy's own, and turns the rejected cache
-columns into holes. Both end the same way (emit, finish, drop finished rows), so a schedule
+columns into holes; with a tree plan (``rollout.tree_step``) the drafts form a tree per row
+and one root-to-leaf path is kept. All end the same way (emit, finish, drop finished rows), so a schedule
 can switch between them at any step. ``admit`` prefills waiting requests and joins them to
 the running batch (continuous batching); coupled draws depend on ``(seed, uid, position)``
 only, so a request's tokens do not depend on when it joined or with whom.
@@ -20,6 +21,7 @@ from .batch import DecodeBatch
 from .forward import Forward
 from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
 from .schedule import StepPlan, StepReport
+from .tree_step import tree_step
 
 __all__ = ["BatchDecoder", "DraftContext", "prefill_groups"]
 
@@ -76,6 +78,11 @@ class DraftContext:
 
     def choose(self, logits: torch.Tensor, depth: int):
         return self.decoder.choose_draft(logits, depth)
+
+    def tree_logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The rollout's adjusted distribution of the drafter's ``logits``: what a tree's
+        candidates are ranked by (``rollout.tree``)."""
+        return adjusted_logprobs(logits, self.decoder.params)
 
 
 def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[int]]:
@@ -187,7 +194,9 @@ class BatchDecoder:
     def step(self, plan: StepPlan, worker: int) -> StepReport:
         """One decode step as ``plan`` says; what it did, for the schedule."""
         start, rows = self.rec.begin(), self.size
-        if plan.speculative:
+        if plan.tree:
+            n, drafted, accepted, draft_s, fwd_s = tree_step(self, plan, DraftContext(self))
+        elif plan.speculative:
             n, drafted, accepted, draft_s, fwd_s = self.spec_step(plan.k)
         else:
             (n, fwd_s), drafted, accepted, draft_s = self.plain_step(), 0, 0, 0.0

@@ -3,13 +3,15 @@
 Every forward the engine makes (prefill, plain decode step, verify pass, a small-LM drafter's
 steps) has one signature::
 
-    forward(input_ids, position_ids, mask, col_pos, cache, logits_from=-1)
+    forward(input_ids, position_ids, mask, col_pos, cache, logits_from=-1, tree=None)
         -> (logits for positions logits_from: of the new tokens, pre-norm hidden states)
 
 ``mask``/``col_pos`` are the batch's visibility and position of every cache column, the new
 columns included (``rollout.batch.DecodeBatch``). The attention mask is built here from
 positions, not column indices, so causality and sliding windows count real tokens whatever
-holes speculative decoding and joining rows leave in the cache.
+holes speculative decoding and joining rows leave in the cache. ``tree`` (``[B, q, q]``
+bool, ancestor-or-self) feeds a draft tree: tokens of different branches share positions, so
+each sees only its own ancestors among the new columns (:func:`attention_mask`).
 
 - :class:`LeanForward` runs each layer's arithmetic on tensors read once from its modules
   (:class:`LayerPlan`: q/k/v and gate/up fused into one matmul each), one SDPA call per layer
@@ -48,18 +50,25 @@ def layer_windows(config, num_layers: int) -> list[int | None]:
 
 
 def attention_mask(mask: torch.Tensor, col_pos: torch.Tensor, q_pos: torch.Tensor,
-                   window: int | None, dtype: torch.dtype,
-                   allow_none: bool = False) -> torch.Tensor | None:
+                   window: int | None, dtype: torch.dtype, allow_none: bool = False,
+                   tree: torch.Tensor | None = None) -> torch.Tensor | None:
     """Additive mask ``[B, 1, q, T]``: query ``i`` of row ``b`` (position ``q_pos[b, i]``)
     sees column ``j`` when it is visible, at or before that position, and inside the window
     (``q_pos - col_pos < window``, HF's sliding-window rule). With ``allow_none``, ``None``
-    when every query may see every column (no mask needed)."""
-    if allow_none and window is None and q_pos.shape[1] == 1 and bool(mask.all()):
+    when every query may see every column (no mask needed).
+
+    ``tree`` ``[B, q, m]`` bool: the last ``m`` columns hold draft-tree nodes, which share
+    positions across branches, so a query also needs ``tree[b, i, j]`` to see column
+    ``T - m + j`` (its ancestors and itself; ``rollout.tree``)."""
+    if allow_none and window is None and q_pos.shape[1] == 1 and bool(mask.all()) \
+            and tree is None:
         return None  # one new token, nothing hidden: every column is at or before it
     kv, q = col_pos[:, None, :], q_pos[:, :, None]
     allowed = mask[:, None, :].bool() & (kv <= q)
     if window is not None:
         allowed &= kv > q - window
+    if tree is not None:
+        allowed[..., allowed.shape[-1] - tree.shape[-1]:] &= tree
     if allow_none and bool(allowed.all()):
         return None
     out = torch.zeros(allowed.shape, dtype=dtype, device=mask.device)
@@ -235,9 +244,9 @@ class Forward:
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def masks(self, mask, col_pos, q_pos, dtype, allow_none: bool) -> dict:
+    def masks(self, mask, col_pos, q_pos, dtype, allow_none: bool, tree=None) -> dict:
         """``{window: additive mask or None}`` for every distinct window of the layers."""
-        return {w: attention_mask(mask, col_pos, q_pos, w, dtype, allow_none)
+        return {w: attention_mask(mask, col_pos, q_pos, w, dtype, allow_none, tree)
                 for w in self.distinct_windows}
 
 
@@ -268,10 +277,11 @@ class LeanForward(Forward):
         return self.plans
 
     @torch.no_grad()
-    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
+    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1,
+                 tree: torch.Tensor | None = None):
         plans = self._plans()
         x = F.embedding(input_ids, self.decoder.embed_tokens.weight)
-        masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True)
+        masks = self.masks(mask, col_pos, position_ids, x.dtype, allow_none=True, tree=tree)
         rope = head_rope(self.rope(x, position_ids))
         for i, (plan, window) in enumerate(zip(plans, self.windows)):
             x = run_layer(plan, x, masks[window], rope, cache, i)
@@ -298,8 +308,9 @@ class HFForward(Forward):
         return {by_type.get(w, "sliding_attention"): m for w, m in masks.items()}
 
     @torch.no_grad()
-    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1):
-        masks = self.masks(mask, col_pos, position_ids, self.dtype, allow_none=False)
+    def __call__(self, input_ids, position_ids, mask, col_pos, cache, logits_from: int = -1,
+                 tree: torch.Tensor | None = None):
+        masks = self.masks(mask, col_pos, position_ids, self.dtype, allow_none=False, tree=tree)
         out = self.decoder(input_ids=input_ids, attention_mask=self._mask_argument(masks),
                            position_ids=position_ids, cache=cache, use_cache=True)
         hidden = out.last_hidden_state[:, logits_from:]

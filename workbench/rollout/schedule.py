@@ -38,9 +38,10 @@ class StepPlan:
     Args:
         kind: ``"plain"`` (feed each row's last token, sample one) or ``"speculative"``.
         k: draft depth of a speculative step (tokens drafted per row).
-        branch: draft tokens per node; 1 is a chain. Trees (branch > 1) come with the tree
-            strategies; the engine refuses them until then.
-        verify_budget: tokens per row the policy verifies in one pass (trees); ``None``: all.
+        branch: candidates expanded per node and kept per depth; 1 is a chain.
+        verify_budget: tree nodes per row the policy verifies in one pass, the best by
+            cumulative drafter logprob; ``None``: all (``branch * k``). A speculative plan
+            with ``branch > 1`` or a budget drafts a tree (``rollout.tree_step``).
     """
 
     kind: str = "plain"
@@ -63,6 +64,11 @@ class StepPlan:
     @property
     def speculative(self) -> bool:
         return self.kind == "speculative"
+
+    @property
+    def tree(self) -> bool:
+        """Whether the step drafts a tree rather than a chain."""
+        return self.speculative and (self.branch > 1 or self.verify_budget is not None)
 
 
 PLAIN = StepPlan()
@@ -117,12 +123,13 @@ class PlainSchedule:
 
 
 class StaticSchedule(PlainSchedule):
-    """Every step speculative with the same draft depth ``k``."""
+    """Every step speculative with the same draft depth ``k`` (a chain; a tree with
+    ``branch > 1`` or a ``verify_budget``, see :class:`StepPlan`)."""
 
     needs_drafter = True
 
-    def __init__(self, k: int = 4):
-        self.step = StepPlan("speculative", k)
+    def __init__(self, k: int = 4, branch: int = 1, verify_budget: int | None = None):
+        self.step = StepPlan("speculative", k, branch, verify_budget)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return self.step

@@ -1,6 +1,6 @@
 """Acceptance rules of speculative decoding, batched over rows that accept different counts.
 
-Both return ``(accepted, last)`` per row: how many leading drafts the policy keeps, and the one
+The chain rules return ``(accepted, last)`` per row: how many leading drafts the policy keeps, and the one
 token the policy adds after them (the correction at the first rejection, or the bonus token
 when every draft was accepted). The emitted tokens are ``drafts[:accepted] + [last]``.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["accept_by_target", "speculative_accept"]
+__all__ = ["accept_by_target", "speculative_accept", "accept_tree"]
 
 
 def accept_by_target(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -53,3 +53,30 @@ def speculative_accept(draft: torch.Tensor, logp: torch.Tensor, logq: torch.Tens
     u = resample_u[rows, accepted][:, None] * cdf[:, -1:]
     last = torch.searchsorted(cdf.contiguous(), u.contiguous(), right=True).squeeze(-1)
     return accepted, last.clamp_(max=logp.shape[-1] - 1)
+
+
+def accept_tree(tokens: torch.Tensor, parents: torch.Tensor,
+                target: torch.Tensor) -> tuple[list[list[int]], list[int]]:
+    """The accepted path through each row's draft tree when the policy's token at every fed
+    node is already fixed (greedy argmax or the coupled draw at the node's position).
+
+    Fed index 0 is the root, node ``j`` of ``tokens``/``parents`` ``[B, n]`` is fed index
+    ``j + 1``; ``target`` ``[B, n+1]``. From the root, the child whose token equals the
+    target is accepted (siblings are distinct tokens, so at most one) and the walk goes on
+    from it. Returns per row the accepted fed indices, root to leaf, and the target at the
+    stopping node: the token the policy adds. The output is the policy's own tokens.
+    """
+    paths, last = [], []
+    for toks, pars, tgt in zip(tokens.tolist(), parents.tolist(), target.tolist()):
+        children: dict[int, list[int]] = {}
+        for j, p in enumerate(pars):
+            children.setdefault(p + 1, []).append(j + 1)
+        path, node = [], 0
+        while True:
+            node = next((c for c in children.get(node, ()) if toks[c - 1] == tgt[node]), None)
+            if node is None:
+                break
+            path.append(node)
+        paths.append(path)
+        last.append(tgt[path[-1] if path else 0])
+    return paths, last

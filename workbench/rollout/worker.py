@@ -137,10 +137,6 @@ class Worker:
 
     def _step(self, dec: BatchDecoder, schedule: Schedule) -> None:
         plan = schedule.plan(dec.size, self.index)
-        if plan.branch > 1 or plan.verify_budget is not None:
-            raise NotImplementedError(f"tree drafting (branch={plan.branch}, verify_budget="
-                                      f"{plan.verify_budget}) is not built yet; plan chains "
-                                      "(branch=1, verify_budget=None)")
         if plan.speculative and dec.drafter is None:
             raise ValueError(f"the schedule planned {plan} but declares needs_drafter=False")
         first = len(dec.rec.rows)

@@ -9,6 +9,9 @@ Every drafter implements the same calls, which the engine makes:
   what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
   (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
   unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
+- ``draft_tree(ctx, k, branch) -> DraftTree`` (``rollout.tree``), only for drafters with
+  ``supports_trees``: a tree of depth ``k`` grown EAGLE-2 style, ``branch`` candidates per
+  node and per depth, ranked by cumulative ``ctx.tree_logprobs``.
 - ``keep_rows(rows)`` when finished rows leave the batch, ``add_rows(n)`` when ``n`` new
   rows join it at the bottom (continuous batching).
 
@@ -17,7 +20,9 @@ backend's ``update_weights`` loads new weights into.
 
 Drafters with a KV cache keep it in a :class:`~workbench.rollout.batch.DecodeBatch`: each round
 first drops the speculative tail it fed while chaining (the last ``k - 1`` columns), then feeds
-every committed token it has not seen in one ragged block, then chains ``k`` drafts.
+every committed token it has not seen in one ragged block, then chains ``k`` drafts (or grows
+a tree level by level: a level's nodes share a position and see only their own ancestors among
+the speculative columns, through the ``tree`` argument of ``rollout.forward.attention_mask``).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import torch
 
 from ..rollout.batch import DecodeBatch
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
+from ..rollout.tree import DraftTree, grow_tree
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "one_hot_logq"]
@@ -47,6 +53,7 @@ class Drafter:
 
     name = "drafter"
     needs_hidden = False  # True: the engine keeps the policy's hidden states for it
+    supports_trees = False  # True: draft_tree(ctx, k, branch) drafts trees
     module = None         # the trainable nn.Module, if any
 
     vocab_size: int = 0
@@ -115,6 +122,30 @@ class CachedDrafter(Drafter):
         self.state.crop_right(self.spec_cols)
         return self.state
 
+    def grow_tree(self, ctx, root_logits: torch.Tensor, k: int, branch: int, feed) -> DraftTree:
+        """Grow a tree after the round's catch-up (``root_logits`` ``[B, V]``): each level's
+        nodes are appended to the cache at one position (``next_pos + depth``) and fed with
+        ``feed(tokens, parent slot, positions, tree)`` -> logits ``[B, w, V]``, ``tree`` being
+        their visibility ``[B, w, m]`` of the ``m`` speculative columns fed so far. Like a
+        chain's tail, those columns are dropped at the next round's start."""
+        st = self.state
+        base, fed = st.next_pos.clone(), 0
+
+        def expand(levels):
+            nonlocal fed
+            tokens, slot, _ = levels[-1]
+            w = tokens.shape[1]
+            pos = st.append_columns(w, positions=(base + len(levels) - 1)[:, None].expand(-1, w))
+            st.next_pos += w  # as a chain's tail counts, so that crop_right undoes it
+            fed += w
+            visible = DraftTree.from_levels(levels).ancestors()[:, -w:, 1:]
+            return feed(tokens, slot, pos, visible)
+
+        tree = grow_tree(ctx.tree_logprobs, root_logits, k, branch, expand)
+        self.spec_cols = fed
+        st.compact()
+        return tree
+
 
 class NGramDrafter(Drafter):
     """Model-free prompt lookup: continue the latest earlier match of the sequence's last
@@ -149,6 +180,7 @@ class LMDrafter(CachedDrafter):
     """Any small HF causal LM that shares the policy's tokenizer, with its own KV cache."""
 
     name = "small_lm"
+    supports_trees = True
 
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()
@@ -173,13 +205,29 @@ class LMDrafter(CachedDrafter):
             raise ValueError("drafter tokenizer does not match the policy's tokenizer (their "
                              "vocabularies differ); the drafter must share the policy's tokenizer")
 
-    @torch.no_grad()
-    def draft(self, ctx, k):
+    def _catch_up(self, ctx) -> torch.Tensor:
+        """Feed every committed token not seen yet; the logits after each row's last ``[B, 1, V]``."""
         seqs = ctx.sequences
         st = self.open_round(len(seqs), ctx.device)
         ids, pos = st.append_ragged([s[n:] for s, n in zip(seqs, self.seen)], 0)
         self.seen = [len(s) for s in seqs]
-        logits, _ = self.forward(ids, pos, st.mask, st.col_pos, st.cache)
+        return self.forward(ids, pos, st.mask, st.col_pos, st.cache)[0]
+
+    @torch.no_grad()
+    def draft_tree(self, ctx, k, branch):
+        root_logits = self._catch_up(ctx)[:, -1]
+
+        def feed(tokens, slot, pos, visible):
+            st = self.state
+            return self.forward(tokens, pos, st.mask, st.col_pos, st.cache, logits_from=0,
+                                tree=visible)[0]
+
+        return self.grow_tree(ctx, root_logits, k, branch, feed)
+
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        logits = self._catch_up(ctx)
+        st = self.state
         tokens, logqs = [], []
         for depth in range(k):
             tok, logq = ctx.choose(logits[:, -1], depth)
@@ -199,6 +247,7 @@ class EagleDrafter(CachedDrafter):
 
     name = "eagle"
     needs_hidden = True
+    supports_trees = True
 
     def __init__(self, head, policy=None):
         self.head = head.eval()
@@ -221,15 +270,17 @@ class EagleDrafter(CachedDrafter):
         super().check_compatible(policy, tokenizer)
         self.bind(policy)
 
-    def _step(self, ids, hidden, pos):
+    def _step(self, ids, hidden, pos, tree=None):
+        """The head on pairs ``(ids, hidden)`` at ``pos``: predicted states ``[B, L, H]``."""
         st = self.state
         emb = self.embed(ids)
-        mask = attention_mask(st.mask, st.col_pos, pos, None, emb.dtype, allow_none=True)
-        out = self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
-        return out[:, -1:]
+        mask = attention_mask(st.mask, st.col_pos, pos, None, emb.dtype, allow_none=True,
+                              tree=tree)
+        return self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
 
-    @torch.no_grad()
-    def draft(self, ctx, k):
+    def _catch_up(self, ctx) -> torch.Tensor:
+        """Feed every committed pair not seen yet; the state predicted after each row's last
+        ``[B, 1, H]`` (whose logits give the first draft)."""
         seqs = ctx.sequences
         pending = ctx.pending_hidden()
         st = self.open_round(len(seqs), ctx.device)
@@ -245,16 +296,36 @@ class EagleDrafter(CachedDrafter):
         for r, h in enumerate(pending):
             hidden[r, ids.shape[1] - h.shape[0]:] = h
         self.seen = [len(s) - 1 for s in seqs]
-        feat = self._step(ids, hidden, pos)
+        return self._step(ids, hidden, pos)[:, -1:]
+
+    def _logits(self, feat: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(feat))
+
+    @torch.no_grad()
+    def draft_tree(self, ctx, k, branch):
+        frontier = self._catch_up(ctx)  # [B, w, H]: the predicted states after the frontier
+
+        def feed(tokens, slot, pos, visible):
+            nonlocal frontier
+            parent = frontier.gather(1, slot[..., None].expand(-1, -1, frontier.shape[-1]))
+            frontier = self._step(tokens, parent, pos, visible)
+            return self._logits(frontier)
+
+        return self.grow_tree(ctx, self._logits(frontier)[:, -1], k, branch, feed)
+
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        feat = self._catch_up(ctx)
+        st = self.state
         tokens, logqs = [], []
         for depth in range(k):
-            logits = self.lm_head(self.norm(feat))[:, -1]
+            logits = self._logits(feat)[:, -1]
             tok, logq = ctx.choose(logits, depth)
             tokens.append(tok)
             logqs.append(logq)
             if depth < k - 1:
                 pos = st.append_columns(1)
-                feat = self._step(tok[:, None], feat, pos)
+                feat = self._step(tok[:, None], feat, pos)[:, -1:]
                 st.next_pos += 1
         self.spec_cols = k - 1
         st.compact()
