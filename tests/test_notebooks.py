@@ -22,6 +22,21 @@ SMOKE = {
                                  "speedup_bs1_min", "speedup_bs1_max", "speedup_bs1_t1_min",
                                  "speedup_bs1_t1_max", "speedup_spread_wide", "bound_bs1",
                                  "lossless"]),
+    "03_adaptive_drafter": ({"rl_problems": 32, "prompts_per_step": 2, "samples_per_prompt": 2,
+                             "max_new_tokens": 24, "steps": 2, "workers": 2, "probe_prompts": 3,
+                             "tree_budget": 8},
+                            ["accept_len_static_first", "accept_len_static_final",
+                             "accept_len_adaptive_first", "accept_len_adaptive_final",
+                             "accept_len_tree", "accept_len_chain", "accept_len_export_final",
+                             "accept_len_export_pre_rl", "kl_final"]),
+    "04_tlt_rl": ({"rl_problems": 32, "eval_problems": 4, "prompts_per_step": 2,
+                   "samples_per_prompt": 2, "max_new_tokens": 24, "steps": 2, "seeds": [0, 1],
+                   "workers": 2, "threshold": 2, "divergence_steps": 1},
+                  ["e2e_speedup", "amdahl_prediction", "rollout_speedup",
+                   "rollout_fraction_baseline", "accuracy_start", "accuracy_final_baseline",
+                   "reward_final_baseline", "reward_final_tlt", "reward_final_baseline_sd",
+                   "idle_fraction_baseline", "idle_fraction_tlt", "rl_steps",
+                   "first_divergence_step"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
