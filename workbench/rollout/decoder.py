@@ -90,7 +90,7 @@ class DraftContext:
         if d.mode != "coupled":
             return logq
         u = d._uniform_grid(d.batch, 1, Stream.TOKEN, depth)             # [B, 1]
-        draw = choose_tokens(logq, d.params, np.broadcast_to(u, logq.shape[:-1]))
+        draw = choose_tokens(logq, d.params, np.repeat(u, logq.shape[1], axis=1))
         return logq.scatter(-1, draw[..., None], 0.0)
 
 
