@@ -26,7 +26,7 @@ def random_tree(rows: int, k: int, branch: int, vocab: int, seed: int) -> DraftT
         out[0, 0, 3] = 1e4  # row 0's first node: one certain child, a tie with its parent
         return out
 
-    return grow_tree(lambda x: torch.log_softmax(x, -1), logits(1)[:, 0], k, branch,
+    return grow_tree(lambda x, depth: torch.log_softmax(x, -1), logits(1)[:, 0], k, branch,
                      lambda levels: logits(levels[-1][0].shape[1]))
 
 

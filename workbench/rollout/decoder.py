@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from . import verify
@@ -79,10 +80,18 @@ class DraftContext:
     def choose(self, logits: torch.Tensor, depth: int):
         return self.decoder.choose_draft(logits, depth)
 
-    def tree_logprobs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The rollout's adjusted distribution of the drafter's ``logits``: what a tree's
-        candidates are ranked by (``rollout.tree``)."""
-        return adjusted_logprobs(logits, self.decoder.params)
+    def tree_logprobs(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """What a tree's candidates at ``depth`` (0 = the first level) are ranked by
+        (``rollout.tree``): the drafter's adjusted log-probabilities ``[B, f, V]``. Coupled
+        mode ranks each node's coupled draw first (logprob set to 0): the policy emits it
+        wherever the two distributions agree at that uniform, so the tree holds the chain."""
+        d = self.decoder
+        logq = adjusted_logprobs(logits, d.params)
+        if d.mode != "coupled":
+            return logq
+        u = d._uniform_grid(d.batch, 1, Stream.TOKEN, depth)             # [B, 1]
+        draw = choose_tokens(logq, d.params, np.repeat(u, logq.shape[1], axis=1))
+        return logq.scatter(-1, draw[..., None], 0.0)
 
 
 def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[int]]:

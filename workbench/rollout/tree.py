@@ -29,7 +29,8 @@ class DraftTree:
     """Each row's draft tree (rows share the node count ``n``; every row is padded to it).
 
     ``tokens``/``parents`` ``[B, n]`` long, ``scores`` ``[B, n]`` the cumulative drafter
-    log-probability of each node's root-to-node path.
+    log-probability of each node's root-to-node path (in coupled mode with each coupled draw
+    counted as certain: ``DraftContext.tree_logprobs``).
     """
 
     tokens: torch.Tensor
@@ -101,8 +102,8 @@ def grow_level(frontier_scores: torch.Tensor, logprobs: torch.Tensor, branch: in
 def grow_tree(logprobs_of, root_logits: torch.Tensor, k: int, branch: int, expand) -> DraftTree:
     """A tree of depth ``k`` grown level by level (:func:`grow_level`).
 
-    ``root_logits`` ``[B, V]`` are the drafter's logits after the root; ``logprobs_of(logits)``
-    scores candidates (the adjusted distribution the rollout samples from);
+    ``root_logits`` ``[B, V]`` are the drafter's logits after the root;
+    ``logprobs_of(logits, depth)`` ranks the candidates of a level (``DraftContext.tree_logprobs``);
     ``expand(levels)`` feeds the newest level (``levels[-1]``, see
     :meth:`DraftTree.from_levels`) to the drafter and returns its logits ``[B, w, V]`` after
     each of those nodes. The last level is never fed.
@@ -111,7 +112,7 @@ def grow_tree(logprobs_of, root_logits: torch.Tensor, k: int, branch: int, expan
     scores = torch.zeros_like(root_logits[:, :1])
     logits = root_logits[:, None]
     for depth in range(k):
-        levels.append(grow_level(scores, logprobs_of(logits), branch))
+        levels.append(grow_level(scores, logprobs_of(logits, depth), branch))
         scores = levels[-1][2]
         if depth < k - 1:
             logits = expand(levels)
