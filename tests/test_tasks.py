@@ -141,3 +141,16 @@ def test_get_problems_names_the_task_when_unknown_or_not_a_string(tmp_path):
         get_problems(3, 3)
     with pytest.raises(FileNotFoundError, match="not found"):
         get_problems(str(tmp_path / "missing.jsonl"))
+
+
+def test_step_reward_credits_correct_steps_before_the_first_mistake():
+    from workbench.tasks import RunningSumTask
+    task = RunningSumTask()
+    p = task.make([7, 5, 8])                       # a7=7 b5=2 c8=0 #0
+    assert task.step_reward(p.prompt, p.reference, p.answer) == 1.0
+    assert task.step_reward(p.prompt, " a7=7 b5=2 c8=1 #1", p.answer) == pytest.approx(1 / 3)
+    assert task.step_reward(p.prompt, " a7=7 b5=3 c8=0 #1", p.answer) == pytest.approx(1 / 6)
+    assert task.step_reward(p.prompt, " nonsense", p.answer) == 0.0
+    plain = RunningSumTask(modulus=None, max_value=99).make([47, 5])
+    assert RunningSumTask(modulus=None).step_reward(plain.prompt, plain.reference,
+                                                   plain.answer) == 1.0

@@ -24,7 +24,7 @@ import random
 import string
 from dataclasses import dataclass
 
-from .base import Problem
+from .base import Problem, exact_match_reward
 
 __all__ = ["RunningSumTask", "LABELS"]
 
@@ -78,6 +78,27 @@ class RunningSumTask:
         reference = " " + " ".join(steps) + f" #{total}"
         return Problem(prompt=prompt, answer=str(total), reference=reference, uid=uid,
                        meta={"items": len(items)})
+
+    def step_reward(self, prompt: str, completion: str, answer: str) -> float:
+        """A verifiable process reward: half for the share of the worked steps written
+        correctly before the first mistake (each step's label, item and running total are
+        checked against the prompt), half for the exact final answer. Denser than exact match
+        alone, so that a group whose responses all miss the answer still says which got
+        further; the final answer still decides the other half."""
+        items = [tok[1:] for tok in prompt.rstrip("?").split()]
+        expected, total = [], 0
+        for i, item in enumerate(items):
+            if not item.isdigit():
+                return exact_match_reward(prompt, completion, answer)  # not one of ours
+            total = total + int(item) if self.modulus is None else (total + int(item)) % self.modulus
+            expected.append(f"{LABELS[i]}{item}={total}")
+        written = completion.split("#")[0].split()
+        good = 0
+        for want, got in zip(expected, written):
+            if want != got:
+                break
+            good += 1
+        return 0.5 * good / len(expected) + 0.5 * exact_match_reward(prompt, completion, answer)
 
     def generate(self, num: int, seed: int = 0) -> list[Problem]:
         """``num`` problems drawn from ``seed``; the same seed always gives the same list."""
