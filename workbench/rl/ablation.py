@@ -22,7 +22,39 @@ from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .tlt import VARIANTS, TLTConfig, TLTTrainer
 
-__all__ = ["Ablation", "run_ablation", "amdahl"]
+__all__ = ["Ablation", "RLSetup", "rl_setup", "run_ablation", "amdahl"]
+
+
+@dataclass
+class RLSetup:
+    """What an RL notebook starts from: the policy, its tokenizer, the pre-RL drafter head,
+    the RL prompt pool, the held-out problems and the reward."""
+
+    policy: object
+    tokenizer: object
+    drafter_head: object
+    pool: list
+    held_out: list
+    reward: object
+
+
+def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int = 4000,
+             eval_problems: int = 200, eagle_head: str | None = None,
+             reward: str = "exact") -> RLSetup:
+    """Load ``model`` and its pre-RL EAGLE head (``eagle_head``: a folder; None: the shipped
+    head of the default policy), draw the RL pool (``RL_SEED``) and held-out problems
+    (``HELDOUT_SEED``) of ``task``, and pick the reward by name (:data:`REWARDS`)."""
+    from ..models import DEFAULT_EAGLE, load_model
+    from ..speculative import EagleHead
+    from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
+    scorer = get_reward(reward, task)
+    if eagle_head is None and model != "default":
+        raise ValueError(f"model {model!r} needs its own pre-RL EAGLE head: pass eagle_head= "
+                         "(a folder saved by EagleHead.save_pretrained, e.g. from train_eagle)")
+    policy, tokenizer = load_model(model)
+    head = EagleHead.from_pretrained(eagle_head or DEFAULT_EAGLE, policy)
+    return RLSetup(policy, tokenizer, head, get_problems(task, rl_problems, seed=RL_SEED),
+                   get_problems(task, eval_problems, seed=HELDOUT_SEED), scorer)
 
 
 def amdahl(fraction: float, speedup: float) -> float:

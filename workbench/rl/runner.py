@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..atomic import atomic_dir, recover_dir
 from ..rollout import RolloutConfig, RolloutEngine
 from ..rollout.timeline import ROLLOUT_KINDS
 from ..tasks import Problem, exact_match_reward
 from ..train import TrainConfig, Trainer
+from .checkpoint import has_state, load_state, save_state
 from .grpo import (GRPOConfig, SequenceBatch, aggregate_sums, group_advantages, k3,
                    micro_batches, sequence_logprobs, token_terms)
 
@@ -275,16 +275,12 @@ class GRPO:
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
         """Write the RL state atomically: an interruption leaves the previous checkpoint."""
-        path = Path(path if path is not None else self.checkpoint_dir)
-        with atomic_dir(path) as tmp:
-            torch.save(self.state_dict(), tmp / STATE_FILE)
-        return path
+        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE,
+                          self.state_dict())
 
     @staticmethod
     def has_checkpoint(path) -> bool:
-        recover_dir(path)
-        return (Path(path) / STATE_FILE).is_file()
+        return has_state(path, STATE_FILE)
 
     def load_checkpoint(self, path) -> None:
-        state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
-        self.load_state_dict(state)
+        self.load_state_dict(load_state(path, STATE_FILE))

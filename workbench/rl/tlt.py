@@ -23,17 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from ..adapt import SpotConfig, SpotTrainer
-from ..atomic import atomic_dir, recover_dir
 from ..rollout import StaticSchedule
 from ..rollout.schedule import DEFAULT_SD_THRESHOLD
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
 from ..speculative.drafters import EagleDrafter
 from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
+from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPOConfig
 from .runner import GRPO
 
@@ -188,20 +187,17 @@ class TLTTrainer:
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        path = Path(path if path is not None else self.checkpoint_dir)
+        """Write the whole loop's state atomically (policy, optimizer, drafter, bandit)."""
         state = {"grpo": self.grpo.state_dict(), "schedule": self.schedule,
                  "spot": self.spot.state_dict() if self.spot is not None else None}
-        with atomic_dir(path) as tmp:
-            torch.save(state, tmp / STATE_FILE)
-        return path
+        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE, state)
 
     @staticmethod
     def has_checkpoint(path) -> bool:
-        recover_dir(path)
-        return (Path(path) / STATE_FILE).is_file()
+        return has_state(path, STATE_FILE)
 
     def load_checkpoint(self, path) -> None:
-        state = torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+        state = load_state(path, STATE_FILE)
         self.grpo.load_state_dict(state["grpo"])
         self.schedule = state["schedule"]
         if self.spot is not None:

@@ -10,7 +10,7 @@ from .jsonl import load_jsonl
 from .running_sum import RunningSumTask
 
 __all__ = ["Problem", "Reward", "RunningSumTask", "exact_match_reward", "extract_final_answer",
-           "load_jsonl", "get_problems", "TASKS", "TRAIN_SEED", "HELDOUT_SEED", "RL_SEED"]
+           "load_jsonl", "get_problems", "get_reward", "REWARDS", "TASKS", "TRAIN_SEED", "HELDOUT_SEED", "RL_SEED"]
 
 TASKS = {"running_sum": RunningSumTask, "default": RunningSumTask}
 
@@ -42,3 +42,20 @@ def get_problems(task: str | os.PathLike, num: int | None = None,
         return problems if num is None else problems[:num]
     raise ValueError(f"unknown task {task!r}; accepted: {sorted(TASKS)} or a path to a .jsonl "
                      "file of {\"prompt\", \"answer\"} lines")
+
+
+REWARDS = ("exact", "step")
+
+
+def get_reward(name: str, task: str | os.PathLike = "running_sum"):
+    """The reward called ``name`` for ``task``: ``"exact"`` (exact match of the final answer,
+    any task) or ``"step"`` (the running-sum task's process reward,
+    :meth:`RunningSumTask.step_reward`)."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; accepted: {list(REWARDS)}")
+    if name == "exact":
+        return exact_match_reward
+    if not (isinstance(task, str) and task in TASKS):
+        raise ValueError(f"reward 'step' checks running-sum traces; task {task!r} is not an "
+                         f"embedded running-sum task ({sorted(TASKS)}); use reward='exact'")
+    return TASKS[task]().step_reward
