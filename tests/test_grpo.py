@@ -128,3 +128,22 @@ def test_bad_input_is_refused(tokenizer):
         g.step()
     with pytest.raises(ValueError, match="Problem"):
         GRPO(model, tokenizer, ["q?"], _letters_reward)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "qwen2_sw", "llama_odd"])
+def test_ragged_batch_logprobs_equal_each_sequence_alone(tokenizer, arch):
+    """Right padding without a mask is exact: every response token's log-probability in the
+    padded batch equals the one of its sequence run alone (sliding windows included)."""
+    from workbench.rl.grpo import SequenceBatch, sequence_logprobs
+    model = tiny_model(arch, tokenizer)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    responses = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (12, 2, 7)]
+    with torch.no_grad():
+        batch = SequenceBatch.of(prompts, responses, [0, 1, 2], 0, "cpu")
+        together = sequence_logprobs(model, batch, 0.7)
+        for row, (p, r) in enumerate(zip(prompts, responses)):
+            alone = sequence_logprobs(model, SequenceBatch.of([p], [r], [0], 0, "cpu"), 0.7)
+            span = slice(len(p) - 1, len(p) + len(r) - 1)
+            assert torch.equal(batch.response[row, span], torch.ones(len(r)))
+            assert torch.allclose(together[row, span], alone[0, span], atol=1e-12)

@@ -201,13 +201,12 @@ def grpo_loss(logp, old_logp, advantages, mask, clip_eps: float = 0.2,
 class SequenceBatch:
     """Right-padded prompt + response ids of some sequences, and where each response lies.
 
-    ``ids [B, L]``, ``attention [B, L]`` (1 on real tokens), ``response [B, L-1]``: 1 where
+    ``ids [B, L]``, ``response [B, L-1]``: 1 where
     position ``t + 1`` is a response token (so ``logits[:, t]`` predicts it), and ``index``
     the sequences' positions in the step (to gather advantages and old log-probabilities).
     """
 
     ids: torch.Tensor
-    attention: torch.Tensor
     response: torch.Tensor
     index: list[int]
 
@@ -216,23 +215,21 @@ class SequenceBatch:
            pad_id: int, device) -> "SequenceBatch":
         longest = max(len(p) + len(r) for p, r in zip(prompts, responses))
         ids = torch.full((len(index), longest), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(index), longest), dtype=torch.long)
         response = torch.zeros((len(index), longest - 1))
         for row, (p, r) in enumerate(zip(prompts, responses)):
             ids[row, :len(p) + len(r)] = torch.tensor(p + r)
-            attention[row, :len(p) + len(r)] = 1
             response[row, len(p) - 1:len(p) + len(r) - 1] = 1
-        return cls(ids.to(device), attention.to(device), response.to(device), index)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.attention.sum())
+        return cls(ids.to(device), response.to(device), index)
 
 
 def sequence_logprobs(model, batch: SequenceBatch, temperature: float) -> torch.Tensor:
     """``[B, L-1]`` log-probability of every next token under ``model`` at ``temperature``
-    (the sampler's adjusted distribution without top-p); read it where ``batch.response``."""
-    logits = model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
+    (the sampler's adjusted distribution without top-p); read it where ``batch.response``.
+
+    No attention mask is passed: the sequences are right-padded, so under causal attention no
+    real token sees a pad, and the plain causal path (SDPA's ``is_causal`` kernel, positions
+    0..L-1) gives the real tokens exactly the masked values, without building a mask."""
+    logits = model(input_ids=batch.ids).logits[:, :-1]
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
 
