@@ -112,6 +112,8 @@ class SpotTrainer:
                 losses.append(float(hist["loss"].iloc[-1]))
             result.timeline = tl.with_steps(rec.rows[before:])
             self.publish()
+        buffered = self.buffer.state()
+        self.buffer.end_step()  # this step's longest sequences are the next step's carry
         new = result.timeline
         return {"drafter_steps": len(losses), "drafter_worker": w,
                 "drafter_window_s": rollout_end - float(last[w]),
@@ -119,7 +121,7 @@ class SpotTrainer:
                 "drafter_overrun_s": new.makespan_s - rollout_end,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": len(data), "drafter_version": self.version,
-                **self.buffer.state()}
+                **buffered}
 
     def publish(self) -> None:
         """Save the trained head (atomic folder swap) and load it into the serving drafter."""
