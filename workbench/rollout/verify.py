@@ -122,32 +122,33 @@ def speculative_accept_tree(tokens: torch.Tensor, parents: torch.Tensor, logp: t
     each node's own test, ``resample_u`` ``[B, n+1]`` the uniform of the draw at each fed
     node. Returns per row the accepted fed indices, root to leaf, and the drawn token.
     """
-    b = tokens.shape[0]
-    dev, dtype = logp.device, logp.dtype
-    accept_u = torch.as_tensor(np.asarray(accept_u), dtype=dtype, device=dev)
-    resample_u = torch.as_tensor(np.asarray(resample_u), dtype=dtype, device=dev)
+    b, dev = tokens.shape[0], logp.device
+    # the walk runs in float64: a float32 uniform can round up to 1 and reject a sure child
+    accept_u = torch.as_tensor(np.asarray(accept_u), dtype=torch.float64, device=dev)
+    resample_u = torch.as_tensor(np.asarray(resample_u), dtype=torch.float64, device=dev)
     children = child_table(parents)
-    fed_tok = torch.cat([torch.zeros_like(tokens[:, :1]), tokens], dim=1)
+    fed_tok = torch.cat([tokens.new_zeros(b, 1), tokens], dim=1)        # by fed index
+    fed_u = torch.cat([accept_u.new_zeros(b, 1), accept_u.reshape(b, -1)], dim=1)
     rows = torch.arange(b, device=dev)
     node = torch.zeros(b, dtype=torch.long, device=dev)
     walking = torch.ones(b, dtype=torch.bool, device=dev)
     last = torch.zeros(b, dtype=torch.long, device=dev)
     paths = []
     while bool(walking.any()):
-        residual = logp[rows, node].exp()                                # [B, V]
+        residual = logp[rows, node].double().exp()                       # [B, V]
         moved = torch.zeros_like(walking)
         for i in range(children.shape[-1]):
             child = children[rows, node, i]
             testing = walking & ~moved & (child >= 0)
             tok = fed_tok[rows, child.clamp(min=0)]
             mass, p_c = residual.sum(-1), residual[rows, tok]
-            u = accept_u[rows, (child - 1).clamp(min=0)]
+            u = fed_u[rows, child.clamp(min=0)]
             take = testing & (u * mass < p_c)    # u < r(c) without dividing by the mass
             residual[rows, tok] = torch.where(testing & ~take, 0.0, p_c)
             moved |= take
             node = torch.where(take, child, node)
         stop = walking & ~moved
-        last = torch.where(stop, _draw(residual, logp[rows, node].exp(),
+        last = torch.where(stop, _draw(residual, logp[rows, node].double().exp(),
                                        resample_u[rows, node]), last)
         walking &= moved
         paths.append(torch.where(moved, node, -1))
