@@ -46,6 +46,7 @@ def test_ancestor_matrix_and_depths_of_a_hand_built_tree():
     for i, cols in expected.items():
         assert torch.nonzero(anc[i]).flatten().tolist() == cols
     assert tree.depths()[0].tolist() == [0, 1, 1, 2, 2, 3, 2]
+    assert tree.sibling_ranks()[0].tolist() == [0, 1, 0, 1, 0, 0]
 
 
 def test_levels_keep_the_best_candidates_by_cumulative_logprob():
