@@ -1,4 +1,7 @@
 """Tree drafts: the tree helpers, the tree mask, and lossless tree verification (float64)."""
+import copy
+from collections import Counter, defaultdict
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -8,9 +11,11 @@ from workbench.rollout.batch import DecodeBatch
 from workbench.rollout.decoder import BatchDecoder
 from workbench.rollout.forward import policy_forward
 from workbench.rollout.request import RequestOutput
+from workbench.rollout.sampling import SamplingParams, adjusted_logprobs
 from workbench.rollout.tree import DraftTree, grow_level, grow_tree
+from workbench.rollout.verify import speculative_accept_tree
 from workbench.rollout.worker import StepRecorder
-from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
+from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
 
 from .conftest import ARCHS, PROMPTS, tiny_model
 from .drafters import ScriptedTreeDrafter
@@ -41,6 +46,7 @@ def test_ancestor_matrix_and_depths_of_a_hand_built_tree():
     for i, cols in expected.items():
         assert torch.nonzero(anc[i]).flatten().tolist() == cols
     assert tree.depths()[0].tolist() == [0, 1, 1, 2, 2, 3, 2]
+    assert tree.sibling_ranks()[0].tolist() == [0, 1, 0, 1, 0, 0]
 
 
 def test_levels_keep_the_best_candidates_by_cumulative_logprob():
@@ -225,15 +231,188 @@ def test_eagle_tree_scores_equal_a_from_scratch_recompute_of_each_path(tokenizer
     assert checked >= 3 * 9
 
 
+# ---- speculative sampling through a tree ------------------------------------------------
+#   root -> A=2 (-> 1, 3), B=0 (-> 5, 0, 1), C=2 (-> 4): C duplicates A, and A's child 3 has
+#   policy probability 0 (fed index = node + 1)
+SPEC_TOKENS = torch.tensor([[2, 0, 2, 1, 3, 5, 0, 1, 4]])
+SPEC_PARENTS = torch.tensor([[-1, -1, -1, 0, 0, 1, 1, 1, 2]])
+REJECT = 1 - 2**-53  # the largest uniform: rejects every child short of all the residual mass
+
+
+def spec_policy() -> torch.Tensor:
+    """``[1, 10, 6]`` policy logprobs at the fed nodes of the tree above."""
+    gen = torch.Generator().manual_seed(7)
+    logp = torch.randn(1, 10, 6, generator=gen, dtype=torch.float64)
+    logp[0, 1, 3] = float("-inf")
+    return torch.log_softmax(logp, -1)
+
+
+def expected_first_two(logp: torch.Tensor) -> dict[tuple, float]:
+    """The policy's law of what a step emits first: ``(x1, x2)`` when ``x1`` is a child of the
+    root (the walk then emits a second token, from the node of ``x1``), ``(x1,)`` otherwise."""
+    p = logp[0].exp()
+    node_of = {2: 1, 0: 2}
+    out = {}
+    for x1 in range(6):
+        if x1 in node_of:
+            out.update({(x1, x2): float(p[0, x1] * p[node_of[x1], x2]) for x2 in range(6)})
+        else:
+            out[(x1,)] = float(p[0, x1])
+    return out
+
+
+def first_two(paths, last, tokens) -> list[tuple]:
+    return [tuple(([tokens[0, c - 1].item() for c in path] + [x])[:2])
+            for path, x in zip(paths, last)]
+
+
+def integrated_first_two(logp: torch.Tensor, grid: int = 2**13) -> dict[tuple, float]:
+    """The law of what ``speculative_accept_tree`` emits first on the tree above, integrated
+    over its uniforms. Every decision is a threshold in its own uniform, so the walk is followed
+    decision by decision, each measured on a midpoint grid of its uniform (error <= 1/grid)
+    with the earlier decisions forced (u = 0 accepts a child, REJECT rejects it). A first pass
+    collects the decisions, one batched call measures them all, a second pass multiplies."""
+    n = SPEC_TOKENS.shape[1]
+    children = defaultdict(list)
+    for j, par in enumerate(SPEC_PARENTS[0].tolist()):
+        children[par + 1].append(j + 1)
+    answers, out = {}, defaultdict(float)
+
+    def outcome(forced, column):  # (paths, last) over the grid of one decision's uniform
+        return answers.setdefault((tuple(sorted(forced.items())), column), ([], []))
+
+    def walk(node, forced, prob, emitted):
+        if len(emitted) == 2:
+            out[tuple(emitted)] += prob
+            return
+        for c in children[node]:
+            p_acc = sum(c in path for path in outcome(forced, ("accept", c - 1))[0]) / grid
+            walk(c, {**forced, c - 1: 0.0}, prob * p_acc,
+                 emitted + [SPEC_TOKENS[0, c - 1].item()])
+            forced, prob = {**forced, c - 1: REJECT}, prob * (1 - p_acc)
+        for x, count in Counter(outcome(forced, ("resample", node))[1]).items():
+            out[tuple(emitted + [x])] += prob * count / grid
+
+    walk(0, {}, 1.0, [])
+    keys = list(answers)
+    acc = torch.full((len(keys), grid, n), 0.5, dtype=torch.float64)
+    res = torch.full((len(keys), grid, n + 1), 0.5, dtype=torch.float64)
+    for i, (forced, (kind, col)) in enumerate(keys):
+        for j, u in forced:
+            acc[i, :, j] = u
+        (acc if kind == "accept" else res)[i, :, col] = (torch.arange(grid) + 0.5) / grid
+    rows = len(keys) * grid
+    paths, last = speculative_accept_tree(SPEC_TOKENS.expand(rows, -1),
+                                          SPEC_PARENTS.expand(rows, -1),
+                                          logp.expand(rows, -1, -1), acc.flatten(0, 1),
+                                          res.flatten(0, 1))
+    for i, key in enumerate(keys):
+        answers[key] = (paths[i * grid:(i + 1) * grid], last[i * grid:(i + 1) * grid])
+    out.clear()
+    walk(0, {}, 1.0, [])
+    return dict(out)
+
+
+def test_speculative_tree_walk_emits_exactly_the_policys_distribution():
+    """Integrated over the uniforms, the first token has the root's distribution and the first
+    two the policy's joint law, duplicates and zero-probability children included."""
+    logp = spec_policy()
+    expected, got = expected_first_two(logp), integrated_first_two(logp)
+    assert set(got) <= set(expected)
+    assert max(abs(got.get(key, 0.0) - v) for key, v in expected.items()) < 5e-4
+    first = defaultdict(float)
+    for key, v in got.items():
+        first[key[0]] += v
+    torch.testing.assert_close(torch.tensor([first[x] for x in range(6)], dtype=torch.float64),
+                               logp[0, 0].exp(), atol=5e-4, rtol=0)
+    assert got[(2, 3)] == 0                         # A's child 3 has probability 0
+
+
+def test_speculative_tree_walk_matches_the_policy_by_monte_carlo():
+    """20k batched walks with random uniforms: frequencies within 5 sigma of the policy's law,
+    and every accepted path a root-to-leaf chain of the tree."""
+    logp, rows = spec_policy(), 20_000
+    gen = torch.Generator().manual_seed(11)
+    acc = torch.rand(rows, 9, generator=gen, dtype=torch.float64)
+    res = torch.rand(rows, 10, generator=gen, dtype=torch.float64)
+    paths, last = speculative_accept_tree(SPEC_TOKENS.expand(rows, -1),
+                                          SPEC_PARENTS.expand(rows, -1),
+                                          logp.expand(rows, -1, -1), acc, res)
+    parents = SPEC_PARENTS[0].tolist()
+    for path in paths:
+        assert [parents[c - 1] + 1 for c in path] == ([0] + path)[:len(path)]
+    counts = Counter(first_two(paths, last, SPEC_TOKENS))
+    for key, p in expected_first_two(logp).items():
+        sigma = (p * (1 - p) / rows) ** 0.5
+        assert abs(counts[key] / rows - p) <= 5 * sigma + 1e-9, key
+    p = logp[0].exp()   # accepted nodes: x1 in {2, 0}, then x2 among that node's children
+    mean_len = p[0, 2] * (1 + p[1, [1, 3]].sum()) + p[0, 0] * (1 + p[2, [5, 0, 1]].sum())
+    lengths = torch.tensor([len(path) for path in paths], dtype=torch.float64)
+    assert abs(lengths.mean() - mean_len) <= 5 * lengths.std() / rows ** 0.5
+
+
+def test_speculative_tree_walk_edge_cases():
+    """No nodes: a plain draw from the root. All the mass on one child: always accepted."""
+    logp = torch.log_softmax(torch.tensor([[[0.0, 1.0, 2.0]]], dtype=torch.float64), -1)
+    paths, last = speculative_accept_tree(torch.zeros(1, 0, dtype=torch.long),
+                                          torch.zeros(1, 0, dtype=torch.long), logp,
+                                          [[]], [[0.5]])
+    cdf = logp[0, 0].exp().cumsum(0)
+    assert paths == [[]] and last == [int((cdf <= 0.5).sum())]
+    sure = torch.tensor([[[0.0, float("-inf"), float("-inf")], [0.0] * 3, [0.0] * 3]])
+    paths, last = speculative_accept_tree(torch.tensor([[1, 0]]), torch.tensor([[-1, -1]]),
+                                          torch.log_softmax(sure, -1), [[0.3, REJECT]],
+                                          [[0.2, 0.2, 0.9]])
+    assert paths == [[2]] and last == [2]   # float32 logprobs, a uniform just below 1
+
+
+def policy_probs_along(model, prompt, responses, temperature):
+    """``[S, L, V]``: the policy's adjusted distribution of each response token given its
+    prefix, by one plain forward over prompt + response (responses of equal length ``L``)."""
+    ids = torch.tensor([prompt + r for r in responses])
+    with torch.no_grad():
+        logits = model(ids).logits[:, len(prompt) - 1:-1]
+    return adjusted_logprobs(logits, SamplingParams(temperature=temperature)).exp()
+
+
+def test_speculative_tree_sd_samples_the_policy(tokenizer):
+    """400 samples of one prompt, a tree drafter equal to a copy of the policy: the tokens the
+    tree steps emit (response positions 1 and 2, after the prefill's token) follow the policy
+    given their prefixes (chi-square over tokens), the reported logprobs are the policy's, and
+    a close drafter gets more than one token accepted per step."""
+    model = tiny_model("llama", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    temperature, length = 0.05, 4
+    cfg = RolloutConfig(max_new_tokens=length, temperature=temperature, seed=5,
+                        spec_mode="speculative", samples_per_prompt=400)
+    res = engine.rollout(PROMPTS[:1], cfg, drafter=LMDrafter(copy.deepcopy(model), tokenizer),
+                         progress=False, schedule=StaticSchedule(3, branch=3, verify_budget=8))
+    full = [r for r in res.requests if len(r.tokens) == length]
+    assert len(full) >= 350 and all(len(r.tokens) <= length for r in res.requests)
+    probs = policy_probs_along(model, engine.encode(PROMPTS[:1])[0],
+                               [r.tokens for r in full], temperature)
+    emitted = torch.tensor([r.tokens for r in full])
+    torch.testing.assert_close(torch.tensor([r.logprobs for r in full], dtype=torch.float64),
+                               probs.gather(-1, emitted[..., None]).squeeze(-1).log(),
+                               atol=1e-9, rtol=0)
+    for pos in (1, 2):
+        observed = torch.bincount(emitted[:, pos], minlength=probs.shape[-1]).double()
+        expected, var = probs[:, pos].sum(0), (probs[:, pos] * (1 - probs[:, pos])).sum(0)
+        big = expected >= 5                     # the rest pooled into one bin
+        stat = ((observed[big] - expected[big]) ** 2 / var[big]).sum() \
+            + (observed[~big].sum() - expected[~big].sum()) ** 2 / var[~big].sum()
+        df = int(big.sum())
+        assert df >= 3 and stat < df + 5 * (2 * df) ** 0.5, (pos, float(stat), df)
+    steps = [a for r in res.requests for a in r.accepted_per_step]
+    assert sum(steps) / len(steps) > 1
+
+
 # ---- bad input --------------------------------------------------------------------------
-def test_a_tree_plan_is_refused_for_chain_only_drafters_and_speculative_sampling(tokenizer):
+def test_a_tree_plan_is_refused_for_chain_only_drafters(tokenizer):
     model = tiny_model("llama", tokenizer)
     engine = RolloutEngine(model, tokenizer)
-    with pytest.raises(ValueError, match="'ngram'.*NGramDrafter.*chains only.*EagleDrafter"):
-        engine.rollout(PROMPTS[:2], max_new_tokens=8, drafter=NGramDrafter(), progress=False,
-                       schedule=StaticSchedule(3, branch=2))
-    torch.manual_seed(0)
-    with pytest.raises(ValueError, match="spec_mode='speculative'.*coupled"):
-        engine.rollout(PROMPTS[:2], max_new_tokens=8, temperature=1.0,
-                       spec_mode="speculative", drafter=EagleDrafter(EagleHead(model)),
-                       progress=False, schedule=StaticSchedule(3, verify_budget=2))
+    for spec_mode in ("coupled", "speculative"):
+        with pytest.raises(ValueError, match="'ngram'.*NGramDrafter.*chains only.*EagleDrafter"):
+            engine.rollout(PROMPTS[:2], max_new_tokens=8, temperature=1.0, spec_mode=spec_mode,
+                           drafter=NGramDrafter(), progress=False,
+                           schedule=StaticSchedule(3, branch=2))

@@ -55,6 +55,12 @@ class DraftTree:
         """``[B, n+1]`` long: 0 for the root, a node's distance from it otherwise."""
         return self.ancestors().sum(-1) - 1
 
+    def sibling_ranks(self) -> torch.Tensor:
+        """``[B, n]`` long: how many siblings come before each node (node order), the order
+        in which speculative verification tries a node's children."""
+        same = self.parents[:, :, None] == self.parents[:, None, :]
+        return (same & torch.ones_like(same[0]).tril(-1)).sum(-1)
+
     def select(self, budget: int | None) -> "DraftTree":
         """The best ``budget`` nodes of each row by score (all when ``None``), in their
         original order, parents renumbered. Ancestor-closed (see the module docstring)."""

@@ -7,10 +7,19 @@ logits equal a plain forward of its own path. The accepted path's columns stay v
 positions increase left to right, as a row's columns must); every other fed column becomes a
 hole, so each row's visible cache is again a fresh recompute of its accepted prefix.
 
-Lossless in greedy and coupled modes: a node's target is the policy's argmax, or its coupled
-draw at the node's response position, exactly what plain decoding would emit there, and only
-drafts equal to it are kept. Speculative sampling with trees is refused: with several
-candidates per node the one-draft rejection rule no longer gives the policy's distribution.
+Lossless in every mode. Greedy and coupled: a node's target is the policy's argmax, or its
+coupled draw at the node's response position, exactly what plain decoding would emit there,
+and only drafts equal to it are kept. Speculative: the drafter picks the nodes
+deterministically (its top candidates), so each node's children are tried one by one with the
+one-hot rejection test against the policy's residual (``verify.speculative_accept_tree``),
+which samples the policy's distribution exactly at every node.
+
+Speculative draws: the token at response position ``t = len(tokens) + depth`` is drawn at the
+fed node of that depth from ``Stream.TOKEN`` at ``t``, as in plain decoding; the test of the
+child with sibling rank ``i`` that would emit position ``t`` uses ``Stream.ACCEPT`` at
+position ``t + i * 2**32`` (rank 0 is the chain's accept uniform). Responses are far shorter
+than ``2**32`` tokens, so every (position, rank) pair has its own independent uniform, and the
+walk visits one node per depth, so no uniform is used twice.
 """
 from __future__ import annotations
 
@@ -20,21 +29,18 @@ import numpy as np
 import torch
 
 from . import verify
-from .sampling import adjusted_logprobs, choose_tokens
+from .sampling import Stream, adjusted_logprobs, choose_tokens
 from .schedule import StepPlan
 from .tree import DraftTree
 
-__all__ = ["tree_step", "TREE_MODES", "check_tree_plan"]
+__all__ = ["tree_step", "check_tree_plan"]
 
-TREE_MODES = ("greedy", "coupled")
+_RANK_STRIDE = 2**32  # accept-uniform position offset per sibling rank (module docstring)
 
 
 def check_tree_plan(decoder, plan: StepPlan) -> None:
-    """Refuse a tree plan this decoder cannot run losslessly, before anything is drafted."""
-    if decoder.mode not in TREE_MODES:
-        raise ValueError(f"tree plans (branch={plan.branch}, verify_budget={plan.verify_budget})"
-                         f" are not lossless under spec_mode={decoder.mode!r}; accepted: greedy "
-                         "(temperature 0) or spec_mode='coupled'")
+    """Refuse a tree plan this decoder's drafter cannot draft, before anything is drafted
+    (every verification mode verifies trees losslessly)."""
     drafter = decoder.drafter
     if not getattr(drafter, "supports_trees", False):
         raise ValueError(f"drafter {getattr(drafter, 'name', '?')!r} "
@@ -64,8 +70,7 @@ def tree_step(decoder, plan: StepPlan, ctx):
     (logits, hidden), fwd_s = _timed(decoder.forward, fed, pos, b.mask, b.col_pos, b.cache,
                                      logits_from=0, tree=visible)
     logp = adjusted_logprobs(logits, decoder.params)                     # [B, n+1, V]
-    paths, last = verify.accept_tree(tree.tokens, tree.parents,
-                                     _targets(decoder, logp, depth, k))
+    paths, last = _accept(decoder, tree, logp, depth, k)
     kept = [[0] + path for path in paths]                                # fed indices
     keep = torch.zeros_like(fed)
     for row, cols in enumerate(kept):
@@ -82,14 +87,33 @@ def _timed_draft(decoder, ctx, k: int, branch: int) -> tuple[DraftTree, float]:
     return tree, draft_s
 
 
-def _targets(decoder, logp: torch.Tensor, depth: torch.Tensor, k: int) -> torch.Tensor:
-    """The policy's token at every fed node: argmax, or the coupled draw (``Stream.TOKEN``)
-    at the node's response position ``len(tokens) + depth``, as plain decoding draws it."""
+def _accept(decoder, tree: DraftTree, logp: torch.Tensor, depth: torch.Tensor, k: int):
+    """Each row's accepted path (fed indices) and the token the policy adds after it."""
     if decoder.mode == "greedy":
-        return logp.argmax(-1)
+        return verify.accept_tree(tree.tokens, tree.parents, logp.argmax(-1))
+    token_u = _token_uniforms(decoder, depth, k)
+    if decoder.mode == "coupled":
+        return verify.accept_tree(tree.tokens, tree.parents,
+                                  choose_tokens(logp, decoder.params, token_u))
+    return verify.speculative_accept_tree(tree.tokens, tree.parents, logp,
+                                          _accept_uniforms(decoder, tree, depth, k), token_u)
+
+
+def _token_uniforms(decoder, depth: torch.Tensor, k: int) -> np.ndarray:
+    """``[B, n+1]``: ``Stream.TOKEN`` at each fed node's response position
+    ``len(tokens) + depth``, the uniform plain decoding draws that position with."""
     grid = decoder._uniform_grid(decoder.batch, k + 1)                   # [B, k+1]
-    return choose_tokens(logp, decoder.params,
-                         np.take_along_axis(grid, depth.cpu().numpy(), axis=1))
+    return np.take_along_axis(grid, depth.cpu().numpy(), axis=1)
+
+
+def _accept_uniforms(decoder, tree: DraftTree, depth: torch.Tensor, k: int) -> np.ndarray:
+    """``[B, n]``: each node's accept-test uniform, ``Stream.ACCEPT`` at the position it
+    would emit (``len(tokens) + depth - 1``) offset by its sibling rank (module docstring)."""
+    ranks = tree.sibling_ranks().cpu().numpy()
+    grid = np.stack([decoder._uniform_grid(decoder.batch, k, Stream.ACCEPT, i * _RANK_STRIDE)
+                     for i in range(int(ranks.max(initial=0)) + 1)], axis=1)  # [B, R, k]
+    rows = np.arange(grid.shape[0])[:, None]
+    return grid[rows, ranks, depth[:, 1:].cpu().numpy() - 1]
 
 
 def _commit(decoder, tree, fed, logp, hidden, kept, last, fwd_s, draft_s):

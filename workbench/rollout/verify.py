@@ -3,13 +3,16 @@
 The chain rules return ``(accepted, last)`` per row: how many leading drafts the policy keeps, and the one
 token the policy adds after them (the correction at the first rejection, or the bonus token
 when every draft was accepted). The emitted tokens are ``drafts[:accepted] + [last]``.
+The tree rules return ``(paths, last)`` per row: the accepted fed indices, root to leaf, and
+the token the policy adds after the last of them.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-__all__ = ["accept_by_target", "speculative_accept", "accept_tree"]
+__all__ = ["accept_by_target", "speculative_accept", "accept_tree", "speculative_accept_tree",
+           "child_table"]
 
 
 def accept_by_target(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -80,3 +83,91 @@ def accept_tree(tokens: torch.Tensor, parents: torch.Tensor,
         paths.append(path)
         last.append(tgt[path[-1] if path else 0])
     return paths, last
+
+
+def child_table(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, n+1, m]`` long: the fed indices of each fed node's children in node order,
+    ``-1`` padded (``m`` the largest child count, at least 1). ``parents`` ``[B, n]`` as in
+    :class:`~workbench.rollout.tree.DraftTree`; fed index 0 is the root, node ``j`` is ``j+1``."""
+    b, n = parents.shape
+    rows = torch.arange(b, device=parents.device)
+    fed_parent = parents + 1                                             # [B, n]
+    count = torch.zeros(b, n + 1, dtype=torch.long, device=parents.device)
+    width = max(1, int(count.scatter_add(1, fed_parent, torch.ones_like(fed_parent)).max()))
+    table = torch.full((b, n + 1, width), -1, dtype=torch.long, device=parents.device)
+    for j in range(n):                                   # node order = the order of the tests
+        par = fed_parent[:, j]
+        table[rows, par, count[rows, par]] = j + 1
+        count[rows, par] += 1
+    return table
+
+
+def speculative_accept_tree(tokens: torch.Tensor, parents: torch.Tensor, logp: torch.Tensor,
+                            accept_u, resample_u) -> tuple[list[list[int]], list[int]]:
+    """Speculative sampling through a draft tree whose nodes the drafter chose
+    deterministically: the output has exactly the policy's distribution.
+
+    At a node with policy distribution ``p`` (``logp[:, node]``) the children ``c_1..c_m``
+    are tried in node order. Child ``c_i`` is accepted with probability ``r_{i-1}(c_i)``,
+    where ``r_0 = p`` and ``r_i`` is ``r_{i-1}`` with ``c_i`` zeroed and renormalised (the
+    rejection test ``min(1, r/q)`` against a one-hot proposal ``q``). An accepted child
+    becomes the node and the walk goes on; when every child is rejected (or there is none)
+    the policy's token is drawn from the last residual and the walk stops. This is sampling
+    from ``p`` by trying the candidates one by one without replacement, so the token chosen
+    at every node is distributed as ``p`` whatever the candidate set (a duplicate candidate
+    finds its token zeroed and is never accepted), and the whole output as the policy.
+
+    ``tokens``/``parents`` ``[B, n]`` (:class:`~workbench.rollout.tree.DraftTree`), ``logp``
+    ``[B, n+1, V]`` at the fed nodes (root first); ``accept_u`` ``[B, n]`` the uniform of
+    each node's own test, ``resample_u`` ``[B, n+1]`` the uniform of the draw at each fed
+    node. Returns per row the accepted fed indices, root to leaf, and the drawn token.
+    """
+    b, dev = tokens.shape[0], logp.device
+    # the walk runs in float64: a float32 uniform can round up to 1 and reject a sure child
+    accept_u = torch.as_tensor(np.asarray(accept_u), dtype=torch.float64, device=dev)
+    resample_u = torch.as_tensor(np.asarray(resample_u), dtype=torch.float64, device=dev)
+    children = child_table(parents)
+    fed_tok = torch.cat([tokens.new_zeros(b, 1), tokens], dim=1)        # by fed index
+    fed_u = torch.cat([accept_u.new_zeros(b, 1), accept_u.reshape(b, -1)], dim=1)
+    rows = torch.arange(b, device=dev)
+    node = torch.zeros(b, dtype=torch.long, device=dev)
+    walking = torch.ones(b, dtype=torch.bool, device=dev)
+    last = torch.zeros(b, dtype=torch.long, device=dev)
+    paths = []
+    while bool(walking.any()):
+        residual = logp[rows, node].double().exp()                       # [B, V]
+        moved = torch.zeros_like(walking)
+        for i in range(children.shape[-1]):
+            child = children[rows, node, i]
+            testing = walking & ~moved & (child >= 0)
+            tok = fed_tok[rows, child.clamp(min=0)]
+            mass, p_c = residual.sum(-1), residual[rows, tok]
+            u = fed_u[rows, child.clamp(min=0)]
+            take = testing & (u * mass < p_c)    # u < r(c) without dividing by the mass
+            residual[rows, tok] = torch.where(testing & ~take, 0.0, p_c)
+            moved |= take
+            node = torch.where(take, child, node)
+        stop = walking & ~moved
+        last = torch.where(stop, _draw(residual, logp[rows, node].double().exp(),
+                                       resample_u[rows, node]), last)
+        walking &= moved
+        paths.append(torch.where(moved, node, -1))
+    return _path_lists(paths, b), last.tolist()
+
+
+def _draw(residual: torch.Tensor, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws from each row's residual ``[B, V]`` (unnormalised), or from ``p``
+    where no mass is left (only by rounding: a child holding all of it is always accepted)."""
+    total = residual.sum(-1, keepdim=True)
+    dist = torch.where(total > 0, residual, p)
+    cdf = dist.cumsum(-1)
+    idx = torch.searchsorted(cdf.contiguous(), (u[:, None] * cdf[:, -1:]).contiguous(),
+                             right=True).squeeze(-1)
+    return idx.clamp_(max=p.shape[-1] - 1)
+
+
+def _path_lists(paths: list[torch.Tensor], rows: int) -> list[list[int]]:
+    """Per-depth accepted nodes (``-1`` once a row stopped) as one list of fed indices a row."""
+    if not paths:
+        return [[] for _ in range(rows)]
+    return [[c for c in row if c >= 0] for row in torch.stack(paths, 1).tolist()]
