@@ -9,7 +9,7 @@ per-repeat tokens/s ratios (engine clock), with min-max and spread. The threshol
 largest batch size up to which SD paid at every measured batch size (median speedup > 1
 at every temperature).
 
-    python benchmarks/bench_threshold.py --batch-sizes 1 2 4 8 16 32 64 128 256 --repeats 5
+    python benchmarks/bench_threshold.py --batch-sizes 1 4 16 32 64 128 256 --repeats 3 --warmup 1
 """
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def main():
     eagle = default_drafters(policy, tok, names=("eagle",))
     print(header(ap, args, f"default policy + shipped EAGLE head, CPU float32, k={args.k}, "
                            f"max_new_tokens={args.max_new_tokens}"), flush=True)
+    for _ in range(args.warmup):  # the first cell of a process runs cold otherwise
+        warm = [p.prompt for p in get_problems("running_sum", args.min_prompts, seed=HELDOUT_SEED)]
+        engine.rollout(warm, max_new_tokens=args.max_new_tokens, progress=False)
+        engine.rollout(warm, max_new_tokens=args.max_new_tokens, drafter=eagle["eagle"],
+                       spec_k=args.k, progress=False)
     tables = []
     for bs in args.batch_sizes:
         n = max(args.min_prompts, args.prompts_per_row * bs)
