@@ -24,10 +24,11 @@ __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedul
 PLAN_KINDS = ("plain", "speculative")
 DECISION_KEYS = ("bucket", "arm", "explored")
 
-# SD on once a worker's live batch has at most this many rows. TLT uses 32 on GPUs; this is
-# the largest batch at which EAGLE (k=4) still beat plain decoding of the default policy on
-# this machine (BENCHMARKS.md, "SD speedup against batch size (threshold for the adaptive
-# engine)", benchmarks/bench_threshold.py).
+# SD on once a worker's live batch has at most this many rows. TLT uses 32 on GPUs; here it
+# is the largest batch at which EAGLE (k=4) still beat plain decoding of the default policy on
+# this 2-core CPU: 1.13-1.81x at batches 1-32, 0.74-0.89x at 64-256, greedy and temperature 1
+# (BENCHMARKS.md, "SD speedup against batch size (threshold for the adaptive engine)",
+# benchmarks/bench_threshold.py).
 DEFAULT_SD_THRESHOLD = 32
 
 
