@@ -91,7 +91,7 @@ def ours_step(grpo: GRPO) -> dict:
     t2 = time.perf_counter()
     return {"step_s": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1,
             "reward": row["reward"], "tokens": row["response_len"],
-            "prompts": sorted(p.prompt for p in rl.problems)}
+            "prompts": sorted({p.prompt for p in rl.problems})}
 
 
 # ---- TRL ---------------------------------------------------------------------------------
