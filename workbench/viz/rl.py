@@ -172,16 +172,19 @@ def bandit_choices(choices: pd.DataFrame, ax=None, label: str = ""):
 
 
 def timeline_before_after(before, after, labels=("baseline", "TLT"), label: str = ""):
-    """Two Gantt charts of the same RL step, one above the other on one time axis: the
+    """Two Gantt charts of the same RL step, one above the other on one time scale: the
     baseline's rollout and TLT's (SD in the tail, drafter training in the idle window)."""
     import matplotlib.pyplot as plt
 
     from .timeline import gantt
-    fig, axes = plt.subplots(2, 1, figsize=(8.0, 6.4), sharex=True, layout="constrained")
-    for ax, tl, name in zip(axes, (before, after), labels):
+    n = max(before.num_workers, after.num_workers)
+    fig = plt.figure(figsize=(11, 2 * (2.2 + 0.45 * n)), layout="constrained")
+    end = max(before.makespan_s, after.makespan_s) * 1.01
+    for sub, tl, name in zip(fig.subfigures(2, 1), (before, after), labels):
+        ax = sub.subplots()
         gantt(tl, ax=ax)
-        ax.set_title(f"{name}: makespan {tl.makespan_s:.2f}s, idle fraction "
-                     f"{tl.idle_fraction():.0%}", fontsize=9, loc="left")
+        ax.set_xlim(0, end)
+        ax.set_title(f"{name}: {ax.get_title()}", pad=24, fontsize=10)
     if label:
-        fig.suptitle(label, fontsize=7, color="#555555")
+        fig.suptitle(label, fontsize=8, color="#555555")
     return fig
