@@ -147,3 +147,17 @@ def test_ragged_batch_logprobs_equal_each_sequence_alone(tokenizer, arch):
             span = slice(len(p) - 1, len(p) + len(r) - 1)
             assert torch.equal(batch.response[row, span], torch.ones(len(r)))
             assert torch.allclose(together[row, span], alone[0, span], atol=1e-12)
+
+
+def test_groups_with_signal_counts_groups_whose_rewards_differ(tokenizer):
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    g = GRPO(model, tokenizer, _problems(), lambda p, c, a: float(p == "q0?"),
+             GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=3))
+    row = g.step()
+    assert row["groups_with_signal"] == 0.0   # every group's rewards are equal
+    g2 = GRPO(model, tokenizer, _problems(), lambda p, c, a: float(p in ("q0?", "q1?")),
+              GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=3))
+    rl = g2.rollout()
+    rl.rewards[1] = 1.0 - rl.rewards[0]       # make exactly the first group disagree
+    rl.rewards[3] = rl.rewards[2]
+    assert g2.update(rl)["groups_with_signal"] == 0.25

@@ -176,7 +176,9 @@ class GRPO:
 
     @property
     def history(self) -> pd.DataFrame:
-        """One row per RL step: reward, accuracy, lengths, KL to the start, loss, timings."""
+        """One row per RL step: reward, accuracy, ``groups_with_signal`` (the share of groups
+        whose rewards differ: the others get advantage 0 and teach nothing), lengths, KL to
+        the start, loss, timings."""
         return pd.DataFrame(self.rows)
 
     # ---- the loss -----------------------------------------------------------------------
@@ -251,7 +253,10 @@ class GRPO:
         tl = rl.result.timeline
         n = self.config.workers
         rollout_s = float(tl.steps.loc[tl.steps["kind"].isin(ROLLOUT_KINDS), "end_s"].max())
+        groups = torch.tensor(rl.rewards).view(-1, self.config.samples_per_prompt)
+        signal = (groups != groups[:, :1]).any(dim=1).float().mean()
         return {"step": rl.step, "reward": sum(rl.rewards) / len(rl.rewards),
+                "groups_with_signal": float(signal),
                 "accuracy": sum(correct) / len(correct),
                 "response_len": sum(lengths) / len(lengths), "response_len_max": max(lengths),
                 "kl_start": float(drift), "loss": float(hist["loss"].mean()),
