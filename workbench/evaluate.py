@@ -5,6 +5,8 @@ greedy decoding, the task's reward, and length percentiles of the generated resp
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,7 +112,18 @@ def score_rollout(result, problems: list[Problem], reward=exact_match_reward) ->
     if len(problems) * result.config.samples_per_prompt != len(result.requests):
         raise ValueError(f"{len(result.requests)} requests do not come from {len(problems)} "
                          f"problems x {result.config.samples_per_prompt} samples")
-    rewards = [float(reward(problems[r.prompt_id].prompt, r.text, problems[r.prompt_id].answer))
-               for r in result.requests]
+    rewards = [_checked_reward(reward, problems[r.prompt_id], r.text) for r in result.requests]
     result.set_rewards(rewards)
     return rewards
+
+
+def _checked_reward(reward, problem: Problem, completion: str) -> float:
+    """``reward(prompt, completion, answer)`` as a float; anything but a finite real number
+    is an error that names the prompt whose completion got it."""
+    value = reward(problem.prompt, completion, problem.answer)
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(float(value))):
+        raise TypeError(f"the reward function returned {value!r} ({type(value).__name__}) for "
+                        f"prompt {problem.prompt!r}; it must return a finite real number "
+                        "(float or int)")
+    return float(value)

@@ -10,8 +10,6 @@ from its checkpoint continues exactly.
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..evaluate import score_rollout
 from ..rollout import RolloutConfig, RolloutEngine
 from ..rollout.timeline import ROLLOUT_KINDS
 from ..tasks import Problem, exact_match_reward
@@ -28,7 +27,7 @@ from .checkpoint import has_state, load_state, save_state
 from .grpo import (GRPOConfig, SequenceBatch, aggregate_sums, group_advantages, k3,
                    micro_batches, sequence_logprobs, token_terms)
 
-__all__ = ["GRPO", "RLStep", "score_completions", "STATE_FILE"]
+__all__ = ["GRPO", "RLStep", "STATE_FILE"]
 
 STATE_FILE = "rl_state.pt"
 
@@ -42,23 +41,6 @@ class RLStep:
     problems: list[Problem]
     rewards: list[float]
     metrics: dict
-
-
-def score_completions(reward, problems: list[Problem], result) -> list[float]:
-    """``reward(prompt, completion, answer)`` of every request, each checked to be a finite
-    real number; the error names the prompt whose completion got a bad reward."""
-    out = []
-    for r in result.requests:
-        p = problems[r.prompt_id]
-        value = reward(p.prompt, r.text, p.answer)
-        if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-                or not math.isfinite(float(value))):
-            raise TypeError(f"the reward function returned {value!r} "
-                            f"({type(value).__name__}) for prompt {p.prompt!r}; it must "
-                            "return a finite real number (float or int)")
-        out.append(float(value))
-    result.set_rewards(out)
-    return out
 
 
 def _no_batch(step):
@@ -131,7 +113,7 @@ class GRPO:
         result = self.engine.rollout([p.prompt for p in problems],
                                      self.rollout_config(self.rl_step, harvest=harvest),
                                      progress=False, drafter=drafter, schedule=schedule)
-        rewards = score_completions(self.reward, problems, result)
+        rewards = score_rollout(result, problems, self.reward)
         return RLStep(self.rl_step, result, problems, rewards, {})
 
     def update(self, rl: RLStep, extra: dict | None = None) -> dict:
