@@ -75,11 +75,11 @@ def sd_table(device, prompts, dtype, batch_sizes, repeats, max_new_tokens) -> pd
     policy, tok = load_model("default", device=device, dtype=dtype)
     engine = RolloutEngine(policy, tok)
     drafters = default_drafters(policy, tok)
-    parts = [sd_sweep(engine, prompts, drafters, ks=[4], batch_sizes=[1], repeats=repeats,
-                      max_new_tokens=max_new_tokens, progress=False),
-             sd_sweep(engine, prompts, {"eagle": drafters["eagle"]}, ks=[4],
-                      batch_sizes=[b for b in batch_sizes if b > 1], repeats=repeats,
-                      max_new_tokens=max_new_tokens, progress=False)]
+    # one wave per batch size (at least 8 prompts): all prompts at batch 1 would take minutes
+    parts = [sd_sweep(engine, prompts[:max(bs, 8)], drafters if bs == 1
+                      else {"eagle": drafters["eagle"]}, ks=[4], batch_sizes=[bs],
+                      repeats=repeats, max_new_tokens=max_new_tokens, progress=False)
+             for bs in batch_sizes]
     rows = []
     for r in pd.concat(parts).itertuples():
         cells = ratio_cells({"ratio": r.speedup, "ratio_min": r.speedup_min,
@@ -124,6 +124,8 @@ def main():
     ap.add_argument("--rl-steps", type=int, default=3)
     ap.add_argument("--rl-prompts", type=int, default=16)
     ap.add_argument("--rl-samples", type=int, default=8)
+    ap.add_argument("--parts", type=int, nargs="+", default=[0, 1, 2, 3],
+                    help="which parts to run: 0 plain, 1 SD float32, 2 SD bfloat16, 3 TLT")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds; parts not started by then are skipped")
     args = ap.parse_args()
@@ -144,6 +146,7 @@ def main():
                   f"G {args.rl_samples}, {args.max_new_tokens} tokens, 16 workers, float32",
                   lambda: tlt_table(device, args.rl_steps, args.rl_prompts, args.rl_samples,
                                     args.max_new_tokens)))
+    parts = [p for i, p in enumerate(parts) if i in args.parts]
     for title, part in parts:
         spent = time.perf_counter() - start
         if spent > args.budget:
