@@ -123,7 +123,9 @@ class GRPO:
         reqs = rl.result.requests
         self._prompts = [r.prompt_ids for r in reqs]
         self._responses = [r.tokens for r in reqs]
-        self._adv = group_advantages(rl.rewards, c.samples_per_prompt, c.scale_rewards)
+        device = self.model.get_input_embeddings().weight.device  # the logprobs' device
+        self._adv = group_advantages(rl.rewards, c.samples_per_prompt,
+                                     c.scale_rewards).to(device)
         on_policy = c.epochs == 1 and c.minibatches == 1
         self._old = None if on_policy else self._response_logprobs(self.model, len(reqs))
         n = len(reqs) if c.kl_coef else min(c.kl_sample, len(reqs))
