@@ -44,6 +44,16 @@ def test_batched_waves_and_workers_do_not_change_greedy_output(tokenizer):
     assert sorted(res.timeline.requests["worker"].unique()) == [0, 1, 2]
 
 
+def test_ignore_eos_decodes_every_row_to_the_cap_and_agrees_before_eos(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    ref = engine.rollout(PROMPTS, max_new_tokens=24, progress=False)
+    assert any(r.finish == "eos" for r in ref.requests)  # the test needs rows that stop early
+    full = engine.rollout(PROMPTS, max_new_tokens=24, ignore_eos=True, progress=False)
+    assert all(len(t) == 24 and r.finish == "length" for t, r in zip(full.tokens, full.requests))
+    assert [t[:len(r)] for t, r in zip(full.tokens, ref.tokens)] == ref.tokens
+
+
 def test_coupled_sampling_is_independent_of_batch_mates(tokenizer):
     model = tiny_model("qwen2", tokenizer, seed=1)
     engine = RolloutEngine(model, tokenizer)
@@ -143,6 +153,7 @@ def test_harvest_keeps_one_hidden_state_per_fed_token(tokenizer):
     ("temperature", -0.5, "temperature must be a number >= 0"),
     ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
     ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
+    ("ignore_eos", 1, "ignore_eos must be True or False"),
 ])
 def test_bad_config_is_rejected(field, value, match):
     with pytest.raises(ValueError, match=match):

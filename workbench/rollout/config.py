@@ -44,6 +44,9 @@ class RolloutConfig:
             identical to the plain coupled rollout) or "speculative" (the rejection-sampling
             rule of Leviathan et al.; same distribution, different draws). Greedy verifies by
             exact match.
+        ignore_eos: decode ``max_new_tokens`` for every row even past EOS, so that models
+            are timed on the same number of tokens (throughput comparisons of pruned models,
+            whose responses end at different lengths).
     """
 
     max_new_tokens: int = 256
@@ -59,6 +62,7 @@ class RolloutConfig:
     harvest: bool = False
     spec_k: int = 4
     spec_mode: str = "coupled"
+    ignore_eos: bool = False
 
     def __post_init__(self):
         for name, accepted in (("spec_mode", SPEC_MODES), ("batching", BATCHING)):
@@ -75,8 +79,9 @@ class RolloutConfig:
             value = getattr(self, name)
             if value is not None and not _int_at_least(value, 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
-        if not isinstance(self.harvest, bool):
-            raise ValueError(f"harvest must be True or False, got {self.harvest!r}")
+        for name in ("harvest", "ignore_eos"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self.sampling  # validates temperature, top_p and seed
 
     def refill_for(self, batch_size: int) -> int:

@@ -152,7 +152,8 @@ class RolloutEngine:
         requests = self.make_requests(self.encode(prompts), config)
         self._ensure_workers(config.workers)
         n = config.workers
-        tasks = [WorkerTask(w, requests[w::n], config, self.eos_id, self.pad_id)
+        eos = None if config.ignore_eos else self.eos_id
+        tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id)
                  for w in range(n)]
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
