@@ -4,6 +4,12 @@ Importance, distillation and evaluation all read token sequences drawn from one 
 sources: an embedded task (each problem's prompt followed by its worked solution), a JSONL
 task file (prompt followed by answer), or a plain text file (one example per non-empty line).
 The set's size is a parameter; an empty set is refused before any model runs.
+
+LM loss is scored where the text is meant to be modelled: for task sources, the response (the
+worked solution after the prompt; a policy is trained on responses, and its prompts are random
+numbers no model can predict); for text files, every token. :func:`sequences_from` returns the
+first scored position of each sequence, and :func:`token_batches` then adds a third tensor, the
+scored-token mask, that :func:`lm_loss` reads.
 """
 from __future__ import annotations
 
@@ -18,7 +24,8 @@ from tqdm.auto import tqdm
 
 from ..tasks import TASKS, get_problems
 
-__all__ = ["CALIBRATION_SEED", "texts_from", "encode_texts", "token_batches", "lm_loss"]
+__all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "token_batches",
+           "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)
@@ -52,6 +59,24 @@ def texts_from(source: str | os.PathLike = "running_sum", num: int = 256,
     return texts
 
 
+def _is_task(source) -> bool:
+    return (isinstance(source, str) and source in TASKS) or Path(source).suffix.lower() == ".jsonl"
+
+
+def sequences_from(source: str | os.PathLike, num: int, tokenizer, seed: int = CALIBRATION_SEED,
+                   max_len: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """``(token ids, first scored position)`` of ``num`` texts of ``source``: for a task the
+    first response token (after the prompt's tokens), for a text file 1 (every token)."""
+    texts = texts_from(source, num, seed)
+    seqs = encode_texts(texts, tokenizer, max_len)
+    if not _is_task(source):
+        return seqs, [1] * len(seqs)
+    prompts = [p.prompt for p in get_problems(source, num, seed)] if source in TASKS else \
+        [p.prompt for p in get_problems(source, num)]
+    starts = [min(len(tokenizer(p)["input_ids"]), len(s) - 1) for p, s in zip(prompts, seqs)]
+    return seqs, starts
+
+
 def encode_texts(texts: list[str], tokenizer, max_len: int | None = None) -> list[list[int]]:
     """Token ids of each text (BOS as the tokenizer adds it), cut to ``max_len`` tokens."""
     if not texts:
@@ -62,35 +87,44 @@ def encode_texts(texts: list[str], tokenizer, max_len: int | None = None) -> lis
     return ids
 
 
-def token_batches(seqs: list[list[int]], batch_size: int, pad_id: int,
-                  device=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(ids, mask)`` batches of right-padded sequences, sorted by length (little padding)."""
+def token_batches(seqs: list[list[int]], batch_size: int, pad_id: int, device=None,
+                  starts: list[int] | None = None) -> list[tuple]:
+    """``(ids, mask)`` batches of right-padded sequences, sorted by length (little padding);
+    with ``starts`` (first scored position per sequence) ``(ids, mask, scored)``."""
     if not seqs:
         raise ValueError("empty calibration/text set: no sequences to batch")
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out = []
     for s in range(0, len(order), batch_size):
-        group = [seqs[i] for i in order[s:s + batch_size]]
-        width = max(map(len, group))
-        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for r, seq in enumerate(group):
-            ids[r, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[r, :len(seq)] = 1
-        out.append((ids.to(device), mask.to(device)))
+        rows = order[s:s + batch_size]
+        width = max(len(seqs[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, :len(seqs[i])] = torch.tensor(seqs[i], dtype=torch.long)
+            mask[r, :len(seqs[i])] = 1
+        batch = (ids.to(device), mask.to(device))
+        if starts is not None:
+            scored = mask.clone()
+            for r, i in enumerate(rows):
+                scored[r, :starts[i]] = 0
+            batch += (scored.to(device),)
+        out.append(batch)
     return out
 
 
 @torch.no_grad()
 def lm_loss(model, batches, progress: bool = False, desc: str = "LM loss") -> float:
     """Token-mean next-token cross-entropy (nats) of ``model`` over ``batches`` of
-    ``(ids, mask)``; ``math.exp`` of it is the perplexity."""
+    ``(ids, mask)`` or ``(ids, mask, scored)`` (only scored tokens count); ``math.exp`` of it
+    is the perplexity."""
     device = model.get_input_embeddings().weight.device
     total, count = 0.0, 0
-    for ids, mask in tqdm(batches, desc=desc, disable=not progress):
+    for ids, mask, *scored in tqdm(batches, desc=desc, disable=not progress):
         ids, mask = ids.to(device), mask.to(device)
+        keep = (scored[0] if scored else mask).to(device)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        target = ids[:, 1:].masked_fill(keep[:, 1:] == 0, -100)
         total += float(F.cross_entropy(logits.flatten(0, 1), target.flatten(),
                                        ignore_index=-100, reduction="sum"))
         count += int((target != -100).sum())

@@ -117,7 +117,7 @@ def block_importance(model, batches, progress: bool = True) -> pd.DataFrame:
             for i, layer in enumerate(model.model.layers):
                 handles.append(layer.register_forward_hook(
                     _cosine_distance_hook(sums, i, mask_holder), with_kwargs=True))
-            for ids, mask in tqdm(batches, desc="block importance", unit="batch",
+            for ids, mask, *_ in tqdm(batches, desc="block importance", unit="batch",
                                   disable=not progress):
                 mask_holder["mask"] = mask.to(device=device, dtype=torch.float64)
                 model.model(input_ids=ids.to(device), attention_mask=mask.to(device),

@@ -227,7 +227,7 @@ def importance_from_batches(model, batches, aggregation: Aggregation | None = No
     device = model.get_input_embeddings().weight.device
     sequences = tokens = 0
     with evaluating(model), _hooked(model, collector):
-        for ids, mask in tqdm(batches, desc="importance", unit="batch", disable=not progress):
+        for ids, mask, *_ in tqdm(batches, desc="importance", unit="batch", disable=not progress):
             collector.mask = mask.to(device)
             model.model(input_ids=ids.to(device), attention_mask=collector.mask,
                         use_cache=False)

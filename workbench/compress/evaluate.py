@@ -1,0 +1,138 @@
+"""The one table that compares a teacher with its compressed students (issue #10, item 6).
+
+Each model gets: parameters, FLOPs per token (the ideal speedup of a pruned model is the
+FLOPs ratio), LM loss and perplexity on held-out task text (and on any text file), greedy task
+accuracy, and decode tokens/s through the rollout engine at the batch sizes asked for. Decode
+speed is measured side by side (:mod:`workbench.speedup`): at each batch size every model
+decodes the same prompts once per repeat, the order rotating, each row to the same number of
+tokens (``ignore_eos``); a model's ratio is the median of its per-repeat tokens/s ratios to the
+teacher, with min-max and spread. :func:`saturation_batch` finds the batch size where the
+teacher's tokens/s stops rising on this machine, the batch where compute, not per-layer
+overhead, decides speed.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ..evaluate import evaluate_policy
+from ..rollout import RolloutConfig, RolloutEngine
+from ..speedup import interleave, per_repeat_ratios, spread_stats
+from ..tasks import HELDOUT_SEED, get_problems
+from .data import encode_texts, lm_loss, texts_from, token_batches
+from .plan import flops_per_token
+
+__all__ = ["count_params", "decode_tok_s", "saturation_batch", "decode_throughput",
+           "compare_models"]
+
+
+def count_params(model) -> int:
+    """Parameters of ``model``, a tied embedding counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def decode_tok_s(engine: RolloutEngine, prompts, batch_size: int, max_new_tokens: int) -> float:
+    """Tokens/s of one greedy wave of ``prompts[:batch_size]``, every row decoded to
+    ``max_new_tokens`` (the rollout's makespan, one worker)."""
+    cfg = RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=batch_size,
+                        ignore_eos=True)
+    res = engine.rollout(list(prompts[:batch_size]), cfg, progress=False)
+    return sum(map(len, res.tokens)) / res.timeline.makespan_s
+
+
+def _prompts(n: int) -> list[str]:
+    return [p.prompt for p in get_problems("running_sum", n, seed=HELDOUT_SEED)]
+
+
+def saturation_batch(model, tokenizer, max_batch: int = 512, gain: float = 1.05,
+                     max_new_tokens: int = 64, repeats: int = 3, progress: bool = True):
+    """``(batch, table)``: doubling the batch from 1, the first batch size whose doubling
+    raises the median tokens/s by less than ``gain`` (or ``max_batch``), and the sweep."""
+    engine, prompts = RolloutEngine(model, tokenizer), _prompts(max_batch)
+    decode_tok_s(engine, prompts, 1, 8)  # warm-up
+    rows, bs = [], 1
+    bar = tqdm(desc="saturation sweep", disable=not progress)
+    while bs <= max_batch:
+        runs = [decode_tok_s(engine, prompts, bs, max_new_tokens) for _ in range(repeats)]
+        rows.append({"batch": bs, "tok_s": float(pd.Series(runs).median())})
+        bar.update()
+        if len(rows) > 1 and rows[-1]["tok_s"] < gain * rows[-2]["tok_s"]:
+            break
+        bs *= 2
+    bar.close()
+    table = pd.DataFrame(rows)
+    rising = len(rows) == 1 or rows[-1]["tok_s"] >= gain * rows[-2]["tok_s"]
+    batch = int(table["batch"].iloc[-1] if rising else table["batch"].iloc[-2])
+    return batch, table
+
+
+def decode_throughput(models: dict, tokenizer, batch_sizes, max_new_tokens: int = 64,
+                      repeats: int = 3, progress: bool = True) -> pd.DataFrame:
+    """Per (batch size, model): median tokens/s and the ratio to the first model (the
+    teacher) with its spread; the models alternate inside each repeat."""
+    names = list(models)
+    engines = {n: RolloutEngine(m, tokenizer) for n, m in models.items()}
+    prompts = _prompts(max(batch_sizes))
+    rows = []
+    for bs in tqdm(batch_sizes, desc="decode tokens/s", disable=not progress):
+        systems = {n: (lambda e=e: decode_tok_s(e, prompts, bs, max_new_tokens))
+                   for n, e in engines.items()}
+        runs = interleave(systems, repeats, measure=lambda out, s: out, higher_is_better=True,
+                          warmup=1)
+        ratios = per_repeat_ratios(runs, names[0])
+        for n in names:
+            mine = ratios[ratios["system"] == n]
+            stats = spread_stats(mine["ratio"])
+            rows.append({"batch": bs, "model": n, "tok_s": float(mine["value"].median()),
+                         "ratio": stats["ratio"], "ratio_min": stats["ratio_min"],
+                         "ratio_max": stats["ratio_max"], "spread": stats["spread"],
+                         "spread_wide": stats["spread_wide"]})
+    return pd.DataFrame(rows)
+
+
+def _quality(model, tokenizer, task_batches, text_batches, problems, max_new_tokens) -> dict:
+    loss = lm_loss(model, task_batches)
+    row = {"lm_loss_task": loss, "ppl_task": math.exp(loss)}
+    if text_batches is not None:
+        text = lm_loss(model, text_batches)
+        row.update(lm_loss_text=text, ppl_text=math.exp(text))
+    rep = evaluate_policy(model, tokenizer, problems, max_new_tokens=max_new_tokens,
+                          progress=False)
+    return {**row, "accuracy": rep.summary()["accuracy"]}
+
+
+def compare_models(models: dict, tokenizer, batch_sizes=(1, 32), text_file=None,
+                   num: int = 200, max_new_tokens: int = 256, decode_tokens: int = 64,
+                   repeats: int = 3, progress: bool = True) -> pd.DataFrame:
+    """One row per model (the first is the teacher): params, FLOPs per token and their ratios
+    to the teacher, LM loss / perplexity on ``num`` held-out task texts (and on ``text_file``),
+    greedy accuracy on ``num`` held-out problems, and decode tokens/s with its measured ratio
+    (spread included) at each of ``batch_sizes``."""
+    if not models:
+        raise ValueError("models is empty: pass {name: model}, the teacher first")
+    pad = tokenizer.pad_token_id
+    task_b = token_batches(encode_texts(texts_from("running_sum", num, HELDOUT_SEED), tokenizer),
+                           32, pad)
+    text_b = (token_batches(encode_texts(texts_from(text_file, num), tokenizer), 32, pad)
+              if text_file is not None else None)
+    problems = get_problems("running_sum", num, seed=HELDOUT_SEED)
+    rows = []
+    for name, m in tqdm(models.items(), desc="quality", disable=not progress):
+        rows.append({"model": name, "params": count_params(m),
+                     "flops_per_token": flops_per_token(m.config),
+                     **_quality(m, tokenizer, task_b, text_b, problems, max_new_tokens)})
+    table = pd.DataFrame(rows).set_index("model")
+    teacher = table.iloc[0]
+    table["params_ratio"] = table["params"] / teacher["params"]
+    table["ideal_speedup"] = teacher["flops_per_token"] / table["flops_per_token"]
+    speed = decode_throughput(models, tokenizer, batch_sizes, decode_tokens, repeats, progress)
+    for bs, part in speed.groupby("batch"):
+        part = part.set_index("model")
+        table[f"tok_s_b{bs}"] = part["tok_s"]
+        table[f"speedup_b{bs}"] = part["ratio"]
+        table[f"speedup_b{bs}_range"] = [f"{a:.2f}-{b:.2f}" + (" WIDE" if w else "")
+                                         for a, b, w in zip(part["ratio_min"], part["ratio_max"],
+                                                            part["spread_wide"])]
+    return table.reset_index()

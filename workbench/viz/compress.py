@@ -1,0 +1,144 @@
+"""Figures of compression runs, drawn from their tables: importance, pruning ablations,
+distillation curves, and the accuracy-against-throughput Pareto front.
+
+Every function takes the tidy tables that ``workbench.compress`` returns, draws on ``ax`` when
+given, and returns the figure; ``label`` states the calibration set or token budget that the
+figure's numbers depend on.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .timeline import _axes
+
+__all__ = ["importance_heatmaps", "depth_scores", "ranking_ablation", "width_vs_depth",
+           "loss_curves", "pareto"]
+
+
+def _caption(ax, label: str) -> None:
+    if label:
+        ax.set_title(label, fontsize=7, loc="left", color="#555555")
+
+
+def _heatmap(ax, table: pd.DataFrame, column: str, title: str) -> None:
+    grid = table.pivot(index="layer", columns=column, values="score").to_numpy()
+    # each layer's row over its own maximum: what matters is the order inside a layer
+    grid = grid / np.maximum(grid.max(axis=1, keepdims=True), 1e-30)
+    im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel(column)
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    plt.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+
+
+def importance_heatmaps(tables: dict, label: str = ""):
+    """Heads (layer x head), MLP neurons (layer x neuron), each row over its own maximum, and
+    embedding channels sorted by score: how unevenly importance is spread."""
+    fig, axes = plt.subplots(1, 3, figsize=(13.0, 3.6),
+                             gridspec_kw={"width_ratios": [1, 2.2, 1.4]})
+    _heatmap(axes[0], tables["heads"], "head", "attention heads")
+    _heatmap(axes[1], tables["neurons"], "neuron", "MLP neurons")
+    ch = np.sort(tables["channels"]["score"].to_numpy())[::-1]
+    axes[2].plot(np.arange(len(ch)), ch / ch.max(), color="#1f78b4")
+    axes[2].set_xlabel("embedding channel (sorted)")
+    axes[2].set_ylabel("score / max")
+    axes[2].set_title("embedding channels", fontsize=9)
+    fig.suptitle(label, fontsize=8, x=0.01, ha="left", color="#555555")
+    fig.tight_layout()
+    return fig
+
+
+def depth_scores(table: pd.DataFrame, ax=None, label: str = ""):
+    """Per layer: the LM-loss increase when it is removed (bars) and its Block Importance
+    1 - cos(input, output) (line, right axis)."""
+    fig, ax = _axes(ax, (6.0, 3.4))
+    ax.bar(table["layer"], table["increase"], color="#a6cee3", label="LM-loss increase")
+    ax.set_xlabel("layer removed")
+    ax.set_ylabel("LM-loss increase (nats)")
+    right = ax.twinx()
+    right.plot(table["layer"], table["block_importance"], "o-", color="#e31a1c",
+               label="Block Importance")
+    right.set_ylabel("Block Importance")
+    ax.legend(loc="upper left", fontsize=7)
+    right.legend(loc="upper right", fontsize=7)
+    _caption(ax, label)
+    return fig
+
+
+def ranking_ablation(table: pd.DataFrame, teacher_loss: float | None = None, ax=None,
+                     label: str = ""):
+    """LM loss right after pruning to one plan, per ranking (``ranking``, ``lm_loss``);
+    lower is better. The unpruned teacher's loss is the dashed line."""
+    fig, ax = _axes(ax, (6.0, 3.4))
+    t = table.sort_values("lm_loss")
+    colors = ["#33a02c" if i == 0 else "#bdbdbd" for i in range(len(t))]
+    ax.barh(t["ranking"], t["lm_loss"], color=colors)
+    for y, v in enumerate(t["lm_loss"]):
+        ax.text(v, y, f" {v:.3f}", va="center", fontsize=7)
+    if teacher_loss is not None:
+        ax.axvline(teacher_loss, ls="--", color="#4d4d4d", label=f"teacher {teacher_loss:.3f}")
+        ax.legend(fontsize=7, loc="lower right")
+    ax.invert_yaxis()
+    ax.set_xlabel("LM loss right after pruning (nats, lower is better)")
+    _caption(ax, label)
+    return fig
+
+
+def width_vs_depth(table: pd.DataFrame, ax=None, label: str = ""):
+    """LM loss of the width- and depth-pruned students (``kind``) right after pruning and
+    after distillation (``stage``), bars side by side."""
+    fig, ax = _axes(ax, (6.0, 3.4))
+    grid = table.pivot(index="kind", columns="stage", values="lm_loss")
+    stages = list(dict.fromkeys(table["stage"]))
+    width = 0.8 / len(stages)
+    for i, stage in enumerate(stages):
+        xs = np.arange(len(grid)) + i * width
+        ax.bar(xs, grid[stage], width, label=stage)
+        for x, v in zip(xs, grid[stage]):
+            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(np.arange(len(grid)) + width * (len(stages) - 1) / 2, grid.index)
+    ax.set_ylabel("LM loss (nats)")
+    ax.legend(fontsize=7)
+    _caption(ax, label)
+    return fig
+
+
+def loss_curves(curves: pd.DataFrame, target: float | None = None, ax=None, label: str = ""):
+    """Held-out LM loss against training tokens seen, one line per ``run`` (columns ``run``,
+    ``tokens``, ``lm_loss``); ``target`` (e.g. the from-scratch model's final loss) dashed."""
+    fig, ax = _axes(ax, (6.5, 3.8))
+    for run, part in curves.groupby("run", sort=False):
+        ax.plot(part["tokens"], part["lm_loss"], "o-", ms=3, label=run)
+    if target is not None:
+        ax.axhline(target, ls="--", color="#4d4d4d", lw=1, label=f"target {target:.3f}")
+    ax.set_xlabel("training tokens seen")
+    ax.set_ylabel("held-out LM loss (nats)")
+    ax.legend(fontsize=7)
+    _caption(ax, label)
+    return fig
+
+
+def pareto(table: pd.DataFrame, x: str = "tok_s", y: str = "accuracy", ax=None,
+           label: str = ""):
+    """Each model (``model``) at (tokens/s, accuracy); the Pareto front (no other model is
+    both faster and more accurate) joined by a line."""
+    fig, ax = _axes(ax, (6.0, 4.0))
+    ax.scatter(table[x], table[y], color="#1f78b4", zorder=3)
+    for _, r in table.iterrows():
+        ax.annotate(r["model"], (r[x], r[y]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    t = table.sort_values(x, ascending=False)
+    front, best = [], -np.inf
+    for _, r in t.iterrows():
+        if r[y] > best:
+            front.append(r)
+            best = r[y]
+    f = pd.DataFrame(front)
+    ax.plot(f[x], f[y], "--", color="#e31a1c", lw=1, label="Pareto front")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y)
+    ax.legend(fontsize=7)
+    _caption(ax, label)
+    return fig
