@@ -1,0 +1,398 @@
+"""Retraining a pruned model on the training harness: Minitron knowledge distillation
+(``mode="kd"``, :func:`kd_loss` against a frozen teacher) and plain cross-entropy (``mode="ce"``:
+the CE baseline, or training from scratch with a :func:`scratch_like` student) through one entry
+point, with one data pipeline, optimizer and evaluation, and a history that counts the target
+tokens seen, so notebooks compare them at equal token budgets. :func:`correct_teacher` first
+fine-tunes a copy of the teacher on the distillation data. The student and its projections train
+as one module (:class:`DistillModule`), so the harness's atomic checkpoint holds both and an
+interrupted run resumes to bitwise the same weights. Batches are ``(ids, mask)`` pairs.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pandas as pd
+import torch
+from torch import nn
+
+from ..models import save_model
+from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
+from .data import encode_texts, lm_loss, texts_from, token_batches
+from .kd_loss import forward_kl, kd_loss, token_ce
+
+__all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill", "distill_data",
+           "correct_teacher", "scratch_like", "kl_to_teacher", "check_layer_pairs"]
+
+MODES = ("kd", "ce")
+
+
+@dataclass
+class DistillConfig:
+    """How :class:`Distiller` retrains a student; every field is checked when the config is
+    built (layer pairs against the models when the distiller is built).
+
+    Args:
+        mode: ``"kd"``: distil from the teacher; ``"ce"``: cross-entropy on the data alone
+            (the CE baseline, or training from scratch with a :func:`scratch_like` student).
+        temperature: softens both distributions of the KL (> 0); Minitron uses 1.
+        ce_weight: weight of the data's cross-entropy added to the KD loss (>= 0; 0: pure KD).
+        layer_pairs: ``(student index, teacher index)`` hidden states compared by a cosine
+            loss through a learned projection; indices into HF ``hidden_states`` (0:
+            embeddings, i: after decoder layer i, the last after the final norm). Empty (the
+            default): logit-only KD, Minitron's choice unless depth was cut a lot.
+        steps, batch_size: optimizer steps of a run; sequences per step (:func:`distill`).
+        lr, schedule, warmup, weight_decay, clip_norm, seed: the harness's AdamW (betas
+            0.9, 0.95); ``seed`` also draws the projections and the batch order.
+        eval_every: evaluate every this many steps (0: only before training and at ``steps``).
+        checkpoint_every: checkpoint every this many steps (0: only when a run ends).
+        max_minutes: wall-clock cap; the run stops (and checkpoints) when it is reached.
+        progress: show the harness's progress bar.
+    """
+
+    mode: str = "kd"
+    temperature: float = 1.0
+    ce_weight: float = 0.0
+    layer_pairs: Sequence[tuple[int, int]] = ()
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 1e-3
+    schedule: str = "constant"
+    warmup: int = 10
+    weight_decay: float = 0.0
+    clip_norm: float | None = 1.0
+    seed: int = 0
+    eval_every: int = 50
+    checkpoint_every: int = 50
+    max_minutes: float = math.inf
+    progress: bool = True
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
+        if self.mode not in MODES:
+            raise ValueError(f"DistillConfig.mode must be one of {MODES}, got {self.mode!r}")
+        _check_real("DistillConfig.temperature", self.temperature, 0, strict=True)
+        _check_real("DistillConfig.ce_weight", self.ce_weight, 0, strict=False)
+        _check_int("DistillConfig.batch_size", self.batch_size, 1)
+        _check_int("DistillConfig.eval_every", self.eval_every, 0)
+        self.layer_pairs = _normalized_pairs(self.layer_pairs)
+        if self.mode == "ce" and self.layer_pairs:
+            raise ValueError(f"DistillConfig.layer_pairs={self.layer_pairs!r} needs "
+                             "mode='kd' (mode='ce' has no teacher to compare with)")
+        try:
+            self.train_config()
+        except ValueError as err:  # the harness names its own class; name ours
+            raise ValueError(str(err).replace("TrainConfig.", "DistillConfig.")) from None
+
+    def train_config(self, checkpoint_dir=None, desc: str | None = None) -> TrainConfig:
+        """The harness's config for these fields."""
+        return TrainConfig(steps=self.steps, lr=self.lr, schedule=self.schedule,
+                           warmup=self.warmup, betas=(0.9, 0.95), weight_decay=self.weight_decay,
+                           clip_norm=self.clip_norm, seed=self.seed, max_minutes=self.max_minutes,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=self.checkpoint_every,
+                           progress=self.progress, desc=desc or f"distill ({self.mode})")
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_real(name: str, value, low: float, strict: bool) -> None:
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (real and math.isfinite(value) and (value > low if strict else value >= low)):
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, "
+                         f"got {value!r}")
+
+
+def _normalized_pairs(pairs) -> tuple[tuple[int, int], ...]:
+    """``pairs`` as a tuple of ``(int, int)``; ``ValueError`` naming the first malformed one."""
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in pair)):
+            raise ValueError(f"DistillConfig.layer_pairs: {pair!r} is not a pair of layer "
+                             "indices; accepted: (student index, teacher index), integers >= 0")
+    return tuple((pair[0], pair[1]) for pair in pairs)
+
+
+def check_layer_pairs(pairs, student, teacher) -> None:
+    """``ValueError`` naming the first pair whose index is past its model's hidden states."""
+    for pair in pairs:
+        for who, index, model in (("student", pair[0], student), ("teacher", pair[1], teacher)):
+            last = model.config.num_hidden_layers
+            if not 0 <= index <= last:
+                raise ValueError(f"layer pair {tuple(pair)}: {who} index {index} is out of "
+                                 f"range; the {who} has hidden states 0..{last} (0: embeddings, "
+                                 f"i: after decoder layer i)")
+
+
+def _check_models(student, teacher, config: DistillConfig) -> None:
+    """What KD needs of the two models: a teacher, other than the student, with its vocabulary."""
+    if teacher is None:
+        raise ValueError("mode='kd' needs a teacher; pass one, or use mode='ce'")
+    if teacher is student:
+        raise ValueError("the teacher is the student itself; pass a copy (copy.deepcopy)")
+    vocab_student, vocab_teacher = student.config.vocab_size, teacher.config.vocab_size
+    if vocab_student != vocab_teacher:
+        raise ValueError(f"vocabulary mismatch: the student has {vocab_student} tokens, the "
+                         f"teacher {vocab_teacher}; KD needs one tokenizer for both")
+    check_layer_pairs(config.layer_pairs, student, teacher)
+
+
+def _projections(student, teacher, pairs, seed: int) -> nn.ModuleList:
+    """One ``Linear(student hidden -> teacher hidden)`` per layer pair, drawn from ``seed``; the
+    identity when the widths agree (a depth-pruned student's states are compared as they are)."""
+    if not pairs:
+        return nn.ModuleList()
+    width_in, width_out = student.config.hidden_size, teacher.config.hidden_size
+    weight = student.get_input_embeddings().weight
+    with isolated_rng(seed):  # on the CPU: the draw does not depend on the device
+        layers = [nn.Linear(width_in, width_out, bias=False) for _ in pairs]
+    if width_in == width_out:
+        for layer in layers:
+            nn.init.eye_(layer.weight)
+    return nn.ModuleList(layers).to(dtype=weight.dtype, device=weight.device)
+
+
+class DistillModule(nn.Module):
+    """What the harness optimizes and checkpoints: the student, its projections, and the
+    evaluation rows (extra state), so a resumed run also keeps the rows written before."""
+
+    def __init__(self, student: nn.Module, projections: nn.ModuleList):
+        super().__init__()
+        self.student, self.projections = student, projections
+        self.evals: list[dict] = []
+
+    def get_extra_state(self) -> dict:
+        return {"evals": list(self.evals)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.evals = list(state["evals"])
+
+
+def _device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+@contextmanager
+def _eval_mode(*models: nn.Module | None) -> Iterator[None]:
+    """Eval mode for a measurement, in a run or not; each module's mode comes back."""
+    modes = [(m, m.training) for model in models if model is not None for m in model.modules()]
+    for module, _ in modes:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module, flag in modes:
+            module.training = flag
+
+
+@torch.no_grad()
+def kl_to_teacher(student, teacher, batches, temperature: float = 1.0) -> float:
+    """Token-mean KL(teacher || student) of next-token distributions over ``(ids, mask)``
+    batches: how far the student still is from what it imitates."""
+    total, count = 0.0, 0
+    for ids, mask in batches:
+        valid = mask[:, 1:].to(_device(student))
+        student_logits = _forward(student, ids, mask)[0]
+        teacher_logits = _forward(teacher, ids, mask)[0].to(student_logits.device)
+        tokens = int(valid.sum())
+        total += float(forward_kl(student_logits, teacher_logits, valid, temperature)) * tokens
+        count += tokens
+    if count == 0:
+        raise ValueError("no tokens to score: every sequence has at most one token")
+    return total / count
+
+
+def _forward(model, ids, mask, hidden: bool = False) -> tuple[torch.Tensor, tuple]:
+    """``(logits, hidden states)`` on the model's device: logits at all positions but the last
+    (its next token is not in the batch); states only when ``hidden`` (they cost memory)."""
+    device = _device(model)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                output_hidden_states=hidden)
+    return out.logits[:, :-1], (out.hidden_states if hidden else ())
+
+
+class Distiller:
+    """Retrains ``student`` on ``batches`` by KD from ``teacher`` (or by CE), on the harness.
+
+    Args:
+        student: the HF model to train in place (with the projections of ``layer_pairs``).
+        teacher: the HF model to imitate, frozen (eval mode, no grad) during every run; ignored
+            (may be ``None``) when ``config.mode == "ce"``.
+        batches: ``(ids, mask)`` of each step: a sequence (cycled) or a callable ``step ->
+            batch``, as :class:`workbench.train.Trainer` takes them.
+        config: a :class:`DistillConfig`.
+        eval_batches: held-out ``(ids, mask)`` batches for :meth:`evaluate`, run before
+            training, every ``eval_every`` steps and at ``steps``; empty: no evaluation.
+        checkpoint_dir: the harness's checkpoint folder; a run resumes from it when it holds one.
+        desc: the progress bar's label.
+    """
+
+    def __init__(self, student, teacher, batches, config: DistillConfig | None = None,
+                 eval_batches: Sequence = (), checkpoint_dir: str | os.PathLike | None = None,
+                 desc: str | None = None):
+        self.config = config if config is not None else DistillConfig()
+        self.config.validate()
+        kd = self.config.mode == "kd"
+        if kd:
+            _check_models(student, teacher, self.config)
+        self.teacher = teacher if kd else None
+        self.eval_batches = list(eval_batches)
+        projections = _projections(student, teacher, self.config.layer_pairs, self.config.seed)
+        self.module = DistillModule(student, projections)
+        self.student, self.projections = self.module.student, self.module.projections
+        self.trainer = Trainer(self.module, self._loss, batches,
+                               self.config.train_config(checkpoint_dir, desc),
+                               frozen=[teacher] if kd else [], on_step=self._on_step)
+
+    def _loss(self, batch, generator):
+        """The harness's loss on one ``(ids, mask)`` batch; ``tokens`` counts its targets."""
+        ids, mask = batch
+        valid = mask[:, 1:].to(_device(self.student))
+        targets = ids[:, 1:].to(valid.device)
+        tokens = int(valid.sum())
+        c = self.config
+        student_logits, student_states = _forward(self.student, ids, mask, bool(c.layer_pairs))
+        if self.teacher is None:
+            ce = token_ce(student_logits, targets, valid)
+            return ce, {"ce": ce.detach(), "tokens": tokens}
+        with torch.no_grad():
+            teacher_logits, teacher_states = _forward(self.teacher, ids, mask,
+                                                      bool(c.layer_pairs))
+        loss, metrics = kd_loss(
+            student_logits, teacher_logits.to(valid.device), valid, c.temperature,
+            targets=targets, ce_weight=c.ce_weight,
+            student_hidden=[student_states[s][:, :-1] for s, _ in c.layer_pairs],
+            teacher_hidden=[teacher_states[t][:, :-1].to(valid.device) for _, t in c.layer_pairs],
+            projections=self.projections)
+        return loss, {**metrics, "tokens": tokens}
+
+    def _on_step(self, trainer: Trainer) -> None:
+        every = self.config.eval_every
+        if trainer.step == self.config.steps or (every and trainer.step % every == 0):
+            self.evaluate()
+
+    def evaluate(self) -> dict | None:
+        """Measure the student on the held-out batches now (LM loss; in KD also its KL to the
+        teacher) and add the row to :attr:`evals`."""
+        if not self.eval_batches:
+            return None
+        with _eval_mode(self.student, self.teacher):
+            row = {"step": self.trainer.step, "tokens_seen": self._tokens_seen(),
+                   "eval_loss": lm_loss(self.student, self.eval_batches)}
+            if self.teacher is not None:
+                row["eval_kl"] = kl_to_teacher(self.student, self.teacher, self.eval_batches)
+        self.module.evals.append(row)
+        return row
+
+    def _tokens_seen(self) -> int:
+        history = self.trainer.history
+        return int(history["tokens"].sum()) if "tokens" in history else 0
+
+    def run(self, steps: int | None = None, stop=None) -> pd.DataFrame:
+        """Train ``steps`` more steps (default: up to ``config.steps`` in all); ``stop(step)``
+        ends the run early (it checkpoints). Returns :attr:`history`."""
+        if self.trainer.step == 0 and not self.module.evals:
+            self.evaluate()  # the starting point of every curve
+        self.trainer.run(steps, stop)
+        return self.history
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per step: the harness's columns, the loss terms, ``tokens`` of the step and
+        ``tokens_seen``, the target tokens trained on so far."""
+        history = self.trainer.history
+        if "tokens" in history:
+            history["tokens_seen"] = history["tokens"].cumsum()
+        return history
+
+    @property
+    def evals(self) -> pd.DataFrame:
+        """One row per evaluation: step, tokens_seen, eval_loss (nats/token), eval_kl in KD."""
+        columns = ["step", "tokens_seen", "eval_loss"]
+        columns += ["eval_kl"] if self.teacher is not None else []
+        return pd.DataFrame(self.module.evals, columns=columns)
+
+
+def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int = 256,
+                 eval_num: int = 32, batch_size: int = 16, seed: int = 0,
+                 max_len: int | None = None) -> tuple[list, list]:
+    """``(train batches, held-out batches)`` of ``(ids, mask)`` from ``source``
+    (:func:`texts_from`): ``num + eval_num`` texts, the last ``eval_num`` held out. Train
+    batches hold sequences of similar length (little padding), in an order drawn from
+    ``seed``, so that consecutive steps see a mix of lengths."""
+    _check_int("num", num, 1)
+    _check_int("eval_num", eval_num, 0)
+    texts = texts_from(source, num + eval_num)
+    if len(texts) < num + eval_num:
+        raise ValueError(f"{str(source)!r} gave {len(texts)} texts; {num} to train on and "
+                         f"{eval_num} held out need {num + eval_num}")
+    def batched(part):
+        return token_batches(encode_texts(part, tokenizer, max_len), batch_size,
+                             tokenizer.pad_token_id) if part else []
+
+    batches = batched(texts[:num])
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
+    return [batches[i] for i in order], batched(texts[num:])
+
+
+def correct_teacher(teacher, batches, steps: int = 20, lr: float = 1e-4,
+                    config: DistillConfig | None = None,
+                    checkpoint_dir: str | os.PathLike | None = None) -> nn.Module:
+    """A copy of ``teacher`` fine-tuned for ``steps`` steps by plain LM cross-entropy on the
+    distillation ``batches`` (Minitron's teacher correction: the teacher first adapts to the
+    data it will teach on); ``teacher`` itself is left untouched. ``config`` gives the other
+    optimisation fields (its mode and layer pairs are ignored)."""
+    base = config if config is not None else DistillConfig(progress=False)
+    correction = replace(base, mode="ce", layer_pairs=(), steps=steps, lr=lr)
+    corrected = copy.deepcopy(teacher)
+    Distiller(corrected, None, batches, correction, checkpoint_dir=checkpoint_dir,
+              desc="correct teacher").run()
+    return corrected
+
+
+def scratch_like(model, seed: int = 0) -> nn.Module:
+    """A freshly initialised model of ``model``'s architecture, dtype and device (drawn from
+    ``seed``, the caller's RNG untouched): the from-scratch baseline for ``mode="ce"``."""
+    weight = model.get_input_embeddings().weight
+    with isolated_rng(seed):
+        fresh = type(model)(copy.deepcopy(model.config))
+    return fresh.to(dtype=weight.dtype, device=weight.device)
+
+
+def distill(student, teacher, tokenizer, source: str | os.PathLike = "running_sum",
+            num: int = 256, config: DistillConfig | None = None,
+            out_dir: str | os.PathLike | None = None, eval_num: int = 32,
+            max_len: int | None = None) -> tuple[nn.Module, pd.DataFrame, pd.DataFrame]:
+    """Retrain ``student`` on ``num`` texts of ``source`` (:func:`distill_data`) by
+    ``config.mode``; returns ``(student, history, evals)`` (:class:`Distiller`'s tables).
+
+    With ``out_dir`` the student is saved there (``save_pretrained`` with the tokenizer,
+    ``history.csv`` and ``evals.csv``) atomically at the end; ``<out_dir>.train_state`` holds
+    the checkpoint an interrupted run resumes from, removed once the student is saved.
+    """
+    config = config if config is not None else DistillConfig()
+    config.validate()
+    if out_dir is not None and Path(out_dir).is_file():
+        raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
+    train, held_out = distill_data(tokenizer, source, num, eval_num, config.batch_size,
+                                   config.seed, max_len)
+    state = train_state_dir(out_dir) if out_dir is not None else None
+    distiller = Distiller(student, teacher, train, config, held_out, checkpoint_dir=state)
+    distiller.run()
+    history, evals = distiller.history, distiller.evals
+    if out_dir is not None:
+        save_model(student, tokenizer, out_dir,
+                   extra_files={"history.csv": history.to_csv(index=False),
+                                "evals.csv": evals.to_csv(index=False)})
+        distiller.trainer.discard_checkpoint()
+    return student, history, evals
