@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from tests.conftest import tiny_model
-from workbench.compress.data import lm_loss
+from workbench.compress.data import distill_data, lm_loss
 from workbench.compress.distill import (DistillConfig, Distiller, correct_teacher, distill,
-                                        distill_data, kl_to_teacher, scratch_like)
+                                        kl_to_teacher, scratch_like)
 from workbench.compress.kd_loss import kd_loss
 from workbench.train import isolated_rng, train_state_dir
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..tasks import TASKS, get_problems
 
 __all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "token_batches",
-           "lm_loss"]
+           "distill_data", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)
@@ -111,6 +111,31 @@ def token_batches(seqs: list[list[int]], batch_size: int, pad_id: int, device=No
             batch += (scored.to(device),)
         out.append(batch)
     return out
+
+
+def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int = 256,
+                 eval_num: int = 32, batch_size: int = 16, seed: int = 0,
+                 max_len: int | None = None) -> tuple[list, list]:
+    """``(train batches, held-out batches)`` of ``(ids, mask, scored)`` from ``source``
+    (:func:`sequences_from`, scored: a task's responses, a text file's every token):
+    ``num + eval_num`` texts, the last ``eval_num`` held out. Train batches hold sequences of
+    similar length (little padding), in an order drawn from ``seed``, so that consecutive
+    steps see a mix of lengths."""
+    for name, value, low in (("num", num, 1), ("eval_num", eval_num, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    seqs, starts = sequences_from(source, num + eval_num, tokenizer, max_len=max_len)
+    if len(seqs) < num + eval_num:
+        raise ValueError(f"{str(source)!r} gave {len(seqs)} texts; {num} to train on and "
+                         f"{eval_num} held out need {num + eval_num}")
+
+    def batched(part):
+        return (token_batches(seqs[part], batch_size, tokenizer.pad_token_id,
+                              starts=starts[part]) if seqs[part] else [])
+
+    batches = batched(slice(0, num))
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
+    return [batches[i] for i in order], batched(slice(num, num + eval_num))
 
 
 @torch.no_grad()

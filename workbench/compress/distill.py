@@ -5,7 +5,9 @@ point, with one data pipeline, optimizer and evaluation, and a history that coun
 tokens seen, so notebooks compare them at equal token budgets. :func:`correct_teacher` first
 fine-tunes a copy of the teacher on the distillation data. The student and its projections train
 as one module (:class:`DistillModule`), so the harness's atomic checkpoint holds both and an
-interrupted run resumes to bitwise the same weights. Batches are ``(ids, mask)`` pairs.
+interrupted run resumes to bitwise the same weights. Batches are ``(ids, mask)`` pairs, or
+``(ids, mask, scored)`` whose third tensor marks the tokens the losses count (a task's
+responses, ``compress.data.distill_data``).
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ from torch import nn
 
 from ..models import save_model
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
-from .data import encode_texts, lm_loss, texts_from, token_batches
+from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
-__all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill", "distill_data",
+__all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",
            "correct_teacher", "scratch_like", "kl_to_teacher", "check_layer_pairs"]
 
 MODES = ("kd", "ce")
@@ -200,8 +202,8 @@ def kl_to_teacher(student, teacher, batches, temperature: float = 1.0) -> float:
     """Token-mean KL(teacher || student) of next-token distributions over ``(ids, mask)``
     batches: how far the student still is from what it imitates."""
     total, count = 0.0, 0
-    for ids, mask in batches:
-        valid = mask[:, 1:].to(_device(student))
+    for ids, mask, *scored in batches:
+        valid = (scored[0] if scored else mask)[:, 1:].to(_device(student))
         student_logits = _forward(student, ids, mask)[0]
         teacher_logits = _forward(teacher, ids, mask)[0].to(student_logits.device)
         tokens = int(valid.sum())
@@ -256,8 +258,8 @@ class Distiller:
 
     def _loss(self, batch, generator):
         """The harness's loss on one ``(ids, mask)`` batch; ``tokens`` counts its targets."""
-        ids, mask = batch
-        valid = mask[:, 1:].to(_device(self.student))
+        ids, mask, *scored = batch
+        valid = (scored[0] if scored else mask)[:, 1:].to(_device(self.student))
         targets = ids[:, 1:].to(valid.device)
         tokens = int(valid.sum())
         c = self.config
@@ -321,28 +323,6 @@ class Distiller:
         columns = ["step", "tokens_seen", "eval_loss"]
         columns += ["eval_kl"] if self.teacher is not None else []
         return pd.DataFrame(self.module.evals, columns=columns)
-
-
-def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int = 256,
-                 eval_num: int = 32, batch_size: int = 16, seed: int = 0,
-                 max_len: int | None = None) -> tuple[list, list]:
-    """``(train batches, held-out batches)`` of ``(ids, mask)`` from ``source``
-    (:func:`texts_from`): ``num + eval_num`` texts, the last ``eval_num`` held out. Train
-    batches hold sequences of similar length (little padding), in an order drawn from
-    ``seed``, so that consecutive steps see a mix of lengths."""
-    _check_int("num", num, 1)
-    _check_int("eval_num", eval_num, 0)
-    texts = texts_from(source, num + eval_num)
-    if len(texts) < num + eval_num:
-        raise ValueError(f"{str(source)!r} gave {len(texts)} texts; {num} to train on and "
-                         f"{eval_num} held out need {num + eval_num}")
-    def batched(part):
-        return token_batches(encode_texts(part, tokenizer, max_len), batch_size,
-                             tokenizer.pad_token_id) if part else []
-
-    batches = batched(texts[:num])
-    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
-    return [batches[i] for i in order], batched(texts[num:])
 
 
 def correct_teacher(teacher, batches, steps: int = 20, lr: float = 1e-4,
