@@ -1,0 +1,104 @@
+"""Minitron's recipe end to end: score, prune to a target, distill from the model pruned, and
+iterate (teacher -> ~50% -> ~25% of its parameters), each model cut from the closest larger
+one and distilled from it.
+
+One stage is :func:`compress_step`; :func:`iterative_compress` chains stages. Each stage keeps
+what a notebook reports: the plan, the LM loss right after pruning and after distillation, and
+the distillation's history and evaluations.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from .data import lm_loss
+from .depth import layer_removal
+from .distill import DistillConfig, Distiller
+from .importance import Aggregation, importance_from_batches
+from .plan import PrunePlan, param_count
+from .prune import prune
+from .search import enumerate_plans
+
+__all__ = ["KINDS", "Stage", "pick_plan", "compress_step", "iterative_compress"]
+
+KINDS = ("width", "depth", "both")
+
+
+@dataclass
+class Stage:
+    """One compressed model and how it was made."""
+
+    name: str
+    model: object
+    plan: PrunePlan
+    params: int
+    loss_after_prune: float
+    loss_after_distill: float
+    history: pd.DataFrame = field(repr=False)
+    evals: pd.DataFrame = field(repr=False)
+
+
+def pick_plan(config, target: float | int, kind: str = "width", layer_scores=None,
+              tolerance: float = 0.05) -> PrunePlan:
+    """The plan of ``kind`` nearest to ``target`` parameters (a fraction of ``config``'s or a
+    count) among :func:`~workbench.compress.search.enumerate_plans`; width plans keep every
+    layer, depth plans every width."""
+    if kind not in KINDS:
+        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    table = enumerate_plans(config, target, tolerance, layer_scores=layer_scores)
+    rows = table[table["kind"] == kind]
+    if rows.empty:
+        raise ValueError(f"no {kind} plan lies within {tolerance:.0%} of target {target!r}; "
+                         f"kinds found there: {sorted(set(table['kind']))}")
+    return rows["plan"].iloc[0]
+
+
+def compress_step(teacher, target: float | int, train, held_out, calibration,
+                  kind: str = "width", config: DistillConfig | None = None,
+                  name: str = "student", checkpoint_dir: str | os.PathLike | None = None,
+                  aggregation: Aggregation | None = None, progress: bool = True) -> Stage:
+    """Score ``teacher`` on ``calibration`` batches (activation importance for width, the
+    LM-loss increase of removing each layer for depth), prune it to the ``kind`` plan nearest
+    ``target``, then distill the student from ``teacher`` on ``train`` batches, evaluating on
+    ``held_out``."""
+    layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"].tolist()
+                    if kind != "width" else None)
+    plan = pick_plan(teacher.config, target, kind, layer_scores)
+    scores = (importance_from_batches(teacher, calibration, aggregation, progress).scores
+              if kind != "depth" else None)
+    student = prune(teacher, plan, scores)
+    before = lm_loss(student, held_out)
+    config = config if config is not None else DistillConfig()
+    distiller = Distiller(student, teacher, train, replace(config, progress=progress),
+                          eval_batches=held_out, checkpoint_dir=checkpoint_dir,
+                          desc=f"distill {name}")
+    distiller.run()
+    return Stage(name, student, plan, param_count(student.config), before,
+                 lm_loss(student, held_out), distiller.history,
+                 distiller.evals)
+
+
+def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibration=(),
+                       kind: str = "width", config: DistillConfig | None = None,
+                       out_dir: str | os.PathLike | None = None,
+                       progress: bool = True) -> list[Stage]:
+    """Stages that cut ``teacher`` to each of ``targets`` (fractions of the teacher's own
+    parameters, largest first), each pruned from and distilled by the previous stage's model.
+    With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume)."""
+    fractions = list(targets)
+    if fractions != sorted(fractions, reverse=True) or not all(0 < f < 1 for f in fractions):
+        raise ValueError(f"targets {targets!r}: fractions of the teacher in (0, 1), largest "
+                         "first")
+    source = param_count(teacher.config)
+    stages, current = [], teacher
+    for f in fractions:
+        name = f"{kind}_{round(100 * f)}pct"
+        ckpt = Path(out_dir) / name if out_dir is not None else None
+        stage = compress_step(current, round(f * source), train, held_out, calibration, kind,
+                              config, name, ckpt, progress=progress)
+        stages.append(stage)
+        current = stage.model
+    return stages

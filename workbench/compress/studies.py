@@ -1,0 +1,87 @@
+"""The comparisons notebooks 05-07 report, as functions that return tidy tables.
+
+- :func:`ranking_ablation`: one plan, many rankings (every batch/sequence aggregation of the
+  activation scores, weight magnitude, random), judged by LM loss right after pruning.
+- :func:`architecture_search`: candidate plans near a target, ranked by LM loss right after
+  pruning, the best few retrained by a short distillation and ranked again.
+- :func:`width_against_depth`: a width and a depth student of about the same size, right after
+  pruning and after distillation on the same batches (an equal token budget).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .data import lm_loss
+from .distill import DistillConfig, Distiller
+from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
+    random_scores
+from .iterative import compress_step
+from .prune import prune
+from .search import enumerate_plans, rank_candidates
+
+__all__ = ["ranking_ablation", "architecture_search", "width_against_depth"]
+
+SEQUENCE_AGGREGATIONS = ("mean", "l2")
+
+
+def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
+                     progress: bool = True) -> pd.DataFrame:
+    """LM loss on ``held_out`` right after pruning ``teacher`` to ``plan`` with the units each
+    ranking keeps: activation importance under every (batch, sequence) aggregation (the
+    default L2/mean first), weight magnitude, and a random draw; best first."""
+    rankings = {}
+    combos = [("l2", "mean")] + [(b, s) for b in AGGREGATIONS for s in SEQUENCE_AGGREGATIONS
+                                 if (b, s) != ("l2", "mean")]
+    for b, s in tqdm(combos, desc="aggregations", disable=not progress):
+        rankings[f"activation {b}/{s}"] = importance_from_batches(
+            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores
+    rankings["weight magnitude"] = magnitude_scores(teacher)
+    rankings["random"] = random_scores(teacher, seed)
+    rows = [{"ranking": name, "lm_loss": lm_loss(prune(teacher, plan, scores), held_out)}
+            for name, scores in rankings.items()]
+    return pd.DataFrame(rows).sort_values("lm_loss").reset_index(drop=True)
+
+
+def architecture_search(teacher, target, calibration, train, held_out, top: int = 3,
+                        config: DistillConfig | None = None, scores=None,
+                        progress: bool = True) -> pd.DataFrame:
+    """Every plan within 5% of ``target`` (:func:`enumerate_plans`), ranked by LM loss right
+    after pruning (``loss_pruned``); the best ``top`` are distilled from ``teacher`` with
+    ``config`` on ``train`` and ranked again (``loss_retrained``). ``scores``: the units to keep
+    (default: activation importance, L2/mean, on ``calibration``)."""
+    if scores is None:
+        scores = importance_from_batches(teacher, calibration, progress=False).scores
+    table = enumerate_plans(teacher.config, target)
+    ranked = rank_candidates(table, lambda p: lm_loss(prune(teacher, p, scores), held_out),
+                             "loss_pruned")
+    config = replace(config if config is not None else DistillConfig(), progress=False,
+                     eval_every=0)
+
+    def retrained(plan):
+        student = prune(teacher, plan, scores)
+        Distiller(student, teacher, train, config).run()
+        return lm_loss(student, held_out)
+
+    best = rank_candidates(ranked.head(top), retrained, "loss_retrained")
+    cols = ["plan", "loss_retrained", "loss_retrained_rank"]
+    return ranked.merge(best[cols], on="plan", how="left")
+
+
+def width_against_depth(teacher, target, calibration, train, held_out,
+                        config: DistillConfig | None = None, progress: bool = True):
+    """``(table, stages)``: a width and a depth student of ``teacher`` near ``target``,
+    pruned (LM loss right after) and distilled on the same ``train`` batches (LM loss after);
+    the table has one row per (kind, stage)."""
+    stages = {kind: compress_step(teacher, target, train, held_out, calibration, kind, config,
+                                  name=kind, progress=progress)
+              for kind in ("width", "depth")}
+    rows = []
+    for kind, st in stages.items():
+        rows += [{"kind": kind, "stage": "after pruning", "lm_loss": st.loss_after_prune,
+                  "params": st.params},
+                 {"kind": kind, "stage": "after distillation", "lm_loss": st.loss_after_distill,
+                  "params": st.params}]
+    return pd.DataFrame(rows), stages
