@@ -1,0 +1,166 @@
+"""What a structured prune keeps (:class:`PrunePlan`), and what that costs: parameters and
+forward FLOPs per token of a config, pruned or not, computed from the config alone so that an
+architecture search can price thousands of candidates without building a model.
+
+Minitron's axes: depth (which decoder layers stay), the residual stream's width
+(``hidden_size``), the MLP's width (``intermediate_size``) and attention heads. Under GQA the
+key/value heads are shared by a group of query heads, so heads are pruned inside their groups:
+every KV head stays, each keeps ``heads_per_group`` query heads, and ``head_dim`` stays too.
+Attention's width ``num_key_value_heads * heads_per_group * head_dim`` may then differ from
+``hidden_size``, which is why a pruned config names ``head_dim`` explicitly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["PrunePlan", "SUPPORTED_MODEL_TYPES", "check_model_type", "head_dim", "param_count",
+           "layer_flops", "flops_per_token"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def check_model_type(config) -> None:
+    """Refuse architectures whose blocks the slicing does not know (their layout differs)."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"cannot prune model_type {model_type!r}: accepted model types are "
+                         f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family decoder blocks)")
+
+
+def head_dim(config) -> int:
+    """The attention head size: explicit in the config, else hidden_size / heads."""
+    return int(getattr(config, "head_dim", None)
+               or config.hidden_size // config.num_attention_heads)
+
+
+def _group_size(config) -> int:
+    return config.num_attention_heads // config.num_key_value_heads
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """The architecture a prune produces; which units fill it is the scores' business.
+
+    Args:
+        layers: indices of the decoder layers to keep, ascending, unique, at least one.
+        hidden_size: channels of the residual stream (embeddings, norms) to keep.
+        intermediate_size: MLP neurons to keep in every kept layer.
+        heads_per_group: query heads to keep in each KV group (every KV head stays), so the
+            pruned model has ``num_key_value_heads * heads_per_group`` attention heads.
+
+    What needs no source config is checked on construction; :meth:`check` checks the rest.
+    """
+
+    layers: tuple[int, ...]
+    hidden_size: int
+    intermediate_size: int
+    heads_per_group: int
+
+    def __post_init__(self):
+        layers = tuple(int(i) for i in self.layers)
+        object.__setattr__(self, "layers", layers)
+        if not layers:
+            raise ValueError("PrunePlan.layers is empty: keep at least one decoder layer")
+        if list(layers) != sorted(set(layers)):
+            raise ValueError(f"PrunePlan.layers {layers} must be ascending and unique (layers "
+                             "cannot be reordered or repeated)")
+        for name in ("hidden_size", "intermediate_size", "heads_per_group"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or int(value) != value or value < 1:
+                raise ValueError(f"PrunePlan.{name} is {value!r}; accepted: an integer >= 1")
+            object.__setattr__(self, name, int(value))
+
+    @classmethod
+    def full(cls, config) -> "PrunePlan":
+        """The plan that keeps everything of ``config``."""
+        return cls(tuple(range(config.num_hidden_layers)), config.hidden_size,
+                   config.intermediate_size, _group_size(config))
+
+    def num_attention_heads(self, config) -> int:
+        """Query heads of the pruned model: every KV head keeps ``heads_per_group``."""
+        return config.num_key_value_heads * self.heads_per_group
+
+    def check(self, config) -> None:
+        """Raise ``ValueError`` naming the field that does not fit ``config``, and what would."""
+        n = config.num_hidden_layers
+        bad = [i for i in self.layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"PrunePlan.layers has indices {bad} out of range; accepted: "
+                             f"0..{n - 1} (the source has {n} layers)")
+        group = _group_size(config)
+        if self.heads_per_group > group:
+            raise ValueError(
+                f"PrunePlan.heads_per_group is {self.heads_per_group}, but each of the "
+                f"{config.num_key_value_heads} KV groups has {group} query heads "
+                f"({config.num_attention_heads} heads); accepted: 1..{group}")
+        for name in ("hidden_size", "intermediate_size"):
+            mine, source = getattr(self, name), getattr(config, name)
+            if mine > source:
+                raise ValueError(f"PrunePlan.{name} {mine} is larger than the source's {source}; "
+                                 f"accepted: 1..{source} (pruning only removes units)")
+
+
+def _shape(config, plan: PrunePlan | None) -> tuple[PrunePlan, int]:
+    """The plan (full if None), checked, and the number of query heads it keeps."""
+    plan = PrunePlan.full(config) if plan is None else plan
+    plan.check(config)
+    return plan, plan.num_attention_heads(config)
+
+
+def _biases(config) -> tuple[bool, bool, bool]:
+    """Whether (q/k/v, o, MLP) projections carry biases, per architecture."""
+    check_model_type(config)
+    if config.model_type == "qwen2":
+        return True, False, False
+    attention = bool(getattr(config, "attention_bias", False))
+    return attention, attention, bool(getattr(config, "mlp_bias", False))
+
+
+def _layer_params(config, hidden: int, mlp: int, heads: int) -> int:
+    """Parameters of one decoder layer of the given widths."""
+    d, kv = head_dim(config), config.num_key_value_heads
+    qkv_bias, o_bias, mlp_bias = _biases(config)
+    q_out, kv_out = heads * d, kv * d
+    attention = hidden * (q_out + 2 * kv_out) + q_out * hidden
+    attention += qkv_bias * (q_out + 2 * kv_out) + o_bias * hidden
+    attention += 2 * d if config.model_type == "qwen3" else 0  # q_norm, k_norm over head_dim
+    return attention + 3 * hidden * mlp + mlp_bias * (2 * mlp + hidden) + 2 * hidden
+
+
+def param_count(config, plan: PrunePlan | None = None) -> int:
+    """Parameters of ``config`` pruned by ``plan`` (the whole model if None): what
+    ``sum(p.numel() for p in model.parameters())`` gives, tied embeddings counted once."""
+    plan, heads = _shape(config, plan)
+    h, vocab = plan.hidden_size, config.vocab_size
+    embeddings = vocab * h * (1 if config.tie_word_embeddings else 2)
+    layer = _layer_params(config, h, plan.intermediate_size, heads)
+    return embeddings + len(plan.layers) * layer + h  # + the final norm
+
+
+def _windows(config) -> list[int | None]:
+    """Each source layer's attention span limit (``None``: full attention)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return [window if t == "sliding_attention" else None for t in types]
+    return [window] * config.num_hidden_layers
+
+
+def layer_flops(config, plan: PrunePlan | None = None, context: int = 512) -> list[int]:
+    """Forward FLOPs per token of each kept layer: 2 x the multiply-adds of its matmuls, plus
+    attention's scores and weighted values over ``context`` earlier tokens (or the layer's
+    sliding window, if shorter). Norms, activations, RoPE and softmax are left out: they are
+    linear in the width and small beside the matmuls."""
+    plan, heads = _shape(config, plan)
+    h, d, kv = plan.hidden_size, head_dim(config), config.num_key_value_heads
+    matmuls = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * plan.intermediate_size
+    windows = _windows(config)
+    spans = [context if windows[i] is None else min(context, windows[i]) for i in plan.layers]
+    return [2 * matmuls + 2 * 2 * heads * d * span for span in spans]
+
+
+def flops_per_token(config, plan: PrunePlan | None = None, context: int = 512) -> int:
+    """Forward FLOPs per token of the whole model: its layers (:func:`layer_flops`) and the LM
+    head (the embedding lookup costs none)."""
+    plan, _ = _shape(config, plan)
+    return sum(layer_flops(config, plan, context)) + 2 * plan.hidden_size * config.vocab_size
