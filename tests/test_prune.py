@@ -284,7 +284,9 @@ def test_plan_errors_name_the_field(tokenizer):
     cases = [(PrunePlan((0,), 64, 128, 3), r"heads_per_group is 3.*accepted: 1\.\.2"),
              (PrunePlan((0,), 80, 128, 1), r"hidden_size 80 is larger than the source's 64"),
              (PrunePlan((0,), 64, 256, 1), r"intermediate_size 256 is larger"),
-             (PrunePlan((0, 2), 64, 128, 1), r"indices \[2\] out of range; accepted: 0\.\.1")]
+             (PrunePlan((0, 2), 64, 128, 1), r"indices \[2\] out of range; accepted: 0\.\.1"),
+             (PrunePlan((0,), 62, 128, 2), r"hidden_size 62 is not a multiple of the pruned "
+                                           r"model's 4 query heads.*LlamaConfig")]
     for plan, message in cases:
         with pytest.raises(ValueError, match=message):
             plan.check(config)
@@ -317,3 +319,13 @@ def test_search_errors():
         enumerate_plans(config, 5000)
     with pytest.raises(ValueError, match="layer_scores has 2 entries"):
         enumerate_plans(config, 0.5, layer_scores=[1, 2])
+
+
+def test_every_enumerated_plan_builds_a_loadable_config(tokenizer):
+    """transformers' LlamaConfig refuses a hidden size its heads do not divide: the search
+    offers only plans that build."""
+    model = tiny_model("llama", tokenizer)
+    table = enumerate_plans(model.config, 0.5, tolerance=0.2, multiple=4, steps=8)
+    assert len(table) >= 8
+    for plan in table["plan"]:
+        prune(model, plan)  # raises if the config is invalid

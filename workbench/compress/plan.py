@@ -80,6 +80,18 @@ class PrunePlan:
         """Query heads of the pruned model: every KV head keeps ``heads_per_group``."""
         return config.num_key_value_heads * self.heads_per_group
 
+    def format_problem(self, config) -> str | None:
+        """Why the pruned config would not load in transformers, or None. transformers 5's
+        ``LlamaConfig`` refuses a hidden size that its query heads do not divide, even with an
+        explicit ``head_dim`` (Qwen2, Qwen3 and Mistral accept it)."""
+        heads = self.num_attention_heads(config)
+        if config.model_type == "llama" and self.hidden_size % heads:
+            return (f"PrunePlan.hidden_size {self.hidden_size} is not a multiple of the pruned "
+                    f"model's {heads} query heads ({config.num_key_value_heads} KV groups x "
+                    f"heads_per_group {self.heads_per_group}); transformers' LlamaConfig "
+                    f"refuses that; accepted: a hidden size divisible by {heads}")
+        return None
+
     def check(self, config) -> None:
         """Raise ``ValueError`` naming the field that does not fit ``config``, and what would."""
         n = config.num_hidden_layers
@@ -93,6 +105,9 @@ class PrunePlan:
                 f"PrunePlan.heads_per_group is {self.heads_per_group}, but each of the "
                 f"{config.num_key_value_heads} KV groups has {group} query heads "
                 f"({config.num_attention_heads} heads); accepted: 1..{group}")
+        why = self.format_problem(config)
+        if why:
+            raise ValueError(why)
         for name in ("hidden_size", "intermediate_size"):
             mine, source = getattr(self, name), getattr(config, name)
             if mine > source:

@@ -66,7 +66,7 @@ def _kind(config, plan: PrunePlan) -> str | None:
 
 
 def _candidates(config, layer_scores, multiple: int, steps: int):
-    """Every plan on the grid, the full one included."""
+    """Every plan on the grid that transformers can load, the full one included."""
     group = config.num_attention_heads // config.num_key_value_heads
     n = config.num_hidden_layers
     layer_sets = [depth_layers(k, n, layer_scores) for k in range(1, n + 1)]
@@ -74,7 +74,9 @@ def _candidates(config, layer_scores, multiple: int, steps: int):
             width_grid(config.hidden_size, multiple, steps),
             width_grid(config.intermediate_size, multiple, steps), range(1, group + 1),
             layer_sets):
-        yield PrunePlan(layers, hidden, mlp, heads)
+        plan = PrunePlan(layers, hidden, mlp, heads)
+        if plan.format_problem(config) is None:  # only plans that load in transformers
+            yield plan
 
 
 def _check_layer_scores(config, layer_scores) -> None:
