@@ -21,7 +21,7 @@ from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine
 from ..speedup import interleave, per_repeat_ratios, spread_stats
 from ..tasks import HELDOUT_SEED, get_problems
-from .data import encode_texts, lm_loss, texts_from, token_batches
+from .data import encode_texts, lm_loss, sequences_from, texts_from, token_batches
 from .plan import flops_per_token
 
 __all__ = ["count_params", "decode_tok_s", "saturation_batch", "decode_throughput",
@@ -107,14 +107,15 @@ def compare_models(models: dict, tokenizer, batch_sizes=(1, 32), text_file=None,
                    num: int = 200, max_new_tokens: int = 256, decode_tokens: int = 64,
                    repeats: int = 3, progress: bool = True) -> pd.DataFrame:
     """One row per model (the first is the teacher): params, FLOPs per token and their ratios
-    to the teacher, LM loss / perplexity on ``num`` held-out task texts (and on ``text_file``),
+    to the teacher, LM loss / perplexity on the responses of ``num`` held-out task problems
+    (and on every token of ``text_file``),
     greedy accuracy on ``num`` held-out problems, and decode tokens/s with its measured ratio
     (spread included) at each of ``batch_sizes``."""
     if not models:
         raise ValueError("models is empty: pass {name: model}, the teacher first")
     pad = tokenizer.pad_token_id
-    task_b = token_batches(encode_texts(texts_from("running_sum", num, HELDOUT_SEED), tokenizer),
-                           32, pad)
+    seqs, starts = sequences_from("running_sum", num, tokenizer, HELDOUT_SEED)
+    task_b = token_batches(seqs, 32, pad, starts=starts)  # scored: the responses
     text_b = (token_batches(encode_texts(texts_from(text_file, num), tokenizer), 32, pad)
               if text_file is not None else None)
     problems = get_problems("running_sum", num, seed=HELDOUT_SEED)

@@ -47,14 +47,18 @@ def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
 
 def architecture_search(teacher, target, calibration, train, held_out, top: int = 3,
                         config: DistillConfig | None = None, scores=None,
-                        progress: bool = True) -> pd.DataFrame:
+                        kinds=("width", "depth", "both"), progress: bool = True) -> pd.DataFrame:
     """Every plan within 5% of ``target`` (:func:`enumerate_plans`), ranked by LM loss right
     after pruning (``loss_pruned``); the best ``top`` are distilled from ``teacher`` with
     ``config`` on ``train`` and ranked again (``loss_retrained``). ``scores``: the units to keep
-    (default: activation importance, L2/mean, on ``calibration``)."""
+    (default: activation importance, L2/mean, on ``calibration``); ``kinds``: which plans
+    (width, depth, both) take part."""
     if scores is None:
         scores = importance_from_batches(teacher, calibration, progress=False).scores
     table = enumerate_plans(teacher.config, target)
+    table = table[table["kind"].isin(kinds)].reset_index(drop=True)
+    if table.empty:
+        raise ValueError(f"no plan of kinds {kinds} lies within 5% of target {target!r}")
     ranked = rank_candidates(table, lambda p: lm_loss(prune(teacher, p, scores), held_out),
                              "loss_pruned")
     config = replace(config if config is not None else DistillConfig(), progress=False,
@@ -67,7 +71,9 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
 
     best = rank_candidates(ranked.head(top), retrained, "loss_retrained")
     cols = ["plan", "loss_retrained", "loss_retrained_rank"]
-    return ranked.merge(best[cols], on="plan", how="left")
+    out = ranked.merge(best[cols], on="plan", how="left")
+    out["loss_retrained_rank"] = out["loss_retrained_rank"].astype("Int64")
+    return out
 
 
 def width_against_depth(teacher, target, calibration, train, held_out,

@@ -1,0 +1,97 @@
+"""The compression recipe end to end on tiny models: prune + distill stages, the iterative
+pipeline, the ranking ablation, the architecture search and the comparison table."""
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.conftest import tiny_model
+from workbench.compress.data import distill_data, lm_loss
+from workbench.compress.distill import DistillConfig
+from workbench.compress.evaluate import compare_models, count_params
+from workbench.compress.importance import calibration_batches
+from workbench.compress.iterative import compress_step, iterative_compress, pick_plan
+from workbench.compress.plan import PrunePlan, param_count
+from workbench.compress.studies import architecture_search, ranking_ablation
+
+
+@pytest.fixture(scope="module")
+def setup(tokenizer):
+    teacher = tiny_model("llama", tokenizer, layers=4, dtype=torch.float32)
+    calibration = calibration_batches(tokenizer, num=8, batch_size=4, max_len=48)
+    train, held_out = distill_data(tokenizer, num=16, eval_num=4, batch_size=4, max_len=48)
+    config = DistillConfig(steps=3, batch_size=4, eval_every=0, progress=False)
+    return teacher, calibration, train, held_out, config
+
+
+def test_compress_step_gives_a_distilled_hf_model_near_the_target(setup, tmp_path):
+    teacher, calibration, train, held_out, config = setup
+    full = PrunePlan.full(teacher.config)
+    half_depth = param_count(teacher.config, replace(full, layers=(0, 1)))  # untied: not 0.5
+    for kind, target in (("width", 0.5), ("depth", half_depth)):
+        stage = compress_step(teacher, target, train, held_out, calibration, kind, config,
+                              progress=False)
+        goal = target if isinstance(target, int) else target * param_count(teacher.config)
+        assert abs(stage.params - goal) <= 0.05 * goal
+        assert stage.params == count_params(stage.model)
+        assert len(stage.history) == 3
+        assert stage.loss_after_distill == pytest.approx(lm_loss(stage.model, held_out))
+        if kind == "depth":
+            assert len(stage.plan.layers) < teacher.config.num_hidden_layers
+        else:
+            assert len(stage.plan.layers) == teacher.config.num_hidden_layers
+    stage.model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    assert torch.equal(again(ids).logits, stage.model(ids).logits)
+
+
+def test_iterative_pipeline_prunes_each_stage_from_the_previous(setup):
+    teacher, calibration, train, held_out, config = setup
+    stages = iterative_compress(teacher, (0.5, 0.25), train, held_out, calibration,
+                                config=config, progress=False)
+    source = param_count(teacher.config)
+    assert [s.name for s in stages] == ["width_50pct", "width_25pct"]
+    for stage, fraction in zip(stages, (0.5, 0.25)):
+        assert abs(stage.params / source - fraction) <= 0.05 * fraction + 1e-9
+    # the second plan is a plan of the first student, not of the teacher
+    stages[1].plan.check(stages[0].model.config)
+    assert stages[1].plan.hidden_size <= stages[0].model.config.hidden_size
+
+
+def test_ranking_ablation_and_search_tables(setup):
+    teacher, calibration, train, held_out, config = setup
+    plan = pick_plan(teacher.config, 0.5, "width")
+    table = ranking_ablation(teacher, plan, calibration, held_out, progress=False)
+    assert len(table) == 8 and {"random", "weight magnitude", "activation l2/mean"} <= set(
+        table["ranking"])
+    assert table["lm_loss"].is_monotonic_increasing
+    search = architecture_search(teacher, 0.5, calibration, train, held_out, top=2,
+                                 config=config, progress=False)
+    assert len(search) >= 8
+    assert list(search["loss_pruned_rank"]) == sorted(search["loss_pruned_rank"])
+    assert search["loss_retrained_rank"].notna().sum() == 2
+
+
+def test_compare_models_table(setup, tokenizer):
+    teacher, *_ = setup
+    student = tiny_model("llama", tokenizer, layers=2, dtype=torch.float32)
+    table = compare_models({"teacher": teacher, "student": student}, tokenizer,
+                           batch_sizes=(1, 2), num=3, max_new_tokens=8, decode_tokens=4,
+                           progress=False).set_index("model")
+    assert table.loc["teacher", "ideal_speedup"] == 1.0
+    assert table.loc["student", "ideal_speedup"] > 1.5
+    assert table.loc["student", "params"] == count_params(student)
+    assert {"lm_loss_task", "accuracy", "tok_s_b1", "speedup_b2", "speedup_b2_range"} <= set(
+        table.columns)
+
+
+def test_bad_targets_and_kinds(setup):
+    teacher, calibration, train, held_out, config = setup
+    with pytest.raises(ValueError, match="largest first"):
+        iterative_compress(teacher, (0.25, 0.5), train, held_out, calibration, config=config)
+    with pytest.raises(ValueError, match="kind 'sideways' is not one of"):
+        pick_plan(teacher.config, 0.5, "sideways")
+    with pytest.raises(ValueError, match="larger than the source"):
+        pick_plan(teacher.config, 10 ** 9, "width")
