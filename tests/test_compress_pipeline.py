@@ -1,5 +1,6 @@
 """The compression recipe end to end on tiny models: prune + distill stages, the iterative
 pipeline, the ranking ablation, the architecture search and the comparison table."""
+import math
 from dataclasses import replace
 
 import pytest
@@ -7,13 +8,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.conftest import tiny_model
-from workbench.compress.data import distill_data, lm_loss
+from workbench.compress.data import budget_tokens, distill_data, lm_loss
 from workbench.compress.distill import DistillConfig
 from workbench.compress.evaluate import compare_models, count_params
 from workbench.compress.importance import calibration_batches
 from workbench.compress.iterative import compress_step, iterative_compress, pick_plan
 from workbench.compress.plan import PrunePlan, param_count
-from workbench.compress.studies import architecture_search, ranking_ablation
+from workbench.compress.prune import prune
+from workbench.compress.studies import (RETRAININGS, architecture_search, ranking_ablation,
+                                       retraining_study, tokens_to_reach)
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +98,24 @@ def test_bad_targets_and_kinds(setup):
         pick_plan(teacher.config, 0.5, "sideways")
     with pytest.raises(ValueError, match="larger than the source"):
         pick_plan(teacher.config, 10 ** 9, "width")
+
+
+def test_retraining_study_runs_every_retraining_on_equal_tokens(setup):
+    teacher, calibration, train, held_out, config = setup
+    student = prune(teacher, pick_plan(teacher.config, 0.5, "width"))
+    cfg = replace(config, steps=4, eval_every=2)
+    curves, models = retraining_study(teacher, student, train, held_out, cfg,
+                                      layer_pairs=((2, 2), (4, 4)), progress=False)
+    assert list(models) == list(RETRAININGS)
+    final = curves[curves["step"] == 4].set_index("run")["tokens"]
+    assert final.nunique() == 1 and final.iloc[0] == budget_tokens(train, 4)
+    assert not any(torch.equal(a, b) for a, b in zip(models[RETRAININGS[0]].parameters(),
+                                                     models[RETRAININGS[2]].parameters()))
+
+
+def test_tokens_to_reach_interpolates_between_evaluations():
+    import pandas as pd
+    curves = pd.DataFrame({"run": "a", "tokens": [0, 100, 200], "lm_loss": [3.0, 2.0, 1.0]})
+    assert tokens_to_reach(curves, "a", 1.5) == 150.0
+    assert tokens_to_reach(curves, "a", 3.5) == 0.0
+    assert math.isnan(tokens_to_reach(curves, "a", 0.5))

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..tasks import TASKS, get_problems
 
 __all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "token_batches",
-           "distill_data", "lm_loss"]
+           "distill_data", "budget_tokens", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)
@@ -136,6 +136,16 @@ def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int 
     batches = batched(slice(0, num))
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
     return [batches[i] for i in order], batched(slice(num, num + eval_num))
+
+
+def budget_tokens(batches, steps: int) -> int:
+    """Training tokens (scored targets) that ``steps`` steps over ``batches`` (cycled, one
+    batch a step) see: the token budget stated beside every comparison."""
+    total = 0
+    for step in range(steps):
+        ids, mask, *scored = batches[step % len(batches)]
+        total += int((scored[0] if scored else mask)[:, 1:].sum())
+    return total
 
 
 @torch.no_grad()

@@ -59,16 +59,21 @@ def pick_plan(config, target: float | int, kind: str = "width", layer_scores=Non
 def compress_step(teacher, target: float | int, train, held_out, calibration,
                   kind: str = "width", config: DistillConfig | None = None,
                   name: str = "student", checkpoint_dir: str | os.PathLike | None = None,
-                  aggregation: Aggregation | None = None, progress: bool = True) -> Stage:
+                  aggregation: Aggregation | None = None, plan: PrunePlan | None = None,
+                  progress: bool = True) -> Stage:
     """Score ``teacher`` on ``calibration`` batches (activation importance for width, the
     LM-loss increase of removing each layer for depth), prune it to the ``kind`` plan nearest
-    ``target``, then distill the student from ``teacher`` on ``train`` batches, evaluating on
-    ``held_out``."""
-    layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"].tolist()
-                    if kind != "width" else None)
-    plan = pick_plan(teacher.config, target, kind, layer_scores)
+    ``target`` (or to ``plan`` when given), then distill the student from ``teacher`` on
+    ``train`` batches, evaluating on ``held_out``."""
+    if plan is None:
+        layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
+                        .tolist() if kind != "width" else None)
+        plan = pick_plan(teacher.config, target, kind, layer_scores)
+    narrower = (plan.hidden_size, plan.intermediate_size) != (
+        teacher.config.hidden_size, teacher.config.intermediate_size) or \
+        plan.num_attention_heads(teacher.config) != teacher.config.num_attention_heads
     scores = (importance_from_batches(teacher, calibration, aggregation, progress).scores
-              if kind != "depth" else None)
+              if narrower else None)
     student = prune(teacher, plan, scores)
     before = lm_loss(student, held_out)
     config = config if config is not None else DistillConfig()

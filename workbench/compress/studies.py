@@ -6,23 +6,32 @@
   pruning, the best few retrained by a short distillation and ranked again.
 - :func:`width_against_depth`: a width and a depth student of about the same size, right after
   pruning and after distillation on the same batches (an equal token budget).
+- :func:`retraining_study`: one pruned architecture retrained four ways on the same batches
+  (KD on logits, KD on logits and hidden states, plain cross-entropy, cross-entropy from
+  scratch), with :func:`tokens_to_reach` to read the token savings off the curves.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import replace
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from .data import lm_loss
-from .distill import DistillConfig, Distiller
+from .distill import DistillConfig, Distiller, scratch_like
 from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
     random_scores
 from .iterative import compress_step
 from .prune import prune
 from .search import enumerate_plans, rank_candidates
 
-__all__ = ["ranking_ablation", "architecture_search", "width_against_depth"]
+__all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
+           "tokens_to_reach", "RETRAININGS"]
+
+RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
+               "scratch + CE")
 
 SEQUENCE_AGGREGATIONS = ("mean", "l2")
 
@@ -77,13 +86,16 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
 
 
 def width_against_depth(teacher, target, calibration, train, held_out,
-                        config: DistillConfig | None = None, progress: bool = True):
-    """``(table, stages)``: a width and a depth student of ``teacher`` near ``target``,
-    pruned (LM loss right after) and distilled on the same ``train`` batches (LM loss after);
-    the table has one row per (kind, stage)."""
+                        config: DistillConfig | None = None, width_plan=None,
+                        progress: bool = True):
+    """``(table, stages)``: a width and a depth student of ``teacher`` near ``target`` (the
+    width one cut to ``width_plan`` when given, e.g. the architecture search's best), pruned
+    (LM loss right after) and distilled on the same ``train`` batches (LM loss after); the
+    table has one row per (kind, stage)."""
+    plans = {"width": width_plan, "depth": None}
     stages = {kind: compress_step(teacher, target, train, held_out, calibration, kind, config,
-                                  name=kind, progress=progress)
-              for kind in ("width", "depth")}
+                                  name=kind, plan=plan, progress=progress)
+              for kind, plan in plans.items()}
     rows = []
     for kind, st in stages.items():
         rows += [{"kind": kind, "stage": "after pruning", "lm_loss": st.loss_after_prune,
@@ -91,3 +103,45 @@ def width_against_depth(teacher, target, calibration, train, held_out,
                  {"kind": kind, "stage": "after distillation", "lm_loss": st.loss_after_distill,
                   "params": st.params}]
     return pd.DataFrame(rows), stages
+
+
+def retraining_study(teacher, student, train, held_out, config: DistillConfig,
+                     layer_pairs=(), progress: bool = True):
+    """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
+    :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), every run on the
+    same ``train`` batches for ``config.steps`` steps, so at an equal token budget. ``curves``:
+    one row per (run, evaluation) with ``step``, ``tokens`` (training tokens seen) and
+    ``lm_loss`` on ``held_out``."""
+    kd, ce = replace(config, mode="kd", layer_pairs=()), replace(config, mode="ce", layer_pairs=())
+    runs = {RETRAININGS[0]: (copy.deepcopy(student), teacher, kd),
+            RETRAININGS[1]: (copy.deepcopy(student), teacher,
+                             replace(kd, layer_pairs=tuple(layer_pairs))),
+            RETRAININGS[2]: (copy.deepcopy(student), None, ce),
+            RETRAININGS[3]: (scratch_like(student, config.seed), None, ce)}
+    if not layer_pairs:
+        del runs[RETRAININGS[1]]
+    curves, models = [], {}
+    for name, (model, teach, cfg) in runs.items():
+        distiller = Distiller(model, teach, train, replace(cfg, progress=progress),
+                              eval_batches=held_out, desc=name)
+        distiller.run()
+        ev = distiller.evals
+        curves.append(pd.DataFrame({"run": name, "step": ev["step"],
+                                    "tokens": ev["tokens_seen"], "lm_loss": ev["eval_loss"]}))
+        models[name] = model
+    return pd.concat(curves, ignore_index=True), models
+
+
+def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
+    """Training tokens ``run`` needed for its held-out LM loss to reach ``loss``: linear
+    between the two evaluations that bracket it; NaN if it never does."""
+    part = curves[curves["run"] == run].sort_values("tokens")
+    prev = None
+    for r in part.itertuples():
+        if r.lm_loss <= loss:
+            if prev is None or prev.lm_loss == r.lm_loss:
+                return float(r.tokens)
+            frac = (prev.lm_loss - loss) / (prev.lm_loss - r.lm_loss)
+            return float(prev.tokens + frac * (r.tokens - prev.tokens))
+        prev = r
+    return math.nan
