@@ -40,6 +40,7 @@ SMOKE = {
     "05_pruning": ({"calibration_size": 16, "train_size": 16, "eval_size": 8, "max_len": 64,
                     "distill_steps": 2, "search_candidates": 8, "search_top": 1,
                     "search_steps": 1, "depth_texts": 8, "max_batch": 2, "decode_tokens": 4,
+                    "fast_max_flops": 0.7,
                     "batch_size": 4},
                    ["params_teacher", "params_width", "params_depth", "loss_after_prune_l2mean",
                     "loss_after_prune_random", "loss_after_prune_magnitude",

@@ -46,25 +46,23 @@ def _prompts(n: int) -> list[str]:
     return [p.prompt for p in get_problems("running_sum", n, seed=HELDOUT_SEED)]
 
 
-def saturation_batch(model, tokenizer, max_batch: int = 512, gain: float = 1.05,
+def saturation_batch(model, tokenizer, max_batch: int = 1024, gain: float = 1.05,
                      max_new_tokens: int = 64, repeats: int = 3, progress: bool = True):
-    """``(batch, table)``: doubling the batch from 1, the first batch size whose doubling
-    raises the median tokens/s by less than ``gain`` (or ``max_batch``), and the sweep."""
-    engine, prompts = RolloutEngine(model, tokenizer), _prompts(max_batch)
+    """``(batch, table)``: the sweep of median tokens/s over batch sizes doubling from 1 to
+    ``max_batch``, and the smallest batch size within ``gain`` of the best tokens/s of the
+    sweep: where tokens/s stops rising. The whole sweep runs, so one noisy doubling cannot end
+    it early; ``batch == max_batch`` means tokens/s was still rising at the cap."""
+    engine = RolloutEngine(model, tokenizer)
+    sizes = [1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch]
+    prompts = _prompts(sizes[-1])
     decode_tok_s(engine, prompts, 1, 8)  # warm-up
-    rows, bs = [], 1
-    bar = tqdm(desc="saturation sweep", disable=not progress)
-    while bs <= max_batch:
+    rows = []
+    for bs in tqdm(sizes, desc="saturation sweep", disable=not progress):
         runs = [decode_tok_s(engine, prompts, bs, max_new_tokens) for _ in range(repeats)]
         rows.append({"batch": bs, "tok_s": float(pd.Series(runs).median())})
-        bar.update()
-        if len(rows) > 1 and rows[-1]["tok_s"] < gain * rows[-2]["tok_s"]:
-            break
-        bs *= 2
-    bar.close()
     table = pd.DataFrame(rows)
-    rising = len(rows) == 1 or rows[-1]["tok_s"] >= gain * rows[-2]["tok_s"]
-    batch = int(table["batch"].iloc[-1] if rising else table["batch"].iloc[-2])
+    best = table["tok_s"].max()
+    batch = int(table[table["tok_s"] * gain >= best]["batch"].iloc[0])
     return batch, table
 
 

@@ -57,19 +57,27 @@ def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
 def architecture_search(teacher, target, calibration, train, held_out, top: int = 3,
                         config: DistillConfig | None = None, scores=None,
                         kinds=("width", "depth", "both"), candidates: int | None = 12,
+                        max_flops_ratio: float | None = None,
                         progress: bool = True) -> pd.DataFrame:
     """Every plan within 5% of ``target`` (:func:`enumerate_plans`), ranked by LM loss right
     after pruning (``loss_pruned``); the best ``top`` are distilled from ``teacher`` with
     ``config`` on ``train`` and ranked again (``loss_retrained``). ``scores``: the units to keep
     (default: activation importance, L2/mean, on ``calibration``); ``kinds``: which plans
-    (width, depth, both) take part; ``candidates``: how many of them, nearest the target
-    first (None: all)."""
+    (width, depth, both) take part; ``max_flops_ratio``: only plans whose FLOPs per token are
+    at most this share of the teacher's (a speed budget beside the parameter target: at equal
+    parameters, a plan that keeps every attention head keeps most of the attention FLOPs);
+    ``candidates``: how many of them, nearest the target first (None: all)."""
     if scores is None:
         scores = importance_from_batches(teacher, calibration, progress=False).scores
     table = enumerate_plans(teacher.config, target)
-    table = table[table["kind"].isin(kinds)].head(candidates).reset_index(drop=True)
+    keep = table["kind"].isin(kinds)
+    if max_flops_ratio is not None:
+        keep &= table["flops_ratio"] <= max_flops_ratio
+    table = table[keep].head(candidates).reset_index(drop=True)
     if table.empty:
-        raise ValueError(f"no plan of kinds {kinds} lies within 5% of target {target!r}")
+        raise ValueError(f"no plan of kinds {kinds} lies within 5% of target {target!r}"
+                         + (f" with a FLOPs ratio <= {max_flops_ratio}" if max_flops_ratio
+                            else ""))
     ranked = rank_candidates(table, lambda p: lm_loss(prune(teacher, p, scores), held_out),
                              "loss_pruned")
     config = replace(config if config is not None else DistillConfig(), progress=False,

@@ -1,0 +1,62 @@
+"""Compression figures draw what the tables hold (synthetic tables, no models)."""
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from workbench.viz import compress as cviz  # noqa: E402
+
+
+def _importance_tables(layers=3, heads=4, neurons=8, channels=16):
+    rng = np.random.default_rng(0)
+    return {"heads": pd.DataFrame([{"layer": i, "head": h, "score": rng.random()}
+                                   for i in range(layers) for h in range(heads)]),
+            "neurons": pd.DataFrame([{"layer": i, "neuron": n, "score": rng.random()}
+                                     for i in range(layers) for n in range(neurons)]),
+            "channels": pd.DataFrame({"channel": range(channels),
+                                      "score": rng.random(channels)})}
+
+
+def test_importance_heatmaps_show_each_layer_over_its_own_maximum():
+    fig = cviz.importance_heatmaps(_importance_tables(), label="16 texts")
+    heads_img = fig.axes[0].images[0].get_array()
+    assert heads_img.shape == (3, 4)
+    np.testing.assert_allclose(np.asarray(heads_img).max(axis=1), 1.0)
+    line = fig.axes[2].lines[0].get_ydata()  # axes: heads, neurons, channels, colorbars
+    assert line[0] == 1.0 and np.all(np.diff(line) <= 0)  # channels sorted, over the max
+
+
+def test_ranking_ablation_puts_the_best_ranking_first_with_the_teacher_line():
+    table = pd.DataFrame({"ranking": ["random", "activation l2/mean", "weight magnitude"],
+                          "lm_loss": [2.0, 1.0, 1.5]})
+    fig = cviz.ranking_ablation(table, teacher_loss=0.5)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0] == "activation l2/mean"
+    assert [round(p.get_width(), 3) for p in ax.patches] == [1.0, 1.5, 2.0]
+    assert ax.lines[0].get_xdata()[0] == 0.5
+
+
+def test_pareto_front_joins_only_undominated_models():
+    table = pd.DataFrame({"model": ["teacher", "a", "b", "dominated"],
+                          "tok_s": [100.0, 150.0, 300.0, 120.0],
+                          "accuracy": [0.5, 0.4, 0.2, 0.3]})
+    fig = cviz.pareto(table)
+    front = fig.axes[0].lines[0]
+    assert sorted(front.get_xdata()) == [100.0, 150.0, 300.0]
+
+
+def test_width_vs_depth_and_loss_curves_and_depth_scores_draw():
+    wd = pd.DataFrame({"kind": ["width", "width", "depth", "depth"],
+                       "stage": ["after pruning", "after distillation"] * 2,
+                       "lm_loss": [1.1, 0.8, 0.7, 0.6]})
+    ax = cviz.width_vs_depth(wd).axes[0]
+    assert len(ax.patches) == 4
+    curves = pd.DataFrame({"run": ["kd"] * 3 + ["scratch"] * 3, "tokens": [0, 10, 20] * 2,
+                           "lm_loss": [2, 1, 0.5, 4, 3, 2]})
+    ax = cviz.loss_curves(curves, target=2.0).axes[0]
+    assert len(ax.lines) == 3
+    depth = pd.DataFrame({"layer": [0, 1], "increase": [3.0, 0.1],
+                          "block_importance": [0.9, 0.05]})
+    assert len(cviz.depth_scores(depth).axes) == 2
