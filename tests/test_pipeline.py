@@ -259,3 +259,11 @@ def test_interrupted_results_write_keeps_the_previous_results(project, tmp_path,
 def test_near_misses_are_suggested(project, tmp_path, text, match):
     with pytest.raises(PipelineError, match=match):
         run_pipeline(write_pipeline(project, text), runs_root=tmp_path / "runs")
+
+
+@pytest.mark.parametrize("spec", sorted((Path(__file__).resolve().parent.parent / "pipelines")
+                                        .glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_pipeline_validates(spec):
+    """Every YAML in pipelines/ names notebooks that exist and parameters they declare."""
+    from workbench.pipeline_spec import load_pipeline
+    assert load_pipeline(spec).runs
