@@ -16,7 +16,7 @@ from workbench.compress.iterative import compress_step, iterative_compress, pick
 from workbench.compress.plan import PrunePlan, param_count
 from workbench.compress.prune import prune
 from workbench.compress.studies import (RETRAININGS, architecture_search, ranking_ablation,
-                                       retraining_study, tokens_to_reach)
+                                       retraining_study, token_savings, tokens_to_reach)
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +119,16 @@ def test_tokens_to_reach_interpolates_between_evaluations():
     assert tokens_to_reach(curves, "a", 1.5) == 150.0
     assert tokens_to_reach(curves, "a", 3.5) == 0.0
     assert math.isnan(tokens_to_reach(curves, "a", 0.5))
+
+
+def test_token_savings_reads_the_curves():
+    import pandas as pd
+    curves = pd.DataFrame({
+        "run": [RETRAININGS[0]] * 3 + [RETRAININGS[3]] * 3,
+        "tokens": [0, 100, 200] * 2,
+        "lm_loss": [3.0, 1.0, 0.5, 5.0, 3.0, 2.0]})
+    out = token_savings(curves)
+    # scratch ends at 2.0 after 200 tokens; KD passes 2.0 half way between 0 and 100 tokens
+    assert out["tokens_kd_to_scratch_loss"] == 50.0
+    assert out["token_savings_vs_scratch"] == 4.0
+    assert out["token_savings_lower_bound"] == 2.0  # first evaluation at or below: 100 tokens

@@ -28,7 +28,7 @@ from .prune import prune
 from .search import enumerate_plans, rank_candidates
 
 __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
-           "tokens_to_reach", "RETRAININGS"]
+           "retraining_summary", "token_savings", "tokens_to_reach", "RETRAININGS"]
 
 RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
                "scratch + CE")
@@ -155,3 +155,40 @@ def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
             return float(prev.tokens + frac * (r.tokens - prev.tokens))
         prev = r
     return math.nan
+
+
+def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, held_out,
+                       problems, max_new_tokens: int = 256) -> pd.DataFrame:
+    """Per retraining run and for the teacher: training tokens, final held-out LM loss, the
+    tokens the run needed to reach the from-scratch run's final loss, and greedy accuracy on
+    ``problems``."""
+    from ..evaluate import evaluate_policy
+
+    def accuracy(model):
+        return evaluate_policy(model, tokenizer, problems, max_new_tokens=max_new_tokens,
+                               progress=False).summary()["accuracy"]
+
+    scratch_final = curves[curves["run"] == RETRAININGS[3]]["lm_loss"].iloc[-1]
+    finals = curves.groupby("run", sort=False).last()[["tokens", "lm_loss"]]
+    finals["tokens_to_scratch_final"] = [tokens_to_reach(curves, r, scratch_final)
+                                         for r in finals.index]
+    finals["accuracy"] = [accuracy(models[r]) for r in finals.index]
+    table = finals.reset_index()
+    table.loc[len(table)] = {"run": "teacher", "tokens": 0,
+                             "lm_loss": lm_loss(teacher, held_out), "accuracy": accuracy(teacher)}
+    return table
+
+
+def token_savings(curves: pd.DataFrame, run: str = RETRAININGS[0]) -> dict:
+    """How many times fewer tokens ``run`` needs than the from-scratch run to reach the latter's
+    final loss: interpolated between evaluations (inf if ``run`` starts there), and a lower
+    bound from the first evaluation (after step 0) at or below it."""
+    scratch = curves[curves["run"] == RETRAININGS[3]]
+    budget, target = scratch["tokens"].iloc[-1], scratch["lm_loss"].iloc[-1]
+    mine = curves[curves["run"] == run]
+    needed = tokens_to_reach(curves, run, target)
+    first_eval = mine[mine["tokens"] > 0]["tokens"].min()
+    reached = mine[(mine["lm_loss"] <= target) & (mine["tokens"] > 0)]["tokens"].min()
+    return {"tokens_budget": int(budget), "tokens_kd_to_scratch_loss": needed,
+            "token_savings_vs_scratch": budget / needed if needed > 0 else math.inf,
+            "token_savings_lower_bound": budget / max(reached, first_eval)}
