@@ -122,7 +122,7 @@ def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monke
                                                               model).state_dict())
 
 
-def _trainer(tokenizer, variant, spot_steps=(2, 3), **kw):
+def _trainer(tokenizer, variant, spot_steps=(2, 3), history_steps=0, **kw):
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(3)
     head = EagleHead(model).to(torch.float64)
@@ -130,7 +130,8 @@ def _trainer(tokenizer, variant, spot_steps=(2, 3), **kw):
                       workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
     cfg = TLTConfig.variant(variant, grpo, threshold=2, arms=CHAINS, spec_k=3,
                             spot=SpotConfig(batch_size=4, min_steps=spot_steps[0],
-                                            max_steps=spot_steps[1]), **kw)
+                                            max_steps=spot_steps[1],
+                                            history_steps=history_steps), **kw)
     return TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head)
 
 
@@ -175,7 +176,7 @@ def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path):
     finished sequences an idle window can train on is decided by the measured clock, so
     later drafter versions are not reproducible run to run, by design.)"""
     def fresh(ckpt=None):
-        tr = _trainer(tokenizer, "tlt", spot_steps=(2, 2))
+        tr = _trainer(tokenizer, "tlt", spot_steps=(2, 2), history_steps=2)
         tr.checkpoint_dir = ckpt
         if ckpt is not None and tr.has_checkpoint(ckpt):
             tr.load_checkpoint(ckpt)
@@ -190,6 +191,9 @@ def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path):
     assert _same(_state(first.drafter.head), _state(resumed.drafter.head))
     assert _same(_state(first.spot.head), _state(resumed.spot.head))
     assert len(resumed.spot.buffer.carry) == len(first.spot.buffer.carry) > 0
+    # the history comes back too, and the carry is still recognised inside it
+    assert resumed.spot.buffer.state() == first.spot.buffer.state()
+    assert len(resumed.spot.buffer.pairs(-1.0)) == len(first.spot.buffer.pairs(-1.0)) > 0
     resumed.run(1, progress=False)
     assert _same(straight.model.state_dict(), resumed.model.state_dict())
     assert straight.history["tokens_digest"].tolist() == resumed.history["tokens_digest"].tolist()
@@ -207,3 +211,20 @@ def test_grpo_runs_any_hf_policy_on_a_jsonl_task(tokenizer, tmp_path):
              GRPOConfig(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6))
     row = g.step()
     assert row["step"] == 0 and 0 <= row["reward"] <= 1 and row["tokens"] > 0
+
+
+def test_buffer_history_serves_whole_previous_harvests_once(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    _, result = _rollout(model, tokenizer)
+    pairs = harvest_pairs(result)
+    buf = DrafterBuffer(carry_fraction=0.25, history_steps=2)
+    for step in range(4):
+        buf.add_step(result, [(p[0].clone(), p[1]) for p in pairs])  # new pair objects
+        served = buf.pairs(until_s=-1.0)  # nothing of this step has finished yet
+        # the carry (longest quarter of the last step) and every other sequence of the last
+        # min(step, 2) steps, each once
+        assert len(served) == min(step, 2) * len(pairs)
+        assert len({id(p) for p in served}) == len(served)
+    assert buf.state()["buffer_history"] == 2 * len(pairs)
+    with pytest.raises(ValueError, match="history_steps"):
+        DrafterBuffer(history_steps=-1)

@@ -5,10 +5,16 @@ trainer runs while the step's longest responses are still decoding, so it can on
 requests that have already finished, which are the short ones. TLT's *one-step offset* fixes
 that bias: the buffer also serves the previous step's longest sequences, whose states come from
 a policy one update old but whose length is what the drafter must get right in the tail.
+
+One step's harvest is narrow: a few hundred sequences of a few dozen prompts. Trained on it
+alone, the head fits those prompts and loses acceptance on others (BENCHMARKS.md, "why the
+adaptive drafter falls"), so the buffer can also keep whole harvests of the last
+``history_steps`` steps, from policies a few updates old but on many more prompts.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 __all__ = ["DrafterBuffer", "BufferItem"]
@@ -25,22 +31,30 @@ class BufferItem:
 
 class DrafterBuffer:
     """This step's harvested sequences (available once finished) plus the carry: the longest
-    ``carry_fraction`` of the previous step's.
+    ``carry_fraction`` of the previous step's; plus, with ``history_steps``, every sequence of
+    the previous ``history_steps`` steps.
 
     Args:
         carry_fraction: share of a step's sequences, longest first, carried into the next step.
-        max_items: cap on the sequences served at once (newest step first, then the carry);
-            ``None``: no cap.
+        max_items: cap on the sequences served at once (newest step first, then the carry, then
+            the history); ``None``: no cap.
+        history_steps: previous steps whose whole harvest is served too (0: TLT's buffer).
     """
 
-    def __init__(self, carry_fraction: float = 0.25, max_items: int | None = None):
+    def __init__(self, carry_fraction: float = 0.25, max_items: int | None = None,
+                 history_steps: int = 0):
         if not (isinstance(carry_fraction, (int, float)) and 0 <= carry_fraction <= 1):
             raise ValueError(f"carry_fraction must be a number in [0, 1], got {carry_fraction!r}")
         if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
             raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
+        if isinstance(history_steps, bool) or not isinstance(history_steps, int) \
+                or history_steps < 0:
+            raise ValueError(f"history_steps must be an integer >= 0, got {history_steps!r}")
         self.carry_fraction, self.max_items = carry_fraction, max_items
         self.current: list[BufferItem] = []
         self.carry: list[BufferItem] = []
+        self.history: deque[list[BufferItem]] = deque(maxlen=history_steps or None)
+        self.history_steps = history_steps
 
     def add_step(self, result, pairs) -> None:
         """Start a new step's harvest: ``pairs`` (``harvest_pairs(result)``) with the end times
@@ -57,17 +71,24 @@ class DrafterBuffer:
             return
         n = math.ceil(self.carry_fraction * len(self.current))
         longest = sorted(self.current, key=lambda it: -it.response_tokens)
+        if self.history_steps:
+            self.history.appendleft(self.current)  # newest first
         self.carry, self.current = longest[:n], []
 
     def pairs(self, until_s: float = math.inf) -> list:
         """Pairs to train on at time ``until_s`` of this step: the sequences finished by then,
-        and the carry."""
+        the carry, and the history's other sequences."""
         ready = [it for it in self.current if it.end_s <= until_s]
-        items = ready + self.carry
+        # the carry is part of the newest history step; pairs keep their identity through a
+        # checkpoint (one pickled graph), items do not
+        carried = {id(it.pair) for it in self.carry}
+        older = [it for step in self.history for it in step if id(it.pair) not in carried]
+        items = ready + self.carry + older
         if self.max_items is not None:
             items = items[:self.max_items]
         return [it.pair for it in items]
 
     def state(self) -> dict:
         """Counts for the steps table and notebooks."""
-        return {"buffer_current": len(self.current), "buffer_carry": len(self.carry)}
+        return {"buffer_current": len(self.current), "buffer_carry": len(self.carry),
+                "buffer_history": sum(map(len, self.history))}

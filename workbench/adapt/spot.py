@@ -41,6 +41,9 @@ class SpotConfig:
             extend the step); 0: only what fits.
         carry_fraction: share of a step's longest sequences the buffer carries into the next
             step (TLT's one-step offset).
+        history_steps: previous steps whose whole harvest the buffer also serves (0: TLT's
+            buffer; one step's harvest alone is narrow enough that training on it can cost
+            acceptance on other prompts).
         seed: the drafter trainer's generator (noise) and batch order.
     """
 
@@ -52,6 +55,7 @@ class SpotConfig:
     max_steps: int = 400
     min_steps: int = 0
     carry_fraction: float = 0.25
+    history_steps: int = 0
     seed: int = 0
 
     def __post_init__(self):
@@ -89,7 +93,8 @@ class SpotTrainer:
         self.serving, self.out_dir = drafter, out_dir
         self.head = copy.deepcopy(drafter.head).requires_grad_(True)
         self.eagle = EagleTrainer(policy, self.head, self.config.eagle_config())
-        self.buffer = DrafterBuffer(self.config.carry_fraction)
+        self.buffer = DrafterBuffer(self.config.carry_fraction,
+                                    history_steps=self.config.history_steps)
         self.version = 0
         self.step_s = 0.0  # running estimate of one drafter step's seconds (0: none yet)
 
@@ -145,7 +150,9 @@ class SpotTrainer:
     def state_dict(self) -> dict:
         return {"trainer": self.eagle.trainer.state_dict(), "version": self.version,
                 "serving": self.serving.head.state_dict(),
-                "carry": [(it.pair, it.end_s, it.response_tokens) for it in self.buffer.carry]}
+                "carry": [(it.pair, it.end_s, it.response_tokens) for it in self.buffer.carry],
+                "history": [[(it.pair, it.end_s, it.response_tokens) for it in step]
+                            for step in self.buffer.history]}
 
     def load_state_dict(self, state: dict) -> None:
         from .buffer import BufferItem
@@ -154,3 +161,6 @@ class SpotTrainer:
         self.version = int(state["version"])
         self.buffer.current = []
         self.buffer.carry = [BufferItem(*it) for it in state["carry"]]
+        self.buffer.history.clear()
+        self.buffer.history.extend([BufferItem(*it) for it in step]
+                                   for step in state.get("history", []))
