@@ -77,12 +77,16 @@ def test_ranking_ablation_and_search_tables(setup):
     assert search["loss_retrained_rank"].notna().sum() == 2
 
 
-def test_compare_models_table(setup, tokenizer):
+def test_compare_models_table(setup, tokenizer, tmp_path):
     teacher, *_ = setup
     student = tiny_model("llama", tokenizer, layers=2, dtype=torch.float32)
+    text = tmp_path / "notes.txt"
+    text.write_text("the first line of a text file\n\nand a second one\n")
     table = compare_models({"teacher": teacher, "student": student}, tokenizer,
                            batch_sizes=(1, 2), num=3, max_new_tokens=8, decode_tokens=4,
-                           progress=False).set_index("model")
+                           text_file=text, progress=False).set_index("model")
+    assert table.loc["student", "ppl_text"] == pytest.approx(
+        math.exp(table.loc["student", "lm_loss_text"]))
     assert table.loc["teacher", "ideal_speedup"] == 1.0
     assert table.loc["student", "ideal_speedup"] > 1.5
     assert table.loc["student", "params"] == count_params(student)
