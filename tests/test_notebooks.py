@@ -24,7 +24,7 @@ SMOKE = {
                                  "lossless"]),
     "03_adaptive_drafter": ({"rl_problems": 32, "prompts_per_step": 2, "samples_per_prompt": 2,
                              "max_new_tokens": 24, "steps": 2, "workers": 2, "probe_prompts": 3,
-                             "tree_budget": 8},
+                             "tree_budget": 8, "tree_k": 3},
                             ["accept_len_static_first", "accept_len_static_final",
                              "accept_len_adaptive_first", "accept_len_adaptive_final",
                              "accept_len_tree", "accept_len_chain", "accept_len_export_final",
