@@ -267,3 +267,29 @@ def test_every_shipped_pipeline_validates(spec):
     """Every YAML in pipelines/ names notebooks that exist and parameters they declare."""
     from workbench.pipeline_spec import load_pipeline
     assert load_pipeline(spec).runs
+
+
+def test_report_is_one_static_page_with_every_run(project, tmp_path, capsys):
+    """`workbench pipeline report` embeds each run's parameters, metrics, figures and error."""
+    import base64
+
+    from workbench.cli import main
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    grid: {x: [1, 2], fail: [false, true]}
+""")
+    runs_root = tmp_path / "runs"
+    table = run_pipeline(yaml_path, runs_root=runs_root)
+    pipeline_dir = runs_root / "demo"
+    ok_run = table[table["status"] == "ok"]["run_name"].iloc[0]
+    png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+    (pipeline_dir / ok_run / "curve.png").write_bytes(png)
+    assert main(["pipeline", "report", str(pipeline_dir)]) == 0
+    page = (pipeline_dir / "report.html").read_text()
+    assert all(name in page for name in table["run_name"])
+    assert page.count('class="failed"') == 2 and "asked to fail with x=" in page
+    assert "data:image/png;base64," + base64.b64encode(png).decode() in page
+    assert "Summary over seeds" in page and "metric.y" in page
+    assert main(["pipeline", "report", str(tmp_path / "nothing")]) == 2
+    assert "no results in" in capsys.readouterr().err

@@ -14,6 +14,18 @@ def _zoo_train(args) -> int:
     return 0
 
 
+def _pipeline_report(args) -> int:
+    """Exit 0 with the report written, 2 when the folder holds no pipeline results."""
+    from .report import write_report
+    try:
+        path = write_report(args.folder, args.out)
+    except FileNotFoundError as exc:
+        print(f"workbench pipeline report: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {path}")
+    return 0
+
+
 def _pipeline_run(args) -> int:
     """Exit 0 when every run is ok, 1 when a run failed (recorded in its run.json), 2 for a
     pipeline that cannot run as written (one message, nothing run or written)."""
@@ -61,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--redo", action="store_true", help="rerun runs that already finished")
     pr.add_argument("--runs-root", default="runs", help="where runs/<pipeline>/<run>/ go")
     pr.set_defaults(func=_pipeline_run)
+    rp = psub.add_parser("report", help="write one static HTML page of a pipeline's runs")
+    rp.add_argument("folder", help="the pipeline's run folder, e.g. runs/quickstart")
+    rp.add_argument("--out", default=None, help="HTML file (default: <folder>/report.html)")
+    rp.set_defaults(func=_pipeline_report)
     return p
 
 

@@ -1,0 +1,100 @@
+"""One static HTML page per pipeline run folder: ``workbench pipeline report runs/<pipeline>``.
+
+The page needs no Jupyter server and no other file: every figure a run saved (``*.png`` in its
+folder) is embedded as a data URI. It holds the results summary (metrics as mean and sd over
+seeds), then every run with its status, duration, parameters, metrics, figures and, for a
+failed run, its error. It reads only what ``workbench.pipeline`` wrote (``results.parquet`` and
+each run's ``run.json``), so it works on any finished or partly failed pipeline.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from .atomic import write_text
+from .pipeline import load_results, summarize
+
+__all__ = ["write_report", "report_html"]
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; }
+td, th { border: 1px solid #ddd; padding: 3px 7px; text-align: right; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+.run { margin: 1.5em 0; } .failed { color: #b00020; } .ok { color: #1b7f3b; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
+pre { background: #fbeff1; padding: 0.6em; white-space: pre-wrap; }
+"""
+
+
+def _table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:.4g}")
+
+
+def _key_values(mapping: dict, title: str) -> str:
+    if not mapping:
+        return ""
+    rows = pd.DataFrame({title: list(mapping), "value": [json.dumps(v) if isinstance(
+        v, (list, dict)) else v for v in mapping.values()]})
+    return _table(rows)
+
+
+def _figures(run_dir: Path) -> str:
+    parts = []
+    for png in sorted(run_dir.glob("*.png")):
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        parts.append(f'<figure><img alt="{html.escape(png.name)}" '
+                     f'src="data:image/png;base64,{data}"><figcaption>'
+                     f'{html.escape(png.name)}</figcaption></figure>')
+    return "\n".join(parts)
+
+
+def _run_section(pipeline_dir: Path, row: pd.Series) -> str:
+    run_dir = pipeline_dir / row["run_name"]
+    try:
+        record = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        record = {}
+    status = row["status"]
+    head = (f'<h2 id="{html.escape(row["run_name"])}">{html.escape(row["run_name"])}</h2>'
+            f'<p><span class="{status}">{status}</span> · notebook '
+            f'{html.escape(str(row["notebook"]))} · {row["duration_s"]:.1f} s</p>')
+    error = (f'<pre>{html.escape(str(row["error"]))}</pre>' if status != "ok" else "")
+    return (f'<section class="run">{head}{error}'
+            f'{_key_values(record.get("parameters", {}), "parameter")}'
+            f'{_key_values(record.get("metrics", {}), "metric")}'
+            f'{_figures(run_dir)}</section>')
+
+
+def report_html(pipeline_dir: str | os.PathLike) -> str:
+    """The report page of ``pipeline_dir`` (``<runs_root>/<pipeline>``) as HTML text."""
+    pipeline_dir = Path(pipeline_dir)
+    if not (pipeline_dir / "results.parquet").is_file():
+        raise FileNotFoundError(
+            f"no results in {str(pipeline_dir)!r}: expected results.parquet, which "
+            "`workbench pipeline run <yaml>` writes into runs/<pipeline>/; pass that folder")
+    table = load_results(pipeline_dir)
+    name = str(table["pipeline"].iloc[0])
+    ok = int((table["status"] == "ok").sum())
+    index = " · ".join(f'<a href="#{html.escape(r)}">{html.escape(r)}</a>'
+                       for r in table["run_name"])
+    runs = "\n".join(_run_section(pipeline_dir, row) for _, row in table.iterrows())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
+            f"</title><style>{STYLE}</style></head><body><h1>Pipeline {html.escape(name)}</h1>"
+            f"<p>{ok} of {len(table)} runs ok. Runs: {index}</p><h2>Summary over seeds</h2>"
+            f"{_table(summarize(table))}{runs}</body></html>")
+
+
+def write_report(pipeline_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Write the report of ``pipeline_dir`` to ``out`` (default ``<pipeline_dir>/report.html``),
+    atomically; returns its path."""
+    page = report_html(pipeline_dir)
+    out = Path(out) if out is not None else Path(pipeline_dir) / "report.html"
+    write_text(out, page)
+    return out
