@@ -157,3 +157,16 @@ def test_corrupt_config_names_the_config_not_the_tokenizer(saved_tiny):
     (saved_tiny / "config.json").write_text('{"model_type": "lla')
     with pytest.raises(ValueError, match=r"config\.json' is truncated or corrupt.*save_model"):
         load_model(saved_tiny, device="cpu")
+
+
+def test_loading_prints_no_weight_bar_and_keeps_the_callers_setting(capfd):
+    from transformers.utils import logging as hf_logging
+    load_model("default")
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # the caller's setting is back
+    hf_logging.disable_progress_bar()
+    try:
+        load_model("default")
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from .atomic import atomic_dir
 
@@ -155,8 +157,23 @@ def load_model(name_or_path: str | os.PathLike = "default", device: str | torch.
     _check_config(path)
     _check_weights(path)
     tokenizer = _load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    with _quiet_weight_loading():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, tokenizer
+
+
+@contextmanager
+def _quiet_weight_loading():
+    """No "Loading weights" bar per load: a small model loads in milliseconds, and notebooks
+    that load a dozen models would otherwise save a wall of them. The caller's setting of
+    transformers' progress bars comes back afterwards."""
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | None = None,
