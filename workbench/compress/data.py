@@ -32,9 +32,30 @@ __all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "
 CALIBRATION_SEED = 3_000_017
 
 
-def _check_count(num) -> None:
-    if isinstance(num, bool) or not isinstance(num, numbers.Integral) or num < 1:
-        raise ValueError(f"the set's size must be an integer >= 1, got {num!r}")
+def check_int(name: str, value, low: int) -> None:
+    """``ValueError`` naming ``name`` unless ``value`` is an integer >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _examples(source, num: int, seed: int) -> tuple[list[str], list[str] | None]:
+    """``(texts, prompts)`` of ``source``; ``prompts`` is None for a text file (no prompt)."""
+    check_int("the set's size", num, 1)
+    if _is_task(source):
+        problems = (get_problems(source, num, seed) if isinstance(source, str) and source in TASKS
+                    else get_problems(source, num))
+        texts = [p.prompt + (p.reference or p.answer) for p in problems]
+        prompts = [p.prompt for p in problems]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"unknown text source {str(source)!r}; accepted: a task name "
+                             f"{sorted(TASKS)}, a .jsonl task file, or a text file")
+        lines = path.read_text(encoding="utf-8").splitlines()
+        texts, prompts = [line for line in lines if line.strip()][:num], None
+    if not texts:
+        raise ValueError(f"empty calibration/text set: {str(source)!r} gave no text")
+    return texts, prompts
 
 
 def texts_from(source: str | os.PathLike = "running_sum", num: int = 256,
@@ -42,21 +63,7 @@ def texts_from(source: str | os.PathLike = "running_sum", num: int = 256,
     """``num`` example texts from ``source``: an embedded task name (prompt + worked solution),
     a ``.jsonl`` task file (prompt + answer), or a text file (one example per non-empty line).
     Raises ``ValueError`` naming the source when it yields no text."""
-    _check_count(num)
-    if isinstance(source, str) and source in TASKS:
-        texts = [p.prompt + (p.reference or p.answer) for p in get_problems(source, num, seed)]
-    elif Path(source).suffix.lower() == ".jsonl":
-        texts = [p.prompt + (p.reference or p.answer) for p in get_problems(source, num)]
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"unknown text source {str(source)!r}; accepted: a task name "
-                             f"{sorted(TASKS)}, a .jsonl task file, or a text file")
-        lines = path.read_text(encoding="utf-8").splitlines()
-        texts = [line for line in lines if line.strip()][:num]
-    if not texts:
-        raise ValueError(f"empty calibration/text set: {str(source)!r} gave no text")
-    return texts
+    return _examples(source, num, seed)[0]
 
 
 def _is_task(source) -> bool:
@@ -67,12 +74,10 @@ def sequences_from(source: str | os.PathLike, num: int, tokenizer, seed: int = C
                    max_len: int | None = None) -> tuple[list[list[int]], list[int]]:
     """``(token ids, first scored position)`` of ``num`` texts of ``source``: for a task the
     first response token (after the prompt's tokens), for a text file 1 (every token)."""
-    texts = texts_from(source, num, seed)
+    texts, prompts = _examples(source, num, seed)
     seqs = encode_texts(texts, tokenizer, max_len)
-    if not _is_task(source):
+    if prompts is None:
         return seqs, [1] * len(seqs)
-    prompts = [p.prompt for p in get_problems(source, num, seed)] if source in TASKS else \
-        [p.prompt for p in get_problems(source, num)]
     starts = [min(len(tokenizer(p)["input_ids"]), len(s) - 1) for p, s in zip(prompts, seqs)]
     return seqs, starts
 
@@ -121,9 +126,8 @@ def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int 
     ``num + eval_num`` texts, the last ``eval_num`` held out. Train batches hold sequences of
     similar length (little padding), in an order drawn from ``seed``, so that consecutive
     steps see a mix of lengths."""
-    for name, value, low in (("num", num, 1), ("eval_num", eval_num, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    check_int("num", num, 1)
+    check_int("eval_num", eval_num, 0)
     seqs, starts = sequences_from(source, num + eval_num, tokenizer, max_len=max_len)
     if len(seqs) < num + eval_num:
         raise ValueError(f"{str(source)!r} gave {len(seqs)} texts; {num} to train on and "

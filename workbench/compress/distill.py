@@ -25,7 +25,7 @@ from torch import nn
 
 from ..models import save_model
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
-from .data import distill_data, lm_loss
+from .data import check_int, distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
 __all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",
@@ -83,8 +83,8 @@ class DistillConfig:
             raise ValueError(f"DistillConfig.mode must be one of {MODES}, got {self.mode!r}")
         _check_real("DistillConfig.temperature", self.temperature, 0, strict=True)
         _check_real("DistillConfig.ce_weight", self.ce_weight, 0, strict=False)
-        _check_int("DistillConfig.batch_size", self.batch_size, 1)
-        _check_int("DistillConfig.eval_every", self.eval_every, 0)
+        check_int("DistillConfig.batch_size", self.batch_size, 1)
+        check_int("DistillConfig.eval_every", self.eval_every, 0)
         self.layer_pairs = _normalized_pairs(self.layer_pairs)
         if self.mode == "ce" and self.layer_pairs:
             raise ValueError(f"DistillConfig.layer_pairs={self.layer_pairs!r} needs "
@@ -101,11 +101,6 @@ class DistillConfig:
                            clip_norm=self.clip_norm, seed=self.seed, max_minutes=self.max_minutes,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=self.checkpoint_every,
                            progress=self.progress, desc=desc or f"distill ({self.mode})")
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def _check_real(name: str, value, low: float, strict: bool) -> None:

@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .data import CALIBRATION_SEED, encode_texts, texts_from, token_batches
+from .plan import SUPPORTED_MODEL_TYPES
 from .scores import UnitScores
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "AGGREGATIONS", "Aggregation", "Importance",
@@ -26,7 +27,6 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "AGGREGATIONS", "Aggregation", "Importance",
            "activation_importance", "importance_from_batches", "magnitude_scores",
            "random_scores", "score_tables", "check_supported", "check_batches", "evaluating"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 AGGREGATIONS = ("mean", "l2", "var")
 
 

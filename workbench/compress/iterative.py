@@ -20,7 +20,7 @@ from .distill import DistillConfig, Distiller
 from .importance import Aggregation, importance_from_batches
 from .plan import PrunePlan, param_count
 from .prune import prune
-from .search import enumerate_plans
+from .search import enumerate_plans, plan_kind
 
 __all__ = ["KINDS", "Stage", "pick_plan", "compress_step", "iterative_compress"]
 
@@ -69,9 +69,7 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
         layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
                         .tolist() if kind != "width" else None)
         plan = pick_plan(teacher.config, target, kind, layer_scores)
-    narrower = (plan.hidden_size, plan.intermediate_size) != (
-        teacher.config.hidden_size, teacher.config.intermediate_size) or \
-        plan.num_attention_heads(teacher.config) != teacher.config.num_attention_heads
+    narrower = plan_kind(teacher.config, plan) in ("width", "both")
     scores = (importance_from_batches(teacher, calibration, aggregation, progress).scores
               if narrower else None)
     student = prune(teacher, plan, scores)

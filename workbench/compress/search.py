@@ -16,7 +16,7 @@ import pandas as pd
 
 from .plan import PrunePlan, flops_per_token, param_count
 
-__all__ = ["width_grid", "depth_layers", "enumerate_plans", "rank_candidates"]
+__all__ = ["width_grid", "depth_layers", "plan_kind", "enumerate_plans", "rank_candidates"]
 
 COLUMNS = ["plan", "kind", "num_layers", "hidden_size", "intermediate_size", "heads_per_group",
            "params", "params_ratio", "flops_ratio"]
@@ -55,7 +55,7 @@ def _target_params(config, target: float | int) -> int:
     return count
 
 
-def _kind(config, plan: PrunePlan) -> str | None:
+def plan_kind(config, plan: PrunePlan) -> str | None:
     """``width``, ``depth``, ``both``, or None for the plan that keeps everything."""
     full = PrunePlan.full(config)
     narrower = (plan.hidden_size, plan.intermediate_size, plan.heads_per_group) != \
@@ -87,7 +87,7 @@ def _check_layer_scores(config, layer_scores) -> None:
 
 def _row(config, plan: PrunePlan, params: int, context: int, source: tuple[int, int]) -> dict:
     """One table row; ``source`` is the unpruned (parameters, FLOPs per token)."""
-    return {"plan": plan, "kind": _kind(config, plan), "num_layers": len(plan.layers),
+    return {"plan": plan, "kind": plan_kind(config, plan), "num_layers": len(plan.layers),
             "hidden_size": plan.hidden_size, "intermediate_size": plan.intermediate_size,
             "heads_per_group": plan.heads_per_group, "params": params,
             "params_ratio": params / source[0],
@@ -112,7 +112,7 @@ def enumerate_plans(config, target: float | int, tolerance: float = 0.05,
               for plan in _candidates(config, layer_scores, multiple, steps)]
     source = param_count(config), flops_per_token(config, None, context)
     rows = [_row(config, plan, params, context, source) for plan, params in priced
-            if abs(params - goal) <= tolerance * goal and _kind(config, plan) is not None]
+            if abs(params - goal) <= tolerance * goal and plan_kind(config, plan) is not None]
     if not rows:
         below = max((p for _, p in priced if p < goal), default=None)
         above = min((p for _, p in priced if p > goal), default=None)
