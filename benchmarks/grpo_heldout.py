@@ -27,15 +27,20 @@ def main():
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--kl", type=float, default=0.05)
+    ap.add_argument("--minibatches", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--reward", default="exact")
     ap.add_argument("--eval", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt", default="runs/grpo_heldout/state")
     args = ap.parse_args()
-    s = rl_setup(eval_problems=args.eval)
+    s = rl_setup(eval_problems=args.eval, reward=args.reward)
     cfg = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=args.kl,
-                     workers=16, seed=args.seed)
+                     minibatches=args.minibatches, epochs=args.epochs,
+                     temperature=args.temperature, workers=16, seed=args.seed)
     grpo = GRPO(s.policy, s.tokenizer, s.pool, s.reward, cfg, checkpoint_dir=args.ckpt)
 
     def accuracy():
