@@ -71,6 +71,23 @@ def printed(executed) -> str:
                      for o in c.outputs if o.output_type == "stream")
 
 
+def display_texts(executed) -> list[str]:
+    """The text/plain of every display output saved in an executed notebook."""
+    import nbformat
+    nb = nbformat.read(executed, as_version=4)
+    return [o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
+            for o in c.outputs if o.output_type == "display_data"]
+
+
+def assert_reads_well(executed) -> None:
+    """Saved progress bars show their final state (none frozen at 0%), no loading noise."""
+    texts = display_texts(executed)
+    frozen = [t for t in texts if " 0%|" in t]
+    assert not frozen, frozen
+    assert not [t for t in texts if "Loading weights" in t]
+    assert printed(executed).count("Loading weights") == 0
+
+
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_notebook_smoke_run_writes_metrics(name, tmp_path):
     params, keys = SMOKE[name]
@@ -81,6 +98,7 @@ def test_notebook_smoke_run_writes_metrics(name, tmp_path):
                                cwd=str(ROOT))
     metrics = json.loads((out_dir / "metrics.json").read_text())
     assert set(keys) <= set(metrics)
+    assert_reads_well(tmp_path / "executed.ipynb")
     assert all(not isinstance(v, (dict, list)) for v in metrics.values())
     assert list(out_dir.glob("*.png"))
     if "lossless" in metrics:

@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 import papermill
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .atomic import atomic_file, write_text
 from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,

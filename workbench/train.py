@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .atomic import atomic_dir, recover_dir
 from .train_config import SCHEDULES, TrainConfig, lr_at

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..tasks import TASKS, get_problems
 

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .data import lm_loss
 from .importance import check_batches, check_supported, evaluating

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine

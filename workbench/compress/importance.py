@@ -16,7 +16,7 @@ from functools import partial
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .data import CALIBRATION_SEED, encode_texts, texts_from, token_batches
 from .plan import SUPPORTED_MODEL_TYPES

@@ -17,7 +17,7 @@ import math
 from dataclasses import replace
 
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .data import lm_loss
 from .distill import DistillConfig, Distiller, scratch_like

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..evaluate import evaluate_policy
 from ..tasks import exact_match_reward

@@ -149,7 +149,7 @@ class GRPO:
 
     def run(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
         """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set)."""
-        from tqdm.auto import tqdm
+        from ..progress import tqdm
         for _ in tqdm(range(steps), desc="GRPO", disable=not progress):
             self.step()
             if self.checkpoint_dir is not None:

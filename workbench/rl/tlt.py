@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..adapt import SpotConfig, SpotTrainer
 from ..rollout import StaticSchedule

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .config import RolloutConfig
 from .request import Request, RequestOutput

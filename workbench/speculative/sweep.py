@@ -15,7 +15,7 @@ from itertools import product
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..rollout import RolloutConfig
 from ..speedup import (
