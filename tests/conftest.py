@@ -58,3 +58,12 @@ def tiny_gqa(request, tokenizer):
 
 PROMPTS = ["a1 b2?", "a12 b33 c4 d5 e6 f7 g8 h9?", "x", "hello world, a longer prompt?",
            "a5?", "q1 r2 s3?", "zz top", "a99 b1?"]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say where the browser tests' screenshots are (tests/browser.py)."""
+    from .browser import SAVED
+    if SAVED:
+        terminalreporter.section("browser screenshots")
+        for path in SAVED:
+            terminalreporter.write_line(str(path))
