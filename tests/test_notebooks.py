@@ -62,6 +62,16 @@ SMOKE = {
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
+# notebooks that end with an explorer: under papermill it must still leave its figure (a PNG)
+ENDS_WITH_EXPLORER = {"02_speculative_decoding", "05_pruning"}
+
+
+def last_cell_images(executed) -> int:
+    """PNG outputs of the executed notebook's last code cell."""
+    import nbformat
+    nb = nbformat.read(executed, as_version=4)
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    return sum("image/png" in o.get("data", {}) for o in last.outputs)
 
 
 def printed(executed) -> str:
@@ -103,6 +113,8 @@ def test_notebook_smoke_run_writes_metrics(name, tmp_path):
     assert list(out_dir.glob("*.png"))
     if "lossless" in metrics:
         assert metrics["lossless"] is True
+    if name in ENDS_WITH_EXPLORER:
+        assert last_cell_images(tmp_path / "executed.ipynb") == 1
     if name in SAYS_SPREAD:
         text = printed(tmp_path / "executed.ipynb")
         notes = text.count("Spread: every per-repeat ratio") + text.count("WIDE SPREAD in")

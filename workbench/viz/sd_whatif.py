@@ -1,0 +1,164 @@
+"""SD what-if explorer: how a threshold, k and drafter would have changed a recorded rollout.
+
+Why: the adaptive engine's threshold is chosen from a measured speedup-against-batch curve;
+this explorer puts that curve beside what it implies for a real rollout (recorded without SD),
+so one sees how much of the makespan lies at small batches, where SD pays. The numbers come
+from :func:`workbench.speculative.whatif.sd_whatif` (a model from measured speedups, not a
+run): each decode step at live batch <= threshold takes its recorded time over the speedup
+measured at its batch size.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from ..rollout.schedule import DEFAULT_SD_THRESHOLD
+from ..speculative.whatif import SWEEP_COLUMNS, sd_whatif
+from .explorer import Explorer
+from .speculative import _batch_axis, _styles, _temperature_title
+from .tables import as_table
+from .timeline import _as_timeline
+
+__all__ = ["SDWhatIf"]
+
+SWEEP_CLOCK = "wall"  # sd_sweep's speedups are ratios of tokens/s on one process's wall clock
+RECORDED_COLOR = "#bdbdbd"
+
+
+def _pick_temperature(sweep, temperature) -> float:
+    """``temperature`` if the sweep measured it; the only one when None and there is one."""
+    present = sorted(float(t) for t in sweep["temperature"].unique())
+    if temperature is None and len(present) == 1:
+        return present[0]
+    if temperature is None or float(temperature) not in present:
+        raise ValueError(f"temperature {temperature!r}: the sweep measured temperatures "
+                         f"{present}; pass temperature=one of them")
+    return float(temperature)
+
+
+def _max_decode_batch(timeline) -> int:
+    decode = timeline.steps[timeline.steps["kind"] == "decode"]
+    if decode.empty:
+        raise ValueError("the timeline has no decode steps: nothing for SD to speed up "
+                         "(pass a recorded rollout, e.g. a run folder of notebook 01)")
+    return int(decode["batch_size"].max())
+
+
+class SDWhatIf(Explorer):
+    """Sliders for the SD threshold, k and drafter over a recorded rollout without SD.
+
+    Left: the measured speedup against batch size of every (drafter, k) at ``temperature``
+    (the selected one bold; log2 batch axis; the threshold as a vertical line and the SD region
+    shaded; plain decoding at 1). Right: each worker's busy time recorded and under the what-if,
+    with both makespans. The panel states the makespans and the speedup.
+
+    Args:
+        sweep: an ``sd_sweep`` table (notebook 02's ``curve.csv``), DataFrame or CSV/parquet path.
+        timeline: the recorded rollout: a ``Timeline`` or the run folder it was saved in.
+        temperature: which measured temperature to use (needed when the sweep has several).
+        threshold: the slider's first value (default: the engine's default threshold, capped
+            at the largest live batch of the timeline).
+    """
+
+    figsize = (11.0, 4.4)
+
+    def __init__(self, sweep, timeline, temperature=None, threshold: int | None = None):
+        import ipywidgets as widgets
+        sweep = as_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
+        self.temperature = _pick_temperature(sweep, temperature)
+        self.sweep = sweep[sweep["temperature"] == self.temperature]
+        self.timeline = _as_timeline(timeline)
+        self.max_batch = _max_decode_batch(self.timeline)
+        self.pairs = sorted(set(zip(self.sweep["drafter"], self.sweep["k"].astype(int))))
+        self.styles = _styles(sweep)
+        drafters = sorted({d for d, _ in self.pairs})
+        drafter = "eagle" if "eagle" in drafters else drafters[0]
+        start = min(DEFAULT_SD_THRESHOLD, self.max_batch) if threshold is None else threshold
+        if isinstance(start, bool) or not isinstance(start, int) \
+                or not 1 <= start <= self.max_batch:
+            raise ValueError(f"threshold {threshold!r}: accepted an integer from 1 to "
+                             f"{self.max_batch} (the timeline's largest live decode batch)")
+        super().__init__({
+            "threshold": widgets.IntSlider(value=start, min=1, max=self.max_batch,
+                                           description="threshold"),
+            "k": widgets.Dropdown(options=sorted({k for _, k in self.pairs}),
+                                  value=max(k for d, k in self.pairs if d == drafter),
+                                  description="k"),
+            "drafter": widgets.Dropdown(options=drafters, value=drafter, description="drafter")})
+
+    def draw(self, fig, threshold, k, drafter) -> str:
+        left, right = fig.subplots(1, 2)
+        self._curves(left, threshold, drafter, k)
+        if (drafter, k) not in self.pairs:
+            right.set_axis_off()
+            right.text(0.5, 0.5, f"{drafter} k={k} was not measured", ha="center",
+                       transform=right.transAxes, gid="not-measured")
+            measured = ", ".join(f"{d} k={kk}" for d, kk in self.pairs)
+            return (f"<b>{html.escape(str(drafter))} k={k}</b> was not measured at "
+                    f"{_temperature_title(self.temperature)}; measured: "
+                    f"{html.escape(measured)}")
+        result = sd_whatif(self.timeline, self.sweep, threshold, drafter, k, self.temperature)
+        self._workers(right, result)
+        return _panel(result)
+
+    def _curves(self, ax, threshold, drafter, k) -> None:
+        """Every measured (drafter, k) curve, the selected one bold, threshold and SD region."""
+        for (d, kk), rows in self.sweep.groupby(["drafter", "k"], sort=True):
+            rows = rows.sort_values("batch_size")
+            chosen = (d, int(kk)) == (drafter, k)
+            ax.plot(rows["batch_size"], rows["speedup"], "-", markersize=7 if chosen else 4,
+                    linewidth=3.0 if chosen else 1.2, alpha=1.0 if chosen else 0.45,
+                    zorder=3 if chosen else 2, gid=f"curve-{d}-k{kk}", label=f"{d} k={kk}",
+                    **self.styles[(d, int(kk))])
+        sizes = sorted(self.sweep["batch_size"].unique())
+        _batch_axis(ax, sizes)
+        lo, hi = min(1, sizes[0]) / 1.3, max(sizes[-1], self.max_batch) * 1.3
+        ax.set_xlim(lo, hi)
+        ax.axvspan(lo, threshold, color="#33a02c", alpha=0.1, gid="sd-region",
+                   label=f"SD on: live batch ≤ {threshold}")
+        ax.axvline(threshold, color="#33a02c", linewidth=1.5, gid="threshold")
+        ax.axhline(1.0, color="black", linewidth=1.0, gid="plain-decoding",
+                   label="plain decoding")
+        ax.set_ylabel(f"measured SD speedup ({SWEEP_CLOCK} clock)")
+        ax.set_title(f"measured speedup, {_temperature_title(self.temperature)}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+
+    def _workers(self, ax, result) -> None:
+        """Per worker: busy time recorded and under the what-if, and both makespans."""
+        w = result.workers
+        x = np.arange(len(w))
+        color = self.styles[(result.drafter, result.k)]["color"]
+        for gid, xs, col, c, label in (
+                ("recorded-bar", x - 0.2, "recorded_s", RECORDED_COLOR, "recorded (no SD)"),
+                ("whatif-bar", x + 0.2, "whatif_s", color, "what-if")):
+            for bar in ax.bar(xs, w[col], 0.4, color=c, label=label):
+                bar.set_gid(gid)
+        ax.axhline(result.makespan_recorded_s, color="#636363", linestyle="--", linewidth=1.2,
+                   gid="makespan-recorded", label=f"makespan {result.makespan_recorded_s:.2f} s")
+        ax.axhline(result.makespan_whatif_s, color=color, linewidth=1.5, gid="makespan-whatif",
+                   label=f"what-if makespan {result.makespan_whatif_s:.2f} s")
+        ax.set_ylim(0, max(result.makespan_recorded_s, 1e-9) * 1.25)
+        ax.set_xticks(x, [str(i) for i in w["worker"]])
+        ax.set_xlabel("worker")
+        ax.set_ylabel(f"busy time (s, {result.clock} clock)")
+        ax.set_title(f"{result.drafter} k={result.k} at live batch ≤ {result.threshold}: "
+                     f"{result.speedup:.2f}× makespan", fontsize=10)
+        ax.legend(fontsize=7, loc="upper right")
+
+
+def _panel(result) -> str:
+    """The side panel: makespans, speedup, and how many steps the what-if switched to SD."""
+    s = result.summary()
+    decode = int(result.workers["decode_steps"].sum())
+    beyond = (f"<br>{s['beyond_measured']} SD steps lie outside the measured batch sizes and "
+              "take the nearest measured speedup." if s["beyond_measured"] else "")
+    return (f"<b>makespan</b> recorded {s['makespan_recorded_s']:.3f} s, what-if "
+            f"{s['makespan_whatif_s']:.3f} s ({s['clock']} clock)<br>"
+            f"<b>speedup</b> {s['speedup']:.2f}×<br>"
+            f"SD on for {s['sd_steps']} of {decode} decode steps "
+            f"({html.escape(str(s['drafter']))} k={s['k']}, live batch ≤ {s['threshold']}, "
+            f"temperature {s['temperature']:g})<br>"
+            "<i>a model from measured speedups, interpolated in log batch size; not a run</i>"
+            + beyond)
