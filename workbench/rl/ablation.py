@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -73,6 +74,21 @@ class Ablation:
     def timeline(self, variant: str, seed: int, step: int):
         """The timeline of one RL step of one run."""
         return self.trainers[(variant, seed)].timelines[step]
+
+    def save_timelines(self, folder, seeds=None) -> list[Path]:
+        """Save every RL step's timeline of ``seeds`` (default: all) of every variant as
+        ``folder/<variant>-seed<seed>/step<NN>``, so a timeline explorer can read them back
+        from the run's files alone. Returns the folders written."""
+        known = sorted({seed for _, seed in self.trainers})
+        seeds = known if seeds is None else list(seeds)
+        unknown = [s for s in seeds if s not in known]
+        if unknown:
+            raise ValueError(f"no runs of seed(s) {unknown}; accepted: {known}")
+        last = max((step for tr in self.trainers.values() for step in tr.timelines), default=0)
+        width = max(2, len(str(last)))
+        return [tl.save(Path(folder) / f"{v}-seed{seed}" / f"step{step:0{width}d}")
+                for (v, seed), tr in self.trainers.items() if seed in seeds
+                for step, tl in sorted(tr.timelines.items())]
 
     def per_variant(self) -> pd.DataFrame:
         """Per variant: summed sim step and rollout times (over seeds and steps), final reward

@@ -53,4 +53,4 @@ class RequestOutput:
                 "finish": self.finish, "verify_steps": len(self.emitted_per_step),
                 "drafted": self.drafted, "accepted": sum(self.accepted_per_step),
                 "emitted": sum(self.emitted_per_step),
-                "reward": float("nan")}
+                "reward": float("nan"), "text": self.text}

@@ -12,7 +12,9 @@ steps     one row per engine call on a worker
           (string), arm (string), explored (boolean)
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
-          finish (eos | length), verify_steps, drafted, accepted, reward (NaN until scored)
+          finish (eos | length), verify_steps, drafted, accepted, emitted, reward (NaN until
+          scored); and text (string: the decoded response, written by the engine; NA in tables
+          saved before it, so old run folders still load)
 
 Times are seconds on the clock named in ``clock``: ``wall`` (one process, measured) or ``sim``
 (each worker's measured time laid side by side, as if the workers ran in parallel). A worker's
@@ -32,8 +34,8 @@ import pandas as pd
 
 from ..atomic import atomic_dir
 
-__all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS", "ROLLOUT_KINDS",
-           "STEP_KINDS", "length_percentiles"]
+__all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS",
+           "OPTIONAL_REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS", "length_percentiles"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -46,13 +48,16 @@ DECISION_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int6
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
+# the requests table's optional columns and their dtypes (NA where a saved table lacks one)
+OPTIONAL_REQUEST_COLUMNS = {"text": "string"}
 CLOCKS = ("wall", "sim")
 
 
-def _with_decision_columns(steps: pd.DataFrame) -> pd.DataFrame:
-    """``steps`` with every decision column, typed (NA-filled where a table lacks one)."""
-    missing = {c: pd.NA for c in DECISION_COLUMNS if c not in steps.columns}
-    return steps.assign(**missing).astype(DECISION_COLUMNS)
+def _with_columns(table: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
+    """``table`` with every column of ``dtypes``, typed (NA-filled where the table lacks one):
+    tables saved before a column existed still load, with the column's usual dtype."""
+    missing = {c: pd.NA for c in dtypes if c not in table.columns}
+    return table.assign(**missing).astype(dtypes)
 
 
 def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
@@ -84,14 +89,15 @@ class Timeline:
         bad = set(self.steps["kind"]) - set(STEP_KINDS)
         if bad:
             raise ValueError(f"unknown step kind(s) {sorted(bad)}; accepted: {STEP_KINDS}")
-        self.steps = _with_decision_columns(self.steps)
+        self.steps = _with_columns(self.steps, DECISION_COLUMNS)
+        self.requests = _with_columns(self.requests, OPTIONAL_REQUEST_COLUMNS)
 
     @classmethod
     def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
                      clock: str = "sim") -> "Timeline":
         s = pd.DataFrame(steps, columns=STEP_COLUMNS + list(DECISION_COLUMNS))
         s["clock"] = clock
-        r = pd.DataFrame(requests, columns=REQUEST_COLUMNS)
+        r = pd.DataFrame(requests, columns=REQUEST_COLUMNS + list(OPTIONAL_REQUEST_COLUMNS))
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
                    r.astype({"worker": int, "uid": "int64"}), num_workers, clock)
 

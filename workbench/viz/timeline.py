@@ -86,9 +86,9 @@ def _merge_runs(starts, ends) -> list[tuple[float, float]]:
     return [(s, e - s) for s, e in runs]
 
 
-def _draw_steps(ax, timeline: Timeline) -> list[str]:
-    """Shade each worker's steps by kind behind its band; the kinds drawn, in schema order."""
-    steps = timeline.steps.sort_values(["worker", "start_s"])
+def _draw_steps(ax, timeline: Timeline, kinds=STEP_KINDS) -> list[str]:
+    """Shade each worker's steps of ``kinds`` behind its band; the kinds drawn, in schema order."""
+    steps = timeline.steps[timeline.steps["kind"].isin(kinds)].sort_values(["worker", "start_s"])
     for (worker, kind), s in steps.groupby(["worker", "kind"]):
         ax.broken_barh(_merge_runs(s["start_s"], s["end_s"]), (worker + 0.04, 0.92),
                        facecolor=KIND_COLORS[kind], linewidth=0, zorder=1,
@@ -134,20 +134,26 @@ def _draw_requests(ax, timeline: Timeline, max_lanes: int) -> PolyCollection:
     return bars
 
 
-def gantt(timeline, ax=None, max_lanes_per_worker: int = 16):
+def gantt(timeline, ax=None, max_lanes_per_worker: int = 16, kinds=None):
     """Per-worker Gantt chart of one rollout: where the long tail leaves workers idle.
 
     Each worker is a band: its steps shaded by kind, one bar per request (packed into at most
     ``max_lanes_per_worker`` sub-lanes, colored by response tokens), and the idle bubble from
     its last rollout step to the makespan hatched, its seconds and share in the tick label.
-    A dashed line marks when 90% of requests had finished (start of the tail). Returns the figure.
+    A dashed line marks when 90% of requests had finished (start of the tail). ``kinds``
+    (default: all) are the step kinds shaded; hiding some changes no number, since idle time,
+    tail and makespan always come from the whole timeline. Returns the figure.
     """
     if max_lanes_per_worker < 1:
         raise ValueError(f"max_lanes_per_worker must be >= 1, got {max_lanes_per_worker}")
+    kinds = STEP_KINDS if kinds is None else tuple(kinds)
+    unknown = sorted(set(kinds) - set(STEP_KINDS))
+    if unknown:
+        raise ValueError(f"unknown step kind(s) {unknown}; accepted: {list(STEP_KINDS)}")
     tl = _as_timeline(timeline)
     n = tl.num_workers
     fig, ax = _axes(ax, (11, 1.6 + 1.0 * n))
-    kinds = _draw_steps(ax, tl)
+    kinds = _draw_steps(ax, tl, kinds)
     ticks = _draw_idle(ax, tl)
     bars = _draw_requests(ax, tl, max_lanes_per_worker)
     fig.colorbar(bars, ax=ax, label="response tokens", pad=0.01)
