@@ -30,11 +30,16 @@ th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 .run { margin: 1.5em 0; } .failed { color: #b00020; } .ok { color: #1b7f3b; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 pre { background: #fbeff1; padding: 0.6em; white-space: pre-wrap; }
+.scroll { overflow-x: auto; }
 """
 
 
 def _table(frame: pd.DataFrame) -> str:
-    return frame.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:.4g}")
+    """The table in a box that scrolls sideways: a summary with dozens of metric columns
+    stays readable without widening the whole page."""
+    body = frame.to_html(index=False, border=0, na_rep="", float_format=lambda v: f"{v:.4g}")
+    return f'<div class="scroll">{body}</div>'
+
 
 
 def _key_values(mapping: dict, title: str) -> str:

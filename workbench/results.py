@@ -14,7 +14,7 @@ import pandas as pd
 
 from .atomic import atomic_file, write_json
 
-__all__ = ["prepare_out_dir", "write_metrics", "write_table"]
+__all__ = ["prepare_out_dir", "write_metrics", "write_table", "read_table"]
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 
@@ -64,3 +64,30 @@ def write_table(table: pd.DataFrame, path: str | os.PathLike) -> Path:
         else:
             table.to_parquet(tmp, index=False)
     return path
+
+
+# Figures, explorers and models of recorded runs take either the table a notebook just computed
+# or the path write_table wrote it to, and check its columns before using it.
+READERS = {".csv": pd.read_csv, ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
+
+
+def read_table(source, columns=(), what: str = "table") -> pd.DataFrame:
+    """``source`` (a DataFrame, or a ``.csv``/``.parquet`` path) as a DataFrame that has every
+    one of ``columns``; ``what`` names the expected table in errors."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        reader = READERS.get(path.suffix.lower())
+        if reader is None:
+            raise ValueError(f"cannot read {what} from {str(path)!r}: accepted suffixes "
+                             f"{list(READERS)}")
+        if not path.is_file():
+            raise FileNotFoundError(f"no {what} at {str(path)!r}")
+        source = reader(path)
+    if not isinstance(source, pd.DataFrame):
+        raise TypeError(f"expected {what} as a pandas DataFrame or a CSV/parquet path, got "
+                        f"{type(source).__name__}")
+    missing = [c for c in columns if c not in source.columns]
+    if missing:
+        raise ValueError(f"expected {what}; missing columns {missing} "
+                         f"(got {list(source.columns)})")
+    return source

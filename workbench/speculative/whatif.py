@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..results import read_table
 from ..rollout.timeline import Timeline
 
 __all__ = ["WhatIf", "measured_speedups", "speedup_at", "sd_whatif", "SWEEP_COLUMNS"]
@@ -80,23 +81,14 @@ class WhatIf:
                 "beyond_measured": self.beyond_measured}
 
 
-def _check_sweep(sweep: pd.DataFrame) -> None:
-    if not isinstance(sweep, pd.DataFrame):
-        raise TypeError(f"sweep must be an sd_sweep table (a pandas DataFrame), got "
-                        f"{type(sweep).__name__}")
-    missing = [c for c in SWEEP_COLUMNS if c not in sweep.columns]
-    if missing:
-        raise ValueError(f"expected an sd_sweep table; missing columns {missing} "
-                         f"(got {list(sweep.columns)})")
-
-
-def measured_speedups(sweep: pd.DataFrame, drafter: str, k: int,
+def measured_speedups(sweep, drafter: str, k: int,
                       temperature: float) -> pd.DataFrame:
-    """``batch_size, speedup`` measured for one (drafter, k, temperature), by batch size.
+    """``batch_size, speedup`` measured for one (drafter, k, temperature), by batch size
+    (``sweep``: an sd_sweep table, or the CSV/parquet path it was written to).
 
     Raises ``ValueError`` naming the measured (drafter, k, temperature) when this one is
     absent, and for duplicated batch sizes or speedups that are not positive numbers."""
-    _check_sweep(sweep)
+    sweep = read_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
     rows = sweep[(sweep["drafter"] == drafter) & (sweep["k"] == k)
                  & (sweep["temperature"] == temperature)]
     if rows.empty:

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from .explorer import Explorer
-from .tables import as_table
+from ..results import read_table
 
 __all__ = ["PruneExplorer"]
 
@@ -54,7 +54,7 @@ class PruneExplorer(Explorer):
 
     def __init__(self, plans_table, plan: str | None = None):
         import ipywidgets as widgets
-        table = as_table(plans_table, COLUMNS, "a plan table (compress.plan_table.plan_table)")
+        table = read_table(plans_table, COLUMNS, "a plan table (compress.plan_table.plan_table)")
         _check_labels(table)
         self.table = table.reset_index(drop=True).astype({"label": str})
         labels = self.table["label"].tolist()

@@ -17,7 +17,7 @@ from ..rollout.schedule import DEFAULT_SD_THRESHOLD
 from ..speculative.whatif import SWEEP_COLUMNS, sd_whatif
 from .explorer import Explorer
 from .speculative import _batch_axis, _styles, _temperature_title
-from .tables import as_table
+from ..results import read_table
 from .timeline import _as_timeline
 
 __all__ = ["SDWhatIf"]
@@ -65,7 +65,7 @@ class SDWhatIf(Explorer):
 
     def __init__(self, sweep, timeline, temperature=None, threshold: int | None = None):
         import ipywidgets as widgets
-        sweep = as_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
+        sweep = read_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
         self.temperature = _pick_temperature(sweep, temperature)
         self.sweep = sweep[sweep["temperature"] == self.temperature]
         self.timeline = _as_timeline(timeline)
