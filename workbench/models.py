@@ -157,16 +157,17 @@ def load_model(name_or_path: str | os.PathLike = "default", device: str | torch.
     _check_config(path)
     _check_weights(path)
     tokenizer = _load_tokenizer(path)
-    with _quiet_weight_loading():
+    with _quiet_hf_bars():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, tokenizer
 
 
 @contextmanager
-def _quiet_weight_loading():
-    """No "Loading weights" bar per load: a small model loads in milliseconds, and notebooks
-    that load a dozen models would otherwise save a wall of them. The caller's setting of
-    transformers' progress bars comes back afterwards."""
+def _quiet_hf_bars():
+    """No "Loading weights" or "Writing model shards" bar per load or save: a small model
+    loads and saves in milliseconds, and notebooks that load or save a dozen models would
+    otherwise keep a wall of bars (transformers' own tqdm, frozen at 0% in a saved notebook).
+    The caller's setting of transformers' progress bars comes back afterwards."""
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
@@ -190,7 +191,8 @@ def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | N
         to_save = model
         if dtype is not None and next(model.parameters()).dtype != dtype:
             to_save = copy.deepcopy(model).to(dtype)
-        to_save.save_pretrained(tmp)
+        with _quiet_hf_bars():
+            to_save.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
