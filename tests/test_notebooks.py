@@ -63,7 +63,7 @@ SMOKE = {
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
 # notebooks that end with an explorer: under papermill it must still leave its figure (a PNG)
-ENDS_WITH_EXPLORER = {"02_speculative_decoding", "05_pruning"}
+ENDS_WITH_EXPLORER = {"01_long_tail_rollout", "02_speculative_decoding", "04_tlt_rl", "05_pruning"}
 
 
 def last_cell_images(executed) -> int:
