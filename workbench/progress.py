@@ -92,6 +92,5 @@ class tqdm(std_tqdm):  # noqa: N801 - the name everyone imports
     def close(self) -> None:
         leave = self.pos == 0 if self.leave is None else self.leave
         super().close()
-        line = getattr(self, "_line", None)
-        if line is not None and line.handle is not None and not leave:
-            line.show("")
+        if self._line is not None and self._line.handle is not None and not leave:
+            self._line.show("")
