@@ -1,0 +1,58 @@
+"""Held-out greedy accuracy over continued supervised training of the default policy.
+
+The yardstick for ``grpo_heldout.py``: the same policy, the same held-out problems, trained on
+the worked references of RL-pool problems (``RL_SEED``) with the recipe's loss, batches and
+AdamW (``workbench.zoo.policy``). Supervised training sees every correct token of every
+problem; GRPO sees one exact-match bit per sampled response. How many steps it takes the
+supervised signal to move held-out accuracy bounds what a short RL run can be expected to do.
+Prints one JSON line per evaluation (every ``--every`` optimizer steps).
+
+    python benchmarks/sft_heldout.py --steps 400 --every 100 --lr 5e-4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from workbench.evaluate import evaluate_policy
+from workbench.rl.ablation import rl_setup
+from workbench.zoo.policy import (PolicyRecipe, encode_examples, length_batches,
+                                  lm_train_config, train_lm)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--every", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--problems", type=int, default=40_000, help="RL-pool problems to train on")
+    ap.add_argument("--eval", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    s = rl_setup(rl_problems=args.problems, eval_problems=args.eval)
+    recipe = PolicyRecipe(seed=args.seed)
+    examples = encode_examples(s.pool, s.tokenizer)
+    batches = length_batches(examples, recipe.tokens_per_batch, seed=args.seed)
+
+    def accuracy():
+        return evaluate_policy(s.policy, s.tokenizer, s.held_out, progress=False,
+                               max_new_tokens=256).summary()["accuracy"]
+
+    print(json.dumps({"step": 0, "accuracy": accuracy()}), flush=True)
+    t0 = time.perf_counter()
+
+    def on_step(trainer):
+        if trainer.step % args.every == 0:
+            print(json.dumps({"step": trainer.step, "accuracy": accuracy(),
+                              "loss": float(trainer.history["loss"].tail(20).mean()),
+                              "wall_s": round(time.perf_counter() - t0)}), flush=True)
+
+    config = lm_train_config(recipe, recipe.weight_decay, steps=args.steps, lr=args.lr,
+                             warmup=args.warmup, progress=False, max_minutes=24 * 60)
+    train_lm(s.policy, examples, batches, s.tokenizer.pad_token_id, config, on_step=on_step)
+
+
+if __name__ == "__main__":
+    main()
