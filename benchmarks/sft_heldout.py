@@ -17,7 +17,7 @@ import time
 
 from workbench.evaluate import evaluate_policy
 from workbench.rl.ablation import rl_setup
-from workbench.zoo.policy import (PolicyRecipe, encode_examples, length_batches,
+from workbench.zoo.policy import (PolicyRecipe, encode_examples, final_loss, length_batches,
                                   lm_train_config, train_lm)
 
 
@@ -46,7 +46,7 @@ def main():
     def on_step(trainer):
         if trainer.step % args.every == 0:
             print(json.dumps({"step": trainer.step, "accuracy": accuracy(),
-                              "loss": float(trainer.history["loss"].tail(20).mean()),
+                              "loss": final_loss(trainer, last=20),
                               "wall_s": round(time.perf_counter() - t0)}), flush=True)
 
     config = lm_train_config(recipe, recipe.weight_decay, steps=args.steps, lr=args.lr,
