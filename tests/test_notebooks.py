@@ -147,3 +147,19 @@ def test_every_parameter_is_visible_to_papermill(name):
                 for t in node.targets}
     assert set(papermill.inspect_notebook(ROOT / "notebooks" / f"{name}.ipynb")) == assigned
     assert "out_dir" in assigned
+
+
+def test_notebook_04_runs_the_baseline_alone_with_an_accuracy_curve(tmp_path):
+    """The long-baseline entry of pipelines/tlt.yaml: one variant, evaluations along the run,
+    no coupled pair; the notebook still writes its figures and metrics."""
+    params = {**SMOKE["04_tlt_rl"][0], "variants": ["baseline"], "seeds": [0], "steps": 2,
+              "eval_every": 1, "divergence_steps": 0, "out_dir": str(tmp_path / "out")}
+    papermill.execute_notebook(ROOT / "notebooks" / "04_tlt_rl.ipynb", tmp_path / "executed.ipynb",
+                               parameters=params, kernel_name="python3", language="python",
+                               progress_bar=False, cwd=str(ROOT))
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["compared_variant"] == "baseline" and metrics["e2e_speedup"] == 1.0
+    assert metrics["first_divergence_step"] is None and metrics["rl_steps"] == 2
+    evals = (tmp_path / "out" / "evals.csv").read_text().splitlines()
+    assert len(evals) == 1 + 3                                # header, steps 0, 1, 2
+    assert (tmp_path / "out" / "heldout_accuracy.png").exists()

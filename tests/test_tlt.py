@@ -1,10 +1,14 @@
 """The adaptive drafter and the TLT trainer: the buffer's one-step offset, idle-window
 training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
+import copy
+
 import pytest
 import torch
 
 from workbench.adapt import DrafterBuffer, SpotConfig, SpotTrainer
 from workbench.rl import GRPOConfig
+from workbench.rl.ablation import RLSetup, coupled_first_divergence, run_ablation
+from workbench.rl.runner import GRPO
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
@@ -228,3 +232,34 @@ def test_buffer_history_serves_whole_previous_harvests_once(tokenizer):
     assert buf.state()["buffer_history"] == 2 * len(pairs)
     with pytest.raises(ValueError, match="history_steps"):
         DrafterBuffer(history_steps=-1)
+
+
+def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
+    """The ablation's baseline is GRPO itself (same weights after the same steps), so a long
+    baseline-only run of notebook 04 is the accuracy benchmark's run; ``eval_every`` adds the
+    curve between the ends, and the metrics of a baseline-only run compare it with itself."""
+    grpo = GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
+                      workers=2, max_batch_size=3, temperature=1.0, seed=5)
+    model = tiny_model("llama", tokenizer)
+    plain = GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo)
+    plain.run(3, progress=False)
+    ab = run_ablation(model, tokenizer, _problems(), grpo, 3, variants=["baseline"], seeds=[5],
+                      reward=_reward, eval_problems=_problems(3), eval_every=2,
+                      eval_max_new_tokens=4, progress=False)
+    for a, b in zip(plain.model.state_dict().values(),
+                    ab.trainers[("baseline", 5)].model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert ab.evals["step"].tolist() == [0, 2, 3]
+    m = ab.metrics()
+    assert m["compared_variant"] == "baseline" and m["e2e_speedup"] == 1.0
+    assert m["rl_steps"] == 3 and m["accuracy_final_baseline"] == ab.evals["accuracy"].iloc[-1]
+    assert ab.bandit_choices("tlt").empty and "tokens_per_s" in ab.bandit_choices("tlt")
+    with pytest.raises(ValueError, match=r"variant 'tlt' did not run; ran: \['baseline'\]"):
+        ab.metrics("tlt")
+    with pytest.raises(ValueError, match="eval_every must be an integer >= 1 or None, got 0"):
+        run_ablation(model, tokenizer, _problems(), grpo, 1, variants=["baseline"],
+                     eval_every=0)
+    setup = RLSetup(model, tokenizer, None, _problems(), [], _reward)
+    assert coupled_first_divergence(setup, grpo, 0) is None
+    with pytest.raises(ValueError, match="steps must be an integer >= 0, got -1"):
+        coupled_first_divergence(setup, grpo, -1)

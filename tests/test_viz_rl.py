@@ -59,3 +59,21 @@ def test_rl_figures_draw_the_tables():
     assert sorted(p.get_height() for p in fig.axes[0].patches if p.get_height() > 0) == [3, 5, 7]
     empty = rlviz.bandit_choices(choices.iloc[:0])
     assert "never switched on" in empty.axes[0].texts[0].get_text()
+
+
+def test_heldout_accuracy_curve_and_metrics_compare_tlt_by_default():
+    h = _history()
+    evals = pd.DataFrame([{"variant": v, "seed": s, "step": step, "accuracy": acc + 0.1 * s}
+                          for v in ("baseline", "tlt") for s in (0, 1)
+                          for step, acc in ((0, 0.4), (2, 0.6), (3, 0.5))])
+    fig = rlviz.heldout_accuracy(evals, label="L")
+    line = fig.axes[0].lines[0]
+    assert list(line.get_xdata()) == [0, 2, 3]
+    assert list(line.get_ydata()) == pytest.approx([0.45, 0.65, 0.55])
+    assert fig.axes[0].get_ylabel() == "held-out greedy accuracy"
+    m = Ablation(h, evals).metrics()
+    assert m["compared_variant"] == "tlt" and m["e2e_speedup"] == pytest.approx(2.5 / 1.4)
+    assert m["accuracy_start"] == pytest.approx(0.45)
+    assert m["accuracy_final_baseline"] == pytest.approx(0.55)
+    assert m["accuracy_best_baseline"] == pytest.approx(0.65)
+    assert Ablation(h, evals).metrics("static_sd")["compared_variant"] == "static_sd"

@@ -19,11 +19,13 @@ import pandas as pd
 from ..progress import tqdm
 
 from ..evaluate import evaluate_policy
+from ..rollout.timeline import BANDIT_CHOICE_COLUMNS
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
-from .tlt import VARIANTS, TLTConfig, TLTTrainer
+from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
 
-__all__ = ["Ablation", "RLSetup", "rl_setup", "run_ablation", "amdahl"]
+__all__ = ["Ablation", "RLSetup", "rl_setup", "run_ablation", "amdahl",
+           "coupled_first_divergence"]
 
 
 @dataclass
@@ -114,20 +116,46 @@ class Ablation:
                                         for s in out["rollout_speedup"]]
         return out.rename_axis("variant").reset_index()
 
-    def metrics(self, variant: str = "tlt") -> dict:
-        """The flat scalars notebook 04 reports, TLT against the baseline."""
+    @property
+    def variants(self) -> list[str]:
+        """The variants that ran, in run order."""
+        return list(dict.fromkeys(v for v, _ in self.trainers)) or \
+            list(self.history["variant"].unique())
+
+    def bandit_choices(self, variant: str = "tlt") -> pd.DataFrame:
+        """The bandit's choices per batch-size bucket (``Timeline.bandit_choices``) of every
+        step and seed of ``variant``; empty (same columns) when it did not run."""
+        tables = [tl.bandit_choices() for (v, _), tr in self.trainers.items() if v == variant
+                  for tl in tr.timelines.values()]
+        if not tables:
+            return pd.DataFrame({c: pd.Series(dtype=t)
+                                 for c, t in BANDIT_CHOICE_COLUMNS.items()})
+        return pd.concat(tables, ignore_index=True)
+
+    def metrics(self, variant: str | None = None) -> dict:
+        """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
+        else the last variant that did) against the baseline, which must have run. A
+        baseline-only ablation reports its own speedups as 1."""
+        ran = self.variants
+        variant = variant or ("tlt" if "tlt" in ran else ran[-1])
+        for name in ("baseline", variant):
+            if name not in ran:
+                raise ValueError(f"variant {name!r} did not run; ran: {ran}")
         pv = self.per_variant().set_index("variant")
         b, t = pv.loc["baseline"], pv.loc[variant]
         ev = self.evals
         start = ev[ev["step"] == 0]["accuracy"].mean()
-        final = ev[(ev["variant"] == "baseline") & (ev["step"] == ev["step"].max())]
-        return {"e2e_speedup": float(t["e2e_speedup"]),
+        base_ev = ev[ev["variant"] == "baseline"]
+        final = base_ev[base_ev["step"] == base_ev["step"].max()]
+        return {"compared_variant": variant,
+                "e2e_speedup": float(t["e2e_speedup"]),
                 "amdahl_prediction": float(t["amdahl_prediction"]),
                 "e2e_over_amdahl": float(t["e2e_speedup"] / t["amdahl_prediction"]),
                 "rollout_speedup": float(t["rollout_speedup"]),
                 "rollout_fraction_baseline": float(b["rollout_fraction"]),
                 "accuracy_start": float(start),
                 "accuracy_final_baseline": float(final["accuracy"].mean()),
+                "accuracy_best_baseline": float(base_ev.groupby("step")["accuracy"].mean().max()),
                 "reward_final_baseline": float(b["reward_final"]),
                 "reward_final_tlt": float(t["reward_final"]),
                 "reward_final_baseline_sd": float(b["reward_final_sd"]),
@@ -142,17 +170,21 @@ class Ablation:
 def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
-                 progress: bool = True, **tlt_kw) -> Ablation:
+                 eval_every: int | None = None, progress: bool = True, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
     sets the GRPO seed (prompt order, sampling). ``tlt_kw`` go to every :class:`TLTConfig`
     (threshold, arms, spec_k, spot, ...). With ``eval_problems`` the held-out greedy accuracy
-    of each run is measured before the first step and after the last.
+    of each run is measured before the first step and after the last, and also after every
+    ``eval_every`` steps when set (long runs: the accuracy curve, not just its ends).
     """
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; accepted: {list(VARIANTS)}")
+    if eval_every is not None and (isinstance(eval_every, bool) or not isinstance(eval_every, int)
+                                   or eval_every < 1):
+        raise ValueError(f"eval_every must be an integer >= 1 or None, got {eval_every!r}")
     runs = {}
     for seed in seeds:
         for v in variants:
@@ -180,7 +212,27 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
         shift = step % len(order)
         for key in order[shift:] + order[:shift]:
             runs[key].step()
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            evaluate(step + 1)
     evaluate(steps)
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
+
+
+def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,
+                             **tlt_kw) -> int | None:
+    """Run the baseline and TLT side by side for ``steps`` RL steps with coupled sampling
+    and return the first step whose tokens differ (-1: none; in float64 there is none, in
+    float32 a verify pass may round differently). ``None`` when ``steps`` is 0 (not measured).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    if steps == 0:
+        return None
+    pair = run_ablation(setup.policy, setup.tokenizer, setup.pool,
+                        replace(grpo, spec_mode="coupled"), steps, variants=["baseline", "tlt"],
+                        seeds=[seed], drafter_head=setup.drafter_head, reward=setup.reward,
+                        progress=False, **tlt_kw)
+    h = pair.history
+    return first_divergence(h[h["variant"] == "baseline"], h[h["variant"] == "tlt"])

@@ -35,7 +35,8 @@ import pandas as pd
 from ..atomic import atomic_dir
 
 __all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS",
-           "OPTIONAL_REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS", "length_percentiles"]
+           "OPTIONAL_REQUEST_COLUMNS", "BANDIT_CHOICE_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS",
+           "length_percentiles"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -50,6 +51,9 @@ REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s
                    "accepted", "emitted", "reward"]
 # the requests table's optional columns and their dtypes (NA where a saved table lacks one)
 OPTIONAL_REQUEST_COLUMNS = {"text": "string"}
+# Timeline.bandit_choices: one row per (bucket, arm)
+BANDIT_CHOICE_COLUMNS = {"bucket": str, "arm": str, "pulls": int, "explored": int,
+                         "tokens_per_s": float}
 CLOCKS = ("wall", "sim")
 
 
@@ -198,7 +202,7 @@ class Timeline:
         order = out.groupby("bucket")["smallest"].transform("min")
         out = out.assign(order=order).sort_values(["order", "bucket", "arm"])
         return out.drop(columns=["order", "smallest"]).reset_index(drop=True).astype(
-            {"bucket": str, "arm": str, "pulls": int, "explored": int, "tokens_per_s": float})
+            BANDIT_CHOICE_COLUMNS)
 
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of DESIGN.md's measures."""

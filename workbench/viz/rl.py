@@ -14,7 +14,7 @@ import pandas as pd
 from .timeline import _axes
 
 __all__ = ["rl_label", "step_time_breakdown", "makespan_per_step", "reward_curves",
-           "acceptance_over_steps", "speedup_vs_amdahl", "bandit_choices",
+           "heldout_accuracy", "acceptance_over_steps", "speedup_vs_amdahl", "bandit_choices",
            "timeline_before_after"]
 
 VARIANT_COLORS = {"baseline": "#4d4d4d", "static_sd": "#1f78b4",
@@ -80,23 +80,39 @@ def makespan_per_step(history: pd.DataFrame, ax=None, label: str = ""):
     return fig
 
 
-def reward_curves(history: pd.DataFrame, ax=None, label: str = "", column: str = "reward"):
-    """Mean reward per RL step of every variant, with a band of one standard deviation over
-    the seeds."""
+def _curves_over_seeds(frame: pd.DataFrame, column: str, ylabel: str, ax, label: str,
+                       marker=None):
+    """Mean of ``column`` per RL step of every variant, with a band of one standard deviation
+    over the seeds."""
     fig, ax = _axes(ax, (6.0, 3.8))
-    stats = _per_step(history, column)
-    seeds = history.groupby("variant")["seed"].nunique()
-    for variant in history["variant"].unique():
+    stats = _per_step(frame, column)
+    seeds = frame.groupby("variant")["seed"].nunique()
+    for variant in frame["variant"].unique():
         s = stats.loc[variant]
         c = _color(variant)
-        ax.plot(s.index, s["mean"], label=f"{variant} ({seeds[variant]} seeds)", color=c)
+        ax.plot(s.index, s["mean"], label=f"{variant} ({seeds[variant]} seeds)", color=c,
+                marker=marker, ms=3)
         ax.fill_between(s.index, s["mean"] - s["std"].fillna(0),
                         s["mean"] + s["std"].fillna(0), color=c, alpha=0.12)
     ax.set_xlabel("RL step")
-    ax.set_ylabel(f"training {column} (mean over the step's samples)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=7)
     _caption(ax, label, clock=False)
     return fig
+
+
+def reward_curves(history: pd.DataFrame, ax=None, label: str = "", column: str = "reward"):
+    """Mean reward per RL step of every variant, with a band of one standard deviation over
+    the seeds."""
+    return _curves_over_seeds(history, column, f"training {column} (mean over the step's "
+                              "samples)", ax, label)
+
+
+def heldout_accuracy(evals: pd.DataFrame, ax=None, label: str = ""):
+    """Held-out greedy accuracy of every variant at each evaluation (the ablation's
+    ``evals`` table), mean over the seeds with a band of one standard deviation."""
+    return _curves_over_seeds(evals, "accuracy", "held-out greedy accuracy", ax, label,
+                              marker="o")
 
 
 def acceptance_over_steps(history: pd.DataFrame, ax=None, label: str = "",
