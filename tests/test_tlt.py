@@ -256,7 +256,7 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     assert ab.bandit_choices("tlt").empty and "tokens_per_s" in ab.bandit_choices("tlt")
     with pytest.raises(ValueError, match=r"variant 'tlt' did not run; ran: \['baseline'\]"):
         ab.metrics("tlt")
-    with pytest.raises(ValueError, match="eval_every must be an integer >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="eval_every must be an integer >= 1, got 0"):
         run_ablation(model, tokenizer, _problems(), grpo, 1, variants=["baseline"],
                      eval_every=0)
     setup = RLSetup(model, tokenizer, None, _problems(), [], _reward)

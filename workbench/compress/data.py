@@ -14,12 +14,12 @@ scored-token mask, that :func:`lm_loss` reads.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from ..checks import check_int
 from ..progress import tqdm
 
 from ..tasks import TASKS, get_problems
@@ -30,12 +30,6 @@ __all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)
 CALIBRATION_SEED = 3_000_017
-
-
-def check_int(name: str, value, low: int) -> None:
-    """``ValueError`` naming ``name`` unless ``value`` is an integer >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 def _examples(source, num: int, seed: int) -> tuple[list[str], list[str] | None]:

@@ -25,7 +25,8 @@ from torch import nn
 
 from ..models import save_model
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
-from .data import check_int, distill_data, lm_loss
+from ..checks import check_int
+from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
 __all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from ..progress import tqdm
 
+from ..checks import check_int
 from ..evaluate import evaluate_policy
 from ..rollout.timeline import BANDIT_CHOICE_COLUMNS
 from ..tasks import exact_match_reward
@@ -182,9 +183,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; accepted: {list(VARIANTS)}")
-    if eval_every is not None and (isinstance(eval_every, bool) or not isinstance(eval_every, int)
-                                   or eval_every < 1):
-        raise ValueError(f"eval_every must be an integer >= 1 or None, got {eval_every!r}")
+    if eval_every is not None:
+        check_int("eval_every", eval_every, 1)
     runs = {}
     for seed in seeds:
         for v in variants:
@@ -226,8 +226,7 @@ def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed:
     and return the first step whose tokens differ (-1: none; in float64 there is none, in
     float32 a verify pass may round differently). ``None`` when ``steps`` is 0 (not measured).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0, got {steps!r}")
+    check_int("steps", steps, 0)
     if steps == 0:
         return None
     pair = run_ablation(setup.policy, setup.tokenizer, setup.pool,

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from ..checks import check_int
 from ..rollout.schedule import DEFAULT_SD_THRESHOLD, StepPlan, StepReport
 
 __all__ = ["BucketedBandit", "Choice", "AdaptiveSchedule", "parse_strategy", "strategy_name",
@@ -63,11 +64,6 @@ def strategy_name(plan: StepPlan) -> str:
         return f"chain:k={plan.k}"
     budget = "" if plan.verify_budget is None else f",n={plan.verify_budget}"
     return f"tree:k={plan.k},b={plan.branch}{budget}"
-
-
-def _check_int(name: str, value, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
 
 def _bucket_labels(edges: tuple[int, ...]) -> list[str]:
@@ -112,7 +108,7 @@ class BucketedBandit:
         if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
                 or not 0 <= epsilon <= 1:
             raise ValueError(f"epsilon must be a number in [0, 1], got {epsilon!r}")
-        _check_int("window", window, 1)
+        check_int("window", window, 1)
         self.epsilon, self.window = float(epsilon), window
         self.labels = _bucket_labels(self.edges)
         self.rng = random.Random(seed)
@@ -121,7 +117,7 @@ class BucketedBandit:
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
-        _check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
         return self.labels[sum(e <= batch_size for e in self.edges) - 1]
 
     def choose(self, batch_size: int) -> Choice:
