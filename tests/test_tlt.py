@@ -1,6 +1,7 @@
 """The adaptive drafter and the TLT trainer: the buffer's one-step offset, idle-window
 training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -243,9 +244,11 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     model = tiny_model("llama", tokenizer)
     plain = GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo)
     plain.run(3, progress=False)
-    ab = run_ablation(model, tokenizer, _problems(), grpo, 3, variants=["baseline"], seeds=[5],
-                      reward=_reward, eval_problems=_problems(3), eval_every=2,
-                      eval_max_new_tokens=4, progress=False)
+    # notebook 04 samples with spec_mode="speculative", the benchmark with the default
+    ab = run_ablation(model, tokenizer, _problems(), replace(grpo, spec_mode="speculative"), 3,
+                      variants=["baseline"], seeds=[5], reward=_reward,
+                      eval_problems=_problems(3), eval_every=2, eval_max_new_tokens=4,
+                      progress=False)
     for a, b in zip(plain.model.state_dict().values(),
                     ab.trainers[("baseline", 5)].model.state_dict().values()):
         assert torch.equal(a, b)
