@@ -135,8 +135,9 @@ class Ablation:
 
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
-        else the last variant that did) against the baseline, which must have run. A
-        baseline-only ablation reports its own speedups as 1."""
+        else the last variant that did) against the baseline, which must have run. The keys
+        named ``tlt`` hold ``compared_variant``'s figures; a baseline-only ablation compares the
+        baseline with itself (speedups 1)."""
         ran = self.variants
         variant = variant or ("tlt" if "tlt" in ran else ran[-1])
         for name in ("baseline", variant):
