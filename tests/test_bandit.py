@@ -1,33 +1,37 @@
-"""BEG-MAB and the adaptive schedule: the bandit on synthetic rewards, the schedule's rule, a
-lossless float64 rollout whose steps table logs every decision, and the input checks."""
+"""BEG-MAB and the adaptive schedule: the bandit on synthetic rewards (plain is an arm,
+exploring stays within its time budget), lossless float64 rollouts under any mix of plain and
+speculative steps whose steps table logs every decision, and the input checks."""
 import random
 
 import pandas as pd
 import pytest
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan, StepReport, Timeline
-from workbench.rollout.schedule import ThresholdSchedule
+from workbench.rollout.schedule import PLAIN, ThresholdSchedule
+from workbench.rollout.timeline import explore_cost, plain_share
 from workbench.speculative import EagleDrafter, EagleHead
-from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, parse_strategy,
-                                          strategy_name)
+from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choice,
+                                          parse_strategy, strategy_name)
 
 from .conftest import tiny_model
 from .test_engine import MANY
 
 
-def pull(bandit, batch_size, medians, rng, n):
-    """``n`` pulls at ``batch_size``, rewards noisy around ``medians[arm]``; the choices."""
+def pull(bandit, batch_size, medians, rng, n, seconds=None):
+    """``n`` pulls at ``batch_size``, rewards noisy around ``medians[arm]``, each pull taking
+    ``seconds[arm]`` (1 s by default); the choices."""
     choices = []
     for _ in range(n):
         c = bandit.choose(batch_size)
-        bandit.update(c, medians[c.arm] + rng.gauss(0, 0.5))
+        bandit.update(c, medians[c.arm] + rng.gauss(0, 0.5), (seconds or {}).get(c.arm, 1.0))
         choices.append(c)
     return choices
 
 
 # ---- the bandit -------------------------------------------------------------------------
 def test_the_bandit_settles_on_the_best_arm_of_each_bucket_independently():
-    bandit = BucketedBandit(["a", "b", "c"], epsilon=0.1, window=100, seed=1)
+    bandit = BucketedBandit(["a", "b", "c"], epsilon=0.1, window=100, explore_budget=1.0,
+                            seed=1)
     rng = random.Random(0)
     small = pull(bandit, 1, {"a": 1.0, "b": 3.0, "c": 2.0}, rng, 600)
     large = pull(bandit, 20, {"a": 3.0, "b": 1.0, "c": 2.0}, rng, 600)
@@ -45,11 +49,13 @@ def test_the_bandit_settles_on_the_best_arm_of_each_bucket_independently():
 
 def test_epsilon_zero_never_explores_after_each_arm_was_tried_and_seeds_repeat():
     def run(seed, epsilon):
-        bandit = BucketedBandit(["a", "b", "c"], epsilon=epsilon, seed=seed)
+        bandit = BucketedBandit(["a", "b", "c"], epsilon=epsilon, explore_budget=1.0, seed=seed)
         return pull(bandit, 4, {"a": 2.0, "b": 1.0, "c": 1.5}, random.Random(3), 200)
 
     greedy = run(0, 0.0)
-    assert [c.arm for c in greedy[:3]] == ["a", "b", "c"] and all(c.explored for c in greedy[:3])
+    # nothing measured: the first arm is the best; then the untried ones are explored
+    assert [c.arm for c in greedy[:3]] == ["a", "b", "c"]
+    assert [c.explored for c in greedy[:3]] == [False, True, True]
     assert not any(c.explored for c in greedy[3:])
     assert run(5, 0.3) == run(5, 0.3)
     state = random.getstate()
@@ -58,7 +64,7 @@ def test_epsilon_zero_never_explores_after_each_arm_was_tried_and_seeds_repeat()
 
 
 def test_an_arm_whose_reward_drops_is_abandoned_once_the_window_turns_over():
-    bandit = BucketedBandit(["a", "b"], epsilon=0.0, window=20)
+    bandit = BucketedBandit(["a", "b"], epsilon=0.0, window=20, explore_budget=1.0)
     rng = random.Random(1)
     assert pull(bandit, 2, {"a": 10.0, "b": 5.0}, rng, 50)[-1].arm == "a"
     after = pull(bandit, 2, {"a": 1.0, "b": 5.0}, rng, 40)
@@ -71,22 +77,56 @@ def report(plan, worker=0, tokens=10, elapsed=0.01):
     return StepReport(worker, plan, 4, tokens, 0, 0, 0.0, 0.0, elapsed)
 
 
-def test_adaptive_schedule_is_plain_above_the_threshold_and_learns_at_or_below_it():
-    schedule = AdaptiveSchedule(threshold=8, arms=["chain:k=2", "chain:k=4"], epsilon=0.0)
-    assert schedule.plan(9, 0) == StepPlan()
-    assert schedule.decision(0) == {"bucket": None, "arm": "plain", "explored": False}
-    schedule.observe(report(StepPlan()))
-    assert schedule.table().empty  # plain steps teach nothing
-    speeds = {2: 1000.0, 4: 3000.0}
-    for _ in range(10):
-        plan = schedule.plan(8, 0)
-        assert plan.speculative and schedule.decision(0)["bucket"] == "8-15"
-        schedule.observe(report(plan, tokens=int(speeds[plan.k] / 100)))
-    assert schedule.plan(8, 0) == StepPlan("speculative", 4)
-    assert schedule.decision(0) == {"bucket": "8-15", "arm": "chain:k=4", "explored": False}
-    one = AdaptiveSchedule(threshold=8, arms=["chain:k=4"])
-    like = ThresholdSchedule(k=4, max_batch=8)
-    assert all(one.plan(n, 0) == like.plan(n, 0) for n in range(1, 40))
+def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
+    """A 50x slower arm is still tried (and re-tried when stale), but the seconds spent
+    exploring pass the budget's share of all the seconds by the first pull at most."""
+    bandit = BucketedBandit(["plain", "slow"], epsilon=0.5, explore_budget=0.03, seed=2)
+    choices = pull(bandit, 3, {"plain": 100.0, "slow": 20.0}, random.Random(0), 6000,
+                   seconds={"plain": 0.01, "slow": 0.5})
+    slow = [i for i, c in enumerate(choices) if c.arm == "slow"]
+    assert len(slow) >= 2 and all(choices[i].explored for i in slow)
+    assert bandit.explored_s <= 0.03 * bandit.observed_s + 0.5
+    assert bandit.best("2-3") == "plain" and bandit.table()["best"].sum() == 1
+    zero = BucketedBandit(["plain", "slow"], epsilon=1.0, explore_budget=0.0)
+    assert all(c.arm == "plain" for c in pull(zero, 1, {"plain": 1, "slow": 9},
+                                              random.Random(0), 50))
+
+
+def report(plan, worker=0, tokens=10, elapsed=0.01):
+    return StepReport(worker, plan, 4, tokens, 0, 0, 0.0, 0.0, elapsed)
+
+
+def test_plain_is_an_arm_of_every_bucket_and_buckets_where_it_wins_stop_speculating():
+    schedule = AdaptiveSchedule(arms=["chain:k=2", "chain:k=4"], epsilon=0.0,
+                                explore_budget=1.0)
+    assert schedule.threshold is None and list(schedule.plans) == ["plain", "chain:k=2",
+                                                                   "chain:k=4"]
+    # tokens per 10 ms step: SD wins at batch 1, plain wins at batch 40
+    speeds = {(1, "plain"): 5, (1, "chain:k=2"): 8, (1, "chain:k=4"): 12,
+              (40, "plain"): 60, (40, "chain:k=2"): 30, (40, "chain:k=4"): 20}
+    for batch in (1, 40):
+        for i in range(12):
+            plan = schedule.plan(batch, 0)
+            d = schedule.decision(0)
+            assert d["bucket"] == schedule.bandit.bucket(batch)
+            if i == 0:  # nothing measured yet in this bucket: plain, not an exploration
+                assert plan == PLAIN and d == {**d, "arm": "plain", "explored": False}
+            schedule.observe(report(plan, tokens=speeds[batch, d["arm"]]))
+    assert schedule.plan(1, 0) == StepPlan("speculative", 4)
+    assert schedule.plan(40, 0) == PLAIN and schedule.decision(0)["explored"] is False
+    learned = schedule.learned().set_index("bucket")
+    assert learned.loc["1", "speculates"] and not learned.loc["32-63", "speculates"]
+    assert learned.loc["1", "best_sd"] == "chain:k=4"
+    assert learned.loc["1", "sd_speedup"] == pytest.approx(12 / 5)
+    assert learned.loc["32-63", "sd_speedup"] == pytest.approx(30 / 60)
+    assert learned.loc["32-63", "choice"] == "plain"
+    # a fixed threshold (TLT's rule, for studies) is still there: plain above it, unlearned
+    capped = AdaptiveSchedule(arms=["chain:k=4"], threshold=8)
+    assert capped.plan(9, 0) == PLAIN
+    assert capped.decision(0) == {"bucket": None, "arm": "plain", "explored": False}
+    capped.observe(report(PLAIN))
+    assert capped.table().empty  # steps above the threshold teach nothing
+    assert ThresholdSchedule(k=4, max_batch=8).plan(8, 0) == StepPlan("speculative", 4)
 
 
 def test_strategies_parse_to_plans_and_back():
@@ -97,17 +137,51 @@ def test_strategies_parse_to_plans_and_back():
         assert strategy_name(parse_strategy(text)) == text
     plan = StepPlan("speculative", 3)
     assert parse_strategy(plan) is plan
+    assert parse_strategy("plain") == PLAIN and strategy_name(PLAIN) == "plain"
 
 
-def test_an_adaptive_rollout_is_lossless_and_logs_one_decision_per_step(tokenizer, tmp_path):
+class RandomArms(AdaptiveSchedule):
+    """Any mix: each step pulls plain or an SD arm at random (seeded), whatever it measured."""
+
+    def plan(self, batch_size, worker):
+        arm = self.bandit.rng.choice(list(self.plans))
+        self.pending[worker] = Choice(self.bandit.bucket(batch_size), arm, True)
+        return self.plans[arm]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_any_mix_of_plain_and_speculative_steps_is_lossless(tokenizer, temperature):
+    """Plain and every SD arm drawn at random inside each bucket, on a ragged batch of
+    requests that join and finish at different steps; greedy and coupled, float64: the tokens
+    are the plain rollout's. The adaptive schedule itself, exploring often, likewise."""
+    model = tiny_model("llama", tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=40, temperature=temperature, seed=9, max_batch_size=6,
+                        spec_mode="coupled")
+    plain = engine.rollout(MANY, cfg, progress=False)
+    arms = ["chain:k=1", "chain:k=3", "tree:k=2,b=2"]
+    for schedule in (RandomArms(arms=arms, seed=3),
+                     AdaptiveSchedule(arms=arms, epsilon=0.5, explore_budget=1.0, seed=3)):
+        res = engine.rollout(MANY, cfg, drafter=EagleDrafter(EagleHead(model), model),
+                             schedule=schedule, progress=False)
+        assert res.tokens == plain.tokens
+        d = res.timeline.decisions()
+        for bucket, rows in d.groupby("bucket"):
+            if len(rows) >= 20:
+                assert {"plain", *arms} <= set(rows["arm"])
+        kinds = (d["plan_k"] > 0).astype(int).tolist()
+        assert sum(a != b for a, b in zip(kinds, kinds[1:])) >= 4  # switches both ways
+        assert 0 < plain_share(d) < 1
+
+
+def test_an_adaptive_rollout_logs_one_decision_per_step(tokenizer, tmp_path):
     model = tiny_model("llama", tokenizer, seed=4)
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=40, seed=9, max_batch_size=6)
-    plain = engine.rollout(MANY, cfg, progress=False)
-    schedule = AdaptiveSchedule(threshold=5, arms=["chain:k=1", "chain:k=3"], window=5)
+    schedule = AdaptiveSchedule(threshold=5, arms=["chain:k=1", "chain:k=3"], window=5,
+                                explore_budget=1.0)
     res = engine.rollout(MANY, cfg, drafter=EagleDrafter(EagleHead(model), model),
                          schedule=schedule, progress=False)
-    assert res.tokens == plain.tokens
     res.timeline.save(tmp_path / "tl")
     steps = Timeline.load(tmp_path / "tl").steps
     pd.testing.assert_frame_equal(steps, res.timeline.steps)
@@ -119,9 +193,12 @@ def test_an_adaptive_rollout_is_lossless_and_logs_one_decision_per_step(tokenize
         for col in ("plan_k", "bucket", "arm", "explored", "batch_size"):
             assert rows[col].nunique(dropna=False) == 1
         if first["kind"] == "decode":
-            assert first["batch_size"] > 5 and first["plan_k"] == 0 and first["arm"] == "plain"
+            assert first["plan_k"] == 0 and first["arm"] == "plain"
         else:
             assert first["batch_size"] <= 5 and first["arm"] == f"chain:k={first['plan_k']}"
+        if first["batch_size"] > 5:  # above the fixed threshold: plain, no bucket
+            assert first["arm"] == "plain" and pd.isna(first["bucket"])
+        else:
             assert first["bucket"] == schedule.bandit.bucket(int(first["batch_size"]))
     assert len(decided.groupby(["worker", "decision"])) == \
         steps["kind"].isin(["decode", "verify"]).sum()
@@ -133,6 +210,22 @@ def test_an_adaptive_rollout_is_lossless_and_logs_one_decision_per_step(tokenize
     assert choices.set_index(["bucket", "arm"])["pulls"].sort_index().equals(
         state.set_index(["bucket", "arm"])["pulls"].sort_index())
     assert (choices["tokens_per_s"] > 0).all()
+    assert len(res.timeline.decisions()) == len(decided.groupby(["worker", "decision"]))
+
+
+def test_explore_cost_is_the_time_exploring_lost_against_the_best_arm_in_hindsight():
+    d = pd.DataFrame({"bucket": ["1"] * 6 + ["2-3"] * 4,
+                      "arm": ["plain"] * 4 + ["sd"] * 2 + ["plain"] * 3 + ["sd"],
+                      "explored": [False] * 4 + [True] * 2 + [False] * 3 + [True],
+                      "plan_k": [0] * 4 + [4] * 2 + [0] * 3 + [4],
+                      "tokens": [10] * 4 + [5] * 2 + [20] * 3 + [40],
+                      "seconds": [1.0] * 10})
+    # bucket 1: plain 10 tok/s is best, each sd step took 1 s for 5 tokens (0.5 s at best);
+    # bucket 2-3: sd (one pull, 40 tok/s) is below min_pulls, so plain (20 tok/s) is the
+    # best, and the sd step lost 1 - 40/20 = -1 s
+    assert explore_cost(d) == pytest.approx((0.5 + 0.5 - 1.0) / 10)
+    assert explore_cost(d, min_pulls=1) == pytest.approx((0.5 + 0.5 + 0.0) / 10)
+    assert plain_share(d) == pytest.approx(0.7)
 
 
 def test_tables_saved_before_the_decision_columns_still_load(tokenizer, tmp_path):
@@ -151,7 +244,8 @@ def test_tables_saved_before_the_decision_columns_still_load(tokenizer, tmp_path
 # ---- bad input --------------------------------------------------------------------------
 @pytest.mark.parametrize("threshold", [0, -1, 2.5])
 def test_a_bad_threshold_is_named(threshold):
-    with pytest.raises(ValueError, match=f"threshold must be an integer >= 1.*{threshold}"):
+    with pytest.raises(ValueError, match=f"threshold must be None .* or an integer >= 1.*"
+                                         f"{threshold}"):
         AdaptiveSchedule(threshold=threshold, arms=["chain:k=2"])
 
 
@@ -169,6 +263,10 @@ def test_empty_or_repeated_arms_and_bad_bandit_settings_are_refused():
         AdaptiveSchedule(arms=["chain:k=2", "chain: k=2"])
     with pytest.raises(ValueError, match="epsilon must be a number in"):
         BucketedBandit(["a"], epsilon=1.5)
+    with pytest.raises(ValueError, match=r"explore_budget must be a number in \[0, 1\], got -0.1"):
+        BucketedBandit(["a"], explore_budget=-0.1)
+    with pytest.raises(ValueError, match="same strategy twice"):
+        AdaptiveSchedule(arms=["plain", "chain:k=2", "plain"])
     with pytest.raises(ValueError, match="window must be an integer >= 1, got 0"):
         BucketedBandit(["a"], window=0)
     with pytest.raises(ValueError, match="bucket edges must be strictly increasing"):

@@ -1,6 +1,7 @@
 """The adaptive drafter and the TLT trainer: the buffer's one-step offset, idle-window
 training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
 import copy
+import time
 from dataclasses import replace
 
 import pytest
@@ -53,6 +54,26 @@ def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokeniz
         DrafterBuffer(carry_fraction=1.5)
 
 
+def _longer_tail(result, seconds=0.5):
+    """``result`` whose slowest worker decoded ``seconds`` more at the end (a longer tail),
+    so that the first worker to finish has an idle window long enough to train in."""
+    tl = result.timeline
+    last = tl.steps.loc[tl.steps["end_s"].idxmax()]
+    result.timeline = tl.with_steps([{
+        "worker": int(last["worker"]), "step": int(tl.steps["step"].max()) + 1,
+        "kind": "decode", "start_s": tl.makespan_s, "end_s": tl.makespan_s + seconds,
+        "batch_size": 1, "tokens": 1, "forward_s": seconds}])
+    return result
+
+
+@pytest.fixture
+def long_tails(monkeypatch):
+    """Every RL step's rollout gets a 0.5 s longer tail before the spot trainer runs."""
+    train = SpotTrainer.train_in_idle
+    monkeypatch.setattr(SpotTrainer, "train_in_idle",
+                        lambda self, result, workers: train(self, _longer_tail(result), workers))
+
+
 def _spot(tokenizer, tmp_path, **kw):
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     torch.manual_seed(1)
@@ -63,24 +84,60 @@ def _spot(tokenizer, tmp_path, **kw):
 
 
 def test_spot_training_runs_in_the_idle_window_on_the_sim_clock(tokenizer, tmp_path):
-    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, min_steps=3)
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=3)
     before = {k: v.clone() for k, v in drafter.head.state_dict().items()}
+    result = _longer_tail(result)
+    rollout_end = result.timeline.makespan_s
     last = result.timeline.steps.groupby("worker")["end_s"].max()
     out = spot.train_in_idle(result, engine.backend.workers)
     steps = result.timeline.steps
     train = steps[steps["kind"] == "drafter_train"]
-    assert len(train) == out["drafter_steps"] >= 3
+    assert len(train) == out["drafter_steps"] == 3 and out["drafter_preempted"] == 0
     w = out["drafter_worker"]
     assert w == int(last.idxmin()) and set(train["worker"]) == {w}
     assert train["start_s"].iloc[0] == pytest.approx(last[w])          # right after its shard
     assert (train["start_s"].iloc[1:].values == train["end_s"].iloc[:-1].values).all()
-    # it stops once the last worker is done; only the step that crossed the end overruns
-    assert (train["start_s"].iloc[:-1] < last.max()).all() or out["drafter_steps"] <= 3
-    assert out["drafter_overrun_s"] == pytest.approx(max(0.0, train["end_s"].max() - last.max()))
+    assert (train["end_s"] <= rollout_end).all() and out["drafter_overrun_s"] == 0
+    assert result.timeline.makespan_s == rollout_end
     served = drafter.head.state_dict()
     assert any(not torch.equal(before[k], served[k]) for k in before)     # published
     on_disk = EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict()
     assert all(torch.equal(on_disk[k], served[k]) for k in served)
+
+
+def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_serves_on(
+        tokenizer, tmp_path):
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=5)
+    spot.train_in_idle(_longer_tail(result), engine.backend.workers)   # publishes v1
+    v1, trainer_v1 = _state(drafter.head), copy.deepcopy(spot.eagle.trainer.state_dict())
+    step_v1, version = spot.eagle.step, spot.version
+    engine, result = _rollout(model, tokenizer)
+    result = _longer_tail(result, 0.05)
+    rollout_end = result.timeline.makespan_s
+    w, start, end = spot.idle_window(result.timeline)
+    real_train = spot.eagle.train
+
+    def slow_train(*a, **k):  # this machine got slower: one step outlasts the whole window
+        time.sleep(end - start + 0.05)
+        return real_train(*a, **k)
+    spot.eagle.train = slow_train
+    out = spot.train_in_idle(result, engine.backend.workers)
+    assert out["drafter_preempted"] == 1 and out["drafter_steps"] == 0
+    assert out["drafter_wasted_s"] == pytest.approx(end - start)
+    assert out["drafter_overrun_s"] == 0 and result.timeline.makespan_s == rollout_end
+    row = result.timeline.steps.query("kind == 'drafter_train'").iloc[-1]
+    assert bool(row["preempted"]) and row["end_s"] == end and row["forward_s"] > end - start
+    # the update was discarded: serving, saved and trained heads, optimizer and step are v1's
+    assert spot.version == version and spot.eagle.step == step_v1
+    assert _same(v1, _state(drafter.head)) and _same(v1, _state(spot.head))
+    assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
+    adam = spot.eagle.trainer.state_dict()["optimizer"]["state"]
+    assert all(torch.equal(adam[i]["exp_avg"], trainer_v1["optimizer"]["state"][i]["exp_avg"])
+               for i in adam)
+    # its seconds are wasted, not work; the estimate learned the slower step
+    tl = result.timeline
+    assert tl.wasted_fraction() == pytest.approx(tl.idle_fraction())
+    assert spot.step_s > 0.8 * (end - start)
 
 
 def _state(head):
@@ -92,8 +149,8 @@ def _same(a, b):
 
 
 def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monkeypatch):
-    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, min_steps=2, max_steps=2)
-    spot.train_in_idle(result, engine.backend.workers)
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=2)
+    spot.train_in_idle(_longer_tail(result), engine.backend.workers)
     v1 = _state(drafter.head)
     # killed inside an optimizer step: the serving and saved drafters stay at v1
     calls = {"n": 0}
@@ -106,7 +163,7 @@ def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monke
         return real_loss(batch, generator)
     spot.eagle.trainer.loss_fn = dying_loss
     with pytest.raises(KeyboardInterrupt):
-        spot.train_in_idle(result, engine.backend.workers)
+        spot.train_in_idle(_longer_tail(result), engine.backend.workers)
     assert _same(v1, _state(drafter.head))
     assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
     # killed while the new version is being written: the folder still loads as v1
@@ -127,20 +184,20 @@ def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monke
                                                               model).state_dict())
 
 
-def _trainer(tokenizer, variant, spot_steps=(2, 3), history_steps=0, **kw):
+def _trainer(tokenizer, variant, spot_steps=3, history_steps=0, **kw):
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(3)
     head = EagleHead(model).to(torch.float64)
     grpo = GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
                       workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
-    cfg = TLTConfig.variant(variant, grpo, threshold=2, arms=CHAINS, spec_k=3,
-                            spot=SpotConfig(batch_size=4, min_steps=spot_steps[0],
-                                            max_steps=spot_steps[1],
+    kw = {"explore_budget": 0.5, **kw}  # a short run: explore freely, so that TLT speculates
+    cfg = TLTConfig.variant(variant, grpo, arms=CHAINS, spec_k=3,
+                            spot=SpotConfig(batch_size=4, max_steps=spot_steps,
                                             history_steps=history_steps), **kw)
     return TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head)
 
 
-def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer):
+def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer, long_tails):
     base = _trainer(tokenizer, "baseline")
     tlt = _trainer(tokenizer, "tlt")
     hb, ht = base.run(2, progress=False), tlt.run(2, progress=False)
@@ -167,6 +224,10 @@ def test_static_and_adaptive_variants(tokenizer):
 def test_bad_tlt_input(tokenizer):
     with pytest.raises(ValueError, match="threshold"):
         TLTConfig(threshold=0)
+    with pytest.raises(ValueError, match="delay_s must be a number of seconds >= 0, got -1"):
+        TLTConfig(drafter_delay_s=-1)
+    with pytest.raises(ValueError, match="explore_budget"):
+        TLTConfig(explore_budget=2)
     with pytest.raises(ValueError, match="unknown variant"):
         TLTConfig.variant("fast")
     with pytest.raises(ValueError, match="chain:k=9x|strateg"):
@@ -176,12 +237,12 @@ def test_bad_tlt_input(tokenizer):
         TLTTrainer(model, tokenizer, _problems(), _reward, TLTConfig())
 
 
-def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path):
+def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path, long_tails):
     """The policy resumes bit-exactly; the drafter and its trainer come back as saved. (Which
     finished sequences an idle window can train on is decided by the measured clock, so
     later drafter versions are not reproducible run to run, by design.)"""
     def fresh(ckpt=None):
-        tr = _trainer(tokenizer, "tlt", spot_steps=(2, 2), history_steps=2)
+        tr = _trainer(tokenizer, "tlt", spot_steps=2, history_steps=2)
         tr.checkpoint_dir = ckpt
         if ckpt is not None and tr.has_checkpoint(ckpt):
             tr.load_checkpoint(ckpt)

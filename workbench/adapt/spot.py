@@ -4,9 +4,13 @@ In a synchronous RL step most workers finish their shard long before the step's 
 response does. TLT puts that idle window to work: the first worker to finish trains the
 drafter on the harvest buffer (:class:`~workbench.adapt.buffer.DrafterBuffer`) until the
 step's last worker finishes, and is then preempted. Training steps are measured for real and
-recorded as ``drafter_train`` rows on that worker's clock, right after its last rollout step;
-a step is started only when the running estimate of a step's time still fits the window (a
-preempted step's work would be lost), and one that overruns the estimate extends the RL step.
+recorded as ``drafter_train`` rows on that worker's clock, right after its last rollout step.
+A step is started only when the running estimate of a step's time still fits the window, and
+a step that would cross the window's end is **preempted** there: on the sim clock its row is
+cut at the end of the window and flagged ``preempted``, its seconds count as wasted, and its
+update is discarded (the trainer's weights, optimizer and generator go back to where the last
+whole step left them). Drafter work therefore never stretches the RL step: the step's time is
+the rollout's time plus the update's (``drafter_overrun_s`` is 0 by construction).
 
 The drafter that serves rollouts is never the one being trained: training runs on a copy, and
 :meth:`SpotTrainer.publish` saves it atomically (the previous files stay whole until the new
@@ -37,8 +41,6 @@ class SpotConfig:
         batch_size: sequences per drafter step.
         unroll, noise, state_units: EAGLE training (see ``EagleTrainConfig``).
         max_steps: cap on drafter steps per RL step.
-        min_steps: drafter steps run every RL step even when the idle window is shorter (they
-            extend the step); 0: only what fits.
         carry_fraction: share of a step's longest sequences the buffer carries into the next
             step (TLT's one-step offset).
         history_steps: previous steps whose whole harvest the buffer also serves (0: TLT's
@@ -53,16 +55,14 @@ class SpotConfig:
     noise: float = 0.05
     state_units: str = "rms"
     max_steps: int = 400
-    min_steps: int = 0
     carry_fraction: float = 0.25
     history_steps: int = 0
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("max_steps", "min_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"SpotConfig.{name} must be an integer >= 0, got {v!r}")
+        v = self.max_steps
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"SpotConfig.max_steps must be an integer >= 0, got {v!r}")
         self.eagle_config().validate()
 
     def eagle_config(self) -> EagleTrainConfig:
@@ -98,36 +98,50 @@ class SpotTrainer:
         self.version = 0
         self.step_s = 0.0  # running estimate of one drafter step's seconds (0: none yet)
 
+    def idle_window(self, timeline) -> tuple[int, float, float]:
+        """``(worker, start_s, end_s)``: the idle window of the first worker to finish its
+        shard, from its last rollout step to the end of the step's rollout."""
+        last = timeline.steps.groupby("worker")["end_s"].max()
+        w = int(last.idxmin())
+        return w, float(last[w]), timeline.makespan_s
+
     def train_in_idle(self, result, workers) -> dict:
         """Train in ``result``'s idle window (``workers``: the backend's workers, indexed by
         worker id, whose recorders hold the step's clocks); the timeline gains the
         ``drafter_train`` rows. Returns the step's drafter figures."""
         self.buffer.add_step(result, harvest_pairs(result))
-        tl = result.timeline
-        last = tl.steps.groupby("worker")["end_s"].max()
-        w = int(last.idxmin())
-        rollout_end = tl.makespan_s
-        data = self.buffer.pairs(until_s=float(last[w]))
+        rollout_end = result.timeline.makespan_s
+        w, start, end = self.idle_window(result.timeline)
+        data = self.buffer.pairs(until_s=start)
         rec = workers[w].recorder
         before = len(rec.rows)
-        losses = []
+        losses, preempted, wasted_s = [], 0, 0.0
         c = self.config
         if data:
             self.eagle.set_pairs(data)
-            while len(losses) < c.max_steps and (len(losses) < c.min_steps
-                                                 or rec.mark + self.step_s <= rollout_end):
+            while len(losses) < c.max_steps and rec.mark + self.step_s < end:
+                # 1) one drafter step on the worker's clock, from a copy of the last whole state
+                kept = copy.deepcopy(self.eagle.trainer.state_dict())
                 hist = workers[w].timed("drafter_train", lambda: self.eagle.train(steps=1),
-                                        batch_size=min(c.batch_size, len(data)))
+                                        batch_size=min(c.batch_size, len(data)), deadline=end)
+                row = rec.rows[-1]
+                self._observe_step(row["forward_s"])  # what it really took, cut or not
+                # 2) it crossed the window's end: preempted, its update discarded
+                if row.get("preempted"):
+                    self.eagle.trainer.load_state_dict(kept)
+                    preempted, wasted_s = 1, row["end_s"] - row["start_s"]
+                    break
                 losses.append(float(hist["loss"].iloc[-1]))
-                self._observe_step(rec.rows[-1]["end_s"] - rec.rows[-1]["start_s"])
-            result.timeline = tl.with_steps(rec.rows[before:])
-            self.publish()
+            result.timeline = result.timeline.with_steps(rec.rows[before:])
+            if losses:
+                self.publish()  # 3) the new version serves from the next RL step
         buffered = self.buffer.state()
         self.buffer.end_step()  # this step's longest sequences are the next step's carry
         new = result.timeline
         return {"drafter_steps": len(losses), "drafter_worker": w,
-                "drafter_window_s": rollout_end - float(last[w]),
-                "drafter_train_s": float(new.busy_s(("drafter_train",)).sum()),
+                "drafter_window_s": end - start,
+                "drafter_train_s": float(new.busy_s(("drafter_train",), False).sum()),
+                "drafter_preempted": preempted, "drafter_wasted_s": wasted_s,
                 "drafter_overrun_s": new.makespan_s - rollout_end,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": len(data), "drafter_version": self.version,
@@ -135,8 +149,9 @@ class SpotTrainer:
 
     def _observe_step(self, seconds: float) -> None:
         """Update the running estimate of a drafter step's time (what decides whether the
-        next step still fits the idle window)."""
-        self.step_s = seconds if not self.step_s else 0.8 * self.step_s + 0.2 * seconds
+        next step still fits the idle window): up at once to a slower step, down slowly
+        after faster ones, since a step started on too low an estimate is work thrown away."""
+        self.step_s = max(seconds, 0.8 * self.step_s + 0.2 * seconds)
 
     def publish(self) -> None:
         """Save the trained head (atomic folder swap) and load it into the serving drafter."""

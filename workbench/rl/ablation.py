@@ -3,8 +3,9 @@
 Variants advance one RL step at a time in a rotating order (baseline, static SD, adaptive
 drafter, TLT, then the next seed...), so that a machine that slows down for a while slows
 every variant alike, the way the SD benchmarks alternate their systems inside each repeat.
-All measures follow DESIGN.md: step times on the sim clock (rollout makespan of N workers, the
-policy update charged as its measured time / N, drafter work that overran its idle window),
+All measures follow docs/design.md: step times on the sim clock (rollout makespan of N workers,
+the policy update charged as its measured time / N; drafter work runs only inside idle windows
+and is preempted at their end, so it never adds to a step),
 rollout fraction, end-to-end speedup (sum of baseline step times over the variant's) and its
 Amdahl prediction ``1 / ((1 - f) + f / s)``.
 """
@@ -20,7 +21,7 @@ from ..progress import tqdm
 
 from ..checks import check_int
 from ..evaluate import evaluate_policy
-from ..rollout.timeline import BANDIT_CHOICE_COLUMNS
+from ..rollout.timeline import BANDIT_CHOICE_COLUMNS, explore_cost, plain_share
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
@@ -133,6 +134,25 @@ class Ablation:
                                  for c, t in BANDIT_CHOICE_COLUMNS.items()})
         return pd.concat(tables, ignore_index=True)
 
+    def decisions(self, variant: str = "tlt") -> pd.DataFrame:
+        """Every decided decode step of every step and seed of ``variant``
+        (``Timeline.decisions`` with a ``seed`` and an RL ``step`` column; empty when none)."""
+        tables = [tl.decisions().assign(seed=seed, step=step)
+                  for (v, seed), tr in self.trainers.items() if v == variant
+                  for step, tl in tr.timelines.items()]
+        return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(
+            columns=["worker", "decision", "bucket", "arm", "explored", "plan_k", "rows",
+                     "tokens", "seconds", "seed", "step"])
+
+    def learned(self, variant: str = "tlt") -> pd.DataFrame:
+        """What the adaptive engine of each seed of ``variant`` learned of this machine by
+        the end of its run (``AdaptiveSchedule.learned``, with a ``seed`` column): per bucket,
+        plain's tokens/s, the best SD arm's, their ratio and the arm it now chooses."""
+        tables = [tr.schedule.learned().assign(seed=seed)
+                  for (v, seed), tr in self.trainers.items()
+                  if v == variant and hasattr(tr.schedule, "learned")]
+        return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
         else the last variant that did) against the baseline, which must have run. The keys
@@ -147,6 +167,8 @@ class Ablation:
         b, t = pv.loc["baseline"], pv.loc[variant]
         ev = self.evals
         start = ev[ev["step"] == 0]["accuracy"].mean()
+        h = self.history[self.history["variant"] == variant]
+        decisions = self.decisions(variant)
         base_ev = ev[ev["variant"] == "baseline"]
         final = base_ev[base_ev["step"] == base_ev["step"].max()]
         return {"compared_variant": variant,
@@ -165,8 +187,19 @@ class Ablation:
                 "idle_fraction_baseline": float(b["idle_fraction"]),
                 "idle_fraction_tlt": float(t["idle_fraction"]),
                 "wasted_fraction_tlt": float(t["wasted_fraction"]),
+                "drafter_overrun_s_max": _max_or_zero(self.history, "drafter_overrun_s"),
+                "drafter_preempted_tlt": int(h.get("drafter_preempted", pd.Series([0])).sum()),
+                "drafter_wasted_s_tlt": float(h.get("drafter_wasted_s", pd.Series([0.0])).sum()),
+                "explore_cost": explore_cost(decisions),
+                "plain_share_tlt": plain_share(decisions),
                 "rl_steps": int(self.history["step"].max() + 1),
                 "seeds": int(self.history["seed"].nunique())}
+
+
+def _max_or_zero(history: pd.DataFrame, column: str) -> float:
+    """The largest value of ``column`` over every run (0 when no run has it)."""
+    return float(history[column].max()) if column in history and history[column].notna().any() \
+        else 0.0
 
 
 def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,

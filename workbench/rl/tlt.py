@@ -7,8 +7,9 @@ Each part has a switch, so one loop runs the whole ablation (:data:`VARIANTS`):
   ``spec_k`` drafts at every step;
 - ``adaptive_drafter``: the same, plus the spot trainer, which trains the drafter in each
   step's idle window and serves the new version from the next step;
-- ``tlt``: plus the adaptive engine: SD only once a worker's live batch falls to the
-  threshold, and a bandit per batch-size bucket picking the strategy.
+- ``tlt``: plus the adaptive engine: a bandit per batch-size bucket picks plain decoding or
+  an SD strategy from the tokens per second each measured on this machine, so TLT falls back
+  to plain decoding by itself where SD does not pay.
 
 SD is lossless, so every variant samples from the same policy; with coupled sampling the
 tokens (and hence the updates) are the same in float64, and a float32 run reports the first
@@ -27,9 +28,8 @@ from ..progress import tqdm
 
 from ..adapt import SpotConfig, SpotTrainer
 from ..rollout import StaticSchedule
-from ..rollout.schedule import DEFAULT_SD_THRESHOLD
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
-from ..speculative.drafters import EagleDrafter
+from ..speculative.drafters import EagleDrafter, SlowedDrafter
 from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
 from .checkpoint import has_state, load_state, save_state
@@ -55,13 +55,18 @@ class TLTConfig:
         grpo: the RL configuration (P, G, length cap, lr, workers, ...).
         speculative: decode with SD (False: the baseline; the other switches are ignored).
         adaptive_drafter: train the drafter on idle workers (the spot trainer).
-        adaptive_engine: SD only at or below ``threshold`` live rows, strategy by BEG-MAB
-            over ``arms``; False: a fixed chain of ``spec_k`` drafts at every step.
+        adaptive_engine: BEG-MAB picks plain decoding or one of ``arms`` per batch-size
+            bucket; False: a fixed chain of ``spec_k`` drafts at every step.
         spec_k: the static strategy's draft depth.
-        threshold: live rows at or below which the adaptive engine speculates.
-        arms: the bandit's strategies (``workbench.speculative.bandit`` syntax).
-        epsilon, window: the bandit's exploration rate and sliding window.
+        threshold: ``None``: the adaptive engine learns per bucket whether to speculate; an
+            integer: it never speculates above that many live rows.
+        arms: the bandit's SD strategies (``workbench.speculative.bandit`` syntax); plain
+            decoding is always an arm besides them.
+        epsilon, window, explore_budget: the bandit's exploration rate, sliding window and
+            the share of decode time exploring may take.
         spot: the spot trainer's configuration.
+        drafter_delay_s: seconds added to every drafted depth (``SlowedDrafter``): a hostile
+            machine where SD cannot pay, for tests and benchmarks; 0 for real runs.
     """
 
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -69,11 +74,13 @@ class TLTConfig:
     adaptive_drafter: bool = True
     adaptive_engine: bool = True
     spec_k: int = 4
-    threshold: int = DEFAULT_SD_THRESHOLD
+    threshold: int | None = None
     arms: tuple = DEFAULT_ARMS
     epsilon: float = 0.1
     window: int = 300
+    explore_budget: float = 0.03
     spot: SpotConfig = field(default_factory=SpotConfig)
+    drafter_delay_s: float = 0.0
 
     def __post_init__(self):
         for name in ("speculative", "adaptive_drafter", "adaptive_engine"):
@@ -83,7 +90,8 @@ class TLTConfig:
         if isinstance(self.spec_k, bool) or not isinstance(self.spec_k, int) or self.spec_k < 1:
             raise ValueError(f"TLTConfig.spec_k must be an integer >= 1, got {self.spec_k!r}")
         if self.speculative:
-            self.schedule()  # validates threshold, arms, epsilon and window
+            self.schedule()  # validates threshold, arms, epsilon, window and budget
+            SlowedDrafter(None, self.drafter_delay_s)  # validates the delay
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
@@ -100,8 +108,9 @@ class TLTConfig:
             return None
         if not self.adaptive_engine:
             return StaticSchedule(self.spec_k)
-        return AdaptiveSchedule(threshold=self.threshold, arms=self.arms, epsilon=self.epsilon,
-                                window=self.window, seed=self.grpo.seed)
+        return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
+                                window=self.window, explore_budget=self.explore_budget,
+                                seed=self.grpo.seed)
 
 
 def tokens_digest(result) -> str:
@@ -146,6 +155,8 @@ class TLTTrainer:
         self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo)
         self.drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
                         if c.speculative else None)
+        if self.drafter is not None and c.drafter_delay_s:
+            self.drafter = SlowedDrafter(self.drafter, c.drafter_delay_s)
         self.spot = (SpotTrainer(model, self.drafter, c.spot, drafter_dir)
                      if c.speculative and c.adaptive_drafter else None)
         self.schedule = c.schedule()

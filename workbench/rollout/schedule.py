@@ -4,9 +4,10 @@ The engine asks ``schedule.plan(batch_size, worker)`` before each decode step an
 with ``schedule.observe(report)`` after it. A schedule may change its mind at every step of
 the same batch: plain and speculative steps leave the batch in the same state (one emitted,
 unfed token per row), and the output is lossless either way, so a schedule decides speed
-only, never what is sampled. TLT's adaptive engine (speculate once few requests remain, and
-let a bandit pick the strategy per batch-size bucket) is one such schedule; the static ones
-here reproduce plain decoding and the fixed-``k`` SD of ``rollout(..., drafter=d)``.
+only, never what is sampled. TLT's adaptive engine (a bandit per batch-size bucket that picks
+plain decoding or an SD strategy from what each has measured on this machine) is one such
+schedule; the static ones here reproduce plain decoding, the fixed-``k`` SD of
+``rollout(..., drafter=d)`` and a fixed threshold.
 
 With the local backend every worker consults the same schedule object, one after another. A
 backend whose workers live in other processes hands each worker its own copy; its reports are
@@ -18,18 +19,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "PLAIN", "DEFAULT_SD_THRESHOLD", "DECISION_KEYS",
+           "ThresholdSchedule", "PLAIN", "DECISION_KEYS",
            "plan_columns", "decision_of"]
 
 PLAN_KINDS = ("plain", "speculative")
 DECISION_KEYS = ("bucket", "arm", "explored")
-
-# SD on once a worker's live batch has at most this many rows. TLT uses 32 on GPUs; here it
-# is the largest batch at which EAGLE (k=4) still beat plain decoding of the default policy on
-# this 2-core CPU: 1.13-1.81x at batches 1-32, 0.74-0.89x at 64-256, greedy and temperature 1
-# (BENCHMARKS.md, "SD speedup against batch size (threshold for the adaptive engine)",
-# benchmarks/bench_threshold.py).
-DEFAULT_SD_THRESHOLD = 32
 
 
 @dataclass(frozen=True)
@@ -138,9 +132,12 @@ class StaticSchedule(PlainSchedule):
 
 class ThresholdSchedule(StaticSchedule):
     """Speculative with depth ``k`` once the live batch has at most ``max_batch`` rows,
-    plain before: TLT's rule that SD pays in the long tail, when few requests remain."""
+    plain before: TLT's rule that SD pays in the long tail, when few requests remain. Where
+    the rule pays depends on the machine, so there is no default: measure it (notebook 02's
+    speedup-against-batch curve) or let :class:`~workbench.speculative.bandit.AdaptiveSchedule`
+    learn it."""
 
-    def __init__(self, k: int = 4, max_batch: int = DEFAULT_SD_THRESHOLD):
+    def __init__(self, k: int, max_batch: int):
         super().__init__(k)
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")

@@ -1,6 +1,6 @@
 """Rollout timelines as data: a *steps* table and a *requests* table, and measures on them.
 
-Schema (DESIGN.md, "Timelines are data"):
+Schema (docs/design.md, "Timelines are data"):
 
 steps     one row per engine call on a worker
           worker, step, kind (prefill | decode | draft | verify | drafter_train | train),
@@ -9,7 +9,8 @@ steps     one row per engine call on a worker
           decision"), NA on rows that no decode step wrote and in tables saved before them:
           decision (Int64, the decode step's index on its worker), plan_k (Int64, 0 for a
           plain step), plan_branch (Int64), plan_budget (Int64, NA for a chain), bucket
-          (string), arm (string), explored (boolean)
+          (string), arm (string), explored (boolean); and preempted (boolean: a drafter
+          training step cut at the end of its idle window, its work discarded; NA elsewhere)
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
           finish (eos | length), verify_steps, drafted, accepted, emitted, reward (NaN until
@@ -36,7 +37,7 @@ from ..atomic import atomic_dir
 
 __all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS",
            "OPTIONAL_REQUEST_COLUMNS", "BANDIT_CHOICE_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS",
-           "length_percentiles"]
+           "length_percentiles", "explore_cost", "plain_share", "OPTIONAL_STEP_COLUMNS"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -46,6 +47,8 @@ STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tok
 DECISION_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
                     "plan_budget": "Int64", "bucket": "string", "arm": "string",
                     "explored": "boolean"}
+# every optional steps column: the decisions, and the flag of a preempted drafter step
+OPTIONAL_STEP_COLUMNS = {**DECISION_COLUMNS, "preempted": "boolean"}
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
@@ -93,13 +96,13 @@ class Timeline:
         bad = set(self.steps["kind"]) - set(STEP_KINDS)
         if bad:
             raise ValueError(f"unknown step kind(s) {sorted(bad)}; accepted: {STEP_KINDS}")
-        self.steps = _with_columns(self.steps, DECISION_COLUMNS)
+        self.steps = _with_columns(self.steps, OPTIONAL_STEP_COLUMNS)
         self.requests = _with_columns(self.requests, OPTIONAL_REQUEST_COLUMNS)
 
     @classmethod
     def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
                      clock: str = "sim") -> "Timeline":
-        s = pd.DataFrame(steps, columns=STEP_COLUMNS + list(DECISION_COLUMNS))
+        s = pd.DataFrame(steps, columns=STEP_COLUMNS + list(OPTIONAL_STEP_COLUMNS))
         s["clock"] = clock
         r = pd.DataFrame(requests, columns=REQUEST_COLUMNS + list(OPTIONAL_REQUEST_COLUMNS))
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
@@ -121,15 +124,18 @@ class Timeline:
         """Time from the step's start (0) to the end of the latest step on any worker."""
         return float(self.steps["end_s"].max()) if len(self.steps) else 0.0
 
-    def busy_s(self, kinds=ROLLOUT_KINDS) -> pd.Series:
-        """Seconds each worker spent in steps of ``kinds``, indexed by worker 0..N-1."""
+    def busy_s(self, kinds=ROLLOUT_KINDS, preempted: bool = True) -> pd.Series:
+        """Seconds each worker spent in steps of ``kinds``, indexed by worker 0..N-1
+        (``preempted=False``: without the preempted drafter steps, whose work was lost)."""
         s = self.steps[self.steps["kind"].isin(kinds)]
+        if not preempted:
+            s = s[~s["preempted"].fillna(False).astype(bool)]
         busy = (s["end_s"] - s["start_s"]).groupby(s["worker"]).sum()
         return busy.reindex(range(self.num_workers), fill_value=0.0).rename("busy_s")
 
-    def idle_s(self, kinds=ROLLOUT_KINDS) -> pd.Series:
+    def idle_s(self, kinds=ROLLOUT_KINDS, preempted: bool = True) -> pd.Series:
         """Seconds each worker had no work of ``kinds`` within the makespan."""
-        return (self.makespan_s - self.busy_s(kinds)).rename("idle_s")
+        return (self.makespan_s - self.busy_s(kinds, preempted)).rename("idle_s")
 
     def idle_fraction(self) -> float:
         """Sum over workers of time with no rollout work, over N x makespan."""
@@ -137,10 +143,12 @@ class Timeline:
         return float(self.idle_s().sum() / (self.num_workers * m)) if m > 0 else 0.0
 
     def wasted_fraction(self) -> float:
-        """Idle fraction with drafter training counted as work."""
+        """Idle fraction with drafter training counted as work (a preempted drafter step's
+        time stays wasted: its update was discarded)."""
         m = self.makespan_s
         kinds = ROLLOUT_KINDS + ("drafter_train",)
-        return float(self.idle_s(kinds).sum() / (self.num_workers * m)) if m > 0 else 0.0
+        idle = self.idle_s(kinds, preempted=False).sum()
+        return float(idle / (self.num_workers * m)) if m > 0 else 0.0
 
     def tail_share(self, q: float = 0.9) -> float:
         """Fraction of the makespan after ``q`` of the requests have finished."""
@@ -183,19 +191,26 @@ class Timeline:
             s.at[i, "batch_size"] = max(live, int(s.at[i, "batch_size"]))
         return s.drop(columns="kind")
 
-    def bandit_choices(self) -> pd.DataFrame:
-        """The schedule's choices per batch-size bucket, from the steps table alone: one row
-        per (bucket, arm) with ``pulls`` (decode steps that ran it), ``explored`` (how many of
-        them were exploring pulls) and ``tokens_per_s`` (mean over those steps of tokens over
-        the step's seconds, draft and verify together: the bandit's reward). Buckets in
-        batch-size order; steps without a bucket (plain above the threshold, or a schedule
-        that does not explain itself) are left out."""
-        s = self.steps[self.steps["decision"].notna() & self.steps["bucket"].notna()]
+    def decisions(self) -> pd.DataFrame:
+        """One row per decode step a schedule decided, from the steps table alone: worker,
+        decision, bucket (NA without one), arm, explored, plan_k, rows (the live batch),
+        tokens (emitted) and seconds (draft and verify together: what the bandit was fed)."""
+        s = self.steps[self.steps["decision"].notna()]
         s = s.assign(seconds=s["end_s"] - s["start_s"])
-        per_step = s.groupby(["worker", "decision"]).agg(
+        return s.groupby(["worker", "decision"], sort=False).agg(
             bucket=("bucket", "first"), arm=("arm", "first"), explored=("explored", "first"),
-            tokens=("tokens", "sum"), seconds=("seconds", "sum"), rows=("batch_size", "max"))
-        per_step["reward"] = per_step["tokens"] / per_step["seconds"]
+            plan_k=("plan_k", "first"), rows=("batch_size", "max"), tokens=("tokens", "sum"),
+            seconds=("seconds", "sum")).reset_index()
+
+    def bandit_choices(self) -> pd.DataFrame:
+        """The schedule's choices per batch-size bucket: one row per (bucket, arm) with
+        ``pulls`` (decode steps that ran it), ``explored`` (how many of them were exploring
+        pulls) and ``tokens_per_s`` (mean over those steps of tokens over the step's seconds:
+        the bandit's reward). Buckets in batch-size order; steps without a bucket (plain above
+        a fixed threshold, or a schedule that does not explain itself) are left out."""
+        per_step = self.decisions()
+        per_step = per_step[per_step["bucket"].notna()]
+        per_step = per_step.assign(reward=per_step["tokens"] / per_step["seconds"])
         out = per_step.groupby(["bucket", "arm"]).agg(
             pulls=("reward", "size"), explored=("explored", "sum"),
             tokens_per_s=("reward", "mean"), smallest=("rows", "min")).reset_index()
@@ -205,7 +220,7 @@ class Timeline:
             BANDIT_CHOICE_COLUMNS)
 
     def summary(self) -> dict[str, float]:
-        """The scalars every notebook reports, under the names of DESIGN.md's measures."""
+        """The scalars every notebook reports, under the names of docs/design.md's measures."""
         return {"num_requests": int(len(self.requests)), "workers": self.num_workers,
                 "clock": self.clock, "makespan_s": self.makespan_s,
                 "idle_fraction": self.idle_fraction(), "tail_share": self.tail_share(),
@@ -236,3 +251,33 @@ class Timeline:
         return cls(pd.read_parquet(folder / "steps.parquet"),
                    pd.read_parquet(folder / "requests.parquet"), meta["num_workers"],
                    meta["clock"])
+
+
+def explore_cost(decisions: pd.DataFrame, min_pulls: int = 3) -> float:
+    """The share of decode time that exploring lost against the best arm in hindsight.
+
+    ``decisions``: :meth:`Timeline.decisions` of one or more timelines (concatenated). Per
+    bucket, the best arm in hindsight is the one of highest tokens over seconds, among arms
+    pulled at least ``min_pulls`` times (all arms when none was). An exploring step would have
+    emitted its tokens in ``tokens / best rate`` seconds; the cost is what it took beyond that,
+    summed over exploring steps, over every decided step's seconds (NaN when nothing was
+    decided in a bucket). Negative when exploring happened to beat the best on average.
+    """
+    d = decisions[decisions["bucket"].notna()]
+    if d.empty or d["seconds"].sum() <= 0:
+        return float("nan")
+    per_arm = d.groupby(["bucket", "arm"]).agg(tokens=("tokens", "sum"),
+                                              seconds=("seconds", "sum"),
+                                              pulls=("tokens", "size")).reset_index()
+    per_arm["rate"] = per_arm["tokens"] / per_arm["seconds"]
+    enough = per_arm[per_arm["pulls"] >= min_pulls]
+    best = per_arm.groupby("bucket")["rate"].max()
+    best.update(enough.groupby("bucket")["rate"].max())
+    explored = d[d["explored"].fillna(False).astype(bool)]
+    lost = explored["seconds"] - explored["tokens"] / explored["bucket"].map(best)
+    return float(lost.sum() / d["seconds"].sum())
+
+
+def plain_share(decisions: pd.DataFrame) -> float:
+    """The share of decided decode steps that ran plain (NaN when none was decided)."""
+    return float((decisions["plan_k"] == 0).mean()) if len(decisions) else float("nan")

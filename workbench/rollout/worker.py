@@ -64,14 +64,21 @@ class StepRecorder:
             row.update(columns)
         self.decisions += 1
 
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
+              deadline: float | None = None):
         """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
         where the last one ended: work done later in the same rollout step (after the
-        worker's last decode step, in its idle window) is charged where it would have run."""
+        worker's last decode step, in its idle window) is charged where it would have run.
+        A step that would end past ``deadline`` is preempted there: its row ends at the
+        deadline with ``preempted`` set (``forward_s`` keeps the seconds it really took), and
+        the caller discards its work."""
         self.t0 = time.perf_counter() - self.mark  # the clock resumes at the last mark
         t = time.perf_counter()
         out = fn()
         self.end(kind, batch_size, tokens, time.perf_counter() - t)
+        if deadline is not None and self.mark > deadline:
+            self.rows[-1].update(end_s=max(deadline, self.rows[-1]["start_s"]), preempted=True)
+            self.mark = self.rows[-1]["end_s"]
         return out
 
 
@@ -144,11 +151,13 @@ class Worker:
         dec.rec.label(first, plan, decision_of(schedule, self.index))  # before observe moves on
         schedule.observe(report)
 
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
-        """Run ``fn()`` as a step of ``kind`` on this worker's clock, after its last step."""
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
+              deadline: float | None = None):
+        """Run ``fn()`` as a step of ``kind`` on this worker's clock, after its last step
+        (preempted at ``deadline``: :meth:`StepRecorder.timed`)."""
         if self.recorder is None:
             self.recorder = StepRecorder(self.index, self.clock)
-        return self.recorder.timed(kind, fn, batch_size, tokens)
+        return self.recorder.timed(kind, fn, batch_size, tokens, deadline)
 
     def load_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load new policy and/or drafter weights (state dicts) into this worker's modules."""

@@ -1,24 +1,38 @@
 """BEG-MAB: TLT's bucketed epsilon-greedy bandit, and the adaptive schedule built on it.
 
-TLT's adaptive engine speculates only once a worker's live batch has fallen to a threshold
-(below it SD pays; above it the batch alone keeps the hardware busy), and lets a bandit pick
-the SD strategy, because the best draft depth or tree shape depends on the batch size (a
-verify pass of many tokens is cheap at batch 1 and dear at batch 32) and on how well the
-drafter currently matches a policy that changes every RL step. Each batch-size bucket has its
-own bandit; with probability epsilon it explores a uniformly random arm, otherwise it takes the
-arm with the best median reward over a sliding window of its latest observations (the median
-shrugs off a step slowed by something else on the machine; the window forgets a drafter that
-has since improved or degraded). Arms never pulled in a bucket are pulled first, in order.
-Reward = tokens the step emitted per second of the step: (mean accepted + 1) x batch / elapsed.
+Where speculative decoding pays depends on the machine: on one CPU EAGLE doubled decoding at
+batch 8, on another of the same kind it gained 1.1x, because cheap batched arithmetic leaves
+less per-call overhead for SD to save. So the adaptive engine assumes nothing and learns, per
+batch-size bucket, on the worker's own clock, which of its arms emits the most tokens per
+second. **Plain decoding is one of the arms**, in every bucket: where no SD strategy pays, the
+engine stops speculating there by itself (the learned threshold); where one does, it picks the
+best draft depth or tree for that batch size and for how well the drafter currently matches a
+policy that changes every RL step.
 
-Strategies are :class:`~workbench.rollout.schedule.StepPlan` values, written as strings:
+Glossary:
 
-``"chain:k=K"``            a chain of K draft tokens per row;
-``"tree:k=K,b=B[,n=N]"``   a tree K deep, B tokens per node, N tokens verified per row (all
-                           when omitted).
+arm         plain decoding (``"plain"``) or an SD strategy, the :class:`StepPlan` a step runs.
+bucket      a range of live batch sizes with its own bandit (lower edges; the default
+            ``(1, 2, 4, ..., 128)`` gives ``1``, ``2-3``, ``4-7``, ..., ``128+``).
+reward      tokens the step committed over the step's seconds (draft + verify + bookkeeping),
+            on the worker's clock: TLT's (mean accepted + 1) x batch / elapsed.
+value       median reward of an arm over its sliding window of latest rewards in a bucket (the
+            median shrugs off a step slowed by something else; the window forgets a drafter
+            that has since improved or degraded).
+best        the arm of highest value in the bucket; before anything is measured, ``plain``
+            (the arm that needs nothing to work).
+exploring   pulling an arm other than the best: an untried arm, or with probability epsilon
+            the *stalest* other arm (the one pulled longest ago), so that estimates that went
+            stale are refreshed in turn.
+budget      an exploring pull is made only if the seconds spent exploring, with what this
+            pull is expected to take (the arm's latest step in this bucket, else in any), stay
+            at most ``explore_budget`` of all the seconds observed, so that even an arm fifty
+            times slower than the best costs at most that share of the rollout's time (beyond
+            the first pull of each arm, whose cost nobody knows yet).
 
-Buckets are given by their lower edges: the default ``(1, 2, 4, ..., 128)`` makes buckets
-``1``, ``2-3``, ``4-7``, ..., ``64-127`` and ``128+`` (powers of two).
+Strategies are written as strings: ``"plain"``; ``"chain:k=K"``, a chain of K draft tokens
+per row; ``"tree:k=K,b=B[,n=N]"``, a tree K deep, B tokens per node, N tokens verified per row
+(all when omitted).
 """
 from __future__ import annotations
 
@@ -32,34 +46,39 @@ from typing import Sequence
 import pandas as pd
 
 from ..checks import check_int
-from ..rollout.schedule import DEFAULT_SD_THRESHOLD, StepPlan, StepReport
+from ..rollout.schedule import PLAIN, StepPlan, StepReport
 
 __all__ = ["BucketedBandit", "Choice", "AdaptiveSchedule", "parse_strategy", "strategy_name",
-           "DEFAULT_ARMS", "DEFAULT_BUCKET_EDGES", "STRATEGY_FORMS"]
+           "DEFAULT_ARMS", "DEFAULT_BUCKET_EDGES", "STRATEGY_FORMS", "PLAIN_ARM"]
 
+PLAIN_ARM = "plain"
 DEFAULT_BUCKET_EDGES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_ARMS = ("chain:k=2", "chain:k=4", "chain:k=6", "tree:k=4,b=3,n=16")
-STRATEGY_FORMS = "'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1)"
+STRATEGY_FORMS = "'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1)"
 _CHAIN = re.compile(r"chain:k=(\d+)")
 _TREE = re.compile(r"tree:k=(\d+),b=(\d+)(?:,n=(\d+))?")
 
 
 def parse_strategy(strategy: str | StepPlan) -> StepPlan:
-    """The speculative :class:`StepPlan` a strategy string names (a speculative plan passes
-    through); ValueError naming anything else and the accepted forms."""
-    if isinstance(strategy, StepPlan) and strategy.speculative:
+    """The :class:`StepPlan` a strategy string names (a StepPlan passes through); ValueError
+    naming anything else and the accepted forms."""
+    if isinstance(strategy, StepPlan):
         return strategy
     text = strategy.replace(" ", "") if isinstance(strategy, str) else ""
+    if text == PLAIN_ARM:
+        return PLAIN
     chain, tree = _CHAIN.fullmatch(text), _TREE.fullmatch(text)
     k, b, n = (chain.group(1), "1", None) if chain else tree.groups() if tree else ("0", "1", None)
     if int(k) < 1 or int(b) < 1 or (n is not None and int(n) < 1):  # no match reads as k=0
         raise ValueError(f"unknown SD strategy {strategy!r}; accepted: {STRATEGY_FORMS}, "
-                         "or a speculative StepPlan")
+                         "or a StepPlan")
     return StepPlan("speculative", int(k), int(b), None if n is None else int(n))
 
 
 def strategy_name(plan: StepPlan) -> str:
-    """The canonical string of a speculative plan (what :func:`parse_strategy` reads back)."""
+    """The canonical string of a plan (what :func:`parse_strategy` reads back)."""
+    if not plan.speculative:
+        return PLAIN_ARM
     if plan.branch == 1 and plan.verify_budget is None:
         return f"chain:k={plan.k}"
     budget = "" if plan.verify_budget is None else f",n={plan.verify_budget}"
@@ -72,10 +91,16 @@ def _bucket_labels(edges: tuple[int, ...]) -> list[str]:
     return labels + [f"{edges[-1]}+"]
 
 
+def _check_fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Choice:
-    """One pull: the bucket whose bandit chose, the arm, and whether it explored (a random
-    pull with probability epsilon, or an arm's first pull in its bucket) or exploited."""
+    """One pull: the bucket whose bandit chose, the arm, and whether it explored (pulled an
+    arm other than the bucket's best)."""
 
     bucket: str
     arm: str
@@ -83,19 +108,23 @@ class Choice:
 
 
 class BucketedBandit:
-    """One epsilon-greedy bandit per batch-size bucket over the same named arms.
+    """One epsilon-greedy bandit per batch-size bucket over the same named arms, exploring
+    within a time budget (module docstring, "budget").
 
     Args:
-        arms: arm names, in the order untried arms are pulled.
+        arms: arm names; the first is the best of a bucket where nothing is measured yet, and
+            untried arms are explored in this order.
         edges: lower edges of the buckets, strictly increasing from 1 (module docstring).
-        epsilon: probability of a uniformly random pull once every arm was tried.
+        epsilon: probability of exploring the stalest other arm once every arm was tried.
         window: observations per arm and bucket whose median is the arm's value.
+        explore_budget: the largest share of observed seconds that exploring may take.
         seed: of the bandit's own ``random.Random`` (never the global generator), so that a
             seeded run repeats its choices.
     """
 
     def __init__(self, arms: Sequence[str], edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
-                 epsilon: float = 0.1, window: int = 300, seed: int = 0):
+                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.03,
+                 seed: int = 0):
         self.arms = list(arms)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"arms must be a non-empty list of distinct names, got {arms!r}")
@@ -105,110 +134,178 @@ class BucketedBandit:
                 or any(isinstance(e, bool) or not isinstance(e, int) for e in self.edges)):
             raise ValueError(f"bucket edges must be strictly increasing integers starting at 1 "
                              f"(lower edges, e.g. {DEFAULT_BUCKET_EDGES}), got {edges!r}")
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) \
-                or not 0 <= epsilon <= 1:
-            raise ValueError(f"epsilon must be a number in [0, 1], got {epsilon!r}")
+        self.epsilon = _check_fraction("epsilon", epsilon)
+        self.explore_budget = _check_fraction("explore_budget", explore_budget)
         check_int("window", window, 1)
-        self.epsilon, self.window = float(epsilon), window
+        self.window = window
         self.labels = _bucket_labels(self.edges)
         self.rng = random.Random(seed)
         self.rewards = {(b, a): deque(maxlen=window) for b in self.labels for a in self.arms}
         self.pulls = {key: 0 for key in self.rewards}
+        self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
+        self.last_s: dict = {}  # seconds of the latest observed pull, per (bucket, arm) and arm
+        self.total_pulls = 0
+        self.observed_s = 0.0   # seconds of every observed pull
+        self.explored_s = 0.0   # seconds of the exploring ones
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
         check_int("batch_size", batch_size, 1)
         return self.labels[sum(e <= batch_size for e in self.edges) - 1]
 
+    def best(self, bucket: str) -> str:
+        """The arm of highest value in ``bucket`` (the first arm before any reward; the
+        first of equals)."""
+        return max(self.arms, key=lambda a: self.value(bucket, a))
+
+    def expected_s(self, bucket: str, arm: str) -> float:
+        """Seconds a pull of ``arm`` in ``bucket`` is expected to take: its latest in the
+        bucket, else its latest in any bucket, else 0 (unknown)."""
+        return self.last_s.get((bucket, arm), self.last_s.get(arm, 0.0))
+
+    def may_explore(self, seconds: float = 0.0) -> bool:
+        """Whether exploring ``seconds`` more stays within the budget: explored seconds at
+        most ``explore_budget`` of the observed seconds (and some were; a budget of 0 never
+        explores)."""
+        return (self.explore_budget > 0 and self.observed_s > 0
+                and self.explored_s + seconds <= self.explore_budget * self.observed_s)
+
     def choose(self, batch_size: int) -> Choice:
-        """Pull an arm in ``batch_size``'s bucket: an untried arm first, then with
-        probability epsilon a random one, else the best median reward (first on ties)."""
+        """Pull an arm in ``batch_size``'s bucket: the best (the first arm in a new bucket,
+        measured first), unless the budget allows exploring and an arm is untried (the first
+        such) or, with probability epsilon, to refresh (the stalest other arm)."""
         bucket = self.bucket(batch_size)
-        untried = [a for a in self.arms if self.pulls[bucket, a] == 0]
-        if untried:
-            arm, explored = untried[0], True
-        elif self.rng.random() < self.epsilon:
-            arm, explored = self.arms[self.rng.randrange(len(self.arms))], True
-        else:
-            arm = max(self.arms, key=lambda a: self.value(bucket, a))  # max keeps the first
-            explored = False
+        best = self.best(bucket)
+        arm = best
+        others = [a for a in self.arms if a != best]
+        if others and self.pulls[bucket, best] and self.may_explore():
+            untried = [a for a in others if self.pulls[bucket, a] == 0]
+            if untried:
+                candidate = untried[0]
+            elif self.rng.random() < self.epsilon:
+                candidate = min(others, key=lambda a: self.last_pull[bucket, a])
+            else:
+                candidate = best
+            if self.may_explore(self.expected_s(bucket, candidate)):
+                arm = candidate
         self.pulls[bucket, arm] += 1
-        return Choice(bucket, arm, explored)
+        self.last_pull[bucket, arm] = self.total_pulls
+        self.total_pulls += 1
+        return Choice(bucket, arm, arm != best)
 
     def value(self, bucket: str, arm: str) -> float:
         """Median reward of ``arm`` over its window in ``bucket`` (-inf before any reward)."""
         seen = self.rewards[bucket, arm]
         return statistics.median(seen) if seen else float("-inf")
 
-    def update(self, choice: Choice, reward: float) -> None:
-        """Record the reward of a pull."""
+    def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
+        """Record the reward of a pull and the ``seconds`` it took (the budget's ledger)."""
         self.rewards[choice.bucket, choice.arm].append(float(reward))
+        self.last_s[choice.bucket, choice.arm] = self.last_s[choice.arm] = float(seconds)
+        self.observed_s += seconds
+        if choice.explored:
+            self.explored_s += seconds
 
     def table(self) -> pd.DataFrame:
         """The bandit's state: one row per (bucket, arm) pulled at least once, with
-        ``pulls``, ``median_reward`` (over the window) and ``observed`` (rewards in it)."""
+        ``pulls``, ``median_reward`` (over the window), ``observed`` (rewards in it) and
+        ``best`` (whether it is the bucket's best arm now)."""
         rows = [{"bucket": b, "arm": a, "pulls": self.pulls[b, a],
-                 "median_reward": self.value(b, a), "observed": len(self.rewards[b, a])}
+                 "median_reward": self.value(b, a), "observed": len(self.rewards[b, a]),
+                 "best": a == self.best(b)}
                 for b in self.labels for a in self.arms if self.pulls[b, a]]
         return pd.DataFrame(rows, columns=["bucket", "arm", "pulls", "median_reward",
-                                           "observed"])
+                                           "observed", "best"])
 
 
 class AdaptiveSchedule:
-    """TLT's adaptive engine as a step schedule: plain while a worker's live batch is above
-    ``threshold``; at or below it, the batch's bucket's bandit picks the SD strategy, and the
-    step's tokens per second are its reward. With one arm it is a :class:`ThresholdSchedule`.
+    """TLT's adaptive engine as a step schedule: in each batch-size bucket the bucket's bandit
+    picks plain decoding or an SD strategy, and the step's tokens per second are its reward.
 
     Args:
-        threshold: largest live batch that speculates (integer >= 1); the default is the
-            measured one of :data:`~workbench.rollout.schedule.DEFAULT_SD_THRESHOLD`.
-        arms: strategies (strings, module docstring, or speculative StepPlans). The default
-            includes tree arms; the engine runs them once tree drafting is in.
-        epsilon, window, buckets, seed: of the :class:`BucketedBandit` (``buckets`` = lower
-            edges).
+        arms: the SD strategies (strings, module docstring, or speculative StepPlans);
+            ``"plain"`` is always an arm besides them (first: a bucket with nothing measured
+            decodes plain).
+        threshold: ``None`` (the default): every bucket learns whether to speculate. An
+            integer: the largest live batch that may speculate, plain above it (TLT's fixed
+            rule, for studies).
+        epsilon, window, explore_budget, buckets, seed: of the :class:`BucketedBandit`
+            (``buckets`` = lower edges).
     """
 
     needs_drafter = True
 
-    def __init__(self, threshold: int = DEFAULT_SD_THRESHOLD, arms: Sequence = DEFAULT_ARMS,
-                 epsilon: float = 0.1, window: int = 300,
+    def __init__(self, arms: Sequence = DEFAULT_ARMS, threshold: int | None = None,
+                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.03,
                  buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0):
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-            raise ValueError(f"threshold must be an integer >= 1 (the largest live batch that "
-                             f"speculates), got {threshold!r}")
+        if threshold is not None and (isinstance(threshold, bool)
+                                      or not isinstance(threshold, int) or threshold < 1):
+            raise ValueError(f"threshold must be None (learned per bucket) or an integer >= 1 "
+                             f"(the largest live batch that speculates), got {threshold!r}")
         if isinstance(arms, str) or not list(arms):
             raise ValueError(f"arms must be a non-empty list of strategies ({STRATEGY_FORMS}), "
                              f"got {arms!r}")
         plans = [parse_strategy(a) for a in arms]
-        self.plans = {strategy_name(p): p for p in plans}
-        if len(self.plans) != len(plans):
+        named = [strategy_name(p) for p in plans]
+        if len(set(named)) != len(named):
             raise ValueError(f"arms name the same strategy twice: {list(arms)!r}")
+        self.plans = {PLAIN_ARM: PLAIN, **{n: p for n, p in zip(named, plans)}}
         self.threshold = threshold
-        self.bandit = BucketedBandit(list(self.plans), buckets, epsilon, window, seed)
+        self.bandit = BucketedBandit(list(self.plans), buckets, epsilon, window, explore_budget,
+                                     seed)
         self.pending: dict[int, Choice | None] = {}  # each worker's latest choice
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
-        if batch_size > self.threshold:
+        if self.threshold is not None and batch_size > self.threshold:
             self.pending[worker] = None
-            return StepPlan()
+            return PLAIN
         choice = self.pending[worker] = self.bandit.choose(batch_size)
         return self.plans[choice.arm]
 
     def decision(self, worker: int) -> dict:
         """Why the latest plan for ``worker``: its bucket, arm and whether it explored
-        (a plain step above the threshold: arm ``"plain"``, no bucket)."""
+        (a plain step above a fixed threshold: arm ``"plain"``, no bucket)."""
         choice = self.pending.get(worker)
         if choice is None:
-            return {"bucket": None, "arm": "plain", "explored": False}
+            return {"bucket": None, "arm": PLAIN_ARM, "explored": False}
         return {"bucket": choice.bucket, "arm": choice.arm, "explored": choice.explored}
 
     def observe(self, report: StepReport) -> None:
-        """Feed the step's tokens per second to the bandit that chose it (plain steps and
-        steps with no measurable time teach nothing)."""
+        """Feed the step's tokens per second to the bandit that chose it (steps above a fixed
+        threshold and steps with no measurable time teach nothing)."""
         choice = self.pending.pop(report.worker, None)
         if choice is not None and report.elapsed_s > 0:
-            self.bandit.update(choice, report.tokens / report.elapsed_s)
+            self.bandit.update(choice, report.tokens / report.elapsed_s, report.elapsed_s)
 
     def table(self) -> pd.DataFrame:
         """The bandit's state per bucket and arm (:meth:`BucketedBandit.table`)."""
         return self.bandit.table()
+
+    def learned(self) -> pd.DataFrame:
+        """What the engine has learned of this machine, one row per bucket it decoded in:
+        ``plain_tokens_per_s`` (plain's value), ``best_sd`` and ``sd_tokens_per_s`` (the SD arm
+        of highest value), ``sd_speedup`` (their ratio), ``choice`` (the bucket's best arm now)
+        and ``speculates`` (whether that is an SD arm). The largest bucket that speculates is
+        the threshold the engine learned."""
+        b, rows = self.bandit, []
+        for bucket in b.labels:
+            if not any(b.pulls[bucket, a] for a in b.arms):
+                continue
+            sd = [a for a in b.arms if a != PLAIN_ARM]
+            best_sd = max(sd, key=lambda a: b.value(bucket, a)) if sd else None
+            plain = b.value(bucket, PLAIN_ARM)
+            sd_rate = b.value(bucket, best_sd) if best_sd else float("-inf")
+            known = plain > float("-inf") and sd_rate > float("-inf")
+            choice = b.best(bucket)
+            rows.append({"bucket": bucket, "plain_tokens_per_s": _finite(plain),
+                         "best_sd": best_sd if sd_rate > float("-inf") else None,
+                         "sd_tokens_per_s": _finite(sd_rate),
+                         "sd_speedup": sd_rate / plain if known and plain > 0 else float("nan"),
+                         "choice": choice, "speculates": choice != PLAIN_ARM})
+        return pd.DataFrame(rows, columns=["bucket", "plain_tokens_per_s", "best_sd",
+                                           "sd_tokens_per_s", "sd_speedup", "choice",
+                                           "speculates"])
+
+
+def _finite(x: float) -> float:
+    return x if x > float("-inf") else float("nan")

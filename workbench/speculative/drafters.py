@@ -26,6 +26,8 @@ the speculative columns, through the ``tree`` argument of ``rollout.forward.atte
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -34,7 +36,7 @@ from ..rollout.forward import RopeTable, attention_mask, policy_forward
 from ..rollout.tree import DraftTree, grow_tree
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
-           "one_hot_logq"]
+           "SlowedDrafter", "one_hot_logq"]
 
 
 def one_hot_logq(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:
@@ -330,3 +332,28 @@ class EagleDrafter(CachedDrafter):
         self.spec_cols = k - 1
         st.compact()
         return self.stacked(tokens, logqs)
+
+
+class SlowedDrafter:
+    """``drafter`` made slower by ``delay_s`` seconds per drafted depth (a chain of ``k``
+    drafts, or a tree ``k`` deep, waits ``k * delay_s`` more): a hostile machine on which SD
+    cannot pay, for the tests and benchmarks of the adaptive engine. Its tokens, and
+    everything else (``head``, ``module``, ``begin``...), are the wrapped drafter's."""
+
+    def __init__(self, drafter, delay_s: float):
+        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or delay_s < 0:
+            raise ValueError(f"delay_s must be a number of seconds >= 0, got {delay_s!r}")
+        self.drafter, self.delay_s = drafter, float(delay_s)
+
+    def __getattr__(self, name):
+        if "drafter" not in self.__dict__:  # while unpickling
+            raise AttributeError(name)
+        return getattr(self.__dict__["drafter"], name)
+
+    def draft(self, ctx, k):
+        time.sleep(k * self.delay_s)
+        return self.drafter.draft(ctx, k)
+
+    def draft_tree(self, ctx, k, branch):
+        time.sleep(k * self.delay_s)
+        return self.drafter.draft_tree(ctx, k, branch)
