@@ -78,14 +78,17 @@ def report(plan, worker=0, tokens=10, elapsed=0.01):
 
 
 def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
-    """A 50x slower arm is still tried (and re-tried when stale), but the seconds spent
+    """A 20x slower arm is still tried (and re-tried when stale), but the seconds spent
     exploring pass the budget's share of all the seconds by the first pull at most."""
     bandit = BucketedBandit(["plain", "slow"], epsilon=0.5, explore_budget=0.03, seed=2)
     choices = pull(bandit, 3, {"plain": 100.0, "slow": 20.0}, random.Random(0), 6000,
-                   seconds={"plain": 0.01, "slow": 0.5})
+                   seconds={"plain": 0.01, "slow": 0.2})
     slow = [i for i, c in enumerate(choices) if c.arm == "slow"]
     assert len(slow) >= 2 and all(choices[i].explored for i in slow)
-    assert bandit.explored_s <= 0.03 * bandit.observed_s + 0.5
+    spent = {"plain": 0.01, "slow": 0.2}
+    explored = sum(spent[c.arm] for c in choices if c.explored)
+    assert explored <= 0.03 * sum(spent[c.arm] for c in choices) + 0.2
+    assert bandit.explored_s[0] <= 0.03 * bandit.observed_s[0] + 1e-12  # the faded ledger
     assert bandit.best("2-3") == "plain" and bandit.table()["best"].sum() == 1
     zero = BucketedBandit(["plain", "slow"], epsilon=1.0, explore_budget=0.0)
     assert all(c.arm == "plain" for c in pull(zero, 1, {"plain": 1, "slow": 9},

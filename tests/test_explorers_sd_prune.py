@@ -94,8 +94,11 @@ def test_whatif_bad_input():
         SDWhatIf(make_sweep(), make_timeline())
     with pytest.raises(ValueError, match=r"temperature 0.5.*\[0.0, 1.0\]"):
         SDWhatIf(make_sweep(), make_timeline(), temperature=0.5)
-    with pytest.raises(ValueError, match="threshold 9: accepted an integer from 1 to 4"):
-        whatif(threshold=9)
+    with pytest.raises(ValueError, match="threshold -1: accepted an integer >= 0"):
+        whatif(threshold=-1)
+    assert whatif(threshold=9).controls["threshold"].value == 4  # above the batch: everywhere
+    with pytest.raises(ValueError, match=r"k 3: accepted one of the measured \[2, 4\]"):
+        whatif(k=3)
     with pytest.raises(ValueError, match=r"missing columns \['speedup'\]"):
         SDWhatIf(make_sweep().drop(columns="speedup"), make_timeline(), temperature=0.0)
     prefill_only = make_timeline([s for s in STEPS if s[1] == "prefill"])

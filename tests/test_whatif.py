@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from workbench.rollout.timeline import Timeline
-from workbench.speculative.whatif import measured_speedups, sd_whatif, speedup_at
+from workbench.speculative.whatif import (measured_speedups, measured_threshold, sd_whatif,
+                                         speedup_at)
 
 # (worker, kind, start, end, batch_size): worker 0's batch shrinks 4 -> 2 -> 1, worker 1's 3 -> 2
 STEPS = [(0, "prefill", 0.0, 0.1, 4), (0, "decode", 0.1, 0.5, 4), (0, "decode", 0.5, 1.0, 2),
@@ -75,10 +76,20 @@ def test_steps_outside_the_measured_batches_take_the_nearest_point_and_are_count
     assert w.beyond_measured == 3  # batches 4, 1 and 3
 
 
-@pytest.mark.parametrize("threshold", [0, -1, 2.5, True, "4"])
-def test_threshold_must_be_a_positive_integer(threshold):
-    with pytest.raises(ValueError, match="threshold .* integer >= 1"):
+@pytest.mark.parametrize("threshold", [-1, 2.5, True, "4"])
+def test_threshold_must_be_a_non_negative_integer(threshold):
+    with pytest.raises(ValueError, match="threshold .* integer >= 0"):
         sd_whatif(make_timeline(), make_sweep(), threshold, "eagle", 4, 0.0)
+
+
+def test_the_measured_threshold_is_where_this_machines_curve_stops_paying():
+    sweep = make_sweep()
+    assert measured_threshold(sweep, "eagle", 4, 0.0) == 4   # 2.0, 1.5, then 1.0 at batch 8
+    assert measured_threshold(sweep, "eagle", 4, 1.0) == 4   # pays at every measured size
+    losing = sweep.assign(speedup=0.9)
+    assert measured_threshold(losing, "eagle", 4, 0.0) == 0  # pays nowhere: SD off
+    nowhere = sd_whatif(make_timeline(), losing, 0, "eagle", 4, 0.0)
+    assert nowhere.speedup == 1.0 and nowhere.summary()["sd_steps"] == 0
 
 
 def test_missing_setting_names_what_was_measured():

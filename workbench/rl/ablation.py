@@ -165,7 +165,8 @@ class Ablation:
                 raise ValueError(f"variant {name!r} did not run; ran: {ran}")
         pv = self.per_variant().set_index("variant")
         b, t = pv.loc["baseline"], pv.loc[variant]
-        ev = self.evals
+        ev = self.evals if len(self.evals) else pd.DataFrame(
+            columns=["variant", "seed", "step", "accuracy"], dtype=float)  # none measured
         start = ev[ev["step"] == 0]["accuracy"].mean()
         h = self.history[self.history["variant"] == variant]
         decisions = self.decisions(variant)

@@ -24,11 +24,13 @@ best        the arm of highest value in the bucket; before anything is measured,
 exploring   pulling an arm other than the best: an untried arm, or with probability epsilon
             the *stalest* other arm (the one pulled longest ago), so that estimates that went
             stale are refreshed in turn.
-budget      an exploring pull is made only if the seconds spent exploring, with what this
-            pull is expected to take (the arm's latest step in this bucket, else in any), stay
-            at most ``explore_budget`` of all the seconds observed, so that even an arm fifty
-            times slower than the best costs at most that share of the rollout's time (beyond
-            the first pull of each arm, whose cost nobody knows yet).
+budget      an exploring pull is made only if the worker's seconds spent exploring, with
+            what this pull is expected to take (the arm's latest step in this bucket, else in
+            any), stay at most ``explore_budget`` of the worker's seconds observed, so that
+            even an arm fifty times slower than the best costs each worker at most that share
+            of its rollout time (beyond the first pull of each arm, whose cost nobody knows
+            yet). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
+            unspent for long cannot be spent in one burst.
 
 Strategies are written as strings: ``"plain"``; ``"chain:k=K"``, a chain of K draft tokens
 per row; ``"tree:k=K,b=B[,n=N]"``, a tree K deep, B tokens per node, N tokens verified per row
@@ -52,6 +54,7 @@ __all__ = ["BucketedBandit", "Choice", "AdaptiveSchedule", "parse_strategy", "st
            "DEFAULT_ARMS", "DEFAULT_BUCKET_EDGES", "STRATEGY_FORMS", "PLAIN_ARM"]
 
 PLAIN_ARM = "plain"
+LEDGER_DECAY = 0.999  # per observation: a worker's budget remembers its last ~1000 steps
 DEFAULT_BUCKET_EDGES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_ARMS = ("chain:k=2", "chain:k=4", "chain:k=6", "tree:k=4,b=3,n=16")
 STRATEGY_FORMS = "'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1)"
@@ -99,12 +102,13 @@ def _check_fraction(name: str, value) -> float:
 
 @dataclass(frozen=True)
 class Choice:
-    """One pull: the bucket whose bandit chose, the arm, and whether it explored (pulled an
-    arm other than the bucket's best)."""
+    """One pull: the bucket whose bandit chose, the arm, whether it explored (pulled an arm
+    other than the bucket's best), and the worker whose budget it was charged to."""
 
     bucket: str
     arm: str
     explored: bool
+    worker: int = 0
 
 
 class BucketedBandit:
@@ -145,8 +149,9 @@ class BucketedBandit:
         self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
         self.last_s: dict = {}  # seconds of the latest observed pull, per (bucket, arm) and arm
         self.total_pulls = 0
-        self.observed_s = 0.0   # seconds of every observed pull
-        self.explored_s = 0.0   # seconds of the exploring ones
+        self.medians: dict = {}  # (bucket, arm) -> median of its window, until it changes
+        self.observed_s: dict[int, float] = {}   # per worker: (faded) seconds observed
+        self.explored_s: dict[int, float] = {}   # per worker: of which exploring
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
@@ -163,14 +168,15 @@ class BucketedBandit:
         bucket, else its latest in any bucket, else 0 (unknown)."""
         return self.last_s.get((bucket, arm), self.last_s.get(arm, 0.0))
 
-    def may_explore(self, seconds: float = 0.0) -> bool:
-        """Whether exploring ``seconds`` more stays within the budget: explored seconds at
-        most ``explore_budget`` of the observed seconds (and some were; a budget of 0 never
-        explores)."""
-        return (self.explore_budget > 0 and self.observed_s > 0
-                and self.explored_s + seconds <= self.explore_budget * self.observed_s)
+    def may_explore(self, worker: int = 0, seconds: float = 0.0) -> bool:
+        """Whether ``worker`` exploring ``seconds`` more stays within the budget: its explored
+        seconds at most ``explore_budget`` of its observed seconds (and some were; a budget
+        of 0 never explores)."""
+        observed = self.observed_s.get(worker, 0.0)
+        return (self.explore_budget > 0 and observed > 0 and self.explored_s.get(worker, 0.0)
+                + seconds <= self.explore_budget * observed)
 
-    def choose(self, batch_size: int) -> Choice:
+    def choose(self, batch_size: int, worker: int = 0) -> Choice:
         """Pull an arm in ``batch_size``'s bucket: the best (the first arm in a new bucket,
         measured first), unless the budget allows exploring and an arm is untried (the first
         such) or, with probability epsilon, to refresh (the stalest other arm)."""
@@ -178,7 +184,7 @@ class BucketedBandit:
         best = self.best(bucket)
         arm = best
         others = [a for a in self.arms if a != best]
-        if others and self.pulls[bucket, best] and self.may_explore():
+        if others and self.pulls[bucket, best] and self.may_explore(worker):
             untried = [a for a in others if self.pulls[bucket, a] == 0]
             if untried:
                 candidate = untried[0]
@@ -186,25 +192,31 @@ class BucketedBandit:
                 candidate = min(others, key=lambda a: self.last_pull[bucket, a])
             else:
                 candidate = best
-            if self.may_explore(self.expected_s(bucket, candidate)):
+            if self.may_explore(worker, self.expected_s(bucket, candidate)):
                 arm = candidate
         self.pulls[bucket, arm] += 1
         self.last_pull[bucket, arm] = self.total_pulls
         self.total_pulls += 1
-        return Choice(bucket, arm, arm != best)
+        return Choice(bucket, arm, arm != best, worker)
 
     def value(self, bucket: str, arm: str) -> float:
         """Median reward of ``arm`` over its window in ``bucket`` (-inf before any reward)."""
-        seen = self.rewards[bucket, arm]
-        return statistics.median(seen) if seen else float("-inf")
+        value = self.medians.get((bucket, arm))
+        if value is None:
+            seen = self.rewards[bucket, arm]
+            value = self.medians[bucket, arm] = statistics.median(seen) if seen else \
+                float("-inf")
+        return value
 
     def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
-        """Record the reward of a pull and the ``seconds`` it took (the budget's ledger)."""
+        """Record the reward of a pull and the ``seconds`` it took (its worker's ledger)."""
         self.rewards[choice.bucket, choice.arm].append(float(reward))
+        self.medians.pop((choice.bucket, choice.arm), None)
         self.last_s[choice.bucket, choice.arm] = self.last_s[choice.arm] = float(seconds)
-        self.observed_s += seconds
-        if choice.explored:
-            self.explored_s += seconds
+        w = choice.worker
+        self.observed_s[w] = LEDGER_DECAY * self.observed_s.get(w, 0.0) + seconds
+        self.explored_s[w] = LEDGER_DECAY * self.explored_s.get(w, 0.0) + \
+            (seconds if choice.explored else 0.0)
 
     def table(self) -> pd.DataFrame:
         """The bandit's state: one row per (bucket, arm) pulled at least once, with
@@ -259,7 +271,7 @@ class AdaptiveSchedule:
         if self.threshold is not None and batch_size > self.threshold:
             self.pending[worker] = None
             return PLAIN
-        choice = self.pending[worker] = self.bandit.choose(batch_size)
+        choice = self.pending[worker] = self.bandit.choose(batch_size, worker)
         return self.plans[choice.arm]
 
     def decision(self, worker: int) -> dict:

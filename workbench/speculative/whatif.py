@@ -28,7 +28,8 @@ import pandas as pd
 from ..results import read_table
 from ..rollout.timeline import Timeline
 
-__all__ = ["WhatIf", "measured_speedups", "speedup_at", "sd_whatif", "SWEEP_COLUMNS"]
+__all__ = ["WhatIf", "measured_speedups", "measured_threshold", "speedup_at", "sd_whatif",
+           "SWEEP_COLUMNS"]
 
 SWEEP_COLUMNS = ("temperature", "drafter", "k", "batch_size", "speedup")
 SD_KINDS = ("draft", "verify")  # a timeline with these already ran SD
@@ -121,11 +122,22 @@ def speedup_at(measured: pd.DataFrame, batch_sizes) -> np.ndarray:
                      measured["speedup"].to_numpy(float))
 
 
+def measured_threshold(sweep: pd.DataFrame, drafter: str, k: int, temperature: float) -> int:
+    """The threshold this machine measured: the largest batch size of ``sweep`` up to which
+    SD (``drafter``, ``k``, ``temperature``) beat plain decoding at every measured size; 0
+    when it lost already at the smallest. What the adaptive engine learns per bucket, read
+    off a sweep, so that a what-if starts where this machine is, not where another was."""
+    measured = measured_speedups(sweep, drafter, k, temperature)
+    losing = measured["speedup"] <= 1
+    last = len(measured) if not losing.any() else int(losing.to_numpy().argmax())
+    return int(measured["batch_size"].iloc[last - 1]) if last else 0
+
+
 def _check_threshold(threshold) -> int:
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) \
-            or threshold < 1:
-        raise ValueError(f"threshold {threshold!r} is not accepted: an integer >= 1 (SD is "
-                         "on at live batch sizes up to it)")
+            or threshold < 0:
+        raise ValueError(f"threshold {threshold!r} is not accepted: an integer >= 0 (SD is "
+                         "on at live batch sizes up to it; 0: nowhere)")
     return int(threshold)
 
 

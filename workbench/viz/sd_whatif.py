@@ -13,8 +13,7 @@ import html
 
 import numpy as np
 
-from ..rollout.schedule import DEFAULT_SD_THRESHOLD
-from ..speculative.whatif import SWEEP_COLUMNS, sd_whatif
+from ..speculative.whatif import SWEEP_COLUMNS, measured_threshold, sd_whatif
 from .explorer import Explorer
 from .speculative import _batch_axis, _styles, _temperature_title
 from ..results import read_table
@@ -57,13 +56,16 @@ class SDWhatIf(Explorer):
         sweep: an ``sd_sweep`` table (notebook 02's ``curve.csv``), DataFrame or CSV/parquet path.
         timeline: the recorded rollout: a ``Timeline`` or the run folder it was saved in.
         temperature: which measured temperature to use (needed when the sweep has several).
-        threshold: the slider's first value (default: the engine's default threshold, capped
-            at the largest live batch of the timeline).
+        threshold: the slider's first value (default: the threshold this machine measured,
+            ``speculative.whatif.measured_threshold`` of the opening curve, capped at the
+            largest live batch of the timeline).
+        k: the k it opens at (default: the largest measured for the opening drafter).
     """
 
     figsize = (11.0, 4.4)
 
-    def __init__(self, sweep, timeline, temperature=None, threshold: int | None = None):
+    def __init__(self, sweep, timeline, temperature=None, threshold: int | None = None,
+                 k: int | None = None):
         import ipywidgets as widgets
         sweep = read_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
         self.temperature = _pick_temperature(sweep, temperature)
@@ -74,17 +76,21 @@ class SDWhatIf(Explorer):
         self.styles = _styles(sweep)
         drafters = sorted({d for d, _ in self.pairs})
         drafter = "eagle" if "eagle" in drafters else drafters[0]
-        start = min(DEFAULT_SD_THRESHOLD, self.max_batch) if threshold is None else threshold
-        if isinstance(start, bool) or not isinstance(start, int) \
-                or not 1 <= start <= self.max_batch:
-            raise ValueError(f"threshold {threshold!r}: accepted an integer from 1 to "
-                             f"{self.max_batch} (the timeline's largest live decode batch)")
+        ks = sorted({kk for _, kk in self.pairs})
+        k = max(kk for d, kk in self.pairs if d == drafter) if k is None else k
+        if k not in ks:
+            raise ValueError(f"k {k!r}: accepted one of the measured {ks}")
+        start = (measured_threshold(self.sweep, drafter, k, self.temperature)
+                 if threshold is None else threshold)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"threshold {threshold!r}: accepted an integer >= 0 (above "
+                             f"{self.max_batch}, the timeline's largest live decode batch, it "
+                             "means SD everywhere)")
+        start = min(start, self.max_batch)
         super().__init__({
-            "threshold": widgets.IntSlider(value=start, min=1, max=self.max_batch,
+            "threshold": widgets.IntSlider(value=start, min=0, max=self.max_batch,
                                            description="threshold"),
-            "k": widgets.Dropdown(options=sorted({k for _, k in self.pairs}),
-                                  value=max(k for d, k in self.pairs if d == drafter),
-                                  description="k"),
+            "k": widgets.Dropdown(options=ks, value=k, description="k"),
             "drafter": widgets.Dropdown(options=drafters, value=drafter, description="drafter")})
 
     def draw(self, fig, threshold, k, drafter) -> str:
@@ -115,9 +121,10 @@ class SDWhatIf(Explorer):
         _batch_axis(ax, sizes)
         lo, hi = min(1, sizes[0]) / 1.3, max(sizes[-1], self.max_batch) * 1.3
         ax.set_xlim(lo, hi)
-        ax.axvspan(lo, threshold, color="#33a02c", alpha=0.1, gid="sd-region",
-                   label=f"SD on: live batch ≤ {threshold}")
-        ax.axvline(threshold, color="#33a02c", linewidth=1.5, gid="threshold")
+        if threshold >= 1:  # 0: SD nowhere, no region to shade
+            ax.axvspan(lo, threshold, color="#33a02c", alpha=0.1, gid="sd-region",
+                       label=f"SD on: live batch ≤ {threshold}")
+            ax.axvline(threshold, color="#33a02c", linewidth=1.5, gid="threshold")
         ax.axhline(1.0, color="black", linewidth=1.0, gid="plain-decoding",
                    label="plain decoding")
         ax.set_ylabel(f"measured SD speedup ({SWEEP_CLOCK} clock)")
