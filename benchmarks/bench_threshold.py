@@ -1,13 +1,14 @@
-"""Where does SD stop paying? EAGLE speedup against batch size, for the adaptive engine's
-threshold (``workbench.rollout.schedule.DEFAULT_SD_THRESHOLD``).
+"""Where does SD stop paying on this machine? EAGLE speedup against batch size: what the
+adaptive engine learns per bucket by itself (``AdaptiveSchedule.learned``), measured here
+side by side.
 
 ``sd_sweep`` at each batch size with its own prompt set of ``--prompts-per-row`` x batch
 prompts (at least ``--min-prompts``) under continuous batching, so the live batch stays at
 its cap for most of the run instead of decaying through a single wave's tail; plain decoding
 and EAGLE at k draft tokens alternate inside each repeat. The speedup is the median of the
-per-repeat tokens/s ratios (engine clock), with min-max and spread. The threshold is the
-largest batch size up to which SD paid at every measured batch size (median speedup > 1
-at every temperature).
+per-repeat tokens/s ratios (engine clock), with min-max and spread. The threshold is
+``speculative.whatif.measured_threshold`` at each temperature: the largest batch size up to
+which SD paid at every measured batch size.
 
     python benchmarks/bench_threshold.py --batch-sizes 1 4 16 32 64 128 256 --repeats 3 --warmup 1
 """
@@ -23,17 +24,9 @@ from workbench.models import load_model
 from workbench.rollout import RolloutEngine
 from workbench.speculative.defaults import default_drafters
 from workbench.speculative.sweep import sd_sweep
+from workbench.speculative.whatif import measured_threshold
 from workbench.speedup import markdown
 from workbench.tasks import HELDOUT_SEED, get_problems
-
-
-def largest_paying(curve: pd.DataFrame) -> int | None:
-    """The largest batch size up to which SD paid (median speedup > 1 at every temperature)
-    at every measured batch size: a noisy win above a loss does not move the threshold."""
-    paying = (curve.groupby("batch_size")["speedup"].min() > 1).sort_index()
-    lost = paying.index[~paying]
-    upto = paying[paying.index < lost.min()] if len(lost) else paying
-    return int(upto.index.max()) if len(upto) else None
 
 
 def main():
@@ -70,8 +63,9 @@ def main():
     print_table("EAGLE vs plain decoding, by batch size (engine clock, median of per-repeat "
                 "tokens/s ratios)", sweep_table(curve), curve["spread_wide"], args.wide,
                 "configurations")
-    print(f"\nLargest batch size up to which SD paid at every temperature: "
-          f"{largest_paying(curve)}")
+    for t in sorted(curve["temperature"].unique()):
+        print(f"\nT = {t}: SD paid at every measured batch up to "
+              f"{measured_threshold(curve, 'eagle', args.k, t)} (0: at none)")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def sd_table(device, prompts, dtype, batch_sizes, repeats, max_new_tokens) -> pd
 
 
 def tlt_table(device, steps, prompts_per_step, samples, max_new_tokens) -> tuple:
-    """Baseline against TLT for ``steps`` RL steps on ``device``: DESIGN's measures."""
+    """Baseline against TLT for ``steps`` RL steps on ``device``: docs/design.md's measures."""
     from workbench.rl import GRPOConfig
     from workbench.rl.ablation import rl_setup, run_ablation
     setup = rl_setup()

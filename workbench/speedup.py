@@ -1,4 +1,4 @@
-"""Side-by-side timing that survives a busy machine (DESIGN.md, "Measures": *SD speedup*).
+"""Side-by-side timing that survives a busy machine (docs/design.md, "Measures": *SD speedup*).
 
 Systems under comparison alternate inside each repeat, and the order rotates between repeats,
 so a busy period (another job on the same cores) hits every system rather than one. A

@@ -19,15 +19,19 @@ reward      tokens the step committed over the step's seconds (draft + verify + 
 value       median reward of an arm over its sliding window of latest rewards in a bucket (the
             median shrugs off a step slowed by something else; the window forgets a drafter
             that has since improved or degraded).
-best        the arm of highest value in the bucket; before anything is measured, ``plain``
-            (the arm that needs nothing to work).
+best        the arm of highest value in the bucket; in a bucket where nothing is measured
+            yet, the best arm of the nearest bucket that has measurements (neighbouring batch
+            sizes behave alike), else ``plain`` (the arm that needs nothing to work).
 exploring   pulling an arm other than the best: an untried arm, or with probability epsilon
             the *stalest* other arm (the one pulled longest ago), so that estimates that went
             stale are refreshed in turn.
-budget      an exploring pull is made only if the worker's seconds spent exploring, with
-            what this pull is expected to take (the arm's latest step in this bucket, else in
-            any), stay at most ``explore_budget`` of the worker's seconds observed, so that
-            even an arm fifty times slower than the best costs each worker at most that share
+cost        what an exploring pull lost against the best arm: its seconds minus the seconds
+            the best arm would have taken for the same tokens (0 when it did better).
+budget      an exploring pull is made only if the worker's exploring cost so far, with what
+            this pull is expected to cost (the arm's latest cost in this bucket, else in any),
+            stays at most ``explore_budget`` of the worker's seconds observed. Exploring an
+            arm that does as well as the best is free, so a machine where SD pays learns it
+            fast; an arm fifty times slower than the best costs each worker at most that share
             of its rollout time (beyond the first pull of each arm, whose cost nobody knows
             yet). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
             unspent for long cannot be spent in one burst.
@@ -147,11 +151,11 @@ class BucketedBandit:
         self.rewards = {(b, a): deque(maxlen=window) for b in self.labels for a in self.arms}
         self.pulls = {key: 0 for key in self.rewards}
         self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
-        self.last_s: dict = {}  # seconds of the latest observed pull, per (bucket, arm) and arm
+        self.last_cost: dict = {}  # cost of the latest exploring pull, per (bucket, arm), arm
         self.total_pulls = 0
         self.medians: dict = {}  # (bucket, arm) -> median of its window, until it changes
         self.observed_s: dict[int, float] = {}   # per worker: (faded) seconds observed
-        self.explored_s: dict[int, float] = {}   # per worker: of which exploring
+        self.explore_cost_s: dict[int, float] = {}  # per worker: (faded) cost of exploring
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
@@ -159,27 +163,33 @@ class BucketedBandit:
         return self.labels[sum(e <= batch_size for e in self.edges) - 1]
 
     def best(self, bucket: str) -> str:
-        """The arm of highest value in ``bucket`` (the first arm before any reward; the
-        first of equals)."""
-        return max(self.arms, key=lambda a: self.value(bucket, a))
+        """The arm of highest value in ``bucket`` (the first of equals); in a bucket with no
+        reward yet, the best of the nearest bucket that has one (the smaller on ties), else
+        the first arm."""
+        i = self.labels.index(bucket)
+        for j in sorted(range(len(self.labels)), key=lambda j: (abs(j - i), j)):
+            if any(self.rewards[self.labels[j], a] for a in self.arms):
+                return max(self.arms, key=lambda a: self.value(self.labels[j], a))
+        return self.arms[0]
 
-    def expected_s(self, bucket: str, arm: str) -> float:
-        """Seconds a pull of ``arm`` in ``bucket`` is expected to take: its latest in the
-        bucket, else its latest in any bucket, else 0 (unknown)."""
-        return self.last_s.get((bucket, arm), self.last_s.get(arm, 0.0))
+    def expected_cost(self, bucket: str, arm: str) -> float:
+        """What an exploring pull of ``arm`` in ``bucket`` is expected to cost: its latest
+        cost in the bucket, else in any bucket, else 0 (unknown)."""
+        return self.last_cost.get((bucket, arm), self.last_cost.get(arm, 0.0))
 
-    def may_explore(self, worker: int = 0, seconds: float = 0.0) -> bool:
-        """Whether ``worker`` exploring ``seconds`` more stays within the budget: its explored
-        seconds at most ``explore_budget`` of its observed seconds (and some were; a budget
-        of 0 never explores)."""
+    def may_explore(self, worker: int = 0, cost: float = 0.0) -> bool:
+        """Whether ``worker`` exploring at ``cost`` more seconds stays within the budget: its
+        exploring cost at most ``explore_budget`` of its observed seconds (and some were; a
+        budget of 0 never explores)."""
         observed = self.observed_s.get(worker, 0.0)
-        return (self.explore_budget > 0 and observed > 0 and self.explored_s.get(worker, 0.0)
-                + seconds <= self.explore_budget * observed)
+        return (self.explore_budget > 0 and observed > 0
+                and self.explore_cost_s.get(worker, 0.0) + cost
+                <= self.explore_budget * observed)
 
     def choose(self, batch_size: int, worker: int = 0) -> Choice:
-        """Pull an arm in ``batch_size``'s bucket: the best (the first arm in a new bucket,
-        measured first), unless the budget allows exploring and an arm is untried (the first
-        such) or, with probability epsilon, to refresh (the stalest other arm)."""
+        """Pull an arm in ``batch_size``'s bucket: the best (in a new bucket, measured first),
+        unless the budget allows exploring and an arm is untried (the first such) or, with
+        probability epsilon, to refresh (the stalest other arm)."""
         bucket = self.bucket(batch_size)
         best = self.best(bucket)
         arm = best
@@ -192,7 +202,7 @@ class BucketedBandit:
                 candidate = min(others, key=lambda a: self.last_pull[bucket, a])
             else:
                 candidate = best
-            if self.may_explore(worker, self.expected_s(bucket, candidate)):
+            if self.may_explore(worker, self.expected_cost(bucket, candidate)):
                 arm = candidate
         self.pulls[bucket, arm] += 1
         self.last_pull[bucket, arm] = self.total_pulls
@@ -209,14 +219,19 @@ class BucketedBandit:
         return value
 
     def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
-        """Record the reward of a pull and the ``seconds`` it took (its worker's ledger)."""
+        """Record the reward (tokens per second) of a pull and the ``seconds`` it took, and
+        charge an exploring pull's cost to its worker's ledger."""
+        cost = 0.0
+        if choice.explored:
+            best_rate = self.value(choice.bucket, self.best(choice.bucket))
+            lost = seconds - reward * seconds / best_rate if best_rate > 0 else seconds
+            cost = self.last_cost[choice.bucket, choice.arm] = self.last_cost[choice.arm] = \
+                max(0.0, lost)
         self.rewards[choice.bucket, choice.arm].append(float(reward))
         self.medians.pop((choice.bucket, choice.arm), None)
-        self.last_s[choice.bucket, choice.arm] = self.last_s[choice.arm] = float(seconds)
         w = choice.worker
         self.observed_s[w] = LEDGER_DECAY * self.observed_s.get(w, 0.0) + seconds
-        self.explored_s[w] = LEDGER_DECAY * self.explored_s.get(w, 0.0) + \
-            (seconds if choice.explored else 0.0)
+        self.explore_cost_s[w] = LEDGER_DECAY * self.explore_cost_s.get(w, 0.0) + cost
 
     def table(self) -> pd.DataFrame:
         """The bandit's state: one row per (bucket, arm) pulled at least once, with

@@ -1,4 +1,4 @@
-"""SD measures, one definition each (DESIGN.md): acceptance length, step times, speedup bound.
+"""SD measures, one definition each (docs/design.md): acceptance length, step times, speedup bound.
 
 All are computed from a rollout's tables, so a run's files are enough to recompute them.
 """

@@ -1,7 +1,7 @@
 """Where does SD pay? Speedup and acceptance over batch sizes, drafters, k and temperature.
 
 One function runs the grid on one engine and returns one tidy table; notebooks and the
-benchmark both use it, so their numbers mean the same thing (DESIGN.md, "Measures": *SD
+benchmark both use it, so their numbers mean the same thing (docs/design.md, "Measures": *SD
 speedup*). Plain decoding of the same engine, prompts, batch size and temperature is the
 baseline. At each (temperature, batch size) plain decoding and every (drafter, k) alternate
 inside each repeat (the order rotates between repeats, :mod:`workbench.speedup`), so a busy

@@ -20,7 +20,7 @@ __all__ = ["compare_chain_and_tree", "draft_shape_row"]
 
 def draft_shape_row(result, k: int, branch: int, verify_budget: int | None,
                     temperature: float, wall_s: float) -> dict:
-    """One row of the comparison: tau (DESIGN.md's definition) with what it depends on, and
+    """One row of the comparison: tau (docs/design.md's definition) with what it depends on, and
     the nodes verified per row per verify step."""
     table = result.timeline.requests
     steps = int(table["verify_steps"].sum())
@@ -50,6 +50,6 @@ def compare_chain_and_tree(policy, tokenizer, drafter, prompts, k: int = 4, bran
                                 schedule=StaticSchedule(k, b, budget))
         rows.append(draft_shape_row(result, k, b, budget, temperature, time.perf_counter() - t))
         tokens.append(result.tokens)
-    # float32 verify passes of other shapes round differently (DESIGN.md)
+    # float32 verify passes of other shapes round differently (docs/design.md)
     rows[0]["same_tokens_as_chain"], rows[1]["same_tokens_as_chain"] = True, tokens[0] == tokens[1]
     return pd.DataFrame(rows)

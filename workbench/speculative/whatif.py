@@ -1,7 +1,7 @@
 """What would SD have saved on a recorded rollout? A makespan model from measured speedups.
 
-The adaptive engine switches SD on once a worker's live batch is small (DESIGN.md, "TLT
-engine"). Before running it, one can ask what a given threshold, drafter and k would have done
+The adaptive engine learns per batch-size bucket whether SD pays (docs/design.md, "The
+adaptive engine"). Before running it, one can ask what a given threshold, drafter and k would have done
 to a rollout already recorded without SD: take its steps table, and divide the duration of
 every decode step whose batch size is at or below the threshold by the SD speedup measured
 at that batch size (the ``sd_sweep`` table of notebook 02). Every other step (prefill, decode

@@ -3,7 +3,7 @@
 Every function takes the table of :func:`workbench.speculative.sweep.sd_sweep` (one row per
 temperature, batch size, drafter and k), so a sweep redraws from its saved table without an
 engine. Each draws on ``ax`` when given (a figure is created only when it is not) and returns
-the figure. Measures follow DESIGN.md, "Measures": tau is shown with its k (legend) and
+the figure. Measures follow docs/design.md, "Measures": tau is shown with its k (legend) and
 temperature (title); every time axis names its clock.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every function takes a ``Timeline`` or the run folder it was saved in, so a figure can be
 redrawn from a run's files without the engine. Each draws on ``ax`` when given (a figure is
 created only when it is not) and returns the figure, so notebooks can lay figures out freely.
-Every time axis names its clock (DESIGN.md, "Every time figure names its clock").
+Every time axis names its clock (docs/design.md, "Every time figure names its clock").
 """
 from __future__ import annotations
 
