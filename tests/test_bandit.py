@@ -91,7 +91,9 @@ def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
     cost = sum(lost for c in choices if c.explored)
     assert cost <= 0.03 * sum(spent[c.arm] for c in choices) + lost
     assert bandit.explore_cost_s[0] <= 0.03 * bandit.observed_s[0] + 1e-12  # faded ledger
-    assert bandit.last_cost["slow"] == pytest.approx(lost, abs=0.02)
+    assert bandit.arm_cost["slow"] == pytest.approx(lost, abs=0.02)
+    assert bandit.expected_cost("1", "slow") == bandit.arm_cost["slow"]  # known elsewhere
+    assert BucketedBandit(["a", "b"]).expected_cost("1", "b") == 0.0  # nothing known: free
     assert bandit.best("2-3") == "plain" and bandit.table()["best"].sum() == 1
     zero = BucketedBandit(["plain", "slow"], epsilon=1.0, explore_budget=0.0)
     assert all(c.arm == "plain" for c in pull(zero, 1, {"plain": 1, "slow": 9},
@@ -279,3 +281,18 @@ def test_empty_or_repeated_arms_and_bad_bandit_settings_are_refused():
         BucketedBandit(["a"], window=0)
     with pytest.raises(ValueError, match="bucket edges must be strictly increasing"):
         BucketedBandit(["a"], edges=(2, 4))
+
+
+def test_an_arm_never_explored_is_expected_to_cost_what_the_costliest_did():
+    """On a slow machine only the first exploration's cost is unknown: the next untried arm
+    waits until the budget has room for what the first one cost."""
+    bandit = BucketedBandit(["plain", "sd2", "sd4"], epsilon=0.0, explore_budget=0.02)
+    rewards, seconds = {"plain": 100.0, "sd2": 10.0, "sd4": 5.0}, {"plain": 0.01, "sd2": 0.05,
+                                                                   "sd4": 0.1}
+    choices = pull(bandit, 1, rewards, random.Random(0), 1500, seconds=seconds)
+    first_sd2 = next(i for i, c in enumerate(choices) if c.arm == "sd2")
+    first_sd4 = next(i for i, c in enumerate(choices) if c.arm == "sd4")
+    assert first_sd2 == 1  # plain, then the first unknown arm at once
+    # sd4 waited until 2% of the (faded) observed seconds covered twice sd2's cost of 0.045 s
+    assert bandit.expected_cost("1", "sd4") == pytest.approx(bandit.arm_cost["sd4"])
+    assert first_sd4 > 300

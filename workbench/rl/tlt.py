@@ -78,7 +78,7 @@ class TLTConfig:
     arms: tuple = DEFAULT_ARMS
     epsilon: float = 0.1
     window: int = 300
-    explore_budget: float = 0.03
+    explore_budget: float = 0.02
     spot: SpotConfig = field(default_factory=SpotConfig)
     drafter_delay_s: float = 0.0
 

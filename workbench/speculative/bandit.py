@@ -32,8 +32,8 @@ budget      an exploring pull is made only if the worker's exploring cost so far
             stays at most ``explore_budget`` of the worker's seconds observed. Exploring an
             arm that does as well as the best is free, so a machine where SD pays learns it
             fast; an arm fifty times slower than the best costs each worker at most that share
-            of its rollout time (beyond the first pull of each arm, whose cost nobody knows
-            yet). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
+            of its rollout time (an arm never explored is expected to cost what the costliest
+            explored arm did, so only the very first exploration's cost is unknown). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
             unspent for long cannot be spent in one burst.
 
 Strategies are written as strings: ``"plain"``; ``"chain:k=K"``, a chain of K draft tokens
@@ -42,9 +42,9 @@ per row; ``"tree:k=K,b=B[,n=N]"``, a tree K deep, B tokens per node, N tokens ve
 """
 from __future__ import annotations
 
+import bisect
 import random
 import re
-import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -104,6 +104,32 @@ def _check_fraction(name: str, value) -> float:
     return float(value)
 
 
+class SlidingMedian:
+    """The median of the latest ``window`` values, kept sorted as they come and go, so that
+    reading it costs nothing: the bandit reads every arm's median before every decode step."""
+
+    def __init__(self, window: int):
+        self.window, self.recent, self.ordered = window, deque(), []
+
+    def append(self, value: float) -> None:
+        if len(self.recent) == self.window:
+            del self.ordered[bisect.bisect_left(self.ordered, self.recent.popleft())]
+        self.recent.append(value)
+        bisect.insort(self.ordered, value)
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    @property
+    def median(self) -> float:
+        """The median (the mean of the middle two for an even count); -inf when empty."""
+        n = len(self.ordered)
+        if not n:
+            return float("-inf")
+        mid = n // 2
+        return self.ordered[mid] if n % 2 else (self.ordered[mid - 1] + self.ordered[mid]) / 2
+
+
 @dataclass(frozen=True)
 class Choice:
     """One pull: the bucket whose bandit chose, the arm, whether it explored (pulled an arm
@@ -131,7 +157,7 @@ class BucketedBandit:
     """
 
     def __init__(self, arms: Sequence[str], edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
-                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.03,
+                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.02,
                  seed: int = 0):
         self.arms = list(arms)
         if not self.arms or len(set(self.arms)) != len(self.arms):
@@ -148,34 +174,46 @@ class BucketedBandit:
         self.window = window
         self.labels = _bucket_labels(self.edges)
         self.rng = random.Random(seed)
-        self.rewards = {(b, a): deque(maxlen=window) for b in self.labels for a in self.arms}
+        self.rewards = {(b, a): SlidingMedian(window) for b in self.labels for a in self.arms}
         self.pulls = {key: 0 for key in self.rewards}
         self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
-        self.last_cost: dict = {}  # cost of the latest exploring pull, per (bucket, arm), arm
+        self.last_cost: dict = {}  # cost of the latest exploring pull, per (bucket, arm)
+        self.arm_cost: dict[str, float] = {}  # and per arm, whatever the bucket
         self.total_pulls = 0
-        self.medians: dict = {}  # (bucket, arm) -> median of its window, until it changes
+        self.measured: set[str] = set()  # buckets with at least one reward
+        self._bucket_of: dict[int, str] = {}
+        # each bucket's buckets nearest first (itself, then neighbours, the smaller on ties)
+        self.nearest = {b: [self.labels[j] for j in sorted(range(len(self.labels)),
+                                                           key=lambda j: (abs(j - i), j))]
+                        for i, b in enumerate(self.labels)}
         self.observed_s: dict[int, float] = {}   # per worker: (faded) seconds observed
         self.explore_cost_s: dict[int, float] = {}  # per worker: (faded) cost of exploring
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
-        check_int("batch_size", batch_size, 1)
-        return self.labels[sum(e <= batch_size for e in self.edges) - 1]
+        label = self._bucket_of.get(batch_size)
+        if label is None:  # once per batch size: this runs before every decode step
+            check_int("batch_size", batch_size, 1)
+            label = self._bucket_of[batch_size] = \
+                self.labels[sum(e <= batch_size for e in self.edges) - 1]
+        return label
 
     def best(self, bucket: str) -> str:
         """The arm of highest value in ``bucket`` (the first of equals); in a bucket with no
         reward yet, the best of the nearest bucket that has one (the smaller on ties), else
         the first arm."""
-        i = self.labels.index(bucket)
-        for j in sorted(range(len(self.labels)), key=lambda j: (abs(j - i), j)):
-            if any(self.rewards[self.labels[j], a] for a in self.arms):
-                return max(self.arms, key=lambda a: self.value(self.labels[j], a))
+        for near in self.nearest[bucket]:
+            if near in self.measured:
+                return max(self.arms, key=lambda a: self.rewards[near, a].median)
         return self.arms[0]
 
     def expected_cost(self, bucket: str, arm: str) -> float:
         """What an exploring pull of ``arm`` in ``bucket`` is expected to cost: its latest
-        cost in the bucket, else in any bucket, else 0 (unknown)."""
-        return self.last_cost.get((bucket, arm), self.last_cost.get(arm, 0.0))
+        cost in the bucket, else in any bucket; an arm never explored is expected to cost as
+        much as the costliest arm explored so far (0 before any), so that a slow machine
+        pays for one unknown arm, not for all of them at once."""
+        known = self.last_cost.get((bucket, arm), self.arm_cost.get(arm))
+        return known if known is not None else max(self.arm_cost.values(), default=0.0)
 
     def may_explore(self, worker: int = 0, cost: float = 0.0) -> bool:
         """Whether ``worker`` exploring at ``cost`` more seconds stays within the budget: its
@@ -211,12 +249,7 @@ class BucketedBandit:
 
     def value(self, bucket: str, arm: str) -> float:
         """Median reward of ``arm`` over its window in ``bucket`` (-inf before any reward)."""
-        value = self.medians.get((bucket, arm))
-        if value is None:
-            seen = self.rewards[bucket, arm]
-            value = self.medians[bucket, arm] = statistics.median(seen) if seen else \
-                float("-inf")
-        return value
+        return self.rewards[bucket, arm].median
 
     def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
         """Record the reward (tokens per second) of a pull and the ``seconds`` it took, and
@@ -225,10 +258,10 @@ class BucketedBandit:
         if choice.explored:
             best_rate = self.value(choice.bucket, self.best(choice.bucket))
             lost = seconds - reward * seconds / best_rate if best_rate > 0 else seconds
-            cost = self.last_cost[choice.bucket, choice.arm] = self.last_cost[choice.arm] = \
+            cost = self.last_cost[choice.bucket, choice.arm] = self.arm_cost[choice.arm] = \
                 max(0.0, lost)
         self.rewards[choice.bucket, choice.arm].append(float(reward))
-        self.medians.pop((choice.bucket, choice.arm), None)
+        self.measured.add(choice.bucket)
         w = choice.worker
         self.observed_s[w] = LEDGER_DECAY * self.observed_s.get(w, 0.0) + seconds
         self.explore_cost_s[w] = LEDGER_DECAY * self.explore_cost_s.get(w, 0.0) + cost
@@ -263,7 +296,7 @@ class AdaptiveSchedule:
     needs_drafter = True
 
     def __init__(self, arms: Sequence = DEFAULT_ARMS, threshold: int | None = None,
-                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.03,
+                 epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.02,
                  buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0):
         if threshold is not None and (isinstance(threshold, bool)
                                       or not isinstance(threshold, int) or threshold < 1):
