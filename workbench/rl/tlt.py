@@ -63,7 +63,7 @@ class TLTConfig:
         arms: the bandit's SD strategies (``workbench.speculative.bandit`` syntax); plain
             decoding is always an arm besides them.
         epsilon, window, explore_budget: the bandit's exploration rate, sliding window and
-            the share of decode time exploring may take.
+            the share of a worker's decode time that exploring may lose.
         spot: the spot trainer's configuration.
         drafter_delay_s: seconds added to every drafted depth (``SlowedDrafter``): a hostile
             machine where SD cannot pay, for tests and benchmarks; 0 for real runs.

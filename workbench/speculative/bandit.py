@@ -51,7 +51,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from ..checks import check_int
+from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, StepPlan, StepReport
 
 __all__ = ["BucketedBandit", "Choice", "AdaptiveSchedule", "parse_strategy", "strategy_name",
@@ -98,12 +98,6 @@ def _bucket_labels(edges: tuple[int, ...]) -> list[str]:
     return labels + [f"{edges[-1]}+"]
 
 
-def _check_fraction(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
 class SlidingMedian:
     """The median of the latest ``window`` values, kept sorted as they come and go, so that
     reading it costs nothing: the bandit reads every arm's median before every decode step."""
@@ -143,7 +137,7 @@ class Choice:
 
 class BucketedBandit:
     """One epsilon-greedy bandit per batch-size bucket over the same named arms, exploring
-    within a time budget (module docstring, "budget").
+    within a budget on what exploring loses (module docstring, "cost" and "budget").
 
     Args:
         arms: arm names; the first is the best of a bucket where nothing is measured yet, and
@@ -151,7 +145,8 @@ class BucketedBandit:
         edges: lower edges of the buckets, strictly increasing from 1 (module docstring).
         epsilon: probability of exploring the stalest other arm once every arm was tried.
         window: observations per arm and bucket whose median is the arm's value.
-        explore_budget: the largest share of observed seconds that exploring may take.
+        explore_budget: the largest share of a worker's observed seconds that exploring may
+            lose against the best arms.
         seed: of the bandit's own ``random.Random`` (never the global generator), so that a
             seeded run repeats its choices.
     """
@@ -168,8 +163,8 @@ class BucketedBandit:
                 or any(isinstance(e, bool) or not isinstance(e, int) for e in self.edges)):
             raise ValueError(f"bucket edges must be strictly increasing integers starting at 1 "
                              f"(lower edges, e.g. {DEFAULT_BUCKET_EDGES}), got {edges!r}")
-        self.epsilon = _check_fraction("epsilon", epsilon)
-        self.explore_budget = _check_fraction("explore_budget", explore_budget)
+        self.epsilon = check_fraction("epsilon", epsilon)
+        self.explore_budget = check_fraction("explore_budget", explore_budget)
         check_int("window", window, 1)
         self.window = window
         self.labels = _bucket_labels(self.edges)
@@ -191,7 +186,7 @@ class BucketedBandit:
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
-        label = self._bucket_of.get(batch_size)
+        label = self._bucket_of.get(batch_size) if type(batch_size) is int else None
         if label is None:  # once per batch size: this runs before every decode step
             check_int("batch_size", batch_size, 1)
             label = self._bucket_of[batch_size] = \
