@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from .atomic import atomic_dir
 
 __all__ = ["DATA_DIR", "EMBEDDED", "DEFAULT_EAGLE", "resolve_model_path", "load_model", "save_model",
-           "default_device"]
+           "default_device", "tokenizer_mismatch", "TOKENIZER_PROBE"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 EMBEDDED = {
@@ -36,6 +37,16 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model")
+
+# What pre-tokenizers disagree on: digits in runs (" 19", "1024"), single and repeated spaces,
+# tabs, newlines (also \r\n), punctuation, mixed case, accented and non-Latin letters.
+TOKENIZER_PROBE = ("Q: a3 b19 c7? Sum 19+7=26; 1024 - 9.5% = 1014.5!\n\n"
+                   "  Indented\ttab, MiXeD Case, 'quotes' \"and\" (brackets) [x] {y}\r\n"
+                   "naïve café, Straße, ÆØÅ, 東京, ¿qué? #42")
+# What a plain AutoTokenizer.from_pretrained is told, in turn, when it would not load a folder's
+# own tokenizer.json faithfully (see _pin_tokenizer_class).
+FAITHFUL_TOKENIZER_CONFIG = ({"tokenizer_class": "PreTrainedTokenizerFast"},
+                             {"auto_map": {"AutoTokenizer": [None, "PreTrainedTokenizerFast"]}})
 
 
 def default_device() -> torch.device:
@@ -105,8 +116,42 @@ def _check_weights(path: Path) -> None:
                              f"{_fix_hint(path)}") from exc
 
 
+def tokenizer_mismatch(tokenizer, folder: str | os.PathLike) -> str | None:
+    """How ``tokenizer`` encodes :data:`TOKENIZER_PROBE` unlike ``folder``'s own tokenizer.json
+    (special tokens aside), or None when the encodings are identical.
+
+    Why: transformers 5 loads the folder of some families (``model_type`` qwen2 among them) as
+    that family's tokenizer class, which keeps the vocabulary of tokenizer.json but rebuilds the
+    pre-tokenizer by its own rules, so a user's byte-level BPE splits " 19" into "Ġ", "1", "9"
+    where its tokenizer.json has "Ġ19", and the model reads text it was never trained on. A
+    folder without tokenizer.json (sentencepiece or vocab files only) has nothing to compare: None.
+    """
+    file = Path(folder) / "tokenizer.json"
+    if not file.is_file():
+        return None
+    try:
+        reference = Tokenizer.from_file(str(file)).encode(TOKENIZER_PROBE, add_special_tokens=False)
+    except Exception as exc:  # tokenizers raises bare Exceptions for unreadable files
+        raise ValueError(f"tokenizer file {str(file)!r} is truncated or corrupt ({exc}); "
+                         f"{_fix_hint(Path(folder))}") from exc
+    ids = tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+    if ids == reference.ids:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(ids, reference.ids)) if a != b),
+              min(len(ids), len(reference.ids)))
+    return (f"{type(tokenizer).__name__} encodes the probe text in {len(ids)} tokens, "
+            f"tokenizer.json in {len(reference.ids)}; from token {at}: "
+            f"{tokenizer.convert_ids_to_tokens(ids[at:at + 4])} where tokenizer.json has "
+            f"{reference.tokens[at:at + 4]}")
+
+
 def _load_tokenizer(path: Path):
-    """The folder's tokenizer, checked for its files first; padding on the left."""
+    """The folder's tokenizer, checked for its files first; padding on the left.
+
+    When transformers substitutes a family class that encodes unlike the folder's tokenizer.json
+    (:func:`tokenizer_mismatch`), the folder's own tokenizer.json is loaded instead, with the
+    special tokens of its tokenizer_config.json / special_tokens_map.json, and one line says so.
+    """
     present = [name for name in TOKENIZER_FILES if (path / name).is_file()]
     if not present:
         raise FileNotFoundError(
@@ -122,6 +167,20 @@ def _load_tokenizer(path: Path):
             f"cannot load the tokenizer of {str(path)!r} ({type(exc).__name__}: {first_line}); "
             f"its tokenizer file(s) {present} may be truncated or corrupt; "
             f"{_fix_hint(path)}") from exc
+    mismatch = tokenizer_mismatch(tokenizer, path)
+    if mismatch is not None:
+        own = PreTrainedTokenizerFast.from_pretrained(path)
+        still = tokenizer_mismatch(own, path)
+        if still is not None:
+            raise ValueError(
+                f"the tokenizer of {str(path)!r} does not reproduce its own tokenizer.json: "
+                f"{mismatch}; loaded as PreTrainedTokenizerFast it still differs ({still}). "
+                "Its tokenizer_config.json or special_tokens_map.json disagree with "
+                f"tokenizer.json (added tokens?); {_fix_hint(path)}")
+        print(f"load_model: transformers picked {type(tokenizer).__name__} for {str(path)!r}, "
+              "which encodes unlike the folder's tokenizer.json; the folder's own tokenizer.json "
+              "is used instead (PreTrainedTokenizerFast)")
+        tokenizer = own
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -177,6 +236,37 @@ def _quiet_hf_bars():
             hf_logging.enable_progress_bar()
 
 
+def _pin_tokenizer_class(folder: Path, target: Path) -> None:
+    """Make a plain ``AutoTokenizer.from_pretrained(folder)`` encode like the folder's
+    tokenizer.json, so the checkpoint reloads right outside the workbench too.
+
+    Declaring ``tokenizer_class`` is enough where the family's class is only a default; for the
+    families transformers 5 forces its own class on (qwen2 among them) only an ``auto_map`` entry
+    makes it read tokenizer_config.json's class (a reader passing ``trust_remote_code=True``
+    then gets an error from transformers, never a silent misencoding). Each is added only if the
+    reload, checked, still differs; the folder is temporary, so nothing reaches ``target`` when
+    none suffices.
+    """
+    if not (folder / "tokenizer.json").is_file():
+        return  # a slow tokenizer's files: nothing to check against
+    mismatch = tokenizer_mismatch(AutoTokenizer.from_pretrained(folder), folder)
+    config_file = folder / "tokenizer_config.json"
+    for declaration in FAITHFUL_TOKENIZER_CONFIG:
+        if mismatch is None:
+            break
+        config = (json.loads(config_file.read_text(encoding="utf-8"))
+                  if config_file.is_file() else {})
+        config_file.write_text(json.dumps({**config, **declaration}, indent=2, ensure_ascii=False)
+                               + "\n", encoding="utf-8")
+        mismatch = tokenizer_mismatch(AutoTokenizer.from_pretrained(folder), folder)
+    if mismatch is not None:
+        raise ValueError(
+            f"not saving {str(target)!r}: AutoTokenizer.from_pretrained would not reload its "
+            f"tokenizer faithfully ({mismatch}), even with tokenizer_config.json declaring "
+            "PreTrainedTokenizerFast as its tokenizer_class and in auto_map; pass a "
+            "PreTrainedTokenizerFast whose tokenizer.json holds the whole pipeline")
+
+
 def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | None = None,
                extra_files: dict[str, str] | None = None) -> Path:
     """``save_pretrained`` model and tokenizer into ``path`` atomically.
@@ -184,7 +274,10 @@ def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | N
     Everything is written into a temporary sibling folder that then replaces ``path``
     (:func:`workbench.atomic.atomic_dir`), so a crash never leaves a half-written checkpoint.
     ``dtype`` (e.g. float16) shrinks the files without touching the caller's model;
-    ``extra_files`` maps file names to text to write alongside (provenance, metrics).
+    ``extra_files`` maps file names to text to write alongside (provenance, metrics). The
+    tokenizer_config.json is completed, where needed, so that a plain
+    ``AutoTokenizer.from_pretrained`` encodes like the saved tokenizer.json (checked before the
+    folder replaces ``path``).
     """
     path = Path(path)
     with atomic_dir(path) as tmp:
@@ -194,6 +287,7 @@ def save_model(model, tokenizer, path: str | os.PathLike, dtype: torch.dtype | N
         with _quiet_hf_bars():
             to_save.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _pin_tokenizer_class(tmp, path)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
     return path
