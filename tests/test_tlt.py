@@ -55,7 +55,7 @@ def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokeniz
         DrafterBuffer(carry_fraction=1.5)
 
 
-def _longer_tail(result, seconds=0.5):
+def _longer_tail(result, seconds=2.0):
     """``result`` whose slowest worker decoded ``seconds`` more at the end (a longer tail),
     so that the first worker to finish has an idle window long enough to train in."""
     tl = result.timeline
@@ -69,7 +69,7 @@ def _longer_tail(result, seconds=0.5):
 
 @pytest.fixture
 def long_tails(monkeypatch):
-    """Every RL step's rollout gets a 0.5 s longer tail before the spot trainer runs."""
+    """Every RL step's rollout gets a 2 s longer tail before the spot trainer runs."""
     train = SpotTrainer.train_in_idle
     monkeypatch.setattr(SpotTrainer, "train_in_idle",
                         lambda self, result, workers: train(self, _longer_tail(result), workers))
