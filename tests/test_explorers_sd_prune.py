@@ -157,3 +157,139 @@ def test_prune_explorer_bad_input():
         PruneExplorer(twice)
     with pytest.raises(ValueError, match="no rows"):
         PruneExplorer(plans().head(0))
+
+
+# ---- what every explorer's figure owes its reader -------------------------------------------
+def overlap_px(a, b) -> float:
+    """Area (square pixels) shared by two display-space boxes."""
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(width, 0.0) * max(height, 0.0)
+
+
+def assert_legends_clear_of_the_axes(fig):
+    """Every legend lies outside every axes of the figure, so it covers no data whatever the
+    controls draw."""
+    fig.draw_without_rendering()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert legends
+    for legend in legends:
+        box = legend.get_window_extent()
+        for ax in fig.axes:
+            assert overlap_px(box, ax.get_window_extent()) < 1.0, (legend, ax.get_title())
+
+
+def test_whatif_legends_never_cover_the_data():
+    ex = whatif()
+    assert_legends_clear_of_the_axes(ex.figure)
+    ex.controls["threshold"].value = 0
+    assert_legends_clear_of_the_axes(ex.figure)
+
+
+def test_whatif_controls_with_one_choice_say_why():
+    """One drafter and one k measured at T=1, a rollout whose live batch never exceeds 1: the
+    tooltips and the panel say why the controls offer so little."""
+    solo = make_timeline([(0, "prefill", 0.0, 0.1, 1), (0, "decode", 0.1, 0.5, 1)], workers=1)
+    ex = SDWhatIf(make_sweep(), solo, temperature=1.0)
+    assert ex.controls["k"].options == (4,) and ex.controls["drafter"].options == ("eagle",)
+    assert (ex.controls["threshold"].min, ex.controls["threshold"].max) == (0, 1)
+    assert ex.controls["k"].tooltip == "only k=4 was measured at temperature 1"
+    assert ex.controls["drafter"].tooltip == "only eagle was measured at temperature 1"
+    assert "largest live decode batch" in ex.controls["threshold"].tooltip
+    for reason in ("only k=4 was measured", "only eagle was measured",
+                   "live decode batch never exceeded 1"):
+        assert reason in ex.panel.value
+    ex.controls["threshold"].value = 0
+    assert "only k=4 was measured" in ex.panel.value  # on every redraw
+    roomy = whatif()  # two drafters, two k, a live batch up to 4: nothing to excuse
+    assert "was measured at" not in roomy.panel.value and "never exceeded" not in roomy.panel.value
+    assert roomy.controls["k"].tooltip == "measured at temperature 0 (greedy): k=2, k=4"
+
+
+def test_whatif_coinciding_reference_lines_are_told_apart():
+    ex = whatif(threshold=0)  # SD nowhere: the what-if makespan is the recorded one
+    recorded, what_if = (artist(ex.figure, g) for g in ("makespan-recorded", "makespan-whatif"))
+    assert recorded.get_ydata()[0] == pytest.approx(what_if.get_ydata()[0])
+    assert recorded.get_linestyle() != what_if.get_linestyle()
+    assert recorded.get_color() != what_if.get_color()
+    # the what-if wide underneath, the recorded dashed on top: both visible
+    assert what_if.get_linewidth() > recorded.get_linewidth()
+    assert recorded.get_zorder() > what_if.get_zorder()
+    assert "(= recorded)" in what_if.get_label() and "(=" not in recorded.get_label()
+    ex.controls["threshold"].value = 2
+    assert "(= recorded)" not in artist(ex.figure, "makespan-whatif").get_label()
+    # eagle k=4 measured exactly 1.0 at batch 8: plain decoding at 1 stays visible on top
+    plain, curve = artist(ex.figure, "plain-decoding"), artist(ex.figure, "curve-eagle-k4")
+    assert 1.0 in list(curve.get_ydata())
+    assert plain.get_linestyle() != curve.get_linestyle()
+    assert plain.get_zorder() > curve.get_zorder()
+
+
+def test_whatif_titles_are_words():
+    ex = whatif(threshold=0)
+    left, right = (ax.get_title() for ax in ex.figure.axes[:2])
+    assert left == "Measured SD speedup by batch size, temperature 0 (greedy)"
+    assert right == "What-if with SD nowhere (threshold 0): the recorded makespan"
+    ex.controls["threshold"].value = 2
+    speedup = sd_whatif(make_timeline(), make_sweep(), 2, "eagle", 4, 0.0).speedup
+    assert ex.figure.axes[1].get_title() == (
+        f"What-if with eagle k=4 at live batch ≤ 2: makespan speedup {speedup:.2f}×")
+
+
+def depth_table():
+    """A depth plan that drops layer 1, whose removal helped (score -1, counted 0): it keeps
+    all the layers' importance, and 2 of the 3 layers."""
+    config = tiny_config()
+    return plan_table(config, hand_scores(),
+                      {"teacher": PrunePlan.full(config), "depth": PrunePlan((0, 2), 8, 6, 2)},
+                      layer_scores=[1.0, -1.0, 3.0])
+
+
+def test_prune_explorer_depth_plan_reports_its_layers():
+    ex = PruneExplorer(depth_table(), plan="depth")
+    row = ex.table.iloc[1]
+    assert row["kind"] == "depth" and row["kept_layers"] == 1.0 and row["source_layers"] == 3
+    assert "2 of 3 layers kept (layers 0, 2)" in ex.panel.value
+    assert "(layers: 2 of 3 kept)" in ex.panel.value
+    assert ex.figure.axes[1].get_xticklabels()[-1].get_text() == "layers\n(2 of 3 kept)"
+    assert ex.figure._suptitle.get_text() == (
+        "Plan depth: 2 of 3 layers kept (layers 0, 2), hidden size 8, MLP size 6, "
+        "2 query heads per KV group")
+    ex.controls["plan"].value = "teacher"
+    assert "3 of 3 layers kept (layers 0-2)" in ex.panel.value
+
+
+def test_prune_explorer_explains_its_labels_in_words():
+    from workbench.compress.plan_table import LABEL_KEY
+    ex = PruneExplorer(plans())
+    assert ex.figure._supxlabel.get_text() == LABEL_KEY
+    assert LABEL_KEY in ex.panel.value and LABEL_KEY in ex.controls["plan"].tooltip
+    for key in ("L = layers kept", "h = hidden size", "m = MLP size", "q = query heads"):
+        assert key in LABEL_KEY
+    titles = [ex.figure._suptitle.get_text(), *(ax.get_title() for ax in ex.figure.axes)]
+    assert not [t for t in titles if "PrunePlan(" in t or t.startswith("kept by")]
+    assert str(PLAN) == ("2 layers kept (layers 0, 2), hidden size 4, MLP size 3, 1 query head "
+                         "per KV group")
+    alone = PruneExplorer(plans().head(1))
+    assert alone.controls["plan"].tooltip == "the plan table holds this one plan only"
+
+
+def test_prune_explorer_coinciding_shares_are_told_apart_and_legends_clear():
+    ex = PruneExplorer(depth_table(), plan="teacher")  # parameters = FLOPs = 100%
+    params, flops = artist(ex.figure, "params-ratio"), artist(ex.figure, "flops-ratio")
+    assert params.get_ydata()[0] == flops.get_ydata()[0] == 1.0
+    assert params.get_linestyle() != flops.get_linestyle()
+    assert params.get_color() != flops.get_color()
+    assert "(= parameters)" in flops.get_label()
+    assert_legends_clear_of_the_axes(ex.figure)
+    ex.controls["plan"].value = "depth"
+    assert_legends_clear_of_the_axes(ex.figure)
+
+
+def test_prune_explorer_never_rounds_a_loss_up_to_100_percent():
+    config = tiny_config()
+    table = plan_table(config, hand_scores(), {"depth": PrunePlan((0, 2), 8, 6, 2)},
+                       layer_scores=[1000.0, 0.2, 1000.0])  # keeps 99.99% of the layers' score
+    ex = PruneExplorer(table)
+    shown = [t.get_text() for t in ex.figure.axes[1].texts]
+    assert shown[-1] == "99.99%" and "layers 99.99%" in ex.panel.value

@@ -164,3 +164,41 @@ def test_notebook_04_runs_the_baseline_alone_with_an_accuracy_curve(tmp_path):
     evals = (tmp_path / "out" / "evals.csv").read_text().splitlines()
     assert len(evals) == 1 + 3                                # header, steps 0, 1, 2
     assert (tmp_path / "out" / "heldout_accuracy.png").exists()
+
+
+def jsonl_without_references(path: Path, num: int) -> Path:
+    """A user task as the README shows it: one {"prompt", "answer"} per line, no reference."""
+    from workbench.tasks import get_problems
+    lines = [json.dumps({"prompt": p.prompt, "answer": p.answer})
+             for p in get_problems("running_sum", num)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", ["00_task_and_policy", "01_long_tail_rollout"])
+def test_notebook_runs_on_a_jsonl_task_without_references(name, tmp_path):
+    """No reference traces: the figures that need them are skipped with a printed reason, the
+    others are drawn, and metrics.json is written."""
+    import pandas as pd
+    params, keys = SMOKE[name]
+    task = jsonl_without_references(tmp_path / "task.jsonl", 12)
+    out_dir = tmp_path / "out"
+    executed = tmp_path / "executed.ipynb"
+    papermill.execute_notebook(ROOT / "notebooks" / f"{name}.ipynb", executed,
+                               parameters={**params, "task": str(task), "out_dir": str(out_dir)},
+                               kernel_name="python3", language="python", progress_bar=False,
+                               cwd=str(ROOT))
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert set(keys) <= set(metrics) and metrics["task"] == str(task)
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    assert list(out_dir.glob("*.png"))
+    if name == "00_task_and_policy":
+        text = printed(executed)
+        assert "no reference traces" in text and "skipped" in text, text
+        assert pd.read_parquet(out_dir / "evaluation.parquet")["reference_tokens"].isna().all()
+        buckets = pd.read_csv(out_dir / "accuracy_by_bucket.csv")
+        assert "response_tokens bucket" in buckets.columns
+        assert buckets["problems"].sum() == metrics["num_problems"] == 12
+        assert {"lengths.png", "accuracy_by_bucket.png"} <= {p.name for p in out_dir.glob("*.png")}
+    else:
+        assert last_cell_images(executed) == 1  # the explorer's figure is left behind

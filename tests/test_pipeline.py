@@ -293,3 +293,49 @@ notebooks:
     assert "Summary over seeds" in page and "metric.y" in page
     assert main(["pipeline", "report", str(tmp_path / "nothing")]) == 2
     assert "no results in" in capsys.readouterr().err
+
+
+EXPLORER_CELL = """import ipywidgets
+from workbench.viz.explorer import Explorer
+
+class Line(Explorer):
+    def draw(self, fig, slope):
+        fig.subplots().plot([0, 1], [0, slope], gid="line")
+        return f"slope {slope}"
+
+Line({"slope": ipywidgets.IntSlider(value=x + seed, max=9)})"""
+
+
+def test_report_shows_mean_sd_per_metric_and_the_explorers_last_figure(project, tmp_path, capsys):
+    """The summary on the page is the CLI's: one "mean ± sd" column per metric; a notebook
+    ending with an explorer has its last figure (the static PNG papermill keeps) embedded."""
+    from workbench.pipeline import summary_view
+    from workbench.report import explorer_images, write_report
+    notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
+    notebook.cells.append(new_code_cell(EXPLORER_CELL))
+    nbformat.write(notebook, project / "notebooks" / "explore.ipynb")
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/explore.ipynb
+    seeds: [0, 1]
+  - notebook: notebooks/toy.ipynb
+""")
+    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs")
+    printed = capsys.readouterr().out
+    page = write_report(tmp_path / "runs" / "demo").read_text()
+    summary = page[page.index("Summary over seeds"):page.index('<section class="run">')]
+    shown = summary_view(table)
+    assert [c for c in shown.columns if c.startswith("metric.")] == ["metric.y", "metric.extra.z"]
+    assert "metric.y.mean" not in summary and "metric.y.sd" not in summary
+    assert summary.count("<th>metric.y</th>") == 1 and summary.count("<th>metric.extra.z</th>") == 1
+    # explore: y = 2 + seed over seeds 0 and 1; toy: one run, its mean alone
+    assert list(shown["metric.y"]) == ["2.5 ± 0.71", "2"]
+    assert "<td>2.5 ± 0.71</td>" in summary and "<td>0.5 ± 0.71</td>" in summary
+    assert "2.5 ± 0.71" in printed  # the CLI's summary, the same view
+    explorers = table[table["entry"] == "explore"]["run_name"]
+    for run in explorers:
+        images = explorer_images(tmp_path / "runs" / "demo" / run / "notebook.ipynb")
+        assert len(images) == 1 and f"data:image/png;base64,{images[0]}" in page
+    toy = table[table["entry"] == "toy"]["run_name"].iloc[0]
+    assert explorer_images(tmp_path / "runs" / "demo" / toy / "notebook.ipynb") == []
+    assert page.count("explorer: the last figure of the notebook") == len(explorers) == 2

@@ -58,6 +58,7 @@ def test_plan_table_rows():
     assert small["predicted_speedup"] == pytest.approx(ratio)
     assert small["predicted_tok_s"] == pytest.approx(300.0 * ratio)
     assert small["layers"] == "0,2" and small["num_layers"] == 2
+    assert small["source_layers"] == teacher["source_layers"] == 3  # "2 of 3 layers"
     assert small["importance_kept"] == pytest.approx((12 / 20 + 24 / 36 + 26 / 36 + 1.0) / 4)
 
 

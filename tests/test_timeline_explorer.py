@@ -159,3 +159,13 @@ def test_ablation_saves_each_step_timeline_by_variant_and_seed(runs, tmp_path):
     assert len(ablation.save_timelines(tmp_path / "all")) == 8
     with pytest.raises(ValueError, match=r"seed\(s\) \[2\]; accepted: \[0, 1\]"):
         ablation.save_timelines(tmp_path / "x", seeds=[2])
+
+
+def test_the_legend_sits_outside_the_chart_and_the_title_names_run_and_step(runs):
+    """The step kinds' legend lies between the title and the chart, over no request bar."""
+    from .test_explorers_sd_prune import assert_legends_clear_of_the_axes
+    explorer = TimelineExplorer(runs.root, run="b", step="timelines/step01")
+    assert_legends_clear_of_the_axes(explorer.figure)
+    assert explorer.figure._suptitle.get_text() == "run b · step timelines/step01"
+    explorer.controls["window"].value = (0.0, 0.5 * explorer.timeline.makespan_s)
+    assert_legends_clear_of_the_axes(explorer.figure)

@@ -178,6 +178,37 @@ def test_length_distributions_marks_both_sets():
     assert sum(p.get_height() for p in ax.patches) == len(ref) + len(gen)
 
 
+def test_length_distributions_without_references_draws_the_generated_alone():
+    """A JSONL task without references has NaN reference lengths: no reference histogram, no
+    reference percentiles, and the title says why; a partial set keeps its finite lengths."""
+    gen = [12, 25, 35, 90, 300, 310]
+    ax = length_distributions([np.nan] * len(gen), gen).axes[0]
+    gids = {a.get_gid() for a in [*ax.lines, *ax.patches]}
+    assert "generated-hist" in gids and not any(g and g.startswith("reference") for g in gids)
+    assert "no reference traces" in ax.get_title()
+    assert sum(p.get_height() for p in ax.patches) == len(gen)
+    ax = length_distributions([10, np.nan, 30], gen).axes[0]
+    assert by_gid(ax, "reference-p50").get_xdata()[0] == pytest.approx(20)
+    assert ax.get_title() == "Response lengths: reference vs generated"
+    with pytest.raises(ValueError, match="no generated lengths"):
+        length_distributions([1, 2], [])
+
+
+def test_eval_report_without_references_buckets_by_response_length():
+    table = pd.DataFrame({"reference_tokens": [np.nan] * 3, "response_tokens": [5, 40, 300],
+                          "reward": [1.0, 0.0, 0.0], "finished_eos": [True, True, False]})
+    report = EvalReport(table)
+    assert report.reference_count == 0 and report.length_column() == "response_tokens"
+    assert "no reference traces" in report.reference_note()
+    assert "skipped" in report.reference_note()
+    buckets = report.by_bucket()
+    assert "response_tokens bucket" in buckets and buckets["problems"].sum() == 3
+    partial = EvalReport(table.assign(reference_tokens=[4.0, np.nan, np.nan]))
+    assert partial.length_column() == "reference_tokens"
+    assert "1 of 3 problems" in partial.reference_note()
+    assert partial.by_bucket()["problems"].tolist() == [1]
+
+
 def test_accuracy_by_bucket_draws_one_bar_per_bucket():
     table = pd.DataFrame({"reference_tokens": [5, 10, 40, 50, 60, 300],
                           "reward": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0],

@@ -41,9 +41,38 @@ class EvalReport:
                 "eos_rate": float(t["finished_eos"].mean()),
                 "eos_rate_tail": float(tail["finished_eos"].mean())}
 
-    def by_bucket(self, column: str = "reference_tokens") -> pd.DataFrame:
-        """Accuracy, count and EOS rate per length bucket of ``column``."""
+    @property
+    def reference_count(self) -> int:
+        """How many problems have a reference trace (user JSONL tasks often have none)."""
+        if "reference_tokens" not in self.table.columns:
+            return 0
+        return int(self.table["reference_tokens"].notna().sum())
+
+    def length_column(self) -> str:
+        """The length accuracy is bucketed by: the reference trace's when any problem has
+        one (the task's own difficulty), else the policy's response length."""
+        return "reference_tokens" if self.reference_count else "response_tokens"
+
+    def reference_note(self) -> str:
+        """One sentence on what the reference figures can show: a task without reference
+        traces (a JSONL task of ``{"prompt", "answer"}``) skips them, and says so."""
+        have, total = self.reference_count, len(self.table)
+        if have == 0:
+            return (f"no reference traces: none of the {total} problems has a 'reference' (a "
+                    "JSONL task without that key), so the reference length histogram is "
+                    "skipped (generated lengths only) and accuracy is bucketed by the "
+                    "policy's own response length instead of the reference length")
+        if have < total:
+            return (f"reference traces for {have} of {total} problems: the reference length "
+                    f"histogram and the accuracy by reference length cover those {have} only")
+        return (f"reference traces for all {total} problems: lengths compare reference and "
+                "generated, accuracy is bucketed by reference length")
+
+    def by_bucket(self, column: str | None = None) -> pd.DataFrame:
+        """Accuracy, count and EOS rate per length bucket of ``column`` (default:
+        :meth:`length_column`); rows without a length (no reference) are left out."""
         t = self.table
+        column = self.length_column() if column is None else column
         if column not in t.columns:
             raise ValueError(f"column {column!r} is not in the table; accepted: a column of "
                              f"token counts, e.g. 'reference_tokens' or 'response_tokens' "

@@ -46,7 +46,7 @@ from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, Pipel
                             load_pipeline)
 
 __all__ = ["PipelineError", "RunSpec", "Pipeline", "load_pipeline", "run_pipeline", "load_results",
-           "summarize", "TOP_KEYS", "ENTRY_KEYS", "OUT_DIR", "SEED"]
+           "summarize", "summary_view", "TOP_KEYS", "ENTRY_KEYS", "OUT_DIR", "SEED"]
 
 VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench")
 
@@ -261,14 +261,22 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return counted.groupby(keys, dropna=False, sort=False).agg(**aggregations).reset_index()
 
 
-def _print_report(table: pd.DataFrame, pipeline_dir: Path) -> None:
-    """Print counts and the summary, metrics shown as ``mean ± sd``."""
+def summary_view(table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`summarize` as people read it: the same rows, one text column per metric holding
+    ``mean ± sd`` (the mean alone for one run, ``-`` for none). What the CLI prints and the
+    report shows."""
     summary = summarize(table)
     shown = summary.drop(columns=[c for c in summary.columns if c.endswith((".mean", ".sd"))])
     for column in summary.columns:
         if column.endswith(".mean"):
             metric = column[: -len(".mean")]
             shown[metric] = [_mean_sd(m, s) for m, s in zip(summary[column], summary[f"{metric}.sd"])]
+    return shown
+
+
+def _print_report(table: pd.DataFrame, pipeline_dir: Path) -> None:
+    """Print counts and the summary, metrics shown as ``mean ± sd``."""
+    shown = summary_view(table)
     ok = int((table["status"] == "ok").sum())
     print(f"pipeline {table['pipeline'].iloc[0]}: {ok} ok, {len(table) - ok} failed, "
           f"{int(table['skipped'].sum())} reused -> {pipeline_dir / 'results.parquet'}")

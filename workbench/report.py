@@ -1,10 +1,13 @@
 """One static HTML page per pipeline run folder: ``workbench pipeline report runs/<pipeline>``.
 
 The page needs no Jupyter server and no other file: every figure a run saved (``*.png`` in its
-folder) is embedded as a data URI. It holds the results summary (metrics as mean and sd over
-seeds), then every run with its status, duration, parameters, metrics, figures and, for a
-failed run, its error. It reads only what ``workbench.pipeline`` wrote (``results.parquet`` and
-each run's ``run.json``), so it works on any finished or partly failed pipeline.
+folder) is embedded as a data URI, and so is the explorer's last figure, the static PNG that a
+notebook ending with an explorer leaves in its last cell under papermill. It holds the results
+summary (one ``mean ± sd`` column per metric over seeds, as the CLI prints it:
+:func:`workbench.pipeline.summary_view`), then every run with its status, duration,
+parameters, metrics, figures and, for a failed run, its error. It reads only what
+``workbench.pipeline`` wrote (``results.parquet``, each run's ``run.json`` and executed
+``notebook.ipynb``), so it works on any finished or partly failed pipeline.
 """
 from __future__ import annotations
 
@@ -17,9 +20,12 @@ from pathlib import Path
 import pandas as pd
 
 from .atomic import write_text
-from .pipeline import load_results, summarize
+from .pipeline import load_results, summary_view
 
-__all__ = ["write_report", "report_html"]
+__all__ = ["write_report", "report_html", "explorer_images"]
+
+EXECUTED = "notebook.ipynb"  # the executed notebook a pipeline leaves in each run folder
+WIDGET = "application/vnd.jupyter.widget-view+json"  # an explorer's controls, as saved
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -50,13 +56,33 @@ def _key_values(mapping: dict, title: str) -> str:
     return _table(rows)
 
 
+def _figure(alt: str, data: str, caption: str) -> str:
+    return (f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+            f'<figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+def explorer_images(notebook: str | os.PathLike) -> list[str]:
+    """The base64 PNGs of an explorer in the last code cell of an executed notebook: the
+    figure it opened on (under papermill nobody moves a control). A last cell that shows no
+    ipywidgets (no explorer), or an unreadable notebook, gives none."""
+    try:
+        cells = json.loads(Path(notebook).read_text(encoding="utf-8"))["cells"]
+        code = [c for c in cells if c.get("cell_type") == "code"]
+        data = [o.get("data", {}) for o in (code[-1].get("outputs", []) if code else [])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if not any(WIDGET in d for d in data):
+        return []
+    images = [d["image/png"] for d in data if d.get("image/png")]
+    return ["".join(i if isinstance(i, list) else [i]).replace("\n", "") for i in images]
+
+
 def _figures(run_dir: Path) -> str:
-    parts = []
-    for png in sorted(run_dir.glob("*.png")):
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append(f'<figure><img alt="{html.escape(png.name)}" '
-                     f'src="data:image/png;base64,{data}"><figcaption>'
-                     f'{html.escape(png.name)}</figcaption></figure>')
+    parts = [_figure(png.name, base64.b64encode(png.read_bytes()).decode("ascii"), png.name)
+             for png in sorted(run_dir.glob("*.png"))]
+    parts += [_figure(f"explorer {i}", data, "explorer: the last figure of the notebook (its "
+                      "controls move in JupyterLab)")
+              for i, data in enumerate(explorer_images(run_dir / EXECUTED), start=1)]
     return "\n".join(parts)
 
 
@@ -93,7 +119,7 @@ def report_html(pipeline_dir: str | os.PathLike) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
             f"</title><style>{STYLE}</style></head><body><h1>Pipeline {html.escape(name)}</h1>"
             f"<p>{ok} of {len(table)} runs ok. Runs: {index}</p><h2>Summary over seeds</h2>"
-            f"{_table(summarize(table))}{runs}</body></html>")
+            f"{_table(summary_view(table))}{runs}</body></html>")
 
 
 def write_report(pipeline_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:

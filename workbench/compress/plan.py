@@ -37,6 +37,18 @@ def _group_size(config) -> int:
     return config.num_attention_heads // config.num_key_value_heads
 
 
+def _ranges(indices) -> str:
+    """Ascending indices as runs: ``0-2, 4`` (a single layer as ``layer 3``)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"layer {text}" if len(indices) == 1 else f"layers {text}"
+
+
 @dataclass(frozen=True)
 class PrunePlan:
     """The architecture a prune produces; which units fill it is the scores' business.
@@ -75,6 +87,20 @@ class PrunePlan:
         """The plan that keeps everything of ``config``."""
         return cls(tuple(range(config.num_hidden_layers)), config.hidden_size,
                    config.intermediate_size, _group_size(config))
+
+    def describe(self, num_layers: int | None = None) -> str:
+        """The plan in words, for titles and printouts: ``3 of 6 layers kept (0-2), hidden
+        size 256, MLP size 512, 2 query heads per KV group`` (``num_layers``: the source's,
+        when known)."""
+        kept = len(self.layers)
+        count = (f"{kept} of {num_layers} layers" if num_layers is not None
+                 else f"{kept} layer{'s' * (kept != 1)}")
+        return (f"{count} kept ({_ranges(self.layers)}), hidden size {self.hidden_size}, MLP "
+                f"size {self.intermediate_size}, {self.heads_per_group} query head"
+                f"{'s' * (self.heads_per_group != 1)} per KV group")
+
+    def __str__(self) -> str:
+        return self.describe()
 
     def num_attention_heads(self, config) -> int:
         """Query heads of the pruned model: every KV head keeps ``heads_per_group``."""

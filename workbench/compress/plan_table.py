@@ -20,18 +20,24 @@ from .prune import kept_units
 from .scores import UnitScores
 from .search import plan_kind
 
-__all__ = ["plan_label", "importance_kept", "plan_table", "AXES", "PLAN_TABLE_COLUMNS"]
+__all__ = ["plan_label", "importance_kept", "plan_table", "AXES", "PLAN_TABLE_COLUMNS",
+           "LABEL_KEY"]
 
 AXES = ("heads", "neurons", "channels", "layers")
-PLAN_TABLE_COLUMNS = (["label", "kind", "layers", "num_layers", "hidden_size",
+# what the parts of a plan_label stand for, for legends and panels that show labels
+LABEL_KEY = ("plan labels: 6L = layers kept ([0,1,2] lists them when some are dropped), "
+             "h = hidden size (embedding channels), m = MLP size (neurons per layer), "
+             "q = query heads per KV group")
+PLAN_TABLE_COLUMNS = (["label", "kind", "layers", "num_layers", "source_layers", "hidden_size",
                        "intermediate_size", "heads_per_group", "params", "params_ratio",
                        "flops_per_token", "flops_ratio", "predicted_speedup", "predicted_tok_s"]
                       + [f"kept_{a}" for a in AXES] + ["importance_kept"])
 
 
 def plan_label(plan: PrunePlan, num_layers: int | None = None) -> str:
-    """A short unique name: ``6L h176 m352 q2`` (layers, hidden, MLP, query heads per group);
-    the kept layers are listed when some are dropped (``num_layers``: the source's)."""
+    """A short unique name: ``6L h176 m352 q2`` (layers, hidden, MLP, query heads per group;
+    :data:`LABEL_KEY` says so in words); the kept layers are listed when some are dropped
+    (``num_layers``: the source's)."""
     layers = len(plan.layers)
     which = ("" if num_layers is not None and layers == num_layers
              else "[" + ",".join(map(str, plan.layers)) + "]")
@@ -107,7 +113,8 @@ def _check_tok_s(teacher_tok_s) -> float:
 def plan_table(model, scores: UnitScores, plans, layer_scores: Sequence[float] | None = None,
                teacher_tok_s: float | None = None, context: int = 512) -> pd.DataFrame:
     """One row per plan of ``model`` (an HF model or its config): label, kind (width, depth,
-    both, or full for the plan that keeps everything), shape,
+    both, or full for the plan that keeps everything), shape (with ``source_layers``, the
+    model's own layer count, so that a depth plan reads "3 of 6 layers"),
     parameters and forward FLOPs per token (at ``context``), each also as a ratio of the
     unpruned teacher's, the predicted throughput, and the share of importance kept per axis
     (:func:`importance_kept`; ``importance_kept`` is their plain mean, a one-number summary
@@ -134,6 +141,7 @@ def plan_table(model, scores: UnitScores, plans, layer_scores: Sequence[float] |
         kept = importance_kept(config, plan, scores, layer_scores)
         rows.append({"label": label, "kind": plan_kind(config, plan) or "full",
                      "layers": ",".join(map(str, plan.layers)), "num_layers": len(plan.layers),
+                     "source_layers": config.num_hidden_layers,
                      "hidden_size": plan.hidden_size, "intermediate_size": plan.intermediate_size,
                      "heads_per_group": plan.heads_per_group, "params": params,
                      "params_ratio": params / source[0], "flops_per_token": flops,

@@ -19,7 +19,15 @@ import io
 
 from matplotlib.figure import Figure
 
-__all__ = ["Explorer"]
+__all__ = ["Explorer", "legend_beside"]
+
+
+def legend_beside(ax, **kwargs):
+    """The legend of ``ax`` outside it, at its right, top-aligned: inside the axes a legend
+    covers whatever data happens to lie there when a control moves (constrained layout makes
+    room for it)."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                     fontsize=7, **kwargs)
 
 
 class Explorer:

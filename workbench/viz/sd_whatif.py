@@ -10,11 +10,12 @@ measured at its batch size.
 from __future__ import annotations
 
 import html
+import math
 
 import numpy as np
 
 from ..speculative.whatif import SWEEP_COLUMNS, measured_threshold, sd_whatif
-from .explorer import Explorer
+from .explorer import Explorer, legend_beside
 from .speculative import _batch_axis, _styles, _temperature_title
 from ..results import read_table
 from .timeline import _as_timeline
@@ -23,6 +24,7 @@ __all__ = ["SDWhatIf"]
 
 SWEEP_CLOCK = "wall"  # sd_sweep's speedups are ratios of tokens/s on one process's wall clock
 RECORDED_COLOR = "#bdbdbd"
+SAME_MAKESPAN = 5e-3  # relative: closer than this, the two makespan lines are drawn as one
 
 
 def _pick_temperature(sweep, temperature) -> float:
@@ -49,8 +51,11 @@ class SDWhatIf(Explorer):
 
     Left: the measured speedup against batch size of every (drafter, k) at ``temperature``
     (the selected one bold; log2 batch axis; the threshold as a vertical line and the SD region
-    shaded; plain decoding at 1). Right: each worker's busy time recorded and under the what-if,
-    with both makespans. The panel states the makespans and the speedup.
+    shaded; plain decoding at 1, dotted). Right: each worker's busy time recorded and under the
+    what-if, with both makespans (told apart by style, and by label when they coincide).
+    Legends sit beside the axes, never over the data. The panel states the makespans and the
+    speedup, and why a control offers so little choice when it does (one k or one drafter
+    measured, a rollout whose live batch never exceeded 1 or 2); so do the controls' tooltips.
 
     Args:
         sweep: an ``sd_sweep`` table (notebook 02's ``curve.csv``), DataFrame or CSV/parquet path.
@@ -62,7 +67,7 @@ class SDWhatIf(Explorer):
         k: the k it opens at (default: the largest measured for the opening drafter).
     """
 
-    figsize = (11.0, 4.4)
+    figsize = (12.5, 4.6)
 
     def __init__(self, sweep, timeline, temperature=None, threshold: int | None = None,
                  k: int | None = None):
@@ -87,11 +92,35 @@ class SDWhatIf(Explorer):
                              f"{self.max_batch}, the timeline's largest live decode batch, it "
                              "means SD everywhere)")
         start = min(start, self.max_batch)
-        super().__init__({
+        controls = {
             "threshold": widgets.IntSlider(value=start, min=0, max=self.max_batch,
                                            description="threshold"),
             "k": widgets.Dropdown(options=ks, value=k, description="k"),
-            "drafter": widgets.Dropdown(options=drafters, value=drafter, description="drafter")})
+            "drafter": widgets.Dropdown(options=drafters, value=drafter, description="drafter")}
+        self.notes = self._explain(controls)
+        super().__init__(controls)
+
+    def _explain(self, controls) -> list[str]:
+        """Tooltips that say what each control ranges over, and the reasons (also shown in
+        the panel) why one offers a single choice, or a slider only two positions."""
+        at = _temperature_title(self.temperature)
+        slider = controls["threshold"]
+        slider.tooltip = (f"SD on at live batch ≤ threshold (0: nowhere); it ends at "
+                          f"{self.max_batch}, the recorded rollout's largest live decode batch")
+        notes = []
+        if self.max_batch <= 2:
+            notes.append(f"the threshold has {self.max_batch + 1} positions (0 = SD nowhere, "
+                         f"up to {self.max_batch}): the recorded rollout's live decode batch "
+                         f"never exceeded {self.max_batch}")
+        for name, what in (("k", "k={}"), ("drafter", "{}")):
+            options = controls[name].options
+            if len(options) == 1:
+                notes.append(f"only {what.format(options[0])} was measured at {at}")
+                controls[name].tooltip = notes[-1]
+            else:
+                controls[name].tooltip = f"measured at {at}: " + ", ".join(
+                    what.format(o) for o in options)
+        return notes
 
     def draw(self, fig, threshold, k, drafter) -> str:
         left, right = fig.subplots(1, 2)
@@ -103,10 +132,10 @@ class SDWhatIf(Explorer):
             measured = ", ".join(f"{d} k={kk}" for d, kk in self.pairs)
             return (f"<b>{html.escape(str(drafter))} k={k}</b> was not measured at "
                     f"{_temperature_title(self.temperature)}; measured: "
-                    f"{html.escape(measured)}")
+                    f"{html.escape(measured)}" + _notes(self.notes))
         result = sd_whatif(self.timeline, self.sweep, threshold, drafter, k, self.temperature)
         self._workers(right, result)
-        return _panel(result)
+        return _panel(result) + _notes(self.notes)
 
     def _curves(self, ax, threshold, drafter, k) -> None:
         """Every measured (drafter, k) curve, the selected one bold, threshold and SD region."""
@@ -125,12 +154,18 @@ class SDWhatIf(Explorer):
             ax.axvspan(lo, threshold, color="#33a02c", alpha=0.1, gid="sd-region",
                        label=f"SD on: live batch ≤ {threshold}")
             ax.axvline(threshold, color="#33a02c", linewidth=1.5, gid="threshold")
-        ax.axhline(1.0, color="black", linewidth=1.0, gid="plain-decoding",
-                   label="plain decoding")
+        # dotted and on top: a curve at 1 (SD no faster) still leaves it visible
+        ax.axhline(1.0, color="black", linestyle=":", linewidth=1.6, zorder=4,
+                   gid="plain-decoding", label="plain decoding (speedup 1)")
+        speedups = [1.0, *self.sweep["speedup"].dropna()]
+        low, high = min(speedups), max(speedups)
+        pad = max(high - low, 0.05) * 0.08
+        ax.set_ylim(low - pad, high + pad)
         ax.set_ylabel(f"measured SD speedup ({SWEEP_CLOCK} clock)")
-        ax.set_title(f"measured speedup, {_temperature_title(self.temperature)}", fontsize=10)
+        ax.set_title(f"Measured SD speedup by batch size, {_temperature_title(self.temperature)}",
+                     fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        legend_beside(ax)
 
     def _workers(self, ax, result) -> None:
         """Per worker: busy time recorded and under the what-if, and both makespans."""
@@ -142,17 +177,33 @@ class SDWhatIf(Explorer):
                 ("whatif-bar", x + 0.2, "whatif_s", color, "what-if")):
             for bar in ax.bar(xs, w[col], 0.4, color=c, label=label):
                 bar.set_gid(gid)
-        ax.axhline(result.makespan_recorded_s, color="#636363", linestyle="--", linewidth=1.2,
-                   gid="makespan-recorded", label=f"makespan {result.makespan_recorded_s:.2f} s")
-        ax.axhline(result.makespan_whatif_s, color=color, linewidth=1.5, gid="makespan-whatif",
-                   label=f"what-if makespan {result.makespan_whatif_s:.2f} s")
-        ax.set_ylim(0, max(result.makespan_recorded_s, 1e-9) * 1.25)
+        recorded, whatif = result.makespan_recorded_s, result.makespan_whatif_s
+        same = math.isclose(recorded, whatif, rel_tol=SAME_MAKESPAN)
+        # the what-if wide and pale underneath, the recorded dashed on top: both show when equal
+        ax.axhline(whatif, color=color, linewidth=4.0, alpha=0.5, zorder=3,
+                   gid="makespan-whatif", label=f"what-if makespan {whatif:.2f} s"
+                   + (" (= recorded)" if same else ""))
+        ax.axhline(recorded, color="#424242", linestyle="--", linewidth=1.4, zorder=4,
+                   gid="makespan-recorded", label=f"recorded makespan {recorded:.2f} s")
+        ax.set_ylim(0, max(recorded, whatif, 1e-9) * 1.15)
         ax.set_xticks(x, [str(i) for i in w["worker"]])
         ax.set_xlabel("worker")
         ax.set_ylabel(f"busy time (s, {result.clock} clock)")
-        ax.set_title(f"{result.drafter} k={result.k} at live batch ≤ {result.threshold}: "
-                     f"{result.speedup:.2f}× makespan", fontsize=10)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.set_title(_workers_title(result), fontsize=10)
+        legend_beside(ax)
+
+
+def _workers_title(result) -> str:
+    """The right panel's title in words: the SD setting modelled and what it did."""
+    if result.threshold == 0:
+        return "What-if with SD nowhere (threshold 0): the recorded makespan"
+    return (f"What-if with {result.drafter} k={result.k} at live batch ≤ {result.threshold}: "
+            f"makespan speedup {result.speedup:.2f}×")
+
+
+def _notes(notes: list[str]) -> str:
+    """Why a control offers so little choice, one line each (empty when it offers enough)."""
+    return "".join(f"<br><i>{html.escape(n)}</i>" for n in notes)
 
 
 def _panel(result) -> str:

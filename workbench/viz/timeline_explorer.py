@@ -204,7 +204,7 @@ class TimelineExplorer(Explorer):
         gantt(tl, ax=ax, kinds=kinds)
         lo, hi = window
         ax.set_xlim(lo, max(hi, lo + 1e-9))
-        fig.suptitle(f"{run} · {step}", fontsize=10)
+        fig.suptitle(f"run {run} · step {step}", fontsize=10)
         r = self._row(request)
         if r is not None:
             ax.add_patch(Rectangle((r.start_s, r.worker + 0.04), r.end_s - r.start_s, 0.92,
