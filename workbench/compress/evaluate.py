@@ -13,10 +13,13 @@ overhead, decides speed.
 from __future__ import annotations
 
 import math
+import numbers
+import time
 
 import pandas as pd
 from ..progress import tqdm
 
+from ..checks import check_int
 from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine
 from ..speedup import interleave, per_repeat_ratios, spread_stats
@@ -24,8 +27,8 @@ from ..tasks import HELDOUT_SEED, get_problems
 from .data import is_task, lm_loss, pad_id, sequences_from, token_batches
 from .plan import flops_per_token
 
-__all__ = ["count_params", "decode_tok_s", "saturation_batch", "decode_throughput",
-           "compare_models"]
+__all__ = ["count_params", "decode_tok_s", "steady_decode_tok_s", "saturation_batch",
+           "decode_throughput", "compare_models"]
 
 
 def count_params(model) -> int:
@@ -44,6 +47,34 @@ def decode_tok_s(engine: RolloutEngine, prompts, batch_size: int, max_new_tokens
 
 def _prompts(n: int) -> list[str]:
     return [p.prompt for p in get_problems("running_sum", n, seed=HELDOUT_SEED)]
+
+
+def steady_decode_tok_s(model, tokenizer, batch_size: int, min_seconds: float = 2.0,
+                        wave_tokens: int = 64, min_waves: int = 3) -> float:
+    """Greedy decode tokens/s of ``model`` at ``batch_size``, timed long enough to repeat,
+    whatever tokens per row a notebook decodes: after one warm-up wave (the first calls pay
+    for allocation), waves of ``wave_tokens`` tokens per row run until they have taken
+    ``min_seconds`` and numbered ``min_waves``; the fastest wave's tokens/s. Other work on
+    the machine only ever slows a wave down, so the fastest of several long waves is the
+    figure that repeats (the median follows the machine's load), as ``timeit`` takes the
+    best of its repeats. This is the teacher's figure that the FLOPs model of
+    ``compress.plan_table`` scales: timed over 4 tokens (mostly prefill and scheduling
+    noise), two identical smoke runs of notebook 05 once predicted throughputs 80x apart."""
+    check_int("batch_size", batch_size, 1)
+    check_int("wave_tokens", wave_tokens, 1)
+    check_int("min_waves", min_waves, 1)
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, numbers.Real) \
+            or not math.isfinite(min_seconds) or min_seconds < 0:
+        raise ValueError(f"min_seconds must be a finite number >= 0, got {min_seconds!r}")
+    engine = RolloutEngine(model, tokenizer)
+    prompts = _prompts(batch_size)
+    decode_tok_s(engine, prompts, batch_size, wave_tokens)  # warm-up
+    rates, spent = [], 0.0
+    while len(rates) < min_waves or spent < min_seconds:
+        start = time.perf_counter()
+        rates.append(decode_tok_s(engine, prompts, batch_size, wave_tokens))
+        spent += time.perf_counter() - start
+    return max(rates)
 
 
 def saturation_batch(model, tokenizer, max_batch: int = 1024, gain: float = 1.05,
