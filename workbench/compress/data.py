@@ -154,7 +154,8 @@ def _check_enough(source, seqs, starts, max_len) -> None:
         return
     what = ("response and stop tokens (prompts are not scored)" if is_task(source)
             else "tokens")
-    cut = f", or a max_len above {max_len}" if max_len is not None else ""
+    was_cut = max_len is not None and any(len(s) >= max_len for s in seqs)
+    cut = f", or a max_len above {max_len} (some examples were cut to it)" if was_cut else ""
     raise ValueError(
         f"{str(source)!r}: the {len(seqs)} training texts hold {have:,} scored {what}; "
         f"distillation needs at least {MIN_SCORED_TOKENS:,} to mean anything. Use more "
