@@ -164,3 +164,32 @@ def test_notebook_04_runs_the_baseline_alone_with_an_accuracy_curve(tmp_path):
     evals = (tmp_path / "out" / "evals.csv").read_text().splitlines()
     assert len(evals) == 1 + 3                                # header, steps 0, 1, 2
     assert (tmp_path / "out" / "heldout_accuracy.png").exists()
+
+
+def test_notebook_05_runs_a_4_layer_model_on_a_jsonl_task_at_the_default_target(tmp_path,
+                                                                                tokenizer):
+    """Another user's setting: their own 4-layer model and a {"prompt", "answer"} JSONL task
+    (with worked solutions); the default target 0.5 snaps to the nearest plans and says so."""
+    import torch
+
+    from tests.conftest import tiny_model
+    from workbench.models import save_model
+    from workbench.tasks import get_problems
+    model = save_model(tiny_model("llama", tokenizer, layers=4, dtype=torch.float32), tokenizer,
+                       tmp_path / "model")
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer,
+                                        "reference": p.reference}) + "\n"
+                            for p in get_problems("running_sum", 130, seed=7)))
+    params, keys = SMOKE["05_pruning"]
+    out_dir = tmp_path / "out"
+    papermill.execute_notebook(ROOT / "notebooks" / "05_pruning.ipynb", tmp_path / "executed.ipynb",
+                               parameters={**params, "model": str(model), "task": str(task),
+                                           "out_dir": str(out_dir)},
+                               kernel_name="python3", language="python", progress_bar=False,
+                               cwd=str(ROOT))
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert set(keys) <= set(metrics)
+    text = printed(tmp_path / "executed.ipynb")
+    assert "depth plan: asked 0.5 of the parameters, got 0.54 (2 of 4 layers," in text
+    assert metrics["params_depth"] / metrics["params_teacher"] == pytest.approx(0.54, abs=0.005)
