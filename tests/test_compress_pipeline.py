@@ -1,6 +1,7 @@
 """The compression recipe end to end on tiny models: prune + distill stages, the iterative
 pipeline, the ranking ablation, the architecture search and the comparison table."""
 import math
+import time
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,8 @@ from transformers import AutoModelForCausalLM
 from tests.conftest import tiny_model
 from workbench.compress.data import budget_tokens, distill_data, lm_loss
 from workbench.compress.distill import DistillConfig
-from workbench.compress.evaluate import compare_models, count_params
+from workbench.compress import evaluate
+from workbench.compress.evaluate import compare_models, count_params, steady_decode_tok_s
 from workbench.compress.importance import calibration_batches
 from workbench.compress.iterative import compress_step, iterative_compress, pick_plan
 from workbench.compress.plan import PrunePlan, param_count
@@ -23,7 +25,7 @@ from workbench.compress.studies import (RETRAININGS, architecture_search, rankin
 def setup(tokenizer):
     teacher = tiny_model("llama", tokenizer, layers=4, dtype=torch.float32)
     calibration = calibration_batches(tokenizer, num=8, batch_size=4, max_len=48)
-    train, held_out = distill_data(tokenizer, num=16, eval_num=4, batch_size=4, max_len=48)
+    train, held_out = distill_data(tokenizer, num=128, eval_num=4, batch_size=4, max_len=48)
     config = DistillConfig(steps=3, batch_size=4, eval_every=0, progress=False)
     return teacher, calibration, train, held_out, config
 
@@ -94,13 +96,39 @@ def test_compare_models_table(setup, tokenizer, tmp_path):
         table.columns)
 
 
+def test_the_teacher_is_timed_long_enough_to_repeat(tokenizer, monkeypatch):
+    """Waves of ``wave_tokens`` per row after a warm-up, until ``min_seconds`` and
+    ``min_waves``; the fastest wave (other work only slows a wave down)."""
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    waves = []
+
+    def recorded(engine, prompts, batch_size, max_new_tokens):
+        waves.append((batch_size, max_new_tokens,
+                      real(engine, prompts, batch_size, max_new_tokens)))
+        return waves[-1][2]
+
+    real = evaluate.decode_tok_s
+    monkeypatch.setattr(evaluate, "decode_tok_s", recorded)
+    start = time.perf_counter()
+    tok_s = steady_decode_tok_s(model, tokenizer, 2, min_seconds=0.5, wave_tokens=8)
+    assert time.perf_counter() - start >= 0.5
+    assert len(waves) >= 1 + 3 and {w[:2] for w in waves} == {(2, 8)}
+    assert tok_s == max(rate for *_, rate in waves[1:]) > 0  # the warm-up wave is not counted
+    for bad, message in ((dict(batch_size=0), "batch_size must be an integer >= 1"),
+                         (dict(min_seconds=-1.0), "min_seconds must be a finite number >= 0"),
+                         (dict(wave_tokens=2.5), "wave_tokens must be an integer >= 1")):
+        with pytest.raises(ValueError, match=message):
+            steady_decode_tok_s(model, tokenizer, **{"batch_size": 2, **bad})
+
+
 def test_bad_targets_and_kinds(setup):
     teacher, calibration, train, held_out, config = setup
     with pytest.raises(ValueError, match="largest first"):
         iterative_compress(teacher, (0.25, 0.5), train, held_out, calibration, config=config)
     with pytest.raises(ValueError, match="kind 'sideways' is not one of"):
         pick_plan(teacher.config, 0.5, "sideways")
-    with pytest.raises(ValueError, match="larger than the source"):
+    with pytest.raises(ValueError, match=r"target 1000000000 is not accepted.*feasible "
+                                         r"width plans keep 0\.\d\d-0\.\d\d"):
         pick_plan(teacher.config, 10 ** 9, "width")
 
 

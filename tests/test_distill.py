@@ -28,7 +28,7 @@ def config(**kw):
 
 @pytest.fixture(scope="module")
 def data(tokenizer):
-    return distill_data(tokenizer, "running_sum", num=16, eval_num=4, batch_size=4, max_len=32)
+    return distill_data(tokenizer, "running_sum", num=160, eval_num=4, batch_size=4, max_len=32)
 
 
 def narrow_model(tokenizer, hidden=48, layers=1, seed=1, vocab=None):
@@ -209,7 +209,7 @@ def test_ce_and_scratch_run_through_distill_with_token_counts(tokenizer, tmp_pat
     assert type(fresh) is type(model) and fresh.dtype == model.dtype
     assert not torch.equal(fresh.lm_head.weight, model.lm_head.weight)
     out = tmp_path / "ce"
-    student, history, evals = distill(fresh, None, tokenizer, num=12, eval_num=4, max_len=32,
+    student, history, evals = distill(fresh, None, tokenizer, num=160, eval_num=4, max_len=32,
                                       config=config(mode="ce", eval_every=2), out_dir=out)
     assert student is fresh and {"ce", "tokens", "tokens_seen"} <= set(history.columns)
     assert history["tokens_seen"].tolist() == history["tokens"].cumsum().tolist()

@@ -38,7 +38,7 @@ SMOKE = {
                    "reward_final_baseline", "reward_final_tlt", "reward_final_baseline_sd",
                    "idle_fraction_baseline", "idle_fraction_tlt", "rl_steps",
                    "first_divergence_step"]),
-    "05_pruning": ({"calibration_size": 16, "train_size": 16, "eval_size": 8, "max_len": 64,
+    "05_pruning": ({"calibration_size": 16, "train_size": 112, "eval_size": 8, "max_len": 64,
                     "distill_steps": 2, "search_candidates": 8, "search_top": 1,
                     "search_steps": 1, "depth_texts": 8, "max_batch": 2, "decode_tokens": 4,
                     "fast_max_flops": 0.7,
@@ -46,14 +46,14 @@ SMOKE = {
                    ["params_teacher", "params_width", "params_depth", "loss_after_prune_l2mean",
                     "loss_after_prune_random", "loss_after_prune_magnitude",
                     "loss_width_distilled", "loss_depth_distilled", "saturation_batch",
-                    "throughput_ratio_width", "throughput_ratio_depth"]),
-    "06_distillation": ({"calibration_size": 8, "train_size": 8, "eval_size": 4, "max_len": 48,
+                    "teacher_tok_s", "throughput_ratio_width", "throughput_ratio_depth"]),
+    "06_distillation": ({"calibration_size": 8, "train_size": 128, "eval_size": 4, "max_len": 48,
                          "steps": 2, "eval_every": 1, "batch_size": 4, "eval_problems": 3,
                          "max_new_tokens": 16},
                         ["params_teacher", "params_student", "accuracy_teacher",
                          "accuracy_student_kd", "accuracy_student_ce", "accuracy_scratch",
                          "token_savings_vs_scratch", "accuracy_student_kd_hidden"]),
-    "07_minitron_pipeline": ({"calibration_size": 8, "train_size": 8, "eval_size": 4,
+    "07_minitron_pipeline": ({"calibration_size": 8, "train_size": 128, "eval_size": 4,
                               "max_len": 48, "steps": 2, "batch_size": 4, "eval_problems": 3,
                               "max_new_tokens": 16, "max_batch": 2, "decode_tokens": 4,
                               "drafter_prompts": 2},
@@ -202,3 +202,32 @@ def test_notebook_runs_on_a_jsonl_task_without_references(name, tmp_path):
         assert {"lengths.png", "accuracy_by_bucket.png"} <= {p.name for p in out_dir.glob("*.png")}
     else:
         assert last_cell_images(executed) == 1  # the explorer's figure is left behind
+
+
+def test_notebook_05_runs_a_4_layer_model_on_a_jsonl_task_at_the_default_target(tmp_path,
+                                                                                tokenizer):
+    """Another user's setting: their own 4-layer model and a {"prompt", "answer"} JSONL task
+    (with worked solutions); the default target 0.5 snaps to the nearest plans and says so."""
+    import torch
+
+    from tests.conftest import tiny_model
+    from workbench.models import save_model
+    from workbench.tasks import get_problems
+    model = save_model(tiny_model("llama", tokenizer, layers=4, dtype=torch.float32), tokenizer,
+                       tmp_path / "model")
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer,
+                                        "reference": p.reference}) + "\n"
+                            for p in get_problems("running_sum", 130, seed=7)))
+    params, keys = SMOKE["05_pruning"]
+    out_dir = tmp_path / "out"
+    papermill.execute_notebook(ROOT / "notebooks" / "05_pruning.ipynb", tmp_path / "executed.ipynb",
+                               parameters={**params, "model": str(model), "task": str(task),
+                                           "out_dir": str(out_dir)},
+                               kernel_name="python3", language="python", progress_bar=False,
+                               cwd=str(ROOT))
+    metrics = json.loads((out_dir / "metrics.json").read_text())
+    assert set(keys) <= set(metrics)
+    text = printed(tmp_path / "executed.ipynb")
+    assert "depth plan: asked 0.5 of the parameters, got 0.54 (2 of 4 layers," in text
+    assert metrics["params_depth"] / metrics["params_teacher"] == pytest.approx(0.54, abs=0.005)

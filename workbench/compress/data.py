@@ -1,15 +1,20 @@
-"""Text for compression: calibration and distillation sets, padded batches, and LM loss.
+"""Token sequences for compression: calibration and distillation sets, padded batches, LM loss.
 
 Importance, distillation and evaluation all read token sequences drawn from one of three
-sources: an embedded task (each problem's prompt followed by its worked solution), a JSONL
-task file (prompt followed by answer), or a plain text file (one example per non-empty line).
-The set's size is a parameter; an empty set is refused before any model runs.
+sources: an embedded task, a JSONL task file of ``{"prompt", "answer"}`` lines (a
+``reference`` key adds a worked solution), or a plain text file (one example per non-empty
+line). The set's size is a parameter; an empty set is refused before any model runs.
 
-LM loss is scored where the text is meant to be modelled: for task sources, the response (the
-worked solution after the prompt; a policy is trained on responses, and its prompts are random
-numbers no model can predict); for text files, every token. :func:`sequences_from` returns the
-first scored position of each sequence, and :func:`token_batches` then adds a third tensor, the
-scored-token mask, that :func:`lm_loss` reads.
+A task's example is what its policy reads and writes in a rollout (:func:`task_sequence`): the
+prompt's tokens as the rollout engine encodes a prompt, then the response's tokens (the
+problem's reference trace when it has one, else its answer), then the stop token that ends a
+rollout. The losses score the response and the stop token, never the prompt (a policy is
+trained on responses; the embedded task's prompts are random numbers no model can predict); a
+text file's every token is scored. :func:`sequences_from` returns each sequence's first scored
+position, and :func:`token_batches` turns it into a third tensor, the scored-token mask, that
+:func:`lm_loss` and the distiller read. Distillation on fewer than :data:`MIN_SCORED_TOKENS`
+scored tokens is refused (:func:`distill_data`): a few dozen answer tokens make any comparison
+of students noise.
 """
 from __future__ import annotations
 
@@ -24,66 +29,95 @@ from ..progress import tqdm
 
 from ..tasks import TASKS, get_problems
 
-__all__ = ["CALIBRATION_SEED", "texts_from", "sequences_from", "encode_texts", "token_batches",
+__all__ = ["CALIBRATION_SEED", "MIN_SCORED_TOKENS", "is_task", "accuracy_task",
+           "task_sequence", "sequences_from", "scored_tokens", "pad_id", "token_batches",
            "distill_data", "budget_tokens", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)
 CALIBRATION_SEED = 3_000_017
 
+# the fewest scored tokens distillation trains on: below this, students differ by noise
+MIN_SCORED_TOKENS = 2_000
 
-def _examples(source, num: int, seed: int) -> tuple[list[str], list[str] | None]:
-    """``(texts, prompts)`` of ``source``; ``prompts`` is None for a text file (no prompt)."""
-    check_int("the set's size", num, 1)
-    if _is_task(source):
-        problems = (get_problems(source, num, seed) if isinstance(source, str) and source in TASKS
-                    else get_problems(source, num))
-        texts = [p.prompt + (p.reference or p.answer) for p in problems]
-        prompts = [p.prompt for p in problems]
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"unknown text source {str(source)!r}; accepted: a task name "
-                             f"{sorted(TASKS)}, a .jsonl task file, or a text file")
-        lines = path.read_text(encoding="utf-8").splitlines()
-        texts, prompts = [line for line in lines if line.strip()][:num], None
-    if not texts:
-        raise ValueError(f"empty calibration/text set: {str(source)!r} gave no text")
-    return texts, prompts
+def is_task(source) -> bool:
+    """Whether ``source`` is a task (an embedded task name or a ``.jsonl`` file), not a text
+    file."""
+    return ((isinstance(source, str) and source in TASKS)
+            or (isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".jsonl"))
 
 
-def texts_from(source: str | os.PathLike = "running_sum", num: int = 256,
-               seed: int = CALIBRATION_SEED) -> list[str]:
-    """``num`` example texts from ``source``: an embedded task name (prompt + worked solution),
-    a ``.jsonl`` task file (prompt + answer), or a text file (one example per non-empty line).
-    Raises ``ValueError`` naming the source when it yields no text."""
-    return _examples(source, num, seed)[0]
+def accuracy_task(source) -> str | os.PathLike:
+    """The task whose held-out problems judge accuracy when compressing on ``source``: the
+    task itself, or the embedded running sum for a text file (a text has no answers)."""
+    return source if is_task(source) else "running_sum"
 
 
-def _is_task(source) -> bool:
-    return (isinstance(source, str) and source in TASKS) or Path(source).suffix.lower() == ".jsonl"
+def task_sequence(prompt: str, response: str, tokenizer) -> tuple[list[int], int]:
+    """``(ids, start)``: one example as a policy sees it in a rollout. The prompt's tokens
+    exactly as :meth:`workbench.rollout.RolloutEngine.encode` makes them
+    (``tokenizer(prompt)``, BOS where the tokenizer adds one), the response's tokens after
+    them (no special tokens: the policy writes them one by one), then the stop token that
+    ends a rollout (EOS; none when the tokenizer has none, as the engine then never stops).
+    ``start`` is the first response token's position: the losses score from there on."""
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
+    response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
+    stop = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    return prompt_ids + response_ids + stop, len(prompt_ids)
+
+
+def _task_sequences(source, num: int, seed: int, tokenizer) -> list[tuple[list[int], int]]:
+    """The problems' prompt-response sequences; the response is the reference trace when
+    the problem has one, else its answer."""
+    named = isinstance(source, str) and source in TASKS
+    problems = get_problems(source, num, seed) if named else get_problems(source, num)
+    return [task_sequence(p.prompt, p.reference or p.answer, tokenizer) for p in problems]
+
+
+def _text_sequences(source, num: int, tokenizer) -> list[tuple[list[int], int]]:
+    """One sequence per non-empty line, every token scored (from position 1: the first
+    token has nothing before it to be predicted from)."""
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"unknown text source {str(source)!r}; accepted: a task name "
+                         f"{sorted(TASKS)}, a .jsonl task file of {{\"prompt\", \"answer\"}} "
+                         "lines, or a text file")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [(list(tokenizer(line)["input_ids"]), 1) for line in lines[:num]]
 
 
 def sequences_from(source: str | os.PathLike, num: int, tokenizer, seed: int = CALIBRATION_SEED,
                    max_len: int | None = None) -> tuple[list[list[int]], list[int]]:
-    """``(token ids, first scored position)`` of ``num`` texts of ``source``: for a task the
-    first response token (after the prompt's tokens), for a text file 1 (every token)."""
-    texts, prompts = _examples(source, num, seed)
-    seqs = encode_texts(texts, tokenizer, max_len)
-    if prompts is None:
-        return seqs, [1] * len(seqs)
-    starts = [min(len(tokenizer(p)["input_ids"]), len(s) - 1) for p, s in zip(prompts, seqs)]
-    return seqs, starts
+    """``(token ids, first scored position)`` of ``num`` examples of ``source``, each cut to
+    ``max_len`` tokens: a task's prompt then response then stop token
+    (:func:`task_sequence`; scored from the response on), or a text file's lines (every
+    token scored). Raises ``ValueError`` naming the source when it yields nothing to
+    predict."""
+    check_int("the set's size", num, 1)
+    pairs = (_task_sequences(source, num, seed, tokenizer) if is_task(source)
+             else _text_sequences(source, num, tokenizer))
+    if not pairs:
+        raise ValueError(f"empty calibration/text set: {str(source)!r} gave no text")
+    seqs = [ids[:max_len] for ids, _ in pairs]
+    if not any(len(s) > 1 for s in seqs):
+        raise ValueError(f"every example of {str(source)!r} encodes to at most one token: "
+                         "nothing to predict")
+    return seqs, [start for _, start in pairs]
 
 
-def encode_texts(texts: list[str], tokenizer, max_len: int | None = None) -> list[list[int]]:
-    """Token ids of each text (BOS as the tokenizer adds it), cut to ``max_len`` tokens."""
-    if not texts:
-        raise ValueError("empty calibration/text set: no texts to encode")
-    ids = [tokenizer(t)["input_ids"][:max_len] for t in texts]
-    if not any(len(s) > 1 for s in ids):
-        raise ValueError("every text encodes to at most one token: nothing to predict")
-    return ids
+def scored_tokens(seqs: list[list[int]], starts: list[int]) -> int:
+    """Tokens the losses score over ``seqs``: from each one's first scored position on (never
+    position 0, which nothing predicts), as ``token_batches``' mask counts them."""
+    return sum(max(0, len(s) - max(start, 1)) for s, start in zip(seqs, starts))
+
+
+def pad_id(tokenizer) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else its EOS (many causal LM
+    tokenizers have no pad token), else 0; padding is masked out, so any id will do."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    return 0
 
 
 def token_batches(seqs: list[list[int]], batch_size: int, pad_id: int, device=None,
@@ -112,24 +146,43 @@ def token_batches(seqs: list[list[int]], batch_size: int, pad_id: int, device=No
     return out
 
 
+def _check_enough(source, seqs, starts, max_len) -> None:
+    """Refuse training texts that hold fewer than :data:`MIN_SCORED_TOKENS` scored tokens,
+    saying how many there are, how many are needed, and what would give more."""
+    have = scored_tokens(seqs, starts)
+    if have >= MIN_SCORED_TOKENS:
+        return
+    what = ("response and stop tokens (prompts are not scored)" if is_task(source)
+            else "tokens")
+    was_cut = max_len is not None and any(len(s) >= max_len for s in seqs)
+    cut = f", or a max_len above {max_len} (some examples were cut to it)" if was_cut else ""
+    raise ValueError(
+        f"{str(source)!r}: the {len(seqs)} training texts hold {have:,} scored {what}; "
+        f"distillation needs at least {MIN_SCORED_TOKENS:,} to mean anything. Use more "
+        f"examples (num / train_size), a task with longer responses (a JSONL line's "
+        f"'reference' key holds a worked solution, scored in place of the bare answer){cut}")
+
+
 def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int = 256,
                  eval_num: int = 32, batch_size: int = 16, seed: int = 0,
                  max_len: int | None = None) -> tuple[list, list]:
     """``(train batches, held-out batches)`` of ``(ids, mask, scored)`` from ``source``
-    (:func:`sequences_from`, scored: a task's responses, a text file's every token):
-    ``num + eval_num`` texts, the last ``eval_num`` held out. Train batches hold sequences of
-    similar length (little padding), in an order drawn from ``seed``, so that consecutive
-    steps see a mix of lengths."""
+    (:func:`sequences_from`, scored: a task's responses and stop tokens, a text file's every
+    token): ``num + eval_num`` examples, the last ``eval_num`` held out. Training texts with
+    fewer than :data:`MIN_SCORED_TOKENS` scored tokens are refused. Train batches hold
+    sequences of similar length (little padding), in an order drawn from ``seed``, so that
+    consecutive steps see a mix of lengths."""
     check_int("num", num, 1)
     check_int("eval_num", eval_num, 0)
     seqs, starts = sequences_from(source, num + eval_num, tokenizer, max_len=max_len)
     if len(seqs) < num + eval_num:
         raise ValueError(f"{str(source)!r} gave {len(seqs)} texts; {num} to train on and "
                          f"{eval_num} held out need {num + eval_num}")
+    _check_enough(source, seqs[:num], starts[:num], max_len)
 
     def batched(part):
-        return (token_batches(seqs[part], batch_size, tokenizer.pad_token_id,
-                              starts=starts[part]) if seqs[part] else [])
+        return (token_batches(seqs[part], batch_size, pad_id(tokenizer), starts=starts[part])
+                if seqs[part] else [])
 
     batches = batched(slice(0, num))
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))

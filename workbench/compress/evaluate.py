@@ -13,19 +13,22 @@ overhead, decides speed.
 from __future__ import annotations
 
 import math
+import numbers
+import time
 
 import pandas as pd
 from ..progress import tqdm
 
+from ..checks import check_int
 from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine
 from ..speedup import interleave, per_repeat_ratios, spread_stats
 from ..tasks import HELDOUT_SEED, get_problems
-from .data import encode_texts, lm_loss, sequences_from, texts_from, token_batches
+from .data import is_task, lm_loss, pad_id, sequences_from, token_batches
 from .plan import flops_per_token
 
-__all__ = ["count_params", "decode_tok_s", "saturation_batch", "decode_throughput",
-           "compare_models"]
+__all__ = ["count_params", "decode_tok_s", "steady_decode_tok_s", "saturation_batch",
+           "decode_throughput", "compare_models"]
 
 
 def count_params(model) -> int:
@@ -44,6 +47,34 @@ def decode_tok_s(engine: RolloutEngine, prompts, batch_size: int, max_new_tokens
 
 def _prompts(n: int) -> list[str]:
     return [p.prompt for p in get_problems("running_sum", n, seed=HELDOUT_SEED)]
+
+
+def steady_decode_tok_s(model, tokenizer, batch_size: int, min_seconds: float = 2.0,
+                        wave_tokens: int = 64, min_waves: int = 3) -> float:
+    """Greedy decode tokens/s of ``model`` at ``batch_size``, timed long enough to repeat,
+    whatever tokens per row a notebook decodes: after one warm-up wave (the first calls pay
+    for allocation), waves of ``wave_tokens`` tokens per row run until they have taken
+    ``min_seconds`` and numbered ``min_waves``; the fastest wave's tokens/s. Other work on
+    the machine only ever slows a wave down, so the fastest of several long waves is the
+    figure that repeats (the median follows the machine's load), as ``timeit`` takes the
+    best of its repeats. This is the teacher's figure that the FLOPs model of
+    ``compress.plan_table`` scales: timed over 4 tokens (mostly prefill and scheduling
+    noise), two identical smoke runs of notebook 05 once predicted throughputs 80x apart."""
+    check_int("batch_size", batch_size, 1)
+    check_int("wave_tokens", wave_tokens, 1)
+    check_int("min_waves", min_waves, 1)
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, numbers.Real) \
+            or not math.isfinite(min_seconds) or min_seconds < 0:
+        raise ValueError(f"min_seconds must be a finite number >= 0, got {min_seconds!r}")
+    engine = RolloutEngine(model, tokenizer)
+    prompts = _prompts(batch_size)
+    decode_tok_s(engine, prompts, batch_size, wave_tokens)  # warm-up
+    rates, spent = [], 0.0
+    while len(rates) < min_waves or spent < min_seconds:
+        start = time.perf_counter()
+        rates.append(decode_tok_s(engine, prompts, batch_size, wave_tokens))
+        spent += time.perf_counter() - start
+    return max(rates)
 
 
 def saturation_batch(model, tokenizer, max_batch: int = 1024, gain: float = 1.05,
@@ -101,22 +132,29 @@ def _quality(model, tokenizer, task_batches, text_batches, problems, max_new_tok
     return {**row, "accuracy": rep.summary()["accuracy"]}
 
 
+def _scored_batches(source, num: int, tokenizer, seed: int) -> list:
+    seqs, starts = sequences_from(source, num, tokenizer, seed)
+    return token_batches(seqs, 32, pad_id(tokenizer), starts=starts)
+
+
 def compare_models(models: dict, tokenizer, batch_sizes=(1, 32), text_file=None,
                    num: int = 200, max_new_tokens: int = 256, decode_tokens: int = 64,
-                   repeats: int = 3, progress: bool = True) -> pd.DataFrame:
+                   repeats: int = 3, progress: bool = True,
+                   task="running_sum") -> pd.DataFrame:
     """One row per model (the first is the teacher): params, FLOPs per token and their ratios
-    to the teacher, LM loss / perplexity on the responses of ``num`` held-out task problems
-    (and on every token of ``text_file``),
-    greedy accuracy on ``num`` held-out problems, and decode tokens/s with its measured ratio
-    (spread included) at each of ``batch_sizes``."""
+    to the teacher, LM loss / perplexity on the responses of ``num`` held-out problems of
+    ``task`` (a task name or a JSONL file, whose first ``num`` lines it takes) and on every
+    token of ``text_file``, greedy accuracy on those problems, and decode tokens/s with its
+    measured ratio (spread included) at each of ``batch_sizes``."""
     if not models:
         raise ValueError("models is empty: pass {name: model}, the teacher first")
-    pad = tokenizer.pad_token_id
-    seqs, starts = sequences_from("running_sum", num, tokenizer, HELDOUT_SEED)
-    task_b = token_batches(seqs, 32, pad, starts=starts)  # scored: the responses
-    text_b = (token_batches(encode_texts(texts_from(text_file, num), tokenizer), 32, pad)
+    if not is_task(task):
+        raise ValueError(f"task {str(task)!r} is not a task; accepted: a task name or a .jsonl "
+                         "file of {\"prompt\", \"answer\"} lines (a text file goes to text_file)")
+    task_b = _scored_batches(task, num, tokenizer, HELDOUT_SEED)  # scored: the responses
+    text_b = (_scored_batches(text_file, num, tokenizer, HELDOUT_SEED)
               if text_file is not None else None)
-    problems = get_problems("running_sum", num, seed=HELDOUT_SEED)
+    problems = get_problems(task, num, seed=HELDOUT_SEED)
     rows = []
     for name, m in tqdm(models.items(), desc="quality", disable=not progress):
         rows.append({"model": name, "params": count_params(m),

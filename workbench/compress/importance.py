@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from ..progress import tqdm
 
-from .data import CALIBRATION_SEED, encode_texts, texts_from, token_batches
+from .data import CALIBRATION_SEED, pad_id, sequences_from, token_batches
 from .plan import SUPPORTED_MODEL_TYPES
 from .scores import UnitScores
 
@@ -240,13 +240,11 @@ def importance_from_batches(model, batches, aggregation: Aggregation | None = No
 def calibration_batches(tokenizer, source="running_sum", num: int = 1024,
                         batch_size: int = 8, max_len: int | None = 256,
                         seed: int = CALIBRATION_SEED, device=None) -> list:
-    """``(ids, mask)`` batches of ``num`` calibration texts from ``source`` (task name, JSONL
-    or text file; see ``compress.data.texts_from``), each cut to ``max_len`` tokens."""
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:  # padding is masked out, so any real id will do
-        pad_id = tokenizer.eos_token_id
-    seqs = encode_texts(texts_from(source, num, seed), tokenizer, max_len)
-    return token_batches(seqs, batch_size, pad_id, device)
+    """``(ids, mask)`` batches of ``num`` calibration examples from ``source`` (a task's
+    prompt then response then stop token, as a rollout feeds them, or a text file's lines;
+    see ``compress.data.sequences_from``), each cut to ``max_len`` tokens."""
+    seqs, _ = sequences_from(source, num, tokenizer, seed, max_len)
+    return token_batches(seqs, batch_size, pad_id(tokenizer), device)
 
 
 def activation_importance(model, tokenizer, source="running_sum", num: int = 1024,

@@ -20,11 +20,9 @@ from .distill import DistillConfig, Distiller
 from .importance import Aggregation, importance_from_batches
 from .plan import PrunePlan, param_count
 from .prune import prune
-from .search import enumerate_plans, plan_kind
+from .search import KINDS, nearest_plan, plan_kind, snap_note
 
 __all__ = ["KINDS", "Stage", "pick_plan", "compress_step", "iterative_compress"]
-
-KINDS = ("width", "depth", "both")
 
 
 @dataclass
@@ -41,19 +39,19 @@ class Stage:
     evals: pd.DataFrame = field(repr=False)
 
 
-def pick_plan(config, target: float | int, kind: str = "width", layer_scores=None,
-              tolerance: float = 0.05) -> PrunePlan:
-    """The plan of ``kind`` nearest to ``target`` parameters (a fraction of ``config``'s or a
-    count) among :func:`~workbench.compress.search.enumerate_plans`; width plans keep every
-    layer, depth plans every width."""
+def pick_plan(config, target: float | int, kind: str = "width",
+              layer_scores=None) -> PrunePlan:
+    """The feasible plan of ``kind`` nearest to ``target`` parameters (a fraction of
+    ``config``'s in (0, 1), or a count): width plans keep every layer, depth plans every
+    width. A small model has few plans, so the target snaps to the nearest one and one line
+    says what was asked and what was got (:func:`~workbench.compress.search.snap_note`); a
+    target outside (0, 1), or a kind the model has no plan of, is refused with the range the
+    feasible plans span."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r} is not one of {KINDS}")
-    table = enumerate_plans(config, target, tolerance, layer_scores=layer_scores)
-    rows = table[table["kind"] == kind]
-    if rows.empty:
-        raise ValueError(f"no {kind} plan lies within {tolerance:.0%} of target {target!r}; "
-                         f"kinds found there: {sorted(set(table['kind']))}")
-    return rows["plan"].iloc[0]
+    row = nearest_plan(config, target, (kind,), layer_scores)
+    print(snap_note(config, target, row))
+    return row["plan"]
 
 
 def compress_step(teacher, target: float | int, train, held_out, calibration,
@@ -62,9 +60,9 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
                   aggregation: Aggregation | None = None, plan: PrunePlan | None = None,
                   progress: bool = True) -> Stage:
     """Score ``teacher`` on ``calibration`` batches (activation importance for width, the
-    LM-loss increase of removing each layer for depth), prune it to the ``kind`` plan nearest
-    ``target`` (or to ``plan`` when given), then distill the student from ``teacher`` on
-    ``train`` batches, evaluating on ``held_out``."""
+    LM-loss increase of removing each layer for depth), prune it to the feasible ``kind``
+    plan nearest ``target`` (:func:`pick_plan`; or to ``plan`` when given), then distill the
+    student from ``teacher`` on ``train`` batches, evaluating on ``held_out``."""
     if plan is None:
         layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
                         .tolist() if kind != "width" else None)

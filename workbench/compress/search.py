@@ -6,17 +6,27 @@ retrained.
 Candidates vary width (hidden size, MLP size, query heads per KV group) and depth (how many
 layers stay; which ones come from per-layer scores, or else a contiguous block is dropped).
 Counts come from :mod:`.plan` alone, so pricing a candidate builds no model.
+
+A target is a wish, not a promise: a small model has few plans (4 layers give depth plans at 4
+sizes only), so :func:`nearest_plan` snaps a target to the feasible plan nearest to it, and
+:func:`snap_note` is the line that says what was asked and what was got. Only a target that
+no plan can meet (outside (0, 1) of the source, or a kind the model has no plan of) is refused,
+with the range the feasible plans span.
 """
 from __future__ import annotations
 
 import itertools
+import numbers
 from typing import Callable, Sequence
 
 import pandas as pd
 
 from .plan import PrunePlan, flops_per_token, param_count
 
-__all__ = ["width_grid", "depth_layers", "plan_kind", "enumerate_plans", "rank_candidates"]
+__all__ = ["KINDS", "width_grid", "depth_layers", "plan_kind", "feasible_plans", "enumerate_plans",
+           "nearest_plan", "snap_note", "rank_candidates"]
+
+KINDS = ("width", "depth", "both")
 
 COLUMNS = ["plan", "kind", "num_layers", "hidden_size", "intermediate_size", "heads_per_group",
            "params", "params_ratio", "flops_ratio"]
@@ -94,6 +104,38 @@ def _row(config, plan: PrunePlan, params: int, context: int, source: tuple[int, 
             "flops_ratio": flops_per_token(config, plan, context) / source[1]}
 
 
+def _check_kinds(kinds) -> tuple[str, ...]:
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"kinds {kinds!r}: accepted a non-empty selection of {KINDS}")
+    return kinds
+
+
+def feasible_plans(config, kinds=KINDS, layer_scores: Sequence[float] | None = None,
+                   max_flops_ratio: float | None = None, multiple: int = 16, steps: int = 16,
+                   context: int = 512) -> pd.DataFrame:
+    """Every plan of ``kinds`` on the grid (:func:`width_grid`, :func:`depth_layers`) that
+    transformers can load, the plan that keeps everything left out; with ``max_flops_ratio``
+    only those whose FLOPs per token at ``context`` are at most that share of the source's.
+    One row per plan (columns :data:`COLUMNS`), in the grid's order."""
+    _check_layer_scores(config, layer_scores)
+    kinds = _check_kinds(kinds)
+    source = param_count(config), flops_per_token(config, None, context)
+    rows = [_row(config, plan, param_count(config, plan), context, source)
+            for plan in _candidates(config, layer_scores, multiple, steps)
+            if plan_kind(config, plan) in kinds]
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    if max_flops_ratio is not None:
+        table = table[table["flops_ratio"] <= max_flops_ratio].reset_index(drop=True)
+    return table
+
+
+def _nearest_first(table: pd.DataFrame, goal: int) -> pd.DataFrame:
+    order = (table["params"] - goal).abs().sort_values(kind="stable").index
+    return table.loc[order].reset_index(drop=True)
+
+
 def enumerate_plans(config, target: float | int, tolerance: float = 0.05,
                     layer_scores: Sequence[float] | None = None, multiple: int = 16,
                     steps: int = 16, context: int = 512) -> pd.DataFrame:
@@ -108,20 +150,70 @@ def enumerate_plans(config, target: float | int, tolerance: float = 0.05,
     nearest counts there are."""
     _check_layer_scores(config, layer_scores)
     goal = _target_params(config, target)
-    priced = [(plan, param_count(config, plan))
-              for plan in _candidates(config, layer_scores, multiple, steps)]
-    source = param_count(config), flops_per_token(config, None, context)
-    rows = [_row(config, plan, params, context, source) for plan, params in priced
-            if abs(params - goal) <= tolerance * goal and plan_kind(config, plan) is not None]
-    if not rows:
-        below = max((p for _, p in priced if p < goal), default=None)
-        above = min((p for _, p in priced if p > goal), default=None)
+    table = _nearest_first(feasible_plans(config, KINDS, layer_scores, None, multiple, steps,
+                                          context), goal)
+    near = table[(table["params"] - goal).abs() <= tolerance * goal].reset_index(drop=True)
+    if near.empty:
+        params = table["params"]
+        below = int(params[params < goal].max()) if (params < goal).any() else None
+        above = int(params[params > goal].min()) if (params > goal).any() else None
         raise ValueError(f"no plan on the grid lies within {tolerance:.0%} of target {target!r} "
                          f"({goal} parameters); the nearest counts are {below} below and "
                          f"{above} above; try a finer grid (multiple, steps) or another target")
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    order = (table["params"] - goal).abs().sort_values(kind="stable").index
-    return table.loc[order].reset_index(drop=True)
+    return near
+
+
+def _feasible_range(config, kinds, table: pd.DataFrame, max_flops_ratio) -> str:
+    """Where the feasible plans of each kind lie, for an error message."""
+    budget = f" within FLOPs ratio {max_flops_ratio}" if max_flops_ratio is not None else ""
+    if table.empty:
+        anywhere = feasible_plans(config)
+        spans = [f"{k} {p.min():.2f}-{p.max():.2f}"
+                 for k, p in anywhere.groupby("kind", sort=False)["params_ratio"]]
+        n = config.num_hidden_layers
+        return (f"this model ({n} layer{'s' * (n != 1)}, hidden {config.hidden_size}) "
+                f"has no {'/'.join(kinds)} plan{budget}; plans it has keep (share of "
+                f"parameters): {', '.join(spans) or 'none'}")
+    return (f"feasible {'/'.join(kinds)} plans{budget} keep "
+            f"{table['params_ratio'].min():.2f}-{table['params_ratio'].max():.2f} of the "
+            f"parameters")
+
+
+def nearest_plan(config, target: float | int, kinds=KINDS,
+                 layer_scores: Sequence[float] | None = None,
+                 max_flops_ratio: float | None = None, multiple: int = 16,
+                 steps: int = 16) -> pd.Series:
+    """The row (:func:`feasible_plans`) of the plan of ``kinds`` whose parameter count is
+    nearest ``target`` (a fraction of the source's parameters, or a count), however far:
+    :func:`snap_note` says how far. A target outside (0, 1) of the source, or a selection
+    with no plan at all, raises ``ValueError`` naming the range the feasible plans span."""
+    kinds = _check_kinds(kinds)
+    table = feasible_plans(config, kinds, layer_scores, max_flops_ratio, multiple, steps)
+    source = param_count(config)
+    fraction = None
+    if isinstance(target, numbers.Real) and not isinstance(target, bool):
+        fraction = target / source if isinstance(target, numbers.Integral) else float(target)
+    in_range = fraction is not None and 0 < fraction < 1
+    if in_range and not table.empty:
+        return _nearest_first(table, round(fraction * source)).iloc[0]
+    why = "" if in_range else (
+        f"target {target!r} is not accepted: give a fraction of the source's parameters in "
+        f"(0, 1), or a parameter count in (0, {source:,}); ")
+    raise ValueError(why + _feasible_range(config, kinds, table, max_flops_ratio))
+
+
+def snap_note(config, target: float | int, row: pd.Series) -> str:
+    """One line: the target asked, the plan got (its share of the parameters, layers kept of
+    the source's, widths), e.g. ``depth plan: asked 0.5 of the parameters, got 0.46 (2 of 4
+    layers, hidden 64, MLP 128, 2 of 2 query heads per KV group)``."""
+    source = param_count(config)
+    asked = (f"{target:,} parameters ({target / source:.2f})"
+             if isinstance(target, numbers.Integral) else f"{target:g} of the parameters")
+    group = config.num_attention_heads // config.num_key_value_heads
+    return (f"{row['kind']} plan: asked {asked}, got "
+            f"{row['params_ratio']:.2f} ({row['num_layers']} of {config.num_hidden_layers} "
+            f"layers, hidden {row['hidden_size']}, MLP {row['intermediate_size']}, "
+            f"{row['heads_per_group']} of {group} query heads per KV group)")
 
 
 def rank_candidates(table: pd.DataFrame, score_fn: Callable[[PrunePlan], float],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from dataclasses import replace
 
 import pandas as pd
@@ -24,8 +25,9 @@ from .distill import DistillConfig, Distiller, scratch_like
 from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
     random_scores
 from .iterative import compress_step
+from .plan import param_count
 from .prune import prune
-from .search import enumerate_plans, rank_candidates
+from .search import feasible_plans, nearest_plan, rank_candidates, snap_note
 
 __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
            "retraining_summary", "token_savings", "tokens_to_reach", "RETRAININGS"]
@@ -54,30 +56,40 @@ def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
     return pd.DataFrame(rows).sort_values("lm_loss").reset_index(drop=True)
 
 
+def _search_table(config, target, kinds, max_flops_ratio, candidates) -> pd.DataFrame:
+    """Plans of ``kinds`` (within the FLOPs budget) within 5% of ``target``, nearest first;
+    when none is, within 5% of the nearest feasible plan, and one line says so."""
+    table = feasible_plans(config, kinds, max_flops_ratio=max_flops_ratio)
+    nearest = nearest_plan(config, target, kinds, max_flops_ratio=max_flops_ratio)
+    goal = round(target if isinstance(target, numbers.Integral) else target * param_count(config))
+    if abs(nearest["params"] - goal) > 0.05 * goal:
+        print(f"architecture search: no plan within 5% of the target; searching around the "
+              f"nearest: {snap_note(config, target, nearest)}")
+        goal = int(nearest["params"])
+    table = table[(table["params"] - goal).abs() <= 0.05 * goal]
+    order = (table["params"] - goal).abs().sort_values(kind="stable").index
+    return table.loc[order].head(candidates).reset_index(drop=True)
+
+
 def architecture_search(teacher, target, calibration, train, held_out, top: int = 3,
                         config: DistillConfig | None = None, scores=None,
                         kinds=("width", "depth", "both"), candidates: int | None = 12,
                         max_flops_ratio: float | None = None,
                         progress: bool = True) -> pd.DataFrame:
-    """Every plan within 5% of ``target`` (:func:`enumerate_plans`), ranked by LM loss right
-    after pruning (``loss_pruned``); the best ``top`` are distilled from ``teacher`` with
-    ``config`` on ``train`` and ranked again (``loss_retrained``). ``scores``: the units to keep
-    (default: activation importance, L2/mean, on ``calibration``); ``kinds``: which plans
-    (width, depth, both) take part; ``max_flops_ratio``: only plans whose FLOPs per token are
-    at most this share of the teacher's (a speed budget beside the parameter target: at equal
-    parameters, a plan that keeps every attention head keeps most of the attention FLOPs);
-    ``candidates``: how many of them, nearest the target first (None: all)."""
+    """Every plan within 5% of ``target`` (a fraction of the teacher's parameters in (0, 1),
+    or a count), ranked by LM loss right after pruning (``loss_pruned``); the best ``top``
+    are distilled from ``teacher`` with ``config`` on ``train`` and ranked again
+    (``loss_retrained``). When no plan lies within 5% of ``target``, the search centres on
+    the nearest feasible plan and prints one line saying so (a small model has few plans).
+    ``scores``: the units to keep (default: activation importance, L2/mean, on
+    ``calibration``); ``kinds``: which plans (width, depth, both) take part;
+    ``max_flops_ratio``: only plans whose FLOPs per token are at most this share of the
+    teacher's (a speed budget beside the parameter target: at equal parameters, a plan that
+    keeps every attention head keeps most of the attention FLOPs); ``candidates``: how many of
+    them, nearest the target first (None: all)."""
+    table = _search_table(teacher.config, target, kinds, max_flops_ratio, candidates)
     if scores is None:
         scores = importance_from_batches(teacher, calibration, progress=False).scores
-    table = enumerate_plans(teacher.config, target)
-    keep = table["kind"].isin(kinds)
-    if max_flops_ratio is not None:
-        keep &= table["flops_ratio"] <= max_flops_ratio
-    table = table[keep].head(candidates).reset_index(drop=True)
-    if table.empty:
-        raise ValueError(f"no plan of kinds {kinds} lies within 5% of target {target!r}"
-                         + (f" with a FLOPs ratio <= {max_flops_ratio}" if max_flops_ratio
-                            else ""))
     ranked = rank_candidates(table, lambda p: lm_loss(prune(teacher, p, scores), held_out),
                              "loss_pruned")
     config = replace(config if config is not None else DistillConfig(), progress=False,
@@ -101,7 +113,10 @@ def width_against_depth(teacher, target, calibration, train, held_out,
     """``(table, stages)``: a width and a depth student of ``teacher`` near ``target`` (the
     width one cut to ``width_plan`` when given, e.g. the architecture search's best), pruned
     (LM loss right after) and distilled on the same ``train`` batches (LM loss after); the
-    table has one row per (kind, stage)."""
+    table has one row per (kind, stage). Each student is the feasible plan of its kind
+    nearest ``target`` (:func:`~workbench.compress.iterative.pick_plan` prints what it got:
+    a 4-layer model's depth plans keep 1 to 3 layers, so "about the same size" may be 0.46
+    against 0.5)."""
     plans = {"width": width_plan, "depth": None}
     stages = {kind: compress_step(teacher, target, train, held_out, calibration, kind, config,
                                   name=kind, plan=plan, progress=progress)
