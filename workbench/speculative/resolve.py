@@ -21,7 +21,7 @@ from .fit import FIT_KINDS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
 
 __all__ = ["DRAFTER_FORMS", "OTHER_DRAFTERS", "drafter_form", "drafter_name", "auto_drafter",
            "load_drafter", "resolve_drafter", "check_head_spec", "resolve_head",
-           "compared_drafters"]
+           "comparison_names", "compared_drafters"]
 
 DRAFTER_FORMS = ("'auto'", "'ngram'", "'none'", "a folder saved by EagleHead.save_pretrained",
                  "a folder holding a small causal LM with the policy's tokenizer "
@@ -143,21 +143,25 @@ def resolve_head(spec, policy, tokenizer, task="running_sum", fit: FitConfig | N
     return EagleHead.from_pretrained(path, policy)
 
 
+def comparison_names(spec, others=OTHER_DRAFTERS) -> list[str]:
+    """The names of a comparison's drafters, the one ``spec`` names first
+    (:func:`drafter_name`), then each of ``others`` not already there; both checked before
+    anything loads. ``"none"`` is refused: there is nothing to compare without a drafter."""
+    if isinstance(others, str) or any(o not in OTHER_DRAFTERS for o in others):
+        raise ValueError(f"other drafters {others!r}: accepted a list of {list(OTHER_DRAFTERS)}")
+    return list(dict.fromkeys([drafter_name(spec), *others]))
+
+
 def compared_drafters(spec, policy, tokenizer, task="running_sum", others=OTHER_DRAFTERS,
                       fit: FitConfig | None = None, cache_root=None,
                       progress: bool = True) -> dict:
-    """``{name: drafter}`` for a comparison: the drafter ``spec`` names (under
-    :func:`drafter_name`), then each of ``others`` not already there (``"ngram"``: prompt
-    lookup; ``"small_lm"``: the ``"auto"`` small LM). ``"none"`` is refused: there is nothing
-    to compare without a drafter."""
-    unknown = [o for o in others if o not in OTHER_DRAFTERS]
-    if unknown or isinstance(others, str):
-        raise ValueError(f"other drafters {others!r}: accepted a list of {list(OTHER_DRAFTERS)}")
-    main = drafter_name(spec)
+    """``{name: drafter}`` of :func:`comparison_names`: the drafter ``spec`` names, then
+    ``"ngram"`` (prompt lookup) and ``"small_lm"`` (the ``"auto"`` small LM) as ``others``
+    asks."""
+    main, *rest = comparison_names(spec, others)
     common = dict(fit=fit, cache_root=cache_root, progress=progress)
     out = {main: resolve_drafter(spec, policy, tokenizer, task, allow_none=False, **common)}
-    for name in others:
-        if name not in out:
-            out[name] = resolve_drafter("ngram" if name == "ngram" else "auto", policy,
-                                        tokenizer, task, kind="lm", **common)
+    for name in rest:
+        out[name] = resolve_drafter("ngram" if name == "ngram" else "auto", policy, tokenizer,
+                                    task, kind="lm", **common)
     return out
