@@ -49,7 +49,7 @@ def test_auto_head_trains_within_its_budget_is_cached_reused_and_lossless(
     assert record["train_s"] <= record["train_budget_s"] + 2.0
     assert record["harvest_s"] + record["train_s"] <= 0.08 * 60 + 3.0  # a chunk or step over
     assert greedy_tokens(policy, tokenizer, drafter) == greedy_tokens(policy, tokenizer)
-    assert "fitted a eagle drafter" in capsys.readouterr().out
+    assert "fitted the EAGLE head to model " + fingerprint in capsys.readouterr().out
 
     def no_training(*args, **kwargs):
         raise AssertionError("the cached head should have been reused")

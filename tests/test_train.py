@@ -283,3 +283,18 @@ def test_drafter_lm_recipe_runs_on_the_harness(tmp_path):
     assert not (tmp_path / "lm.train_state").exists()
     model, _ = load_model(tmp_path / "lm", device="cpu")
     assert model.config.hidden_size == 32
+
+
+def test_eagle_recipe_is_the_on_the_spot_fit_with_the_shipped_settings(tmp_path):
+    from workbench.models import load_model
+    from workbench.speculative import EagleHead
+    from workbench.zoo import drafters
+    recipe = drafters.EagleRecipe(num_prompts=2, heldout_prompts=1, steps=3)
+    record = drafters.train_eagle_head(tmp_path / "head", recipe=recipe)
+    assert record["steps"] == 3 and record["stop_reason"] == "steps" and record["tau"] >= 1
+    assert record["fit"]["harvest_share"] is None and record["fit"]["max_new_tokens"] == 384
+    assert record["command"] == "workbench zoo train eagle --seed 0"
+    assert json.loads((tmp_path / "head" / "provenance.json").read_text()) == record
+    assert not (tmp_path / "head.train_state").exists()
+    policy, _ = load_model("default", device="cpu")
+    EagleHead.from_pretrained(tmp_path / "head", policy)

@@ -40,10 +40,12 @@ from .drafters import EagleDrafter, LMDrafter
 from .measure import acceptance_length
 from .train import EagleTrainConfig, EagleTrainer, harvest_pairs
 
-__all__ = ["FitConfig", "DrafterLMConfig", "Fitted", "FIT_KINDS", "split_prompts",
-           "policy_outputs", "heldout_tau", "fit_eagle", "fit_drafter_lm", "fitted_from"]
+__all__ = ["FitConfig", "DrafterLMConfig", "Fitted", "FIT_KINDS", "KIND_LABELS",
+           "split_prompts", "policy_outputs", "heldout_tau", "fit_eagle", "fit_drafter_lm",
+           "fitted_from"]
 
 FIT_KINDS = ("eagle", "lm")
+KIND_LABELS = {"eagle": "EAGLE head", "lm": "small-LM drafter"}  # what printed lines call them
 # the drafters' prompt stream of a generated task: apart from the policy's pool and from RL's
 DRAFTER_STREAM = 7919
 
@@ -249,7 +251,7 @@ class _Fit:
 
     def report(self, fitted: "Fitted") -> Fitted:
         p = fitted.provenance
-        print(f"fitted a {self.kind} drafter to model {self.fingerprint} on task "
+        print(f"fitted the {KIND_LABELS[self.kind]} to model {self.fingerprint} on task "
               f"{self.task_key}: {p['steps']} steps in {p['train_s']:.0f} s after "
               f"{p['harvest_s']:.0f} s of harvest ({p['train_sequences']} responses); tau "
               f"{fitted.tau:.2f} (greedy, k={p['k']}, {p['heldout_prompts']} held-out "

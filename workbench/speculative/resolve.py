@@ -17,7 +17,7 @@ from ..models import DEFAULT_EAGLE, load_model, resolve_model_path
 from .cache import fitted_dir, is_default_policy, model_fingerprint
 from .drafters import EagleDrafter, LMDrafter, NGramDrafter
 from .eagle import EagleHead
-from .fit import FIT_KINDS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
+from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
 
 __all__ = ["DRAFTER_FORMS", "OTHER_DRAFTERS", "drafter_form", "drafter_name", "auto_drafter",
            "load_drafter", "resolve_drafter", "check_head_spec", "resolve_head",
@@ -87,7 +87,7 @@ def auto_drafter(policy, tokenizer, task="running_sum", kind: str = "eagle",
     if not refit and (folder / "provenance.json").is_file():
         found = fitted_from(folder)
         p = found.provenance
-        print(f"reusing the {kind} drafter fitted to model {fingerprint} on task "
+        print(f"reusing the {KIND_LABELS[kind]} fitted to model {fingerprint} on task "
               f"{p['task_key']} ({p['minutes']:g} min, {found.steps} steps, tau "
               f"{found.tau:.2f}): {folder}", flush=True)
         return folder
