@@ -61,6 +61,24 @@ def test_auto_head_trains_within_its_budget_is_cached_reused_and_lossless(
         assert torch.equal(a.float(), b)
 
 
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_fit_leaves_nothing_to_reuse(tokenizer, cache, monkeypatch):
+    from workbench.speculative import fit as fit_mod
+    policy = tiny_model("llama", tokenizer)
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted
+    monkeypatch.setattr(fit_mod, "heldout_tau", interrupted)  # after training, before saving
+    with pytest.raises(Interrupted):
+        resolve_drafter("auto", policy, tokenizer, fit=FitConfig(minutes=0.02, **FAST))
+    folder = fitted_dir(model_fingerprint(policy), "eagle", "running_sum")
+    assert not folder.exists()  # the next run fits again instead of reusing half a drafter
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name + ".train_state"]
+
+
 def test_fingerprints_follow_the_weights_not_the_dtype_or_the_object(tokenizer):
     policy = tiny_model("llama", tokenizer)
     same = tiny_model("llama", tokenizer)
