@@ -44,10 +44,13 @@ def test_auto_head_trains_within_its_budget_is_cached_reused_and_lossless(
     record = json.loads((folder / "provenance.json").read_text())
     assert record["model_fingerprint"] == fingerprint and record["task"] == "running_sum"
     assert record["minutes"] == 0.08 and record["steps"] >= 1 and record["tau"] >= 1
-    # the budget, not the step horizon (2000), ended training, one step past it at most
+    # training got what harvesting left of the budget, and the budget, not the step horizon
+    # (2000), ended it, a step past it at most (a busy machine slows steps: 3 mean steps)
+    assert record["train_budget_s"] <= max(0.06, 0.08 * 60 - record["harvest_s"]) + 0.1
     assert record["stop_reason"] == "time"
-    assert record["train_s"] <= record["train_budget_s"] + 2.0
-    assert record["harvest_s"] + record["train_s"] <= 0.08 * 60 + 3.0  # a chunk or step over
+    step_s = record["train_s"] / record["steps"]
+    assert record["train_budget_s"] <= record["train_s"] <= record["train_budget_s"] + max(
+        1.0, 3 * step_s)
     assert greedy_tokens(policy, tokenizer, drafter) == greedy_tokens(policy, tokenizer)
     assert "fitted the EAGLE head to model " + fingerprint in capsys.readouterr().out
 
