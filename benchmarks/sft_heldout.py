@@ -2,7 +2,7 @@
 
 The yardstick for ``grpo_heldout.py``: the same policy, the same held-out problems, trained on
 the worked references of RL-pool problems (``RL_SEED``) with the recipe's loss, batches and
-AdamW (``workbench.zoo.policy``). Supervised training sees every correct token of every
+AdamW (``workbench.zoo.policy``, ``workbench.lm_train``). Supervised training sees every correct token of every
 problem; GRPO sees one exact-match bit per sampled response. How many steps it takes the
 supervised signal to move held-out accuracy bounds what a short RL run can be expected to do.
 Prints one JSON line per evaluation (every ``--every`` optimizer steps).
@@ -16,9 +16,9 @@ import json
 import time
 
 from workbench.evaluate import evaluate_policy
+from workbench.lm_train import final_loss, length_batches, lm_train_config, train_lm
 from workbench.rl.ablation import rl_setup
-from workbench.zoo.policy import (PolicyRecipe, encode_examples, final_loss, length_batches,
-                                  lm_train_config, train_lm)
+from workbench.zoo.policy import PolicyRecipe, encode_examples
 
 
 def main():

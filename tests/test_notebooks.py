@@ -231,3 +231,62 @@ def test_notebook_05_runs_a_4_layer_model_on_a_jsonl_task_at_the_default_target(
     text = printed(tmp_path / "executed.ipynb")
     assert "depth plan: asked 0.5 of the parameters, got 0.54 (2 of 4 layers," in text
     assert metrics["params_depth"] / metrics["params_teacher"] == pytest.approx(0.54, abs=0.005)
+
+
+def user_model(tmp_path, tokenizer, monkeypatch):
+    """A tiny model saved as a user's folder, and a drafter cache of the test's own."""
+    import torch
+
+    from workbench.models import save_model
+    from workbench.speculative.cache import CACHE_ENV
+
+    from .conftest import tiny_model
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    save_model(tiny_model("llama", tokenizer, dtype=torch.float32), tokenizer, folder)
+    return str(folder)
+
+
+def test_notebook_04_runs_a_user_models_baseline_without_any_drafter(tmp_path, tokenizer,
+                                                                     monkeypatch):
+    """No head is loaded or fitted where no variant speculates, and the coupled pair, which
+    needs one, is skipped."""
+    params = {**SMOKE["04_tlt_rl"][0], "model": user_model(tmp_path, tokenizer, monkeypatch),
+              "variants": ["baseline"], "seeds": [0], "steps": 1, "out_dir": str(tmp_path / "out")}
+    papermill.execute_notebook(ROOT / "notebooks" / "04_tlt_rl.ipynb", tmp_path / "executed.ipynb",
+                               parameters=params, kernel_name="python3", language="python",
+                               progress_bar=False, cwd=str(ROOT))
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["compared_variant"] == "baseline" and metrics["rl_steps"] == 1
+    assert params["divergence_steps"] == 1 and metrics["first_divergence_step"] is None
+    assert not (tmp_path / "cache").exists()
+
+
+def test_notebook_02_fits_drafters_for_a_user_model_on_a_jsonl_task(tmp_path, tokenizer,
+                                                                    monkeypatch):
+    """Prompts come from the task; "auto" fits a head and a small LM on the spot, the float64
+    exactness check reuses both from the cache, and the curve covers every drafter."""
+    import pandas as pd
+    task = tmp_path / "words.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"w{i} x{i % 3}?", "answer": str(i % 3)})
+                            + "\n" for i in range(12)))
+    params = {**SMOKE["02_speculative_decoding"][0], "lossless_prompts": 1,
+              "model": user_model(tmp_path, tokenizer, monkeypatch), "task": str(task),
+              "fit_minutes": 0.05, "out_dir": str(tmp_path / "out")}
+    papermill.execute_notebook(ROOT / "notebooks" / "02_speculative_decoding.ipynb",
+                               tmp_path / "executed.ipynb", parameters=params,
+                               kernel_name="python3", language="python", progress_bar=False,
+                               cwd=str(ROOT))
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["lossless"] is True and metrics["drafter"] == "eagle"
+    assert all(metrics[f"accept_len_{d}"] >= 1 for d in ("eagle", "ngram", "small_lm"))
+    curve = pd.read_csv(tmp_path / "out" / "curve.csv")
+    assert set(curve["drafter"]) == {"eagle", "ngram", "small_lm"}
+    assert set(curve["batch_size"]) == {1, 2}
+    fitted = sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "drafters").glob("*/*"))
+    assert fitted == ["eagle", "lm"]
+    text = printed(tmp_path / "executed.ipynb")
+    assert text.count("fitted the EAGLE head") == text.count("fitted the small-LM drafter") == 1
+    assert text.count("reusing the EAGLE head") == text.count("reusing the small-LM drafter") == 1
+    assert "2 prompts of " + str(task) in text
+    assert_reads_well(tmp_path / "executed.ipynb")

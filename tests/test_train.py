@@ -232,6 +232,7 @@ def test_wall_clock_cap_and_history_columns():
 
 def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypatch):
     from workbench.models import load_model
+    from workbench import lm_train
     from workbench.train import train_state_dir
     from workbench.zoo import policy as recipe_mod
     recipe = lambda: recipe_mod.PolicyRecipe(  # noqa: E731
@@ -242,7 +243,7 @@ def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypa
     assert torch.equal(torch.get_rng_state(), rng)  # the recipe no longer reseeds the caller
     assert straight["steps"] == 4 and straight["train_tokens"] > 0
     assert straight["heldout"]["num_problems"] == 3
-    real_loss, calls = recipe_mod.response_lm_loss, []
+    real_loss, calls = lm_train.response_lm_loss, []
 
     def crash_on_third_step(model):
         inner = real_loss(model)
@@ -254,7 +255,7 @@ def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypa
             return inner(batch, generator)
         return loss_fn
 
-    monkeypatch.setattr(recipe_mod, "response_lm_loss", crash_on_third_step)
+    monkeypatch.setattr(lm_train, "response_lm_loss", crash_on_third_step)
     with pytest.raises(Interrupted):
         recipe_mod.train_policy(tmp_path / "resumed", recipe=recipe())
     monkeypatch.undo()
@@ -268,15 +269,32 @@ def test_policy_recipe_trains_saves_and_resumes_after_a_crash(tmp_path, monkeypa
     assert_same_weights(a, b)
 
 
-def test_drafter_lm_recipe_runs_on_the_harness(tmp_path, monkeypatch):
+def test_drafter_lm_recipe_runs_on_the_harness(tmp_path):
     from workbench.models import load_model
     from workbench.zoo import drafters
-    monkeypatch.setattr(drafters, "acceptance_on_heldout", lambda *a, **kw: 1.0)
-    recipe = drafters.DrafterLMRecipe(num_prompts=2, hidden_size=32, layers=1, heads=2,
-                                      kv_heads=1, intermediate_size=64, steps=3, warmup=1)
+    recipe = drafters.DrafterLMRecipe(num_prompts=2, heldout_prompts=2, hidden_size=32,
+                                      layers=1, heads=2, kv_heads=1, intermediate_size=64,
+                                      steps=3, warmup=1)
     record = drafters.train_drafter_lm(tmp_path / "lm", recipe=recipe)
     assert record["steps"] == 3 and math.isfinite(record["final_loss"])
+    assert record["tau"] >= 1 and record["heldout_prompts"] == 2
+    assert record["command"] == "workbench zoo train drafter-lm --seed 0"
     assert json.loads((tmp_path / "lm" / "provenance.json").read_text())["steps"] == 3
     assert not (tmp_path / "lm.train_state").exists()
     model, _ = load_model(tmp_path / "lm", device="cpu")
     assert model.config.hidden_size == 32
+
+
+def test_eagle_recipe_is_the_on_the_spot_fit_with_the_shipped_settings(tmp_path):
+    from workbench.models import load_model
+    from workbench.speculative import EagleHead
+    from workbench.zoo import drafters
+    recipe = drafters.EagleRecipe(num_prompts=2, heldout_prompts=1, steps=3)
+    record = drafters.train_eagle_head(tmp_path / "head", recipe=recipe)
+    assert record["steps"] == 3 and record["stop_reason"] == "steps" and record["tau"] >= 1
+    assert record["fit"]["harvest_share"] is None and record["fit"]["max_new_tokens"] == 384
+    assert record["command"] == "workbench zoo train eagle --seed 0"
+    assert json.loads((tmp_path / "head" / "provenance.json").read_text()) == record
+    assert not (tmp_path / "head.train_state").exists()
+    policy, _ = load_model("default", device="cpu")
+    EagleHead.from_pretrained(tmp_path / "head", policy)

@@ -32,8 +32,9 @@ __all__ = ["Ablation", "RLSetup", "rl_setup", "run_ablation", "amdahl",
 
 @dataclass
 class RLSetup:
-    """What an RL notebook starts from: the policy, its tokenizer, the pre-RL drafter head,
-    the RL prompt pool, the held-out problems and the reward."""
+    """What an RL notebook starts from: the policy, its tokenizer, the pre-RL drafter head
+    (None when no variant speculates), the RL prompt pool, the held-out problems and the
+    reward."""
 
     policy: object
     tokenizer: object
@@ -44,22 +45,34 @@ class RLSetup:
 
 
 def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int = 4000,
-             eval_problems: int = 200, eagle_head: str | None = None,
-             reward: str = "exact") -> RLSetup:
-    """Load ``model`` and its pre-RL EAGLE head (``eagle_head``: a folder; None: the shipped
-    head of the default policy), draw the RL pool (``RL_SEED``) and held-out problems
-    (``HELDOUT_SEED``) of ``task``, and pick the reward by name (:data:`REWARDS`)."""
-    from ..models import DEFAULT_EAGLE, load_model
-    from ..speculative import EagleHead
+             eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
+             variants=tuple(VARIANTS), fit=None) -> RLSetup:
+    """Load ``model``, draw the RL pool (``RL_SEED``) and held-out problems (``HELDOUT_SEED``)
+    of ``task``, pick the reward by name (``tasks.REWARDS``), and the pre-RL EAGLE head that
+    ``drafter`` names (``speculative.resolve.resolve_head``: ``"auto"``, the shipped head of
+    the default model and for any other one a head fitted on the spot with ``fit``, a
+    ``FitConfig``, and cached; or a head's folder).
+
+    When no variant of ``variants`` speculates (``["baseline"]``) no head is needed: none is
+    loaded or trained and ``drafter`` may be ``"none"``. Every argument is checked before
+    the model loads.
+    """
+    from ..models import load_model
+    from ..speculative.resolve import check_head_spec, drafter_form, resolve_head
     from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
+    if isinstance(variants, str) or any(v not in VARIANTS for v in variants):
+        raise ValueError(f"variants {variants!r}: accepted a list of {list(VARIANTS)}")
     scorer = get_reward(reward, task)
-    if eagle_head is None and model != "default":
-        raise ValueError(f"model {model!r} needs its own pre-RL EAGLE head: pass eagle_head= "
-                         "(a folder saved by EagleHead.save_pretrained, e.g. from train_eagle)")
+    speculative = any(VARIANTS[v][0] for v in variants)
+    if speculative:
+        check_head_spec(drafter)
+    else:
+        drafter_form(drafter)  # a bad name is an error even where no head is needed
+    pool = get_problems(task, rl_problems, seed=RL_SEED)
+    held_out = get_problems(task, eval_problems, seed=HELDOUT_SEED)
     policy, tokenizer = load_model(model)
-    head = EagleHead.from_pretrained(eagle_head or DEFAULT_EAGLE, policy)
-    return RLSetup(policy, tokenizer, head, get_problems(task, rl_problems, seed=RL_SEED),
-                   get_problems(task, eval_problems, seed=HELDOUT_SEED), scorer)
+    head = resolve_head(drafter, policy, tokenizer, task, fit) if speculative else None
+    return RLSetup(policy, tokenizer, head, pool, held_out, scorer)
 
 
 def amdahl(fraction: float, speedup: float) -> float:
@@ -259,10 +272,11 @@ def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed:
                              **tlt_kw) -> int | None:
     """Run the baseline and TLT side by side for ``steps`` RL steps with coupled sampling
     and return the first step whose tokens differ (-1: none; in float64 there is none, in
-    float32 a verify pass may round differently). ``None`` when ``steps`` is 0 (not measured).
+    float32 a verify pass may round differently). ``None`` when not measured: ``steps`` is 0,
+    or the setup has no drafter head (every variant it was made for is the baseline).
     """
     check_int("steps", steps, 0)
-    if steps == 0:
+    if steps == 0 or setup.drafter_head is None:
         return None
     pair = run_ablation(setup.policy, setup.tokenizer, setup.pool,
                         replace(grpo, spec_mode="coupled"), steps, variants=["baseline", "tlt"],

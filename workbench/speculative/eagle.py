@@ -121,8 +121,11 @@ class EagleHead(nn.Module):
         x = self.fc(torch.cat([emb, hidden], dim=-1))
         return lean_layer(self.layer, x, attention_mask, position_embeddings, cache, 0)
 
-    def save_pretrained(self, path: str | os.PathLike) -> Path:
-        """Write ``eagle_config.json`` and ``head.pt`` into ``path`` atomically."""
+    def save_pretrained(self, path: str | os.PathLike,
+                        extra_files: dict[str, str] | None = None) -> Path:
+        """Write ``eagle_config.json`` and ``head.pt`` into ``path`` atomically; ``extra_files``
+        maps file names to text written in the same folder swap (provenance), so a reader never
+        sees a head without them."""
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise FileExistsError(f"cannot save an EAGLE head to {str(path)!r}: it is a file")
@@ -131,6 +134,8 @@ class EagleHead(nn.Module):
         with atomic_dir(path) as tmp:  # the previous head stays whole until the new one is
             (tmp / "eagle_config.json").write_text(config)
             torch.save(weights, tmp / "head.pt")
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text)
         return path
 
     @classmethod

@@ -143,11 +143,12 @@ def check_lossless(model_name: str, drafters_factory, prompts, k: int = 4,
     from ..rollout import RolloutEngine
     policy, tok = load_model(model_name, device="cpu", dtype=torch.float64)
     engine = RolloutEngine(policy, tok)
+    drafters = drafters_factory(policy, tok)  # each rollout starts them afresh (begin())
     rows = []
     for temp in (0.0, 1.0):
         cfg = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temp, spec_k=k)
         plain = engine.rollout(prompts, cfg, progress=False)
-        for name, drafter in drafters_factory(policy, tok).items():
+        for name, drafter in drafters.items():
             sd = engine.rollout(prompts, cfg, drafter=drafter, progress=False)
             rows.append({"drafter": name, "temperature": temp, "k": k,
                          "identical": sd.tokens == plain.tokens,

@@ -5,29 +5,25 @@ order, initialisation), sized for 2 CPU cores (about 25 minutes), trains through
 (``workbench.train``), whose atomic checkpoint in ``<out_dir>.train_state`` lets an interrupted
 run resume to the same weights, and ships the result in float16 with a provenance file.
 
-The pieces (examples, length batches, the response-token LM loss, the harness config) are also
-what the small-LM drafter recipe trains with.
+Batches, the response-token LM loss and the harness config come from ``workbench.lm_train``,
+which the small-LM drafter of any policy (``speculative.fit``) trains with too.
 """
 from __future__ import annotations
 
 import json
 import os
-import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from ..atomic import write_json
+from ..lm_train import final_loss, length_batches, lm_train_config, small_llama, train_lm
 from ..tasks import HELDOUT_SEED, TRAIN_SEED, RunningSumTask
-from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
+from ..train import Trainer, train_state_dir
 from .tokenizer import build_char_tokenizer
 
-__all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples", "length_batches",
-           "collate", "response_lm_loss", "lm_batches", "lm_train_config", "train_lm",
-           "final_loss"]
+__all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples"]
 
 
 @dataclass
@@ -54,17 +50,11 @@ class PolicyRecipe:
     snapshot_every: int = 0         # >0: also save float16 snapshots to <out_dir>.snapshots/
 
 
-def build_policy(recipe: PolicyRecipe, vocab_size: int, tokenizer) -> LlamaForCausalLM:
+def build_policy(recipe: PolicyRecipe, vocab_size: int, tokenizer):
     """A freshly initialised model of the recipe's architecture (seeded)."""
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.layers,
-        num_attention_heads=recipe.heads, num_key_value_heads=recipe.kv_heads,
-        max_position_embeddings=recipe.max_position, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
-    with isolated_rng(recipe.seed):  # seeded, without reseeding the caller's global RNG
-        return LlamaForCausalLM(config)
+    return small_llama(vocab_size, tokenizer, recipe.hidden_size, recipe.layers, recipe.heads,
+                       recipe.kv_heads, recipe.intermediate_size, recipe.max_position,
+                       recipe.seed)
 
 
 def encode_examples(problems, tokenizer) -> list[tuple[list[int], int]]:
@@ -75,87 +65,6 @@ def encode_examples(problems, tokenizer) -> list[tuple[list[int], int]]:
         response = tokenizer(p.reference, add_special_tokens=False)["input_ids"]
         out.append((prompt + response + [tokenizer.eos_token_id], len(prompt)))
     return out
-
-
-def length_batches(examples, tokens_per_batch: int, seed: int) -> list[list[int]]:
-    """Index batches of similar length (little padding), each under ``tokens_per_batch``, shuffled."""
-    rng = random.Random(seed)
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    batches = []
-    chunk = 4096  # sort inside chunks: similar lengths per batch, still a random mix over time
-    for c in range(0, len(order), chunk):
-        part = sorted(order[c:c + chunk], key=lambda i: len(examples[i][0]))
-        batch, longest = [], 0
-        for i in part:
-            n = len(examples[i][0])
-            if batch and max(longest, n) * (len(batch) + 1) > tokens_per_batch:
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(i)
-            longest = max(longest, n)
-        if batch:
-            batches.append(batch)
-    rng.shuffle(batches)
-    return batches
-
-
-def collate(examples, idx, pad_id: int):
-    """``(ids, labels, mask)`` of the examples ``idx``, right-padded; labels only on responses."""
-    longest = max(len(examples[i][0]) for i in idx)
-    ids = torch.full((len(idx), longest), pad_id, dtype=torch.long)
-    labels = torch.full((len(idx), longest), -100, dtype=torch.long)
-    mask = torch.zeros((len(idx), longest), dtype=torch.long)
-    for r, i in enumerate(idx):
-        seq, plen = examples[i]
-        ids[r, :len(seq)] = torch.tensor(seq)
-        labels[r, plen:len(seq)] = torch.tensor(seq[plen:])
-        mask[r, :len(seq)] = 1
-    return ids, labels, mask
-
-
-def lm_batches(examples, batches: list[list[int]], pad_id: int):
-    """The harness's batch source: step ``s`` trains on ``batches[s % len(batches)]``."""
-    if not batches:
-        raise ValueError("no batches: the example list is empty")
-    return lambda step: collate(examples, batches[step % len(batches)], pad_id)
-
-
-def response_lm_loss(model):
-    """The harness's loss: next-token cross-entropy on the labelled (response) tokens; the
-    padded tokens of the batch are reported as ``tokens``."""
-    def loss_fn(batch, generator):
-        ids, labels, mask = batch
-        logits = model(input_ids=ids, attention_mask=mask).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
-        return loss, {"tokens": int(mask.sum())}
-    return loss_fn
-
-
-def lm_train_config(recipe, weight_decay: float, checkpoint_dir=None, desc: str = "train",
-                    **kw) -> TrainConfig:
-    """The LM recipes' optimisation: AdamW betas (0.9, 0.95), linear warm-up then a constant LR
-    (so a run of N steps is exactly the first N steps of a longer one), clipping at 1.0.
-    ``kw`` sets or overrides other :class:`TrainConfig` fields."""
-    fields = dict(steps=recipe.steps, lr=recipe.lr, schedule="constant", warmup=recipe.warmup,
-                  betas=(0.9, 0.95), weight_decay=weight_decay, clip_norm=1.0, seed=recipe.seed,
-                  max_minutes=recipe.minutes, checkpoint_dir=checkpoint_dir, desc=desc)
-    return TrainConfig(**{**fields, **kw})
-
-
-def train_lm(model, examples, batches, pad_id: int, config: TrainConfig, on_step=None) -> Trainer:
-    """Train ``model`` on ``examples`` (resuming from ``config.checkpoint_dir`` if it holds a
-    checkpoint); returns the trainer, whose history holds the losses and token counts."""
-    trainer = Trainer(model, response_lm_loss(model), lm_batches(examples, batches, pad_id),
-                      config, on_step=on_step)
-    trainer.run()
-    return trainer
-
-
-def final_loss(trainer: Trainer, last: int = 20) -> float:
-    """Mean loss of the last ``last`` steps (NaN before any step)."""
-    losses = trainer.history["loss"].tail(last)
-    return float(losses.mean()) if len(losses) else float("nan")
 
 
 def _resolve(out_dir, seed, minutes, recipe):

@@ -1,0 +1,167 @@
+"""One way to name a drafter, in every notebook and function that takes one.
+
+``"auto"``: the shipped drafter for the embedded default policy; for any other model one fitted
+on the spot (``speculative.fit``) and cached under the model's fingerprint
+(``speculative.cache``), so the next run reuses it. A folder: an EAGLE head saved by
+``EagleHead.save_pretrained``, or a small causal LM saved by ``save_pretrained`` with the
+policy's tokenizer. ``"ngram"``: prompt lookup, model-free. ``"none"``: no drafter, where the
+caller can run without SD. Every name is checked (:func:`drafter_form`) before anything runs.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..atomic import recover_dir
+from ..models import DEFAULT_EAGLE, load_model, resolve_model_path
+from .cache import fitted_dir, is_default_policy, model_fingerprint
+from .drafters import EagleDrafter, LMDrafter, NGramDrafter
+from .eagle import EagleHead
+from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
+
+__all__ = ["DRAFTER_FORMS", "OTHER_DRAFTERS", "drafter_form", "drafter_name", "auto_drafter",
+           "load_drafter", "resolve_drafter", "check_head_spec", "resolve_head",
+           "comparison_names", "compared_drafters"]
+
+DRAFTER_FORMS = ("'auto'", "'ngram'", "'none'", "a folder saved by EagleHead.save_pretrained",
+                 "a folder holding a small causal LM with the policy's tokenizer "
+                 "(save_pretrained)")
+KEYWORDS = ("auto", "ngram", "none")
+OTHER_DRAFTERS = ("ngram", "small_lm")  # what a comparison may put beside the named drafter
+_NAMES = {"auto": "eagle", "eagle": "eagle", "lm": "small_lm", "ngram": "ngram"}
+
+
+def _accepted(allow_none: bool) -> str:
+    forms = [f for f in DRAFTER_FORMS if allow_none or f != "'none'"]
+    return ", ".join(forms)
+
+
+def drafter_form(spec, allow_none: bool = True) -> str:
+    """What ``spec`` names: ``"auto"``, ``"ngram"``, ``"none"``, ``"eagle"`` (a head's folder)
+    or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and the accepted
+    forms; ``allow_none=False`` where the caller cannot run without a drafter."""
+    if isinstance(spec, str) and spec in KEYWORDS:
+        if spec == "none" and not allow_none:
+            raise ValueError(f"drafter 'none': this run needs a drafter; accepted here: "
+                             f"{_accepted(False)}")
+        return spec
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise ValueError(f"drafter {spec!r} is not a name or a folder; accepted: "
+                         f"{_accepted(allow_none)}")
+    path = Path(spec).expanduser()
+    recover_dir(path)  # a save interrupted between its two renames left the folder aside
+    if (path / "eagle_config.json").is_file():
+        return "eagle"
+    if (path / "config.json").is_file():
+        return "lm"
+    why = ("is a folder without eagle_config.json or config.json" if path.is_dir()
+           else "is a file" if path.exists() else "does not exist")
+    raise ValueError(f"drafter {str(spec)!r} is not one of {list(KEYWORDS)}, and as a path it "
+                     f"{why}; accepted: {_accepted(allow_none)}")
+
+
+def drafter_name(spec) -> str:
+    """The name a comparison gives the drafter ``spec`` names: ``"eagle"`` (``"auto"`` or a
+    head's folder), ``"small_lm"`` (a small LM's folder) or ``"ngram"``."""
+    form = drafter_form(spec, allow_none=False)
+    return _NAMES[form]
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in FIT_KINDS:
+        raise ValueError(f"kind {kind!r} is not a drafter kind; accepted: {list(FIT_KINDS)}")
+
+
+def auto_drafter(policy, tokenizer, task="running_sum", kind: str = "eagle",
+                 fit: FitConfig | None = None, cache_root=None, refit: bool = False,
+                 progress: bool = True) -> Path:
+    """The folder of the ``"auto"`` drafter of ``kind`` (``"eagle"`` or ``"lm"``) for
+    ``policy``: the shipped one when ``policy`` is the embedded default model; else the one
+    cached for this model and ``task`` (one printed line says it is reused), or, when there is
+    none or ``refit``, one fitted now (``fit``: the budget and prompts) into the cache."""
+    _check_kind(kind)
+    fingerprint = model_fingerprint(policy)
+    if is_default_policy(fingerprint):
+        return DEFAULT_EAGLE if kind == "eagle" else resolve_model_path("default-drafter")
+    folder = fitted_dir(fingerprint, kind, task, cache_root)
+    if not refit and (folder / "provenance.json").is_file():
+        found = fitted_from(folder)
+        p = found.provenance
+        print(f"reusing the {KIND_LABELS[kind]} fitted to model {fingerprint} on task "
+              f"{p['task_key']} ({p['minutes']:g} min, {found.steps} steps, tau "
+              f"{found.tau:.2f}): {folder}", flush=True)
+        return folder
+    fitter = fit_eagle if kind == "eagle" else fit_drafter_lm
+    fitter(policy, tokenizer, task, folder, fit, progress=progress)
+    return folder
+
+
+def load_drafter(path, policy, tokenizer):
+    """The drafter saved in ``path`` (an EAGLE head or a small LM), on ``policy``'s device and
+    dtype."""
+    if drafter_form(path) == "eagle":
+        return EagleDrafter(EagleHead.from_pretrained(path, policy), policy)
+    weight = policy.get_output_embeddings().weight
+    model, _ = load_model(path, device=weight.device, dtype=weight.dtype)
+    return LMDrafter(model, tokenizer)
+
+
+def resolve_drafter(spec, policy, tokenizer, task="running_sum", *, kind: str = "eagle",
+                    allow_none: bool = True, fit: FitConfig | None = None, cache_root=None,
+                    progress: bool = True):
+    """The drafter ``spec`` names for ``policy`` (None for ``"none"``); ``"auto"`` is the
+    ``kind`` drafter of :func:`auto_drafter`. Nothing is loaded or trained for a bad name."""
+    form = drafter_form(spec, allow_none)
+    _check_kind(kind)
+    if form == "none":
+        return None
+    if form == "ngram":
+        return NGramDrafter()
+    path = (auto_drafter(policy, tokenizer, task, kind, fit, cache_root, progress=progress)
+            if form == "auto" else Path(spec).expanduser())
+    return load_drafter(path, policy, tokenizer)
+
+
+def check_head_spec(spec) -> str:
+    """``spec``'s form when it names an EAGLE head (``"auto"`` or a head's folder), for RL:
+    its adaptive drafter trains an EAGLE head, so the other forms are refused."""
+    form = drafter_form(spec)
+    if form not in ("auto", "eagle"):
+        raise ValueError(f"drafter {str(spec)!r}: speculative RL variants need an EAGLE head "
+                         "(the adaptive drafter trains one); accepted: 'auto' or a folder saved "
+                         "by EagleHead.save_pretrained ('none' only when every variant is "
+                         "'baseline')")
+    return form
+
+
+def resolve_head(spec, policy, tokenizer, task="running_sum", fit: FitConfig | None = None,
+                 cache_root=None, progress: bool = True) -> EagleHead:
+    """The EAGLE head ``spec`` names (:func:`check_head_spec`, before anything runs)."""
+    form = check_head_spec(spec)
+    path = (auto_drafter(policy, tokenizer, task, "eagle", fit, cache_root, progress=progress)
+            if form == "auto" else Path(spec).expanduser())
+    return EagleHead.from_pretrained(path, policy)
+
+
+def comparison_names(spec, others=OTHER_DRAFTERS) -> list[str]:
+    """The names of a comparison's drafters, the one ``spec`` names first
+    (:func:`drafter_name`), then each of ``others`` not already there; both checked before
+    anything loads. ``"none"`` is refused: there is nothing to compare without a drafter."""
+    if isinstance(others, str) or any(o not in OTHER_DRAFTERS for o in others):
+        raise ValueError(f"other drafters {others!r}: accepted a list of {list(OTHER_DRAFTERS)}")
+    return list(dict.fromkeys([drafter_name(spec), *others]))
+
+
+def compared_drafters(spec, policy, tokenizer, task="running_sum", others=OTHER_DRAFTERS,
+                      fit: FitConfig | None = None, cache_root=None,
+                      progress: bool = True) -> dict:
+    """``{name: drafter}`` of :func:`comparison_names`: the drafter ``spec`` names, then
+    ``"ngram"`` (prompt lookup) and ``"small_lm"`` (the ``"auto"`` small LM) as ``others``
+    asks."""
+    main, *rest = comparison_names(spec, others)
+    common = dict(fit=fit, cache_root=cache_root, progress=progress)
+    out = {main: resolve_drafter(spec, policy, tokenizer, task, allow_none=False, **common)}
+    for name in rest:
+        out[name] = resolve_drafter("ngram" if name == "ngram" else "auto", policy, tokenizer,
+                                    task, kind="lm", **common)
+    return out
