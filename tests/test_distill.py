@@ -246,3 +246,16 @@ def test_bad_input_gets_a_clear_error(tokenizer, data):
         config(layer_pairs=[(1, -2)])
     with pytest.raises(ValueError, match=r"ce_weight must be a finite number >= 0, got -0.5"):
         config(ce_weight=-0.5)
+
+
+def test_spread_layer_pairs_fit_any_depth():
+    from types import SimpleNamespace
+
+    from workbench.compress.distill import spread_layer_pairs
+
+    def model(layers):
+        return SimpleNamespace(config=SimpleNamespace(num_hidden_layers=layers))
+    assert spread_layer_pairs(model(6), model(6)) == ((2, 2), (4, 4), (6, 6))  # the old default
+    assert spread_layer_pairs(model(2), model(2)) == ((1, 1), (2, 2))          # a user's 2 layers
+    assert spread_layer_pairs(model(3), model(6)) == ((1, 2), (2, 4), (3, 6))  # depth-pruned
+    assert spread_layer_pairs(model(1), model(4)) == ((1, 4),)

@@ -30,7 +30,8 @@ from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
 __all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",
-           "correct_teacher", "scratch_like", "kl_to_teacher", "check_layer_pairs"]
+           "correct_teacher", "scratch_like", "kl_to_teacher", "check_layer_pairs",
+           "spread_layer_pairs"]
 
 MODES = ("kd", "ce")
 
@@ -130,6 +131,17 @@ def check_layer_pairs(pairs, student, teacher) -> None:
                 raise ValueError(f"layer pair {tuple(pair)}: {who} index {index} is out of "
                                  f"range; the {who} has hidden states 0..{last} (0: embeddings, "
                                  f"i: after decoder layer i)")
+
+
+def spread_layer_pairs(student, teacher, count: int = 3) -> tuple[tuple[int, int], ...]:
+    """``count`` (student, teacher) hidden-state pairs spread evenly over the student's depth,
+    each student index matched to the teacher's at the same relative depth: the intermediate
+    states of a model of any depth (``[(2, 2), (4, 4), (6, 6)]`` for two 6-layer models, fewer
+    pairs when the student has fewer layers)."""
+    s_layers = student.config.num_hidden_layers
+    t_layers = teacher.config.num_hidden_layers
+    picks = sorted({round(s_layers * (i + 1) / count) for i in range(count)} - {0})
+    return tuple((s, round(s * t_layers / s_layers)) for s in picks)
 
 
 def _check_models(student, teacher, config: DistillConfig) -> None:
