@@ -121,7 +121,7 @@ class SpotTrainer:
             self.eagle.set_pairs(data)
             while len(losses) < c.max_steps and rec.mark + self.step_s < end:
                 # 1) one drafter step on the worker's clock, from a copy of the last whole state
-                kept = copy.deepcopy(self.eagle.trainer.state_dict())
+                kept = self._snapshot()
                 hist = workers[w].timed("drafter_train", lambda: self.eagle.train(steps=1),
                                         batch_size=min(c.batch_size, len(data)), deadline=end)
                 row = rec.rows[-1]
@@ -146,6 +146,13 @@ class SpotTrainer:
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": len(data), "drafter_version": self.version,
                 **buffered}
+
+    def _snapshot(self) -> dict:
+        """The trainer's state as it is now, to go back to if the next step is preempted:
+        weights, optimizer and generator copied; the history list (its rows are never
+        changed in place) shared, since it grows with the whole run."""
+        state = self.eagle.trainer.state_dict()
+        return {k: v if k == "history" else copy.deepcopy(v) for k, v in state.items()}
 
     def _observe_step(self, seconds: float) -> None:
         """Update the running estimate of a drafter step's time (what decides whether the

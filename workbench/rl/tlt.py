@@ -91,7 +91,7 @@ class TLTConfig:
             raise ValueError(f"TLTConfig.spec_k must be an integer >= 1, got {self.spec_k!r}")
         if self.speculative:
             self.schedule()  # validates threshold, arms, epsilon, window and budget
-            SlowedDrafter(None, self.drafter_delay_s)  # validates the delay
+            SlowedDrafter.check_delay(self.drafter_delay_s)
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":

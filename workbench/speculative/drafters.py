@@ -341,9 +341,14 @@ class SlowedDrafter:
     everything else (``head``, ``module``, ``begin``...), are the wrapped drafter's."""
 
     def __init__(self, drafter, delay_s: float):
+        self.drafter, self.delay_s = drafter, self.check_delay(delay_s)
+
+    @staticmethod
+    def check_delay(delay_s) -> float:
+        """``delay_s`` as a float, or ``ValueError`` unless it is a number of seconds >= 0."""
         if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or delay_s < 0:
             raise ValueError(f"delay_s must be a number of seconds >= 0, got {delay_s!r}")
-        self.drafter, self.delay_s = drafter, float(delay_s)
+        return float(delay_s)
 
     def __getattr__(self, name):
         if "drafter" not in self.__dict__:  # while unpickling
