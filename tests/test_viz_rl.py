@@ -77,3 +77,16 @@ def test_heldout_accuracy_curve_and_metrics_compare_tlt_by_default():
     assert m["accuracy_final_baseline"] == pytest.approx(0.55)
     assert m["accuracy_best_baseline"] == pytest.approx(0.65)
     assert Ablation(h, evals).metrics("static_sd")["compared_variant"] == "static_sd"
+
+
+def test_paired_median_speedup_shrugs_off_one_stalled_step():
+    h = _history()
+    stalled = (h["variant"] == "baseline") & (h["seed"] == 0) & (h["step"] == 1)
+    h.loc[stalled, "step_s"] += 30.0          # the machine stalled the baseline once
+    ab = Ablation(h, pd.DataFrame())
+    ratios = ab.paired_speedups("tlt")
+    assert len(ratios) == 6 and ratios.max() == pytest.approx(32.5 / 1.4)
+    m = ab.metrics()
+    assert m["e2e_speedup"] > 5                                # the sum carries the stall
+    assert m["e2e_speedup_median"] == pytest.approx(2.5 / 1.4)  # the paired median does not
+    assert m["e2e_speedup_q25"] == pytest.approx(2.5 / 1.4)

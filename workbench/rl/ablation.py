@@ -166,6 +166,15 @@ class Ablation:
                   if v == variant and hasattr(tr.schedule, "learned")]
         return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
+    def paired_speedups(self, variant: str) -> pd.Series:
+        """Per (seed, RL step): the baseline's step time over ``variant``'s. The variants ran
+        that step side by side, so the median of these ratios shrugs off a stall of the
+        machine in one of them, which the ratio of summed times (``e2e_speedup``) carries:
+        one worker stalled for 0.3 s sets a 16-worker makespan of 0.2 s."""
+        steps = self.history.pivot_table(index=["seed", "step"], columns="variant",
+                                         values="step_s")
+        return (steps["baseline"] / steps[variant]).dropna().rename("e2e_speedup")
+
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
         else the last variant that did) against the baseline, which must have run. The keys
@@ -185,8 +194,12 @@ class Ablation:
         decisions = self.decisions(variant)
         base_ev = ev[ev["variant"] == "baseline"]
         final = base_ev[base_ev["step"] == base_ev["step"].max()]
+        paired = self.paired_speedups(variant)
         return {"compared_variant": variant,
                 "e2e_speedup": float(t["e2e_speedup"]),
+                "e2e_speedup_median": float(paired.median()),
+                "e2e_speedup_q25": float(paired.quantile(0.25)),
+                "e2e_speedup_q75": float(paired.quantile(0.75)),
                 "amdahl_prediction": float(t["amdahl_prediction"]),
                 "e2e_over_amdahl": float(t["e2e_speedup"] / t["amdahl_prediction"]),
                 "rollout_speedup": float(t["rollout_speedup"]),

@@ -175,7 +175,7 @@ class BucketedBandit:
         self.last_cost: dict = {}  # cost of the latest exploring pull, per (bucket, arm)
         self.arm_cost: dict[str, float] = {}  # and per arm, whatever the bucket
         self.total_pulls = 0
-        self.measured: set[str] = set()  # buckets with at least one reward
+        self.best_of: dict[str, str] = {}  # bucket with a reward -> its best arm (kept on update)
         self._bucket_of: dict[int, str] = {}
         # each bucket's buckets nearest first (itself, then neighbours, the smaller on ties)
         self.nearest = {b: [self.labels[j] for j in sorted(range(len(self.labels)),
@@ -198,8 +198,9 @@ class BucketedBandit:
         reward yet, the best of the nearest bucket that has one (the smaller on ties), else
         the first arm."""
         for near in self.nearest[bucket]:
-            if near in self.measured:
-                return max(self.arms, key=lambda a: self.rewards[near, a].median)
+            best = self.best_of.get(near)
+            if best is not None:
+                return best
         return self.arms[0]
 
     def expected_cost(self, bucket: str, arm: str) -> float:
@@ -256,7 +257,8 @@ class BucketedBandit:
             cost = self.last_cost[choice.bucket, choice.arm] = self.arm_cost[choice.arm] = \
                 max(0.0, lost)
         self.rewards[choice.bucket, choice.arm].append(float(reward))
-        self.measured.add(choice.bucket)
+        self.best_of[choice.bucket] = max(self.arms,
+                                          key=lambda a: self.rewards[choice.bucket, a].median)
         w = choice.worker
         self.observed_s[w] = LEDGER_DECAY * self.observed_s.get(w, 0.0) + seconds
         self.explore_cost_s[w] = LEDGER_DECAY * self.explore_cost_s.get(w, 0.0) + cost
