@@ -87,13 +87,13 @@ def test_a_request_joining_mid_batch_has_a_cache_equal_to_a_fresh_recompute(toke
                        engine.pad_id, drafter=drafter)
     dec.admit(reqs[:3])
     for k in (4, 2, 3):
-        dec.spec_step(k)  # rejections leave holes
+        dec.spec_step(StepPlan("speculative", k))  # rejections leave holes
     dec.admit(reqs[3:6])  # short fresh prompts join rows with long, holed caches
     joined = [i for i in dec.batch.request_ids if i >= 3]
     assert len(joined) >= 2 and dec.size > len(joined) and (dec.batch.mask == 0).any()
     visible_cache_equals_fresh_recompute(model, dec)
     dec.plain_step()
-    dec.spec_step(4)
+    dec.spec_step(StepPlan("speculative", 4))
     visible_cache_equals_fresh_recompute(model, dec)
 
 

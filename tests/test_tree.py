@@ -15,7 +15,7 @@ from workbench.rollout.sampling import SamplingParams, adjusted_logprobs
 from workbench.rollout.tree import DraftTree, grow_level, grow_tree
 from workbench.rollout.verify import speculative_accept_tree
 from workbench.rollout.worker import StepRecorder
-from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
+from workbench.speculative import EagleDrafter, EagleHead, LMDrafter
 
 from .conftest import ARCHS, PROMPTS, tiny_model
 from .drafters import ScriptedTreeDrafter
@@ -405,14 +405,3 @@ def test_speculative_tree_sd_samples_the_policy(tokenizer):
         assert df >= 3 and stat < df + 5 * (2 * df) ** 0.5, (pos, float(stat), df)
     steps = [a for r in res.requests for a in r.accepted_per_step]
     assert sum(steps) / len(steps) > 1
-
-
-# ---- bad input --------------------------------------------------------------------------
-def test_a_tree_plan_is_refused_for_chain_only_drafters(tokenizer):
-    model = tiny_model("llama", tokenizer)
-    engine = RolloutEngine(model, tokenizer)
-    for spec_mode in ("coupled", "speculative"):
-        with pytest.raises(ValueError, match="'ngram'.*NGramDrafter.*chains only.*EagleDrafter"):
-            engine.rollout(PROMPTS[:2], max_new_tokens=8, temperature=1.0, spec_mode=spec_mode,
-                           drafter=NGramDrafter(), progress=False,
-                           schedule=StaticSchedule(3, branch=2))

@@ -2,13 +2,13 @@
 
 Between steps every live row has exactly one token that it emitted but has not fed yet
 (``batch.last_token``). A *plain* step feeds it and samples the next token; a *speculative*
-step drafts ``k`` tokens, feeds ``[last_token, drafts]`` to the policy in one forward, keeps
-each row's accepted prefix plus one token of the policy's own, and turns the rejected cache
-columns into holes; with a tree plan (``rollout.tree_step``) the drafts form a tree per row
-and one root-to-leaf path is kept. All end the same way (emit, finish, drop finished rows), so a schedule
-can switch between them at any step. ``admit`` prefills waiting requests and joins them to
-the running batch (continuous batching); coupled draws depend on ``(seed, uid, position)``
-only, so a request's tokens do not depend on when it joined or with whom.
+step drafts ``k`` tokens per row (a chain, or a tree: ``rollout.drafts``), feeds
+``[last_token] + drafts`` to the policy in one forward, keeps each row's accepted path plus
+one token of the policy's own, and turns the rejected cache columns into holes. All end the
+same way (emit, finish, drop finished rows), so a schedule can switch between them at any
+step. ``admit`` prefills waiting requests and joins them to the running batch (continuous
+batching); coupled draws depend on ``(seed, uid, position)`` only, so a request's tokens do
+not depend on when it joined or with whom.
 """
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ import time
 import numpy as np
 import torch
 
-from . import verify
 from .batch import DecodeBatch
+from .drafts import propose
 from .forward import Forward
 from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
 from .schedule import StepPlan, StepReport
-from .tree_step import tree_step
 
 __all__ = ["BatchDecoder", "DraftContext", "prefill_groups"]
 
@@ -89,7 +88,7 @@ class DraftContext:
         logq = adjusted_logprobs(logits, d.params)
         if d.mode != "coupled":
             return logq
-        u = d._uniform_grid(d.batch, 1, Stream.TOKEN, depth)             # [B, 1]
+        u = d.uniform_grid(d.batch, 1, Stream.TOKEN, depth)             # [B, 1]
         draw = choose_tokens(logq, d.params, np.repeat(u, logq.shape[1], axis=1))
         return logq.scatter(-1, draw[..., None], 0.0)
 
@@ -135,7 +134,7 @@ class BatchDecoder:
         return self.batch.size
 
     # ---- sampling -----------------------------------------------------------------------
-    def _uniform_grid(self, batch, width: int, stream: Stream = Stream.TOKEN, offset: int = 0):
+    def uniform_grid(self, batch, width: int, stream: Stream = Stream.TOKEN, offset: int = 0):
         """Coupled uniforms ``[B, width]`` at each row's response positions
         ``len(tokens) + offset + 0..width-1``."""
         rows = [self.reqs[i] for i in batch.request_ids]
@@ -146,7 +145,7 @@ class BatchDecoder:
     def sample_next(self, batch, logits: torch.Tensor):
         """Each row's next token and its adjusted logprob (coupled draw at its position)."""
         logp = adjusted_logprobs(logits, self.params)
-        u = None if self.params.greedy else self._uniform_grid(batch, 1)[:, 0]
+        u = None if self.params.greedy else self.uniform_grid(batch, 1)[:, 0]
         tok = choose_tokens(logp, self.params, u)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
@@ -163,7 +162,7 @@ class BatchDecoder:
             return logits.argmax(-1), None
         logq = adjusted_logprobs(logits, self.params)
         stream = Stream.TOKEN if self.mode == "coupled" else Stream.DRAFT
-        tok = choose_tokens(logq, self.params, self._uniform_grid(self.batch, 1, stream, depth)[:, 0])
+        tok = choose_tokens(logq, self.params, self.uniform_grid(self.batch, 1, stream, depth)[:, 0])
         return tok, logq if self.mode == "speculative" else None
 
     # ---- steps --------------------------------------------------------------------------
@@ -203,10 +202,8 @@ class BatchDecoder:
     def step(self, plan: StepPlan, worker: int) -> StepReport:
         """One decode step as ``plan`` says; what it did, for the schedule."""
         start, rows = self.rec.begin(), self.size
-        if plan.tree:
-            n, drafted, accepted, draft_s, fwd_s = tree_step(self, plan, DraftContext(self))
-        elif plan.speculative:
-            n, drafted, accepted, draft_s, fwd_s = self.spec_step(plan.k)
+        if plan.speculative:
+            n, drafted, accepted, draft_s, fwd_s = self.spec_step(plan)
         else:
             (n, fwd_s), drafted, accepted, draft_s = self.plain_step(), 0, 0, 0.0
         return StepReport(worker, plan, rows, n, drafted, accepted, draft_s, fwd_s,
@@ -224,57 +221,42 @@ class BatchDecoder:
                               [[x] for x in lp.tolist()], hidden[:, -1:].unbind(0), fwd_s)
         return n, fwd_s
 
-    def spec_step(self, k: int):
-        """Draft ``k`` tokens per row, verify them in one policy forward, accept per row.
+    def spec_step(self, plan: StepPlan):
+        """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``):
 
-        ``k`` shrinks near the context's end so that every fed and emitted position fits; with
-        no room for a draft the step is plain. Returns ``(tokens emitted, drafted, accepted,
-        draft s, forward s)``.
+        1. clip the depth so that every fed and emitted position fits the context (no room
+           for a draft: the step is plain);
+        2. draft, timed as a ``draft`` row of its own;
+        3. feed ``[last_token] + drafts`` at their positions in one policy forward;
+        4. the policy's verdict: per row the fed columns it keeps and the tokens it emits;
+        5. rejected columns become holes, positions move past the kept ones;
+        6. count drafted and accepted per request, then emit and finish as every step does.
+
+        Returns ``(tokens emitted, drafted, accepted, draft s, forward s)``.
         """
         b = self.batch
-        k = min(k, int((self.forward.context - 2 - b.next_pos).min()))
+        k = min(plan.k, int((self.forward.context - 2 - b.next_pos).min()))
         if k < 1:
             n, fwd_s = self.plain_step()
             return n, 0, 0, 0.0, fwd_s
-        (draft, logq), draft_s = _timed(self.drafter.draft, DraftContext(self), k)
+        draft, draft_s = _timed(propose, self.drafter, DraftContext(self), plan, k)
         self.rec.end("draft", b.size, 0, draft_s)
         width = b.width
-        pos = b.append_columns(k + 1)
-        fed = torch.cat([b.last_token[:, None], draft], dim=1)
+        fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)
+        pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))
         (logits, hidden), fwd_s = _timed(self.forward, fed, pos, b.mask, b.col_pos, b.cache,
-                                         logits_from=0)
-        accepted, emitted, emitted_lp = self._verify(draft, logq, logits, k)
-        # rejected drafts' columns become holes; the fed last_token and accepted drafts stay
-        cols = torch.arange(k + 1, device=fed.device)[None, :]
-        b.mask[:, width:] = (cols <= accepted[:, None]).to(b.mask.dtype)
+                                         logits_from=0, tree=draft.visible)
+        verdict = draft.accept(self, fed, logits, hidden)
+        b.mask[:, width:] = verdict.keep.to(b.mask.dtype)
         b.trim_right()
-        b.next_pos += accepted + 1
-        acc = accepted.tolist()
+        b.next_pos += verdict.keep.sum(1)
         for row, i in enumerate(b.request_ids):
-            self.reqs[i].accepted_per_step.append(acc[row])
-            self.reqs[i].drafted += k
+            self.reqs[i].accepted_per_step.append(verdict.accepted[row])
+            self.reqs[i].drafted += draft.size
         rows = b.size
-        n = self._finish_step(b, "verify", [e[:a + 1] for e, a in zip(emitted.tolist(), acc)],
-                              [e[:a + 1] for e, a in zip(emitted_lp.tolist(), acc)],
-                              [hidden[row, :a + 1] for row, a in enumerate(acc)], fwd_s)
-        return n, k * rows, sum(acc), draft_s, fwd_s
-
-    def _verify(self, draft, logq, logits, k):
-        """Accepted counts, emitted tokens ``drafts[:n] + [last]`` and their logprobs."""
-        logp = adjusted_logprobs(logits, self.params)                    # [B, k+1, V]
-        b = self.batch
-        if self.mode == "speculative":
-            accepted, last = verify.speculative_accept(
-                draft, logp, logq, self._uniform_grid(b, k, Stream.ACCEPT),
-                self._uniform_grid(b, k + 1))
-        else:
-            target = (logp.argmax(-1) if self.mode == "greedy"
-                      else choose_tokens(logp, self.params, self._uniform_grid(b, k + 1)))
-            accepted = verify.accept_by_target(draft, target)
-            last = target.gather(1, accepted[:, None]).squeeze(1)
-        emitted = torch.cat([draft, last[:, None]], dim=1)
-        emitted.scatter_(1, accepted[:, None], last[:, None])
-        return accepted, emitted, logp.gather(-1, emitted[..., None]).squeeze(-1)
+        n = self._finish_step(b, "verify", verdict.tokens, verdict.logprobs, verdict.states,
+                              fwd_s)
+        return n, draft.size * rows, sum(verdict.accepted), draft_s, fwd_s
 
     # ---- bookkeeping --------------------------------------------------------------------
     def _keep_hidden(self, i: int, h: torch.Tensor) -> None:

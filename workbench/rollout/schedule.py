@@ -36,7 +36,7 @@ class StepPlan:
         branch: candidates expanded per node and kept per depth; 1 is a chain.
         verify_budget: tree nodes per row the policy verifies in one pass, the best by
             cumulative drafter logprob; ``None``: all (``branch * k``). A speculative plan
-            with ``branch > 1`` or a budget drafts a tree (``rollout.tree_step``).
+            with ``branch > 1`` or a budget drafts a tree (``rollout.drafts``).
     """
 
     kind: str = "plain"
@@ -47,12 +47,14 @@ class StepPlan:
     def __post_init__(self):
         if self.kind not in PLAN_KINDS:
             raise ValueError(f"StepPlan kind must be one of {PLAN_KINDS}, got {self.kind!r}")
-        if self.kind == "speculative" and (not isinstance(self.k, int) or self.k < 1):
+        def count(x) -> bool:  # an integer >= 1; a bool is not a count (True would be 1)
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+        if self.kind == "speculative" and not count(self.k):
             raise ValueError(f"a speculative StepPlan needs an integer k >= 1, got {self.k!r}")
-        if not isinstance(self.branch, int) or self.branch < 1:
-            raise ValueError(f"branch must be an integer >= 1, got {self.branch!r}")
-        if self.verify_budget is not None and (not isinstance(self.verify_budget, int)
-                                               or self.verify_budget < 1):
+        if not count(self.branch):
+            raise ValueError(f"branch must be an integer >= 1 (1: a chain), got {self.branch!r}")
+        if self.verify_budget is not None and not count(self.verify_budget):
             raise ValueError(f"verify_budget must be None or an integer >= 1, got "
                              f"{self.verify_budget!r}")
 
@@ -109,6 +111,7 @@ class PlainSchedule:
     """Every step plain: the policy alone."""
 
     needs_drafter = False
+    needs_trees = False  # whether any plan may draft a tree (the worker checks the drafter)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return PLAIN
@@ -125,6 +128,7 @@ class StaticSchedule(PlainSchedule):
 
     def __init__(self, k: int = 4, branch: int = 1, verify_budget: int | None = None):
         self.step = StepPlan("speculative", k, branch, verify_budget)
+        self.needs_trees = self.step.tree
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return self.step

@@ -24,6 +24,7 @@ import torch
 
 from .config import RolloutConfig
 from .decoder import BatchDecoder
+from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepPlan, decision_of, plan_columns
@@ -119,6 +120,7 @@ class Worker:
             raise ValueError(f"the schedule {type(schedule).__name__} speculates, but worker "
                              f"{self.index} has no drafter: pass drafter= or start the "
                              "workers with a drafter_factory")
+        check_schedule_drafter(schedule, drafter)  # tree plans need a tree drafter
         self.recorder = rec = StepRecorder(self.index, self.clock)
         outputs = [RequestOutput.of(q, self.index) for q in task.requests]
         dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,

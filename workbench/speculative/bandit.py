@@ -312,6 +312,12 @@ class AdaptiveSchedule:
                                      seed)
         self.pending: dict[int, Choice | None] = {}  # each worker's latest choice
 
+    @property
+    def needs_trees(self) -> bool:
+        """Whether an arm drafts a tree: the worker then refuses a chain-only drafter before
+        the rollout's first forward, not when the bandit first pulls that arm."""
+        return any(plan.tree for plan in self.plans.values())
+
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         if self.threshold is not None and batch_size > self.threshold:
             self.pending[worker] = None

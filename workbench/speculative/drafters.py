@@ -18,11 +18,14 @@ Every drafter implements the same calls, which the engine makes:
 ``module`` is the drafter's trainable ``nn.Module`` (``None`` for model-free drafters): what a
 backend's ``update_weights`` loads new weights into.
 
-Drafters with a KV cache keep it in a :class:`~workbench.rollout.batch.DecodeBatch`: each round
-first drops the speculative tail it fed while chaining (the last ``k - 1`` columns), then feeds
-every committed token it has not seen in one ragged block, then chains ``k`` drafts (or grows
-a tree level by level: a level's nodes share a position and see only their own ancestors among
-the speculative columns, through the ``tree`` argument of ``rollout.forward.attention_mask``).
+Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
+:class:`~workbench.rollout.batch.DecodeBatch`: each round first drops the speculative tail it
+fed while chaining (the last ``k - 1`` columns), then feeds every committed token it has not
+seen in one ragged block, then chains ``k`` drafts (or grows a tree level by level: a level's
+nodes share a position and see only their own ancestors among the speculative columns, through
+the ``tree`` argument of ``rollout.forward.attention_mask``). The chain and tree loops are
+written once, in :class:`CachedDrafter`; a drafter says only how it catches up, what its
+logits are, and how it advances by one level.
 """
 from __future__ import annotations
 
@@ -92,11 +95,24 @@ class CachedDrafter(Drafter):
     """A drafter with its own KV cache (a DecodeBatch), rows in step with the policy's batch.
 
     ``seen[r]`` counts what row ``r`` has consumed; ``spec_cols`` is the speculative tail fed
-    while chaining, dropped at the start of the next round (the policy's verdict decides what
+    while drafting, dropped at the start of the next round (the policy's verdict decides what
     of it was right, and the committed tokens are fed again).
+
+    :meth:`draft` and :meth:`draft_tree` are one loop each, over a *carry*: what the drafter
+    holds after each fed token (the small LM its logits, EAGLE its predicted state). A
+    subclass implements the hooks:
+
+    - ``_catch_up(ctx) -> carry [B, 1, *]``: open the round, feed every committed token not
+      seen yet; the carry after each row's last one.
+    - ``_logits(carry) -> [B, w, V]``: the drafter's logits after each carried token.
+    - ``_advance(tokens [B, w], carry, pos [B, w], slot=None, tree=None) -> carry [B, w, *]``:
+      feed ``tokens`` at ``pos`` (their columns already appended); a token's parent is the
+      carry's last column (a chain), or column ``slot[b, j]`` (a tree level), and ``tree``
+      ``[B, w, m]`` is the level's visibility of the ``m`` speculative columns fed so far.
     """
 
     state: DecodeBatch | None = None
+    supports_trees = True
 
     def begin(self) -> None:
         self.state, self.seen, self.spec_cols = None, [], 0
@@ -124,26 +140,46 @@ class CachedDrafter(Drafter):
         self.state.crop_right(self.spec_cols)
         return self.state
 
-    def grow_tree(self, ctx, root_logits: torch.Tensor, k: int, branch: int, feed) -> DraftTree:
-        """Grow a tree after the round's catch-up (``root_logits`` ``[B, V]``): each level's
-        nodes are appended to the cache at one position (``next_pos + depth``) and fed with
-        ``feed(tokens, parent slot, positions, tree)`` -> logits ``[B, w, V]``, ``tree`` being
-        their visibility ``[B, w, m]`` of the ``m`` speculative columns fed so far. Like a
-        chain's tail, those columns are dropped at the next round's start."""
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        """A chain of ``k`` drafts per row, each fed back to draft the next (the last is not
+        fed: ``k - 1`` speculative columns)."""
+        carry = self._catch_up(ctx)
+        st = self.state
+        tokens, logqs = [], []
+        for depth in range(k):
+            tok, logq = ctx.choose(self._logits(carry)[:, -1], depth)
+            tokens.append(tok)
+            logqs.append(logq)
+            if depth < k - 1:
+                pos = st.append_columns(1)
+                carry = self._advance(tok[:, None], carry, pos)
+                st.next_pos += 1
+        self.spec_cols = k - 1
+        st.compact()
+        return self.stacked(tokens, logqs)
+
+    @torch.no_grad()
+    def draft_tree(self, ctx, k, branch) -> DraftTree:
+        """A tree ``k`` deep, ``branch`` nodes per level (``rollout.tree.grow_tree``). Each
+        level's nodes are appended to the cache at one position (``next_pos + depth``) and
+        fed together; like a chain's tail, those columns are dropped at the next round."""
+        carry = self._catch_up(ctx)
         st = self.state
         base, fed = st.next_pos.clone(), 0
 
         def expand(levels):
-            nonlocal fed
+            nonlocal carry, fed
             tokens, slot, _ = levels[-1]
             w = tokens.shape[1]
             pos = st.append_columns(w, positions=(base + len(levels) - 1)[:, None].expand(-1, w))
             st.next_pos += w  # as a chain's tail counts, so that crop_right undoes it
             fed += w
             visible = DraftTree.from_levels(levels).ancestors()[:, -w:, 1:]
-            return feed(tokens, slot, pos, visible)
+            carry = self._advance(tokens, carry, pos, slot, visible)
+            return self._logits(carry)
 
-        tree = grow_tree(ctx.tree_logprobs, root_logits, k, branch, expand)
+        tree = grow_tree(ctx.tree_logprobs, self._logits(carry)[:, -1], k, branch, expand)
         self.spec_cols = fed
         st.compact()
         return tree
@@ -182,7 +218,6 @@ class LMDrafter(CachedDrafter):
     """Any small HF causal LM that shares the policy's tokenizer, with its own KV cache."""
 
     name = "small_lm"
-    supports_trees = True
 
     def __init__(self, model, tokenizer=None):
         self.model = model.eval()
@@ -215,33 +250,14 @@ class LMDrafter(CachedDrafter):
         self.seen = [len(s) for s in seqs]
         return self.forward(ids, pos, st.mask, st.col_pos, st.cache)[0]
 
-    @torch.no_grad()
-    def draft_tree(self, ctx, k, branch):
-        root_logits = self._catch_up(ctx)[:, -1]
+    def _logits(self, carry: torch.Tensor) -> torch.Tensor:
+        return carry  # the small LM carries its logits
 
-        def feed(tokens, slot, pos, visible):
-            st = self.state
-            return self.forward(tokens, pos, st.mask, st.col_pos, st.cache, logits_from=0,
-                                tree=visible)[0]
-
-        return self.grow_tree(ctx, root_logits, k, branch, feed)
-
-    @torch.no_grad()
-    def draft(self, ctx, k):
-        logits = self._catch_up(ctx)
+    def _advance(self, tokens, carry, pos, slot=None, tree=None) -> torch.Tensor:
+        """The LM's logits after ``tokens``; their parents are in its cache already."""
         st = self.state
-        tokens, logqs = [], []
-        for depth in range(k):
-            tok, logq = ctx.choose(logits[:, -1], depth)
-            tokens.append(tok)
-            logqs.append(logq)
-            if depth < k - 1:
-                pos = st.append_columns(1)
-                logits, _ = self.forward(tok[:, None], pos, st.mask, st.col_pos, st.cache)
-                st.next_pos += 1
-        self.spec_cols = k - 1
-        st.compact()
-        return self.stacked(tokens, logqs)
+        return self.forward(tokens, pos, st.mask, st.col_pos, st.cache, logits_from=0,
+                            tree=tree)[0]
 
 
 class EagleDrafter(CachedDrafter):
@@ -249,7 +265,6 @@ class EagleDrafter(CachedDrafter):
 
     name = "eagle"
     needs_hidden = True
-    supports_trees = True
 
     def __init__(self, head, policy=None):
         self.head = head.eval()
@@ -303,35 +318,12 @@ class EagleDrafter(CachedDrafter):
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(feat))
 
-    @torch.no_grad()
-    def draft_tree(self, ctx, k, branch):
-        frontier = self._catch_up(ctx)  # [B, w, H]: the predicted states after the frontier
-
-        def feed(tokens, slot, pos, visible):
-            nonlocal frontier
-            parent = frontier.gather(1, slot[..., None].expand(-1, -1, frontier.shape[-1]))
-            frontier = self._step(tokens, parent, pos, visible)
-            return self._logits(frontier)
-
-        return self.grow_tree(ctx, self._logits(frontier)[:, -1], k, branch, feed)
-
-    @torch.no_grad()
-    def draft(self, ctx, k):
-        feat = self._catch_up(ctx)
-        st = self.state
-        tokens, logqs = [], []
-        for depth in range(k):
-            logits = self._logits(feat)[:, -1]
-            tok, logq = ctx.choose(logits, depth)
-            tokens.append(tok)
-            logqs.append(logq)
-            if depth < k - 1:
-                pos = st.append_columns(1)
-                feat = self._step(tok[:, None], feat, pos)[:, -1:]
-                st.next_pos += 1
-        self.spec_cols = k - 1
-        st.compact()
-        return self.stacked(tokens, logqs)
+    def _advance(self, tokens, carry, pos, slot=None, tree=None) -> torch.Tensor:
+        """The states predicted after ``tokens``, each paired with its parent's predicted
+        state (the carry's last column, or column ``slot`` of a tree's frontier)."""
+        parent = carry if slot is None else carry.gather(
+            1, slot[..., None].expand(-1, -1, carry.shape[-1]))
+        return self._step(tokens, parent, pos, tree)
 
 
 class SlowedDrafter:

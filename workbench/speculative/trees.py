@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..rollout import RolloutConfig, RolloutEngine, StaticSchedule
+from ..rollout.drafts import check_schedule_drafter
 from .measure import acceptance_length
 
 __all__ = ["compare_chain_and_tree", "draft_shape_row"]
@@ -39,15 +40,22 @@ def compare_chain_and_tree(policy, tokenizer, drafter, prompts, k: int = 4, bran
     (``branch``, ``verify_budget``) of the same depth; one row per strategy (see
     :func:`draft_shape_row`). Both are lossless; ``same_tokens_as_chain`` says whether they
     emitted the same tokens (exact in float64; in float32 a verify pass of another shape
-    rounds differently). ``wall_s`` is the wall clock of the whole rollout on this machine."""
+    rounds differently). ``wall_s`` is the wall clock of the whole rollout on this machine.
+
+    Every argument is checked before the chain's rollout (a bad ``branch`` or
+    ``verify_budget``, or a drafter without trees, would otherwise surface after it)."""
+    shapes = ((1, None), (branch, verify_budget))
+    schedules = [StaticSchedule(k, b, budget) for b, budget in shapes]
+    for schedule in schedules:
+        check_schedule_drafter(schedule, drafter)
     engine = RolloutEngine(policy, tokenizer)
     config = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                            max_batch_size=max_batch_size)
     rows, tokens = [], []
-    for b, budget in ((1, None), (branch, verify_budget)):
+    for (b, budget), schedule in zip(shapes, schedules):
         t = time.perf_counter()
         result = engine.rollout(prompts, config, progress=False, drafter=drafter,
-                                schedule=StaticSchedule(k, b, budget))
+                                schedule=schedule)
         rows.append(draft_shape_row(result, k, b, budget, temperature, time.perf_counter() - t))
         tokens.append(result.tokens)
     # float32 verify passes of other shapes round differently (docs/design.md)
