@@ -15,7 +15,7 @@ from workbench.viz.prune_explorer import PruneExplorer  # noqa: E402
 from workbench.viz.sd_whatif import SDWhatIf  # noqa: E402
 
 from .test_plan_table import PLAN, hand_scores, tiny_config  # noqa: E402
-from .test_whatif import STEPS, make_sweep, make_timeline  # noqa: E402
+from .test_whatif import make_sweep, make_timeline  # noqa: E402
 
 
 def artist(fig, gid, kind="lines"):

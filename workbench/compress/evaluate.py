@@ -12,6 +12,7 @@ overhead, decides speed.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import pandas as pd
