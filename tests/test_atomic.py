@@ -69,3 +69,58 @@ def test_writing_a_file_over_a_folder_is_refused_before_anything_is_written(tmp_
         with atomic_dir(tmp_path / "y"):
             pass
     assert (tmp_path / "y").read_text() == "keep"
+
+
+# ---- reading back: a damaged torch file names itself and the remedy ------------------------
+def _saved(tmp_path):
+    import torch
+    path = tmp_path / "state.pt"
+    torch.save({"weights": torch.arange(2000, dtype=torch.float64), "step": 7}, path)
+    return path
+
+
+def test_a_whole_torch_file_loads(tmp_path):
+    state = atomic.load_torch_file(_saved(tmp_path), "the state")
+    assert state["step"] == 7 and state["weights"].sum().item() == sum(range(2000))
+
+
+@pytest.mark.parametrize("kept", ["none", "one byte", "half", "all but 10 bytes"])
+def test_an_empty_or_truncated_torch_file_is_named_with_the_remedy(tmp_path, kept):
+    path = _saved(tmp_path)
+    data = path.read_bytes()
+    keep = {"none": 0, "one byte": 1, "half": len(data) // 2,
+            "all but 10 bytes": len(data) - 10}[kept]
+    path.write_bytes(data[:keep])
+    with pytest.raises(atomic.DamagedFileError) as err:
+        atomic.load_torch_file(path, "the trainer checkpoint",
+                               f"delete the folder {str(tmp_path)!r} to start over")
+    message = str(err.value)
+    assert message.startswith(f"the trainer checkpoint {str(path)!r} is damaged: ")
+    assert ("empty (0 bytes)" if keep == 0 else "truncated or not a torch file") in message
+    assert message.endswith(f"delete the folder {str(tmp_path)!r} to start over")
+    assert isinstance(err.value, ValueError)  # bad input: a ValueError like every other
+
+
+def test_a_file_that_is_not_a_torch_file_and_the_default_remedy(tmp_path):
+    path = tmp_path / "head.pt"
+    path.write_text("not a checkpoint")
+    with pytest.raises(atomic.DamagedFileError, match=r"head\.pt' is damaged: it is truncated or "
+                                                      r"not a torch file \(16 bytes.*delete it "
+                                                      r"\(or its folder, to start over\) or "
+                                                      r"restore it from a copy"):
+        atomic.load_torch_file(path, "the head")
+
+
+def test_a_whole_archive_whose_contents_do_not_read_is_named_too(tmp_path):
+    import zipfile
+    path = tmp_path / "state.pt"
+    with zipfile.ZipFile(path, "w") as z:  # a complete zip, but no torch data inside
+        z.writestr("archive/data.pkl", b"\x80\x02garbage")
+    with pytest.raises(atomic.DamagedFileError, match=r"state\.pt' cannot be read \(.*\): it is "
+                                                      r"damaged or not what the workbench saved"):
+        atomic.load_torch_file(path, "the RL checkpoint", weights_only=False)
+
+
+def test_a_missing_torch_file_is_not_called_damaged(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"the head .*nope\.pt' does not exist"):
+        atomic.load_torch_file(tmp_path / "nope.pt", "the head")

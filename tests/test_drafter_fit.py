@@ -155,4 +155,4 @@ def test_cli_kind_and_minutes_are_checked_by_the_parser(capsys):
             main(argv)
         assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "invalid choice: 'tree'" in err and "minutes must be a positive number" in err
+    assert "invalid choice: 'tree'" in err and "minutes must be a finite number > 0, got 0.0" in err

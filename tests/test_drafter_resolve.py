@@ -88,7 +88,7 @@ def test_where_a_drafter_is_needed_none_and_other_kinds_are_refused(tokenizer, t
         resolve_head("ngram", None, None)
     with pytest.raises(ValueError, match=r"other drafters \['tree'\]"):
         compared_drafters("auto", None, None, others=["tree"])
-    with pytest.raises(ValueError, match="kind 'tree' is not a drafter kind"):
+    with pytest.raises(ValueError, match="drafter kind must be one of 'eagle', 'lm', got 'tree'"):
         resolve_drafter("auto", None, None, kind="tree")
 
 

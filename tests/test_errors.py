@@ -118,7 +118,7 @@ def test_zoo_minutes_must_be_positive(minutes, capsys, monkeypatch):
     with pytest.raises(SystemExit) as raised:
         main(["zoo", "train", "default", "--minutes", minutes])
     assert raised.value.code == 2 and calls == []
-    assert "minutes must be a positive number" in capsys.readouterr().err
+    assert "minutes must be a finite number > 0, got " in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- results

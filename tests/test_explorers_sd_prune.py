@@ -5,16 +5,17 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from workbench.compress.plan import PrunePlan  # noqa: E402
 from workbench.compress.plan_table import plan_table  # noqa: E402
-from workbench.speculative.whatif import sd_whatif  # noqa: E402
+from workbench.speculative.whatif import sd_whatif, whatif_table  # noqa: E402
 from workbench.viz.prune_explorer import PruneExplorer  # noqa: E402
 from workbench.viz.sd_whatif import SDWhatIf  # noqa: E402
 
 from .test_plan_table import PLAN, hand_scores, tiny_config  # noqa: E402
-from .test_whatif import STEPS, make_sweep, make_timeline  # noqa: E402
+from .test_whatif import make_sweep, make_timeline  # noqa: E402
 
 
 def artist(fig, gid, kind="lines"):
@@ -29,7 +30,7 @@ def bars(fig, gid):
 
 # ---- SD what-if ---------------------------------------------------------------------------
 def whatif(**kw):
-    return SDWhatIf(make_sweep(), make_timeline(), temperature=0.0, **kw)
+    return SDWhatIf(make_sweep(), whatif_table(make_timeline(), make_sweep(), 0.0), **kw)
 
 
 def test_whatif_starts_at_the_largest_live_batch_and_draws_the_selection():
@@ -83,29 +84,36 @@ def test_whatif_unmeasured_pair_says_what_was_measured():
 def test_whatif_reads_files_and_leaves_a_png(tmp_path):
     make_sweep().to_csv(tmp_path / "curve.csv", index=False)
     make_timeline().save(tmp_path / "run" / "timeline")
-    ex = SDWhatIf(tmp_path / "curve.csv", tmp_path / "run", temperature=1.0, threshold=1)
+    table = whatif_table(tmp_path / "run", tmp_path / "curve.csv", temperature=1.0)
+    table.to_csv(tmp_path / "whatif.csv", index=False)
+    ex = SDWhatIf(tmp_path / "curve.csv", tmp_path / "whatif.csv", threshold=1)
     assert ex.controls["threshold"].value == 1
     assert ex.png().startswith(b"\x89PNG")
     assert "k=4" in ex.panel.value
 
 
 def test_whatif_bad_input():
-    with pytest.raises(ValueError, match=r"temperature None.*\[0.0, 1.0\]"):
-        SDWhatIf(make_sweep(), make_timeline())
-    with pytest.raises(ValueError, match=r"temperature 0.5.*\[0.0, 1.0\]"):
-        SDWhatIf(make_sweep(), make_timeline(), temperature=0.5)
-    with pytest.raises(ValueError, match="threshold -1: accepted an integer >= 0"):
+    table = whatif_table(make_timeline(), make_sweep(), 0.0)
+    with pytest.raises(ValueError, match=r"threshold .*must be an integer >= 0, got -1"):
         whatif(threshold=-1)
     assert whatif(threshold=9).controls["threshold"].value == 4  # above the batch: everywhere
-    with pytest.raises(ValueError, match=r"k 3: accepted one of the measured \[2, 4\]"):
+    with pytest.raises(ValueError, match=r"k \(a measured one\) must be one of 2, 4, got 3"):
         whatif(k=3)
     with pytest.raises(ValueError, match=r"missing columns \['speedup'\]"):
-        SDWhatIf(make_sweep().drop(columns="speedup"), make_timeline(), temperature=0.0)
-    prefill_only = make_timeline([s for s in STEPS if s[1] == "prefill"])
-    with pytest.raises(ValueError, match="no decode steps"):
-        SDWhatIf(make_sweep(), prefill_only, temperature=0.0)
+        SDWhatIf(make_sweep().drop(columns="speedup"), table)
+    with pytest.raises(ValueError, match=r"missing columns \['speedup'\]"):
+        SDWhatIf(make_sweep(), table.drop(columns="speedup"))
+    with pytest.raises(ValueError, match="the what-if table has no rows"):
+        SDWhatIf(make_sweep(), table.head(0))
+    mixed = pd.concat([table, whatif_table(make_timeline(), make_sweep(), 1.0)])
+    with pytest.raises(ValueError, match=r"mixes temperatures \[0.0, 1.0\]"):
+        SDWhatIf(make_sweep(), mixed)
+    hot_only = make_sweep().query("temperature == 1.0")
+    with pytest.raises(ValueError, match=r"no rows at temperature 0, the what-if.s; it "
+                                         r"measured \[1\.0\]"):
+        SDWhatIf(hot_only, table)
     with pytest.raises(ValueError, match="accepted suffixes"):
-        SDWhatIf("curve.txt", make_timeline(), temperature=0.0)
+        SDWhatIf("curve.txt", table)
 
 
 # ---- pruning ------------------------------------------------------------------------------
@@ -190,7 +198,7 @@ def test_whatif_controls_with_one_choice_say_why():
     """One drafter and one k measured at T=1, a rollout whose live batch never exceeds 1: the
     tooltips and the panel say why the controls offer so little."""
     solo = make_timeline([(0, "prefill", 0.0, 0.1, 1), (0, "decode", 0.1, 0.5, 1)], workers=1)
-    ex = SDWhatIf(make_sweep(), solo, temperature=1.0)
+    ex = SDWhatIf(make_sweep(), whatif_table(solo, make_sweep(), temperature=1.0))
     assert ex.controls["k"].options == (4,) and ex.controls["drafter"].options == ("eagle",)
     assert (ex.controls["threshold"].min, ex.controls["threshold"].max) == (0, 1)
     assert ex.controls["k"].tooltip == "only k=4 was measured at temperature 1"

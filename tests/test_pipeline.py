@@ -182,6 +182,8 @@ def test_notebook_without_parameters_cell_is_an_error(project, tmp_path):
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seed: [1]\n", r"unknown key\(s\) \['seed'\]"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    grid: {x: 3}\n", "grid values for 'x' must be a non-empty list"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seeds: [0]\n    parameters: {seed: 1}\n", "both as fixed and varied"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seeds: [0, -1]\n", r"`seeds` item 1 must be an integer >= 0, got -1"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seeds: [true]\n", r"`seeds` item 0 must be an integer >= 0, got True"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {out_dir: x}\n", "set by the runner"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n  - notebook: notebooks/toy.ipynb\n", "share the folder"),
 ])

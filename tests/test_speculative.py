@@ -306,3 +306,14 @@ def test_cached_drafts_equal_a_from_scratch_recompute(tokenizer, arch, batch):
                              max_new_tokens=3, do_sample=False, eos_token_id=None,
                              pad_token_id=tokenizer.pad_token_id)
         assert drafts == out[0, len(seq):].tolist()
+
+
+def test_a_truncated_eagle_head_names_its_file_and_the_remedy(tokenizer, tmp_path):
+    from workbench.atomic import DamagedFileError
+    model = tiny_model("llama", tokenizer)
+    EagleHead(model).save_pretrained(tmp_path / "head")
+    weights = tmp_path / "head" / "head.pt"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(DamagedFileError, match=r"the EAGLE head's weights .*head\.pt' is "
+                                               r"damaged: it is truncated.*delete the folder"):
+        EagleHead.from_pretrained(tmp_path / "head", model)

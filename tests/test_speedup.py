@@ -120,12 +120,12 @@ def test_fewer_than_three_repeats_are_refused_before_anything_runs(repeats):
 
 
 def test_bad_measures_baselines_and_thresholds_are_named():
-    with pytest.raises(ValueError, match="measure must be a positive finite number"):
+    with pytest.raises(ValueError, match=r"system 'a', repeat 0: the measure must be a finite number > 0, got 0\.0"):
         interleave({"a": lambda: 0.0}, repeats=3, measure=lambda out, s: out)
     runs = interleave({"a": lambda: None, "b": lambda: None}, repeats=3)
     with pytest.raises(ValueError, match="baseline 'c' is not a system"):
         summarize(runs, "c")
-    with pytest.raises(ValueError, match="wide must be a positive number"):
+    with pytest.raises(ValueError, match="wide must be a finite number > 0, got 0"):
         summarize(runs, "a", wide=0)
     with pytest.raises(ValueError, match="at least one system"):
         interleave({}, repeats=3)

@@ -49,7 +49,7 @@ def test_reward_reads_the_final_answer():
 def test_task_rejects_bad_arguments():
     with pytest.raises(ValueError, match="max_items"):
         RunningSumTask(max_items=30)
-    with pytest.raises(ValueError, match="modulus must be None or >= 2, got 1"):
+    with pytest.raises(ValueError, match=r"modulus must be None \(the plain sum\) or an integer >= 2, got 1"):
         RunningSumTask(modulus=1)
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         get_problems("nope", 3)
@@ -124,8 +124,8 @@ def test_jsonl_with_a_byte_order_mark_or_bad_encoding(tmp_path):
         load_jsonl(f)
 
 
-@pytest.mark.parametrize("num, match", [(2.5, "num must be an integer >= 0, got 2.5"),
-                                        ("10", "num must be an integer >= 0, got '10'"),
+@pytest.mark.parametrize("num, match", [(2.5, r"num must be None \(every problem of a JSONL file\) or an integer >= 0, got 2\.5"),
+                                        ("10", "or an integer >= 0, got '10'"),
                                         (True, "got True"), (-1, "got -1")])
 def test_get_problems_rejects_a_bad_count(tmp_path, num, match):
     f = _write(tmp_path / "t.jsonl", [json.dumps({"prompt": "a", "answer": 1})] * 3)

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from workbench.rollout.timeline import Timeline
-from workbench.speculative.whatif import (measured_speedups, measured_threshold, sd_whatif,
-                                         speedup_at)
+from workbench.speculative.whatif import (WHATIF_COLUMNS, measured_speedups, measured_threshold,
+                                         sd_whatif, speedup_at, whatif_table)
 
 # (worker, kind, start, end, batch_size): worker 0's batch shrinks 4 -> 2 -> 1, worker 1's 3 -> 2
 STEPS = [(0, "prefill", 0.0, 0.1, 4), (0, "decode", 0.1, 0.5, 4), (0, "decode", 0.5, 1.0, 2),
@@ -116,3 +116,40 @@ def test_a_timeline_that_already_ran_sd_is_refused():
     sd = make_timeline(STEPS + [(1, "draft", 0.8, 0.9, 2), (1, "verify", 0.9, 1.0, 2)])
     with pytest.raises(ValueError, match=r"already has SD steps \(\['draft', 'verify'\]"):
         sd_whatif(sd, make_sweep(), 2, "eagle", 4, 0.0)
+
+
+def test_the_table_holds_every_setting_as_sd_whatif_computes_it(tmp_path):
+    table = whatif_table(make_timeline(), make_sweep(), temperature=0.0)
+    assert list(table.columns) == list(WHATIF_COLUMNS)
+    # (eagle, 4) and (ngram, 2) at T=0; thresholds 0..4 (the largest live decode batch); 3 workers
+    assert len(table) == 2 * 5 * 3
+    assert sorted(set(zip(table["drafter"], table["k"]))) == [("eagle", 4), ("ngram", 2)]
+    assert sorted(table["threshold"].unique()) == [0, 1, 2, 3, 4]
+    for (drafter, k, threshold), rows in table.groupby(["drafter", "k", "threshold"]):
+        want = sd_whatif(make_timeline(), make_sweep(), threshold, drafter, k, 0.0)
+        for column in ("worker", "recorded_s", "whatif_s", "sd_steps", "decode_steps"):
+            assert np.allclose(rows[column], want.workers[column]), (drafter, k, threshold)
+        summary = want.summary()
+        for column in ("makespan_recorded_s", "makespan_whatif_s", "speedup",
+                       "beyond_measured", "clock", "temperature"):
+            assert set(rows[column]) == {summary[column]}, column
+        assert set(rows["measured_threshold"]) == {
+            measured_threshold(make_sweep(), drafter, k, 0.0)}
+    make_timeline().save(tmp_path / "run" / "timeline")  # a run folder works as the timeline
+    from_files = whatif_table(tmp_path / "run", make_sweep(), 0.0)
+    assert np.allclose(from_files["whatif_s"], table["whatif_s"])
+
+
+def test_the_table_refuses_what_it_cannot_model():
+    with pytest.raises(ValueError, match=r"temperature None.*\[0.0, 1.0\]"):
+        whatif_table(make_timeline(), make_sweep())
+    with pytest.raises(ValueError, match=r"temperature 0.5.*\[0.0, 1.0\]"):
+        whatif_table(make_timeline(), make_sweep(), temperature=0.5)
+    prefill_only = make_timeline([s for s in STEPS if s[1] == "prefill"])
+    with pytest.raises(ValueError, match="no decode steps"):
+        whatif_table(prefill_only, make_sweep(), 0.0)
+    with pytest.raises(TypeError, match="Timeline"):
+        whatif_table(42, make_sweep(), 0.0)
+    # a sweep with one temperature needs none named
+    assert set(whatif_table(make_timeline(), make_sweep().query("temperature == 1.0"))
+               ["temperature"]) == {1.0}

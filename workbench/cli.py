@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .checks import check_positive
+
 
 def _zoo_train(args) -> int:
     from .zoo import RECIPES
@@ -71,13 +73,16 @@ def _pipeline_run(args) -> int:
 
 
 def _positive_minutes(text: str) -> float:
+    """``--minutes`` as a number, under the shared checks' policy (a finite number > 0);
+    argparse turns the error into its usage message and exit code 2."""
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"minutes must be a positive number, got {text!r}")
-    return value
+        value = text  # not a number: refused below with the text as typed
+    try:
+        return check_positive("minutes", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,8 @@ import nbformat
 import papermill
 import yaml
 
+from .checks import check_int
+
 __all__ = ["PipelineError", "RunSpec", "Pipeline", "load_pipeline", "TOP_KEYS", "ENTRY_KEYS",
            "OUT_DIR", "SEED"]
 
@@ -157,10 +159,7 @@ def _entry_runs(entry: Any, pipeline: str, yaml_path: Path) -> list[RunSpec]:
         if not isinstance(values, list) or not values:
             raise PipelineError(f"{where}: grid values for {key!r} must be a non-empty list, got {values!r}")
     if "seeds" in entry:
-        seeds = entry["seeds"]
-        if not isinstance(seeds, list) or not seeds or not all(_is_int(s) for s in seeds):
-            raise PipelineError(f"{where}: `seeds` must be a non-empty list of integers, got {seeds!r}")
-        grid = {**grid, SEED: seeds}
+        grid = {**grid, SEED: _seeds(entry["seeds"], where)}
     _check_overlaps(fixed, grid, where)
 
     notebook_path, root = _resolve_notebook(notebook, yaml_path)
@@ -178,8 +177,14 @@ def _mapping(value: Any, key: str, where: str) -> dict:
     return value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _seeds(seeds: Any, where: str) -> list[int]:
+    """A non-empty list of seeds, each an integer >= 0 (what every notebook's ``seed`` takes)."""
+    if not isinstance(seeds, list) or not seeds:
+        raise PipelineError(f"{where}: `seeds` must be a non-empty list of integers, got {seeds!r}")
+    try:
+        return [check_int(f"{where}: `seeds` item {i}", seed, 0) for i, seed in enumerate(seeds)]
+    except ValueError as exc:
+        raise PipelineError(str(exc)) from None
 
 
 def _check_overlaps(fixed: dict, grid: dict, where: str) -> None:

@@ -19,7 +19,8 @@ to use something the call returns instead, e.g. a rollout's makespan, or a rate 
 tokens/s with ``higher_is_better=True``. Ratios are always oriented so that above 1 means
 "better than the baseline": baseline/system for times, system/baseline for rates.
 
-This module imports nothing else from workbench, so every layer may use it.
+This module imports nothing else from workbench but the shared checks, so every layer may
+use it.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from typing import Any, Callable, Hashable, Mapping
 
 import numpy as np
 import pandas as pd
+
+from .checks import check_choice, check_int, check_positive
 
 __all__ = ["WIDE_SPREAD", "MIN_REPEATS", "ORDERS", "Runs", "run_order", "interleave",
            "check_repeats", "per_repeat_ratios", "summarize", "compare", "spread_stats",
@@ -54,12 +57,10 @@ class Runs:
     higher_is_better: bool = False
 
 
-def check_repeats(repeats) -> None:
-    """ValueError naming ``repeats`` unless it is an integer >= :data:`MIN_REPEATS`."""
-    if isinstance(repeats, bool) or not isinstance(repeats, (int, np.integer)) \
-            or repeats < MIN_REPEATS:
-        raise ValueError(f"repeats must be an integer >= {MIN_REPEATS} (a median of per-repeat "
-                         f"ratios with its spread), got {repeats!r}")
+def check_repeats(repeats) -> int:
+    """``repeats`` as an int, or ValueError naming it unless it is an integer >=
+    :data:`MIN_REPEATS`: a median of fewer per-repeat ratios says nothing about its spread."""
+    return check_int("repeats", repeats, MIN_REPEATS)
 
 
 def run_order(names: list, repeat: int, order: str = "rotate") -> list:
@@ -69,8 +70,7 @@ def run_order(names: list, repeat: int, order: str = "rotate") -> list:
     it alternates. ``alternate``: forward, then backward (A B C, C B A, ...). ``fixed``: the
     same order every repeat (still interleaved, but the same neighbour always goes first).
     """
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    check_choice("order", order, ORDERS)
     names = list(names)
     if order == "rotate":
         r = repeat % len(names) if names else 0
@@ -96,8 +96,7 @@ def interleave(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN
     check_repeats(repeats)
     if not systems:
         raise ValueError("interleave needs at least one system")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    check_int("warmup", warmup, 0)
     names = list(systems)
     run_order(names, 0, order)  # validates order before anything runs
     for w in range(warmup):
@@ -109,12 +108,10 @@ def interleave(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN
             start = clock()
             out = systems[name]()
             seconds = clock() - start
-            value = seconds if measure is None else measure(out, seconds)
-            if not np.isfinite(value) or value <= 0:
-                raise ValueError(f"system {name!r}, repeat {r}: measure must be a positive "
-                                 f"finite number, got {value!r}")
+            value = check_positive(f"system {name!r}, repeat {r}: the measure", seconds
+                                   if measure is None else measure(out, seconds))
             rows.append({"repeat": r, "slot": slot, "system": name, "seconds": seconds,
-                         "value": float(value)})
+                         "value": value})
             outputs[name].append(out)
             if on_run is not None:
                 on_run(name, r)
@@ -156,8 +153,7 @@ def summarize(runs: Runs, baseline: Hashable | None = None,
     (the median measure), ``ratio`` (median of the per-repeat ratios to ``baseline``, the first
     system by default), ``ratio_min``, ``ratio_max``, ``spread`` ((max - min) / median),
     ``spread_wide`` (spread > ``wide``) and ``repeats``. The baseline's own row has ratio 1."""
-    if not isinstance(wide, (int, float)) or not wide > 0:
-        raise ValueError(f"wide must be a positive number, got {wide!r}")
+    check_positive("wide", wide)
     names = list(runs.outputs) or list(dict.fromkeys(runs.table["system"]))
     baseline = names[0] if baseline is None else baseline
     ratios = per_repeat_ratios(runs, baseline)

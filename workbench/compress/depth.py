@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
+from ..checks import check_int
 from ..progress import tqdm
 
 from .data import lm_loss
@@ -77,9 +78,8 @@ def layer_removal(model, batches, progress: bool = True) -> pd.DataFrame:
 
 
 def _check_block_length(length, num_layers: int) -> None:
-    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length < num_layers:
-        raise ValueError(f"block length {length!r} out of range; accepted: an integer from 1 "
-                         f"to {num_layers - 1} (the model has {num_layers} layers)")
+    """A block leaves at least one layer: 1 to ``num_layers - 1`` layers."""
+    check_int(f"block length (the model has {num_layers} layers)", length, 1, num_layers - 1)
 
 
 def block_removal_scan(model, batches, length: int, progress: bool = True) -> pd.DataFrame:

@@ -13,13 +13,12 @@ overhead, decides speed.
 from __future__ import annotations
 
 import math
-import numbers
 import time
 
 import pandas as pd
 from ..progress import tqdm
 
-from ..checks import check_int
+from ..checks import check_int, check_non_negative
 from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine
 from ..speedup import interleave, per_repeat_ratios, spread_stats
@@ -63,9 +62,7 @@ def steady_decode_tok_s(model, tokenizer, batch_size: int, min_seconds: float = 
     check_int("batch_size", batch_size, 1)
     check_int("wave_tokens", wave_tokens, 1)
     check_int("min_waves", min_waves, 1)
-    if isinstance(min_seconds, bool) or not isinstance(min_seconds, numbers.Real) \
-            or not math.isfinite(min_seconds) or min_seconds < 0:
-        raise ValueError(f"min_seconds must be a finite number >= 0, got {min_seconds!r}")
+    check_non_negative("min_seconds", min_seconds)
     engine = RolloutEngine(model, tokenizer)
     prompts = _prompts(batch_size)
     decode_tok_s(engine, prompts, batch_size, wave_tokens)  # warm-up

@@ -16,6 +16,7 @@ from functools import partial
 
 import pandas as pd
 import torch
+from ..checks import check_choice
 from ..progress import tqdm
 
 from .data import CALIBRATION_SEED, pad_id, sequences_from, token_batches
@@ -61,11 +62,6 @@ def evaluating(model):
         model.train(was_training)
 
 
-def _check_aggregation(kind: str, how) -> None:
-    if how not in AGGREGATIONS:
-        raise ValueError(f"unknown {kind} aggregation {how!r}; accepted: {list(AGGREGATIONS)}")
-
-
 @dataclass(frozen=True)
 class Aggregation:
     """How token activations become one score: first over each sequence's valid tokens
@@ -77,13 +73,13 @@ class Aggregation:
 
     def __post_init__(self):
         for name in ("batch", "sequence"):
-            _check_aggregation(name, getattr(self, name))
+            check_choice(f"Aggregation.{name}", getattr(self, name), AGGREGATIONS)
 
 
 def aggregate_sequences(values: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
     """``[batch, seq, units]`` -> ``[batch, units]`` over the tokens where ``mask`` is 1, so that
     padding never counts."""
-    _check_aggregation("sequence", how)
+    check_choice("sequence aggregation", how, AGGREGATIONS)
     weight = mask.to(values.dtype).unsqueeze(-1)
     count = weight.sum(dim=1)
     mean = (values * weight).sum(dim=1) / count
@@ -100,7 +96,7 @@ class BatchAggregate:
     calibration set and mean, L2 and variance all come from the same three numbers."""
 
     def __init__(self, how: str):
-        _check_aggregation("batch", how)
+        check_choice("batch aggregation", how, AGGREGATIONS)
         self.how = how
         self.count = 0
         self.mean: torch.Tensor | None = None

@@ -13,10 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks import check_int
+
 __all__ = ["PrunePlan", "SUPPORTED_MODEL_TYPES", "check_model_type", "head_dim", "param_count",
-           "layer_flops", "flops_per_token"]
+           "layer_flops", "flops_per_token", "plan_label", "LABEL_KEY"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+# what the parts of a plan_label stand for, for legends and panels that show labels
+LABEL_KEY = ("plan labels: 6L = layers kept ([0,1,2] lists them when some are dropped), "
+             "h = hidden size (embedding channels), m = MLP size (neurons per layer), "
+             "q = query heads per KV group")
 
 
 def check_model_type(config) -> None:
@@ -69,7 +75,8 @@ class PrunePlan:
     heads_per_group: int
 
     def __post_init__(self):
-        layers = tuple(int(i) for i in self.layers)
+        layers = tuple(check_int(f"PrunePlan.layers[{n}]", index, 0)
+                       for n, index in enumerate(self.layers))
         object.__setattr__(self, "layers", layers)
         if not layers:
             raise ValueError("PrunePlan.layers is empty: keep at least one decoder layer")
@@ -77,10 +84,7 @@ class PrunePlan:
             raise ValueError(f"PrunePlan.layers {layers} must be ascending and unique (layers "
                              "cannot be reordered or repeated)")
         for name in ("hidden_size", "intermediate_size", "heads_per_group"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or int(value) != value or value < 1:
-                raise ValueError(f"PrunePlan.{name} is {value!r}; accepted: an integer >= 1")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, check_int(f"PrunePlan.{name}", getattr(self, name), 1))
 
     @classmethod
     def full(cls, config) -> "PrunePlan":
@@ -139,6 +143,17 @@ class PrunePlan:
             if mine > source:
                 raise ValueError(f"PrunePlan.{name} {mine} is larger than the source's {source}; "
                                  f"accepted: 1..{source} (pruning only removes units)")
+
+
+def plan_label(plan: PrunePlan, num_layers: int | None = None) -> str:
+    """A short unique name: ``6L h176 m352 q2`` (layers, hidden, MLP, query heads per group;
+    :data:`LABEL_KEY` says so in words); the kept layers are listed when some are dropped
+    (``num_layers``: the source's)."""
+    layers = len(plan.layers)
+    which = ("" if num_layers is not None and layers == num_layers
+             else "[" + ",".join(map(str, plan.layers)) + "]")
+    return (f"{layers}L{which} h{plan.hidden_size} m{plan.intermediate_size} "
+            f"q{plan.heads_per_group}")
 
 
 def _shape(config, plan: PrunePlan | None) -> tuple[PrunePlan, int]:

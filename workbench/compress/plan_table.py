@@ -8,41 +8,27 @@ exactly the units that pruning to that plan keeps.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from .plan import PrunePlan, flops_per_token, param_count
+from ..checks import check_positive
+from .plan import LABEL_KEY, PrunePlan, flops_per_token, param_count, plan_label
 from .prune import kept_units
 from .scores import UnitScores
 from .search import plan_kind
 
+# plan_label and LABEL_KEY live with PrunePlan (figures read them without this module's torch)
 __all__ = ["plan_label", "importance_kept", "plan_table", "AXES", "PLAN_TABLE_COLUMNS",
            "LABEL_KEY"]
 
 AXES = ("heads", "neurons", "channels", "layers")
-# what the parts of a plan_label stand for, for legends and panels that show labels
-LABEL_KEY = ("plan labels: 6L = layers kept ([0,1,2] lists them when some are dropped), "
-             "h = hidden size (embedding channels), m = MLP size (neurons per layer), "
-             "q = query heads per KV group")
 PLAN_TABLE_COLUMNS = (["label", "kind", "layers", "num_layers", "source_layers", "hidden_size",
                        "intermediate_size", "heads_per_group", "params", "params_ratio",
                        "flops_per_token", "flops_ratio", "predicted_speedup", "predicted_tok_s"]
                       + [f"kept_{a}" for a in AXES] + ["importance_kept"])
-
-
-def plan_label(plan: PrunePlan, num_layers: int | None = None) -> str:
-    """A short unique name: ``6L h176 m352 q2`` (layers, hidden, MLP, query heads per group;
-    :data:`LABEL_KEY` says so in words); the kept layers are listed when some are dropped
-    (``num_layers``: the source's)."""
-    layers = len(plan.layers)
-    which = ("" if num_layers is not None and layers == num_layers
-             else "[" + ",".join(map(str, plan.layers)) + "]")
-    return (f"{layers}L{which} h{plan.hidden_size} m{plan.intermediate_size} "
-            f"q{plan.heads_per_group}")
 
 
 def _share(kept: float, total: float) -> float:
@@ -101,13 +87,10 @@ def _labelled(plans, num_layers: int) -> dict[str, PrunePlan]:
 
 
 def _check_tok_s(teacher_tok_s) -> float:
-    if teacher_tok_s is None:
-        return float("nan")
-    if isinstance(teacher_tok_s, bool) or not isinstance(teacher_tok_s, numbers.Real) \
-            or not teacher_tok_s > 0:
-        raise ValueError(f"teacher_tok_s {teacher_tok_s!r}: accepted a measured tokens/s > 0, "
-                         "or None for relative predictions only")
-    return float(teacher_tok_s)
+    """The teacher's measured tokens/s, NaN when not measured (predictions stay relative)."""
+    tok_s = check_positive("teacher_tok_s (measured tokens/s)", teacher_tok_s,
+                           optional="relative predictions only")
+    return float("nan") if tok_s is None else tok_s
 
 
 def plan_table(model, scores: UnitScores, plans, layer_scores: Sequence[float] | None = None,

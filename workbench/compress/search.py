@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from ..checks import check_int, check_positive
 from .plan import PrunePlan, flops_per_token, param_count
 
 __all__ = ["KINDS", "width_grid", "depth_layers", "plan_kind", "feasible_plans", "enumerate_plans",
@@ -55,10 +56,12 @@ def depth_layers(num_keep: int, num_layers: int,
 def _target_params(config, target: float | int) -> int:
     """A target as a parameter count: a float is a fraction of the source, an int a count."""
     source = param_count(config)
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0:
+    try:
+        count = (check_int("target", target, 1) if isinstance(target, numbers.Integral)
+                 else round(check_positive("target", target) * source))
+    except ValueError:  # one message for both forms
         raise ValueError(f"target {target!r} is not accepted: give a fraction of the source "
-                         f"(a float in (0, 1]) or a parameter count (an int)")
-    count = round(target * source) if isinstance(target, float) else int(target)
+                         f"(a float in (0, 1]) or a parameter count (an int)") from None
     if count > source:
         raise ValueError(f"target {target!r} ({count} parameters) is larger than the source's "
                          f"{source} parameters; pruning only removes units")

@@ -3,16 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks import check_bool, check_choice, check_int
 from .sampling import SamplingParams
 
 __all__ = ["RolloutConfig", "SPEC_MODES", "BATCHING"]
 
 SPEC_MODES = ("coupled", "speculative")
 BATCHING = ("continuous", "waves")
-
-
-def _int_at_least(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 @dataclass(frozen=True)
@@ -65,23 +62,19 @@ class RolloutConfig:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        for name, accepted in (("spec_mode", SPEC_MODES), ("batching", BATCHING)):
-            if getattr(self, name) not in accepted:
-                raise ValueError(f"{name} must be one of {accepted}, got "
-                                 f"{getattr(self, name)!r}")
-        checks = [("workers", self.workers, 1), ("max_new_tokens", self.max_new_tokens, 1),
-                  ("spec_k", self.spec_k, 1),
-                  ("samples_per_prompt", self.samples_per_prompt, 1), ("rl_step", self.rl_step, 0)]
-        for name, value, low in checks:
-            if not _int_at_least(value, low):
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        """Refuse bad fields at construction, each through the shared checks (docs/design.md,
+        "Bad input gets a clear error"), and store counts as plain ints."""
+        check_choice("spec_mode", self.spec_mode, SPEC_MODES)
+        check_choice("batching", self.batching, BATCHING)
+        counts = {"workers": 1, "max_new_tokens": 1, "spec_k": 1, "samples_per_prompt": 1,
+                  "rl_step": 0}
+        for name, low in counts.items():
+            object.__setattr__(self, name, check_int(name, getattr(self, name), low))
         for name in ("max_batch_size", "refill_slots"):
-            value = getattr(self, name)
-            if value is not None and not _int_at_least(value, 1):
-                raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1,
+                                                     optional=True))
         for name in ("harvest", "ignore_eos"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         self.sampling  # validates temperature, top_p and seed
 
     def refill_for(self, batch_size: int) -> int:

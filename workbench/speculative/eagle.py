@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..atomic import atomic_dir, recover_dir
+from ..atomic import atomic_dir, load_torch_file, recover_dir
 from ..rollout.forward import lean_layer, supports_lean
 
 __all__ = ["EagleHead", "EagleConfig", "policy_fingerprint"]
@@ -150,7 +150,10 @@ class EagleHead(nn.Module):
         saved = EagleConfig(**json.loads(cfg_path.read_text()))
         saved.check(policy.config)  # before any tensor is read: a clear error, not a size one
         head = cls(policy)
-        head.load_state_dict(torch.load(path / "head.pt", map_location="cpu", weights_only=True))
+        weights = load_torch_file(path / "head.pt", "the EAGLE head's weights",
+                                  f"delete the folder {str(path)!r} and fit or copy the head "
+                                  "again (EagleHead.save_pretrained writes it whole)")
+        head.load_state_dict(weights)
         # keys an older save did not record are now known to be this policy's
         head.config = EagleConfig({**head.config.policy, **saved.policy}, saved.policy_name)
         return head.to(policy.get_output_embeddings().weight.device)

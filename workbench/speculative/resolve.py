@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..atomic import recover_dir
+from ..checks import check_choice
 from ..models import DEFAULT_EAGLE, load_model, resolve_model_path
 from .cache import fitted_dir, is_default_policy, model_fingerprint
 from .drafters import EagleDrafter, LMDrafter, NGramDrafter
@@ -67,11 +68,6 @@ def drafter_name(spec) -> str:
     return _NAMES[form]
 
 
-def _check_kind(kind: str) -> None:
-    if kind not in FIT_KINDS:
-        raise ValueError(f"kind {kind!r} is not a drafter kind; accepted: {list(FIT_KINDS)}")
-
-
 def auto_drafter(policy, tokenizer, task="running_sum", kind: str = "eagle",
                  fit: FitConfig | None = None, cache_root=None, refit: bool = False,
                  progress: bool = True) -> Path:
@@ -79,7 +75,7 @@ def auto_drafter(policy, tokenizer, task="running_sum", kind: str = "eagle",
     ``policy``: the shipped one when ``policy`` is the embedded default model; else the one
     cached for this model and ``task`` (one printed line says it is reused), or, when there is
     none or ``refit``, one fitted now (``fit``: the budget and prompts) into the cache."""
-    _check_kind(kind)
+    check_choice("drafter kind", kind, FIT_KINDS)
     fingerprint = model_fingerprint(policy)
     if is_default_policy(fingerprint):
         return DEFAULT_EAGLE if kind == "eagle" else resolve_model_path("default-drafter")
@@ -112,7 +108,7 @@ def resolve_drafter(spec, policy, tokenizer, task="running_sum", *, kind: str = 
     """The drafter ``spec`` names for ``policy`` (None for ``"none"``); ``"auto"`` is the
     ``kind`` drafter of :func:`auto_drafter`. Nothing is loaded or trained for a bad name."""
     form = drafter_form(spec, allow_none)
-    _check_kind(kind)
+    check_choice("drafter kind", kind, FIT_KINDS)
     if form == "none":
         return None
     if form == "ngram":

@@ -16,22 +16,32 @@ the same tokens, so each worker's batch shrinks through the same sizes).
 Between measured batch sizes the speedup is interpolated linearly in log2(batch size); below
 the smallest or above the largest measured batch size the nearest measured point is used (no
 extrapolation), and :attr:`WhatIf.beyond_measured` counts the steps that needed it.
+
+:func:`sd_whatif` models one setting; :func:`whatif_table` every setting an explorer can show
+(each measured drafter and k, each threshold up to the rollout's largest live batch), as one
+table that ``viz.SDWhatIf`` reads, so the figures need neither the timeline nor this model.
 """
 from __future__ import annotations
 
-import numbers
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from ..checks import check_int
 from ..results import read_table
 from ..rollout.timeline import Timeline
 
 __all__ = ["WhatIf", "measured_speedups", "measured_threshold", "speedup_at", "sd_whatif",
-           "SWEEP_COLUMNS"]
+           "whatif_table", "SWEEP_COLUMNS", "WHATIF_COLUMNS"]
 
 SWEEP_COLUMNS = ("temperature", "drafter", "k", "batch_size", "speedup")
+# whatif_table: one row per (drafter, k, threshold, worker); the setting's scalars (the first
+# ten) repeat on every worker's row
+WHATIF_COLUMNS = ("temperature", "drafter", "k", "threshold", "clock", "beyond_measured",
+                  "measured_threshold", "makespan_recorded_s", "makespan_whatif_s", "speedup",
+                  "worker", "recorded_s", "whatif_s", "sd_steps", "decode_steps")
 SD_KINDS = ("draft", "verify")  # a timeline with these already ran SD
 COUNTED_KINDS = ("prefill", "decode")  # the rollout work of a plain rollout
 
@@ -122,34 +132,85 @@ def speedup_at(measured: pd.DataFrame, batch_sizes) -> np.ndarray:
                      measured["speedup"].to_numpy(float))
 
 
-def measured_threshold(sweep: pd.DataFrame, drafter: str, k: int, temperature: float) -> int:
-    """The threshold this machine measured: the largest batch size of ``sweep`` up to which
-    SD (``drafter``, ``k``, ``temperature``) beat plain decoding at every measured size; 0
-    when it lost already at the smallest. What the adaptive engine learns per bucket, read
-    off a sweep, so that a what-if starts where this machine is, not where another was."""
-    measured = measured_speedups(sweep, drafter, k, temperature)
+def _pick_temperature(sweep, temperature: float | None) -> float:
+    """``temperature`` if ``sweep`` measured it; the only one when None and there is one."""
+    present = sorted(float(t) for t in sweep["temperature"].unique())
+    if temperature is None and len(present) == 1:
+        return present[0]
+    if temperature is None or float(temperature) not in present:
+        raise ValueError(f"temperature {temperature!r}: the sweep measured temperatures "
+                         f"{present}; pass temperature=one of them")
+    return float(temperature)
+
+
+def _threshold_of(measured: pd.DataFrame) -> int:
+    """The largest measured batch size up to which every measured speedup exceeds 1; 0 when
+    the first one does not."""
     losing = measured["speedup"] <= 1
     last = len(measured) if not losing.any() else int(losing.to_numpy().argmax())
     return int(measured["batch_size"].iloc[last - 1]) if last else 0
 
 
-def _check_threshold(threshold) -> int:
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral) \
-            or threshold < 0:
-        raise ValueError(f"threshold {threshold!r} is not accepted: an integer >= 0 (SD is "
-                         "on at live batch sizes up to it; 0: nowhere)")
-    return int(threshold)
+def measured_threshold(sweep: pd.DataFrame, drafter: str, k: int, temperature: float) -> int:
+    """The threshold this machine measured: the largest batch size of ``sweep`` up to which
+    SD (``drafter``, ``k``, ``temperature``) beat plain decoding at every measured size; 0
+    when it lost already at the smallest. What the adaptive engine learns per bucket, read
+    off a sweep, so that a what-if starts where this machine is, not where another was."""
+    return _threshold_of(measured_speedups(sweep, drafter, k, temperature))
 
 
-def _rollout_steps(timeline: Timeline) -> pd.DataFrame:
-    """The prefill and decode steps of a rollout recorded without SD."""
+@dataclass(frozen=True)
+class _Recorded:
+    """The prefill and decode steps of a rollout recorded without SD, as arrays."""
+
+    worker: np.ndarray   # (steps,) int
+    seconds: np.ndarray  # (steps,) float
+    sizes: np.ndarray    # (steps,) float, the live batch of each step
+    decode: np.ndarray   # (steps,) bool
+    num_workers: int
+    clock: str
+
+    @property
+    def max_decode_batch(self) -> int:
+        if not self.decode.any():
+            raise ValueError("the timeline has no decode steps: nothing for SD to speed up "
+                             "(pass a recorded rollout, e.g. a run folder of notebook 01)")
+        return int(self.sizes[self.decode].max())
+
+
+def _recorded(timeline: Timeline) -> _Recorded:
+    """A rollout recorded without SD (a ``Timeline``); one that ran SD is refused."""
     if not isinstance(timeline, Timeline):
         raise TypeError(f"timeline must be a Timeline, got {type(timeline).__name__}")
     kinds = timeline.steps["kind"]
     if kinds.isin(SD_KINDS).any():
         raise ValueError(f"the timeline already has SD steps ({sorted(set(kinds) & set(SD_KINDS))}"
                          "); a what-if needs a rollout recorded without SD (plain decode steps)")
-    return timeline.steps[kinds.isin(COUNTED_KINDS)]
+    steps = timeline.steps[kinds.isin(COUNTED_KINDS)]
+    seconds = (steps["end_s"] - steps["start_s"]).to_numpy(float)
+    return _Recorded(steps["worker"].to_numpy(int), seconds, steps["batch_size"].to_numpy(float),
+                     (steps["kind"] == "decode").to_numpy(), timeline.num_workers,
+                     timeline.clock)
+
+
+def _per_worker(rec: _Recorded, measured: pd.DataFrame,
+                threshold: int) -> tuple[pd.DataFrame, int]:
+    """Each worker's time recorded and with SD on at live batch <= ``threshold``, and how many
+    SD steps lay outside the measured batch sizes."""
+    on = rec.decode & (rec.sizes <= threshold)
+    factor = np.ones(len(rec.seconds))
+    factor[on] = speedup_at(measured, rec.sizes[on])
+    n = rec.num_workers
+
+    def per_worker(values) -> np.ndarray:
+        return np.bincount(rec.worker, weights=values, minlength=n)[:n]
+
+    workers = pd.DataFrame({"worker": np.arange(n), "recorded_s": per_worker(rec.seconds),
+                            "whatif_s": per_worker(rec.seconds / factor),
+                            "sd_steps": per_worker(on).astype(int),
+                            "decode_steps": per_worker(rec.decode).astype(int)})
+    lo, hi = measured["batch_size"].min(), measured["batch_size"].max()
+    return workers, int((on & ((rec.sizes < lo) | (rec.sizes > hi))).sum())
 
 
 def sd_whatif(timeline: Timeline, sweep: pd.DataFrame, threshold: int, drafter: str, k: int,
@@ -157,21 +218,36 @@ def sd_whatif(timeline: Timeline, sweep: pd.DataFrame, threshold: int, drafter: 
     """What ``timeline`` (a rollout without SD) would have taken with SD (``drafter``, ``k``)
     switched on at live batch <= ``threshold``, from the speedups ``sweep`` measured at
     ``temperature``; see the module's docstring for the model and its assumptions."""
-    threshold = _check_threshold(threshold)
+    threshold = check_int("threshold (SD on at live batch sizes up to it; 0: nowhere)",
+                          threshold, 0)
     measured = measured_speedups(sweep, drafter, k, temperature)
-    steps = _rollout_steps(timeline)
-    seconds = (steps["end_s"] - steps["start_s"]).to_numpy(float)
-    sizes = steps["batch_size"].to_numpy(float)
-    decode = (steps["kind"] == "decode").to_numpy()
-    on = decode & (sizes <= threshold)
-    factor = np.ones(len(steps))
-    factor[on] = speedup_at(measured, sizes[on])
-    lo, hi = measured["batch_size"].min(), measured["batch_size"].max()
-    per_step = pd.DataFrame({"worker": steps["worker"].to_numpy(), "recorded_s": seconds,
-                             "whatif_s": seconds / factor, "sd_steps": on.astype(int),
-                             "decode_steps": decode.astype(int)})
-    workers = (per_step.groupby("worker").sum()
-               .reindex(range(timeline.num_workers), fill_value=0)
-               .rename_axis("worker").reset_index())
-    return WhatIf(threshold, drafter, k, temperature, workers, timeline.clock,
-                  int((on & ((sizes < lo) | (sizes > hi))).sum()))
+    rec = _recorded(timeline)
+    workers, beyond = _per_worker(rec, measured, threshold)
+    return WhatIf(threshold, drafter, k, temperature, workers, rec.clock, beyond)
+
+
+def whatif_table(timeline: Timeline | str | os.PathLike, sweep,
+                 temperature: float | None = None) -> pd.DataFrame:
+    """Every what-if of ``timeline`` (a rollout recorded without SD, or the run folder it was
+    saved in) that ``sweep`` (an sd_sweep table or its CSV/parquet path) allows at
+    ``temperature`` (needed when the sweep measured several): one row per measured (drafter,
+    k), threshold from 0 to the rollout's largest live decode batch, and worker, with the
+    columns of :data:`WHATIF_COLUMNS` (``measured_threshold``: that of the row's drafter and
+    k, :func:`measured_threshold`). The rows of one (drafter, k, threshold) are
+    :func:`sd_whatif`'s ``workers``; what ``viz.SDWhatIf`` reads."""
+    sweep = read_table(sweep, SWEEP_COLUMNS, "an sd_sweep table")
+    temperature = _pick_temperature(sweep, temperature)
+    if isinstance(timeline, (str, os.PathLike)):
+        timeline = Timeline.load(timeline)
+    rec = _recorded(timeline)
+    thresholds = range(rec.max_decode_batch + 1)
+    at = sweep[sweep["temperature"] == temperature]
+    frames = []
+    for drafter, k in sorted(set(zip(at["drafter"], at["k"].astype(int)))):
+        measured = measured_speedups(at, drafter, k, temperature)
+        for threshold in thresholds:
+            workers, beyond = _per_worker(rec, measured, threshold)
+            w = WhatIf(threshold, drafter, k, temperature, workers, rec.clock, beyond)
+            setting = {c: v for c, v in w.summary().items() if c != "sd_steps"}
+            frames.append(workers.assign(**setting, measured_threshold=_threshold_of(measured)))
+    return pd.concat(frames, ignore_index=True)[list(WHATIF_COLUMNS)]

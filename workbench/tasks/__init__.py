@@ -1,10 +1,10 @@
 """Verifiable tasks: the embedded running-sum generator, user JSONL files, rewards."""
 from __future__ import annotations
 
-import numbers
 import os
 from pathlib import Path
 
+from ..checks import check_choice, check_int
 from .base import Problem, Reward, exact_match_reward, extract_final_answer
 from .jsonl import load_jsonl
 from .running_sum import RunningSumTask
@@ -29,10 +29,7 @@ def get_problems(task: str | os.PathLike, num: int | None = None,
     ``task`` is one of :data:`TASKS` or a path ending in ``.jsonl`` (any case). ``num`` caps the
     count (required for generated tasks); for files it takes the first ``num`` lines.
     """
-    if num is not None and (not isinstance(num, numbers.Integral) or isinstance(num, bool)
-                            or num < 0):
-        raise ValueError(f"num must be an integer >= 0, got {num!r} (or None to take every "
-                         "problem of a JSONL file)")
+    check_int("num", num, 0, optional="every problem of a JSONL file")
     if isinstance(task, str) and task in TASKS:
         if num is None:
             raise ValueError(f"task {task!r} is generated: pass num, the number of problems")
@@ -51,8 +48,7 @@ def get_reward(name: str, task: str | os.PathLike = "running_sum"):
     """The reward called ``name`` for ``task``: ``"exact"`` (exact match of the final answer,
     any task) or ``"step"`` (the running-sum task's process reward,
     :meth:`RunningSumTask.step_reward`)."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; accepted: {list(REWARDS)}")
+    check_choice("reward", name, REWARDS)
     if name == "exact":
         return exact_match_reward
     if not (isinstance(task, str) and task in TASKS):

@@ -19,11 +19,11 @@ of steps: long problems are harder, which gives RL something to learn on the tai
 from __future__ import annotations
 
 import math
-import numbers
 import random
 import string
 from dataclasses import dataclass
 
+from ..checks import check_int, check_non_negative, check_positive
 from .base import Problem, exact_match_reward
 
 __all__ = ["RunningSumTask", "LABELS"]
@@ -52,14 +52,13 @@ class RunningSumTask:
     name: str = "running_sum"
 
     def __post_init__(self):
-        if not 1 <= self.min_items <= self.max_items <= len(LABELS):
-            raise ValueError(
-                f"need 1 <= min_items <= max_items <= {len(LABELS)}, got "
-                f"min_items={self.min_items}, max_items={self.max_items}")
-        if self.max_value < 1:
-            raise ValueError(f"max_value must be >= 1, got {self.max_value}")
-        if self.modulus is not None and self.modulus < 2:
-            raise ValueError(f"modulus must be None or >= 2, got {self.modulus}")
+        check_positive("median_items", self.median_items)
+        check_non_negative("sigma", self.sigma)
+        check_int("min_items", self.min_items, 1, len(LABELS))
+        check_int("max_items (one label each, at least min_items)", self.max_items,
+                  self.min_items, len(LABELS))
+        check_int("max_value", self.max_value, 1)
+        check_int("modulus", self.modulus, 2, optional="the plain sum")
 
     def sample_size(self, rng: random.Random) -> int:
         n = round(math.exp(rng.gauss(math.log(self.median_items), self.sigma)))
@@ -102,8 +101,7 @@ class RunningSumTask:
 
     def generate(self, num: int, seed: int = 0) -> list[Problem]:
         """``num`` problems drawn from ``seed``; the same seed always gives the same list."""
-        if not isinstance(num, numbers.Integral) or isinstance(num, bool) or num < 0:
-            raise ValueError(f"num must be an integer >= 0, got {num!r}")
+        check_int("num", num, 0)
         rng = random.Random(f"{self.name}:{seed}")
         out = []
         for uid in range(num):

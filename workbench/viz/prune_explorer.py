@@ -14,8 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..compress.plan import PrunePlan
-from ..compress.plan_table import LABEL_KEY
+from ..compress.plan import LABEL_KEY, PrunePlan
 from .explorer import Explorer, legend_beside
 from ..results import read_table
 

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from ..checks import check_int
 from ..rollout.timeline import ROLLOUT_KINDS, STEP_KINDS, Timeline, length_percentiles
 
 __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles"]
@@ -144,8 +145,7 @@ def gantt(timeline, ax=None, max_lanes_per_worker: int = 16, kinds=None):
     (default: all) are the step kinds shaded; hiding some changes no number, since idle time,
     tail and makespan always come from the whole timeline. Returns the figure.
     """
-    if max_lanes_per_worker < 1:
-        raise ValueError(f"max_lanes_per_worker must be >= 1, got {max_lanes_per_worker}")
+    check_int("max_lanes_per_worker", max_lanes_per_worker, 1)
     kinds = STEP_KINDS if kinds is None else tuple(kinds)
     unknown = sorted(set(kinds) - set(STEP_KINDS))
     if unknown:
