@@ -8,10 +8,11 @@ import pytest
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan, StepReport, Timeline
 from workbench.rollout.schedule import PLAIN, ThresholdSchedule
-from workbench.rollout.timeline import explore_cost, plain_share
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choice,
                                           parse_strategy, strategy_name)
+from workbench.speculative.decisions import (DECIDED_COLUMNS, bandit_choices, bandit_decisions,
+                                             explore_cost, plain_share)
 
 from .conftest import tiny_model
 from .test_engine import MANY
@@ -175,7 +176,7 @@ def test_any_mix_of_plain_and_speculative_steps_is_lossless(tokenizer, temperatu
         res = engine.rollout(MANY, cfg, drafter=EagleDrafter(EagleHead(model), model),
                              schedule=schedule, progress=False)
         assert res.tokens == plain.tokens
-        d = res.timeline.decisions()
+        d = bandit_decisions(res.timeline)
         for bucket, rows in d.groupby("bucket"):
             if len(rows) >= 20:
                 assert {"plain", *arms} <= set(rows["arm"])
@@ -212,7 +213,10 @@ def test_an_adaptive_rollout_logs_one_decision_per_step(tokenizer, tmp_path):
             assert first["bucket"] == schedule.bandit.bucket(int(first["batch_size"]))
     assert len(decided.groupby(["worker", "decision"])) == \
         steps["kind"].isin(["decode", "verify"]).sum()
-    choices = res.timeline.bandit_choices()
+    assert res.timeline.decision_columns == ["bucket", "arm", "explored"]
+    assert {c: str(steps[c].dtype) for c in res.timeline.decision_columns} == \
+        {"bucket": "string", "arm": "string", "explored": "boolean"}
+    choices = bandit_choices(res.timeline)
     assert list(choices.columns) == ["bucket", "arm", "pulls", "explored", "tokens_per_s"]
     buckets = list(choices["bucket"].unique())
     assert len(buckets) >= 2 and buckets == sorted(buckets, key=lambda b: int(b.split("-")[0]))
@@ -220,7 +224,9 @@ def test_an_adaptive_rollout_logs_one_decision_per_step(tokenizer, tmp_path):
     assert choices.set_index(["bucket", "arm"])["pulls"].sort_index().equals(
         state.set_index(["bucket", "arm"])["pulls"].sort_index())
     assert (choices["tokens_per_s"] > 0).all()
-    assert len(res.timeline.decisions()) == len(decided.groupby(["worker", "decision"]))
+    d = bandit_decisions(res.timeline)
+    assert list(d.columns) == DECIDED_COLUMNS
+    assert len(d) == len(decided.groupby(["worker", "decision"]))
 
 
 def test_explore_cost_is_the_time_exploring_lost_against_the_best_arm_in_hindsight():
@@ -239,16 +245,21 @@ def test_explore_cost_is_the_time_exploring_lost_against_the_best_arm_in_hindsig
 
 
 def test_tables_saved_before_the_decision_columns_still_load(tokenizer, tmp_path):
+    """A plain rollout writes plan columns but no bandit columns (a plain schedule gives no
+    reasons); a table saved before the plan columns loads with them NA, and the bandit's
+    reader fills its own columns with NA."""
     res = RolloutEngine(tiny_model("llama", tokenizer), tokenizer).rollout(
         MANY[:3], max_new_tokens=6, progress=False)
     old = res.timeline
-    old.steps = old.steps.drop(columns=["decision", "plan_k", "bucket", "arm", "explored"])
+    assert old.decision_columns == []
+    old.steps = old.steps.drop(columns=["decision", "plan_k"])
     old.steps.to_parquet(tmp_path / "steps.parquet")
     old.save(tmp_path / "tl")
     (tmp_path / "steps.parquet").replace(tmp_path / "tl" / "steps.parquet")
     loaded = Timeline.load(tmp_path / "tl")
-    assert loaded.steps["arm"].isna().all() and loaded.bandit_choices().empty
+    assert loaded.steps["decision"].isna().all() and bandit_choices(loaded).empty
     assert str(loaded.steps["plan_k"].dtype) == "Int64"
+    assert list(bandit_decisions(loaded).columns) == DECIDED_COLUMNS
 
 
 # ---- bad input --------------------------------------------------------------------------

@@ -1,14 +1,11 @@
-"""The engine's seams: continuous batching, step schedules, pure workers and the backend,
-and the input checks (float64 wherever tokens must be identical)."""
-import copy
-
+"""The engine's seams: continuous batching, step schedules, and the input checks (float64
+wherever tokens must be identical). Workers and backends: test_worker_backend.py."""
 import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
 
-from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
-                               StaticSchedule, StepPlan)
+from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, StepPlan
 from workbench.rollout.decoder import BatchDecoder
 from workbench.rollout.forward import policy_forward
 from workbench.rollout.request import RequestOutput
@@ -186,68 +183,6 @@ def test_static_schedule_reproduces_drafter_and_spec_k(tokenizer):
         engine.rollout(PROMPTS, schedule=StaticSchedule(3), progress=False)
     with pytest.raises(ValueError, match="integer k >= 1"):
         StepPlan("speculative", 0)
-
-
-# ---- workers and the backend ------------------------------------------------------------
-def test_local_backend_starts_maps_updates_weights_and_closes(tokenizer):
-    old, new = tiny_model("llama", tokenizer, seed=0), tiny_model("llama", tokenizer, seed=7)
-    backend = LocalBackend()
-    engine = RolloutEngine(old, tokenizer, backend=backend)
-    engine.start(workers=2, policy_factory=lambda w: copy.deepcopy(old),
-                 drafter_factory=lambda w, policy: EagleDrafter(EagleHead(policy), policy))
-    models = [w.model for w in backend.workers]
-    assert models[0] is not models[1] and all(m is not old for m in models)
-    assert backend.workers[0].drafter is not backend.workers[1].drafter  # each its own
-    assert backend.map(lambda worker, x: (worker.index, x), [10, 20]) == [(0, 10), (1, 20)]
-    cfg = RolloutConfig(max_new_tokens=24, workers=2)
-    ref_old = RolloutEngine(old, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
-    ref_new = RolloutEngine(new, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
-    assert ref_old != ref_new
-    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_old
-    # the workers' own drafters serve a speculative schedule
-    sd = engine.rollout(PROMPTS, cfg, schedule=StaticSchedule(2), progress=False)
-    assert sd.tokens == ref_old and sd.timeline.requests["drafted"].sum() > 0
-    head = EagleHead(new).state_dict()
-    engine.update_weights(policy=new.state_dict(), drafter=head)
-    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_new
-    for worker in backend.workers:
-        for key, value in worker.drafter.module.state_dict().items():
-            assert torch.equal(value, head[key])
-    with pytest.raises(ValueError, match="backend was started with 2 workers"):
-        engine.rollout(PROMPTS, cfg, workers=3, progress=False)
-    backend.close()
-    assert backend.num_workers == 0
-
-
-def test_a_workers_recorder_stays_open_for_work_in_its_idle_window(tokenizer):
-    model = tiny_model("llama", tokenizer, seed=0)
-    engine = RolloutEngine(model, tokenizer)
-    res = engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
-    tl = res.timeline
-    early = int(tl.steps.groupby("worker")["end_s"].max().idxmin())  # idle in the long tail
-    worker = engine.backend.workers[early]
-    last_end = tl.steps.query("worker == @early")["end_s"].max()
-    assert worker.timed("drafter_train", lambda: sum(range(10_000))) == sum(range(10_000))
-    row = worker.recorder.rows[-1]
-    assert row["kind"] == "drafter_train" and row["start_s"] == last_end < row["end_s"]
-    extended = tl.with_steps([row])
-    assert extended.wasted_fraction() < extended.idle_fraction() == tl.idle_fraction()
-    with pytest.raises(ValueError, match="already in the timeline"):
-        extended.with_steps([row])
-
-
-def test_workers_return_results_without_touching_the_requests_they_were_given(tokenizer):
-    model = tiny_model("llama", tokenizer)
-    engine = RolloutEngine(model, tokenizer)
-    engine.start(2)
-    cfg = RolloutConfig(max_new_tokens=8)
-    requests = engine.make_requests(engine.encode(PROMPTS[:4]), cfg)
-    from workbench.rollout import WorkerTask
-    tasks = [WorkerTask(w, requests[w::2], cfg, engine.eos_id, engine.pad_id) for w in (0, 1)]
-    results = engine.backend.map(lambda worker, t: worker.rollout(t, PlainSchedule()), tasks)
-    assert [r.uid for r in results[0].requests] == [q.uid for q in requests[0::2]]
-    assert all(r.tokens and r.worker == res.worker for res in results for r in res.requests)
-    assert {row["worker"] for row in results[1].steps} == {1}
 
 
 # ---- speculative decoding with the new seams --------------------------------------------

@@ -32,10 +32,10 @@ SMOKE = {
     "04_tlt_rl": ({"rl_problems": 32, "eval_problems": 4, "prompts_per_step": 2,
                    "samples_per_prompt": 2, "max_new_tokens": 24, "steps": 2, "seeds": [0, 1],
                    "workers": 2, "explore_budget": 0.5, "divergence_steps": 1},
-                  ["e2e_speedup", "amdahl_prediction", "rollout_speedup",
-                   "drafter_overrun_s_max", "explore_cost", "plain_share_tlt",
+                  ["e2e_speedup_tlt", "amdahl_prediction_tlt", "rollout_speedup_tlt",
+                   "drafter_overrun_s_max", "explore_cost_tlt", "plain_share_tlt",
                    "rollout_fraction_baseline", "accuracy_start", "accuracy_final_baseline",
-                   "reward_final_baseline", "reward_final_tlt", "reward_final_baseline_sd",
+                   "reward_final_baseline", "reward_final_tlt", "reward_final_sd_baseline",
                    "idle_fraction_baseline", "idle_fraction_tlt", "rl_steps",
                    "first_divergence_step"]),
     "05_pruning": ({"calibration_size": 16, "train_size": 112, "eval_size": 8, "max_len": 64,
@@ -159,7 +159,7 @@ def test_notebook_04_runs_the_baseline_alone_with_an_accuracy_curve(tmp_path):
                                parameters=params, kernel_name="python3", language="python",
                                progress_bar=False, cwd=str(ROOT))
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert metrics["compared_variant"] == "baseline" and metrics["e2e_speedup"] == 1.0
+    assert metrics["compared_variant"] == "baseline" and metrics["e2e_speedup_baseline"] == 1.0
     assert metrics["first_divergence_step"] is None and metrics["rl_steps"] == 2
     evals = (tmp_path / "out" / "evals.csv").read_text().splitlines()
     assert len(evals) == 1 + 3                                # header, steps 0, 1, 2

@@ -72,11 +72,15 @@ def test_heldout_accuracy_curve_and_metrics_compare_tlt_by_default():
     assert list(line.get_ydata()) == pytest.approx([0.45, 0.65, 0.55])
     assert fig.axes[0].get_ylabel() == "held-out greedy accuracy"
     m = Ablation(h, evals).metrics()
-    assert m["compared_variant"] == "tlt" and m["e2e_speedup"] == pytest.approx(2.5 / 1.4)
+    assert m["compared_variant"] == "tlt" and m["e2e_speedup_tlt"] == pytest.approx(2.5 / 1.4)
+    assert m["reward_final_tlt"] == pytest.approx(0.625) and "reward_final_static_sd" not in m
     assert m["accuracy_start"] == pytest.approx(0.45)
     assert m["accuracy_final_baseline"] == pytest.approx(0.55)
     assert m["accuracy_best_baseline"] == pytest.approx(0.65)
-    assert Ablation(h, evals).metrics("static_sd")["compared_variant"] == "static_sd"
+    static = Ablation(h, evals).metrics("static_sd")
+    assert static["compared_variant"] == "static_sd" and "e2e_speedup_tlt" not in static
+    assert static["e2e_speedup_static_sd"] == pytest.approx(2.5 / 1.5)
+    assert static["reward_final_sd_static_sd"] == pytest.approx(np.std([0.6, 0.65], ddof=1))
 
 
 def test_paired_median_speedup_shrugs_off_one_stalled_step():
@@ -87,6 +91,6 @@ def test_paired_median_speedup_shrugs_off_one_stalled_step():
     ratios = ab.paired_speedups("tlt")
     assert len(ratios) == 6 and ratios.max() == pytest.approx(32.5 / 1.4)
     m = ab.metrics()
-    assert m["e2e_speedup"] > 5                                # the sum carries the stall
-    assert m["e2e_speedup_median"] == pytest.approx(2.5 / 1.4)  # the paired median does not
-    assert m["e2e_speedup_q25"] == pytest.approx(2.5 / 1.4)
+    assert m["e2e_speedup_tlt"] > 5                                # the sum carries the stall
+    assert m["e2e_speedup_median_tlt"] == pytest.approx(2.5 / 1.4)  # the paired median does not
+    assert m["e2e_speedup_q25_tlt"] == pytest.approx(2.5 / 1.4)

@@ -3,8 +3,11 @@
 In a synchronous RL step most workers finish their shard long before the step's longest
 response does. TLT puts that idle window to work: the first worker to finish trains the
 drafter on the harvest buffer (:class:`~workbench.adapt.buffer.DrafterBuffer`) until the
-step's last worker finishes, and is then preempted. Training steps are measured for real and
-recorded as ``drafter_train`` rows on that worker's clock, right after its last rollout step.
+step's last worker finishes, and is then preempted. The training is a :class:`DrafterJob`
+that the rollout's backend runs in the window (``Backend.run_idle``): its steps are measured
+for real and recorded by the backend as ``drafter_train`` rows on that worker's clock, right
+after its last rollout step, and what it learned comes back as a :class:`DrafterOutcome`
+that the spot trainer folds in (a backend of processes trains a copy of the job).
 A step is started only when the running estimate of a step's time still fits the window, and
 a step that would cross the window's end is **preempted** there: on the sim clock its row is
 cut at the end of the window and flagged ``preempted``, its seconds count as wasted, and its
@@ -22,12 +25,12 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from .buffer import DrafterBuffer
 
-__all__ = ["SpotConfig", "SpotTrainer"]
+__all__ = ["SpotConfig", "SpotTrainer", "DrafterJob", "DrafterOutcome"]
 
 
 @dataclass
@@ -98,67 +101,39 @@ class SpotTrainer:
         self.version = 0
         self.step_s = 0.0  # running estimate of one drafter step's seconds (0: none yet)
 
-    def idle_window(self, timeline) -> tuple[int, float, float]:
-        """``(worker, start_s, end_s)``: the idle window of the first worker to finish its
-        shard, from its last rollout step to the end of the step's rollout."""
-        last = timeline.steps.groupby("worker")["end_s"].max()
-        w = int(last.idxmin())
-        return w, float(last[w]), timeline.makespan_s
-
-    def train_in_idle(self, result, workers) -> dict:
-        """Train in ``result``'s idle window (``workers``: the backend's workers, indexed by
-        worker id, whose recorders hold the step's clocks); the timeline gains the
-        ``drafter_train`` rows. Returns the step's drafter figures."""
+    def train_in_idle(self, result, backend) -> dict:
+        """Train in the idle window of ``result``'s first worker to finish, through
+        ``backend`` (the one that ran the rollout: ``Backend.run_idle``); ``result.timeline``
+        becomes the backend's, with the ``drafter_train`` rows. Returns the step's drafter
+        figures."""
+        # 1) this step's harvest joins the buffer; the window of the first worker to finish
         self.buffer.add_step(result, harvest_pairs(result))
         rollout_end = result.timeline.makespan_s
-        w, start, end = self.idle_window(result.timeline)
-        data = self.buffer.pairs(until_s=start)
-        rec = workers[w].recorder
-        before = len(rec.rows)
-        losses, preempted, wasted_s = [], 0, 0.0
+        window = result.timeline.idle_windows()[0]
+        data = self.buffer.pairs(until_s=window.start_s)
+        # 2) the backend runs the job there, on that worker's clock, and records its steps
         c = self.config
-        if data:
-            self.eagle.set_pairs(data)
-            while len(losses) < c.max_steps and rec.mark + self.step_s < end:
-                # 1) one drafter step on the worker's clock, from a copy of the last whole state
-                kept = self._snapshot()
-                hist = workers[w].timed("drafter_train", lambda: self.eagle.train(steps=1),
-                                        batch_size=min(c.batch_size, len(data)), deadline=end)
-                row = rec.rows[-1]
-                self._observe_step(row["forward_s"])  # what it really took, cut or not
-                # 2) it crossed the window's end: preempted, its update discarded
-                if row.get("preempted"):
-                    self.eagle.trainer.load_state_dict(kept)
-                    preempted, wasted_s = 1, row["end_s"] - row["start_s"]
-                    break
-                losses.append(float(hist["loss"].iloc[-1]))
-            result.timeline = result.timeline.with_steps(rec.rows[before:])
-            if losses:
-                self.publish()  # 3) the new version serves from the next RL step
+        job = DrafterJob(self.eagle, data, min(c.batch_size, len(data)), c.max_steps,
+                         self.step_s)
+        run = backend.run_idle(job, result.timeline, [window])
+        result.timeline, outcome = run.timeline, run.outcomes[0]
+        # 3) what it learned is folded in; the new version serves from the next RL step
+        self.step_s = outcome.step_s
+        if outcome.state is not None:
+            self.eagle.trainer.load_state_dict(outcome.state)
+            self.publish()
         buffered = self.buffer.state()
-        self.buffer.end_step()  # this step's longest sequences are the next step's carry
+        self.buffer.end_step()  # 4) this step's longest sequences are the next step's carry
         new = result.timeline
-        return {"drafter_steps": len(losses), "drafter_worker": w,
-                "drafter_window_s": end - start,
+        losses = outcome.losses
+        return {"drafter_steps": len(losses), "drafter_worker": window.worker,
+                "drafter_window_s": window.seconds,
                 "drafter_train_s": float(new.busy_s(("drafter_train",), False).sum()),
-                "drafter_preempted": preempted, "drafter_wasted_s": wasted_s,
+                "drafter_preempted": outcome.preempted, "drafter_wasted_s": outcome.wasted_s,
                 "drafter_overrun_s": new.makespan_s - rollout_end,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": len(data), "drafter_version": self.version,
                 **buffered}
-
-    def _snapshot(self) -> dict:
-        """The trainer's state as it is now, to go back to if the next step is preempted:
-        weights, optimizer and generator copied; the history list (its rows are never
-        changed in place) shared, since it grows with the whole run."""
-        state = self.eagle.trainer.state_dict()
-        return {k: v if k == "history" else copy.deepcopy(v) for k, v in state.items()}
-
-    def _observe_step(self, seconds: float) -> None:
-        """Update the running estimate of a drafter step's time (what decides whether the
-        next step still fits the idle window): up at once to a slower step, down slowly
-        after faster ones, since a step started on too low an estimate is work thrown away."""
-        self.step_s = max(seconds, 0.8 * self.step_s + 0.2 * seconds)
 
     def publish(self) -> None:
         """Save the trained head (atomic folder swap) and load it into the serving drafter."""
@@ -186,3 +161,76 @@ class SpotTrainer:
         self.buffer.history.clear()
         self.buffer.history.extend([BufferItem(*it) for it in step]
                                    for step in state.get("history", []))
+
+
+@dataclass
+class DrafterOutcome:
+    """What a :class:`DrafterJob` hands back from one idle window.
+
+    ``losses``: one per whole drafter step; ``preempted`` (0 or 1): a step crossed the
+    window's end and was discarded, ``wasted_s`` its seconds; ``step_s``: the running estimate
+    of a step's seconds after the window; ``state``: the trainer's state after the last whole
+    step (weights, optimizer, generator, history), ``None`` when no step was whole.
+    """
+
+    losses: list[float] = field(default_factory=list)
+    preempted: int = 0
+    wasted_s: float = 0.0
+    step_s: float = 0.0
+    state: dict | None = None
+
+
+class DrafterJob:
+    """Drafter training as an idle-window job (``rollout.backend.IdleJob``).
+
+    Args:
+        eagle: the ``EagleTrainer`` to train (on the local backend, the spot trainer's own;
+            a backend of processes trains a copy).
+        pairs: the buffer's pairs to train on.
+        batch_size: sequences per step (the row's ``batch_size``).
+        max_steps: cap on whole steps in one window.
+        step_s: the running estimate of one step's seconds (0: none yet).
+    """
+
+    def __init__(self, eagle, pairs: list, batch_size: int, max_steps: int, step_s: float):
+        self.eagle, self.pairs, self.batch_size = eagle, pairs, batch_size
+        self.max_steps, self.step_s = max_steps, step_s
+
+    def run(self, window, clock) -> DrafterOutcome:
+        """Train step after step while the estimate still fits ``window``; a step that
+        crosses its end is preempted there and its update discarded."""
+        out = DrafterOutcome(step_s=self.step_s)
+        if not self.pairs:
+            return out
+        self.eagle.set_pairs(self.pairs)
+        while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
+            # 1) one drafter step on the worker's clock, from a copy of the last whole state
+            kept = _snapshot(self.eagle.trainer)
+            hist, row = clock.timed("drafter_train", lambda: self.eagle.train(steps=1),
+                                    batch_size=self.batch_size)
+            out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it really took
+            # 2) it crossed the window's end: preempted, its update discarded
+            if row.get("preempted"):
+                self.eagle.trainer.load_state_dict(kept)
+                out.preempted, out.wasted_s = 1, row["end_s"] - row["start_s"]
+                break
+            out.losses.append(float(hist["loss"].iloc[-1]))
+        if out.losses:
+            out.state = self.eagle.trainer.state_dict()
+        return out
+
+
+def _snapshot(trainer) -> dict:
+    """The trainer's state as it is now, to go back to if the next step is preempted:
+    weights, optimizer and generator copied; the history list (its rows are never changed in
+    place) shared, since it grows with the whole run."""
+    state = trainer.state_dict()
+    return {k: v if k == "history" else copy.deepcopy(v) for k, v in state.items()}
+
+
+def _next_estimate(step_s: float, seconds: float) -> float:
+    """The running estimate of a drafter step's time after one that took ``seconds`` (what
+    decides whether the next step still fits the idle window): up at once to a slower step,
+    down slowly after faster ones, since a step started on too low an estimate is work
+    thrown away."""
+    return max(seconds, 0.8 * step_s + 0.2 * seconds)

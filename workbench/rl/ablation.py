@@ -21,7 +21,8 @@ from ..progress import tqdm
 
 from ..checks import check_int
 from ..evaluate import evaluate_policy
-from ..rollout.timeline import BANDIT_CHOICE_COLUMNS, explore_cost, plain_share
+from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
+                                    bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
@@ -138,9 +139,9 @@ class Ablation:
             list(self.history["variant"].unique())
 
     def bandit_choices(self, variant: str = "tlt") -> pd.DataFrame:
-        """The bandit's choices per batch-size bucket (``Timeline.bandit_choices``) of every
-        step and seed of ``variant``; empty (same columns) when it did not run."""
-        tables = [tl.bandit_choices() for (v, _), tr in self.trainers.items() if v == variant
+        """The bandit's choices per batch-size bucket (``speculative.decisions.bandit_choices``)
+        of every step and seed of ``variant``; empty (same columns) when it did not run."""
+        tables = [bandit_choices(tl) for (v, _), tr in self.trainers.items() if v == variant
                   for tl in tr.timelines.values()]
         if not tables:
             return pd.DataFrame({c: pd.Series(dtype=t)
@@ -149,13 +150,13 @@ class Ablation:
 
     def decisions(self, variant: str = "tlt") -> pd.DataFrame:
         """Every decided decode step of every step and seed of ``variant``
-        (``Timeline.decisions`` with a ``seed`` and an RL ``step`` column; empty when none)."""
-        tables = [tl.decisions().assign(seed=seed, step=step)
+        (``speculative.decisions.bandit_decisions`` with a ``seed`` and an RL ``step``
+        column; empty when none)."""
+        tables = [bandit_decisions(tl).assign(seed=seed, step=step)
                   for (v, seed), tr in self.trainers.items() if v == variant
                   for step, tl in tr.timelines.items()]
         return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(
-            columns=["worker", "decision", "bucket", "arm", "explored", "plan_k", "rows",
-                     "tokens", "seconds", "seed", "step"])
+            columns=[*DECIDED_COLUMNS, "seed", "step"])
 
     def learned(self, variant: str = "tlt") -> pd.DataFrame:
         """What the adaptive engine of each seed of ``variant`` learned of this machine by
@@ -177,48 +178,49 @@ class Ablation:
 
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
-        else the last variant that did) against the baseline, which must have run. The keys
-        named ``tlt`` hold ``compared_variant``'s figures; a baseline-only ablation compares the
-        baseline with itself (speedups 1)."""
+        else the last variant that did) against the baseline, which must have run. Every key
+        of one variant's figures ends with that variant's name (``reward_final_baseline``,
+        ``e2e_speedup_tlt``: the variant's speedup over the baseline); ``compared_variant``
+        names it too. A baseline-only ablation compares the baseline with itself (speedups
+        1, and the ``_baseline`` keys once)."""
         ran = self.variants
-        variant = variant or ("tlt" if "tlt" in ran else ran[-1])
-        for name in ("baseline", variant):
+        v = variant or ("tlt" if "tlt" in ran else ran[-1])
+        for name in ("baseline", v):
             if name not in ran:
                 raise ValueError(f"variant {name!r} did not run; ran: {ran}")
         pv = self.per_variant().set_index("variant")
-        b, t = pv.loc["baseline"], pv.loc[variant]
+        b, t = pv.loc["baseline"], pv.loc[v]
         ev = self.evals if len(self.evals) else pd.DataFrame(
             columns=["variant", "seed", "step", "accuracy"], dtype=float)  # none measured
-        start = ev[ev["step"] == 0]["accuracy"].mean()
-        h = self.history[self.history["variant"] == variant]
-        decisions = self.decisions(variant)
+        h = self.history[self.history["variant"] == v]
+        decisions = self.decisions(v)
         base_ev = ev[ev["variant"] == "baseline"]
         final = base_ev[base_ev["step"] == base_ev["step"].max()]
-        paired = self.paired_speedups(variant)
-        return {"compared_variant": variant,
-                "e2e_speedup": float(t["e2e_speedup"]),
-                "e2e_speedup_median": float(paired.median()),
-                "e2e_speedup_q25": float(paired.quantile(0.25)),
-                "e2e_speedup_q75": float(paired.quantile(0.75)),
-                "amdahl_prediction": float(t["amdahl_prediction"]),
-                "e2e_over_amdahl": float(t["e2e_speedup"] / t["amdahl_prediction"]),
-                "rollout_speedup": float(t["rollout_speedup"]),
+        paired = self.paired_speedups(v)
+        return {"compared_variant": v,
+                f"e2e_speedup_{v}": float(t["e2e_speedup"]),
+                f"e2e_speedup_median_{v}": float(paired.median()),
+                f"e2e_speedup_q25_{v}": float(paired.quantile(0.25)),
+                f"e2e_speedup_q75_{v}": float(paired.quantile(0.75)),
+                f"amdahl_prediction_{v}": float(t["amdahl_prediction"]),
+                f"e2e_over_amdahl_{v}": float(t["e2e_speedup"] / t["amdahl_prediction"]),
+                f"rollout_speedup_{v}": float(t["rollout_speedup"]),
                 "rollout_fraction_baseline": float(b["rollout_fraction"]),
-                "accuracy_start": float(start),
+                "accuracy_start": float(ev[ev["step"] == 0]["accuracy"].mean()),
                 "accuracy_final_baseline": float(final["accuracy"].mean()),
                 "accuracy_best_baseline": float(base_ev.groupby("step")["accuracy"].mean().max()),
                 "reward_final_baseline": float(b["reward_final"]),
-                "reward_final_tlt": float(t["reward_final"]),
-                "reward_final_baseline_sd": float(b["reward_final_sd"]),
-                "reward_final_tlt_sd": float(t["reward_final_sd"]),
+                f"reward_final_{v}": float(t["reward_final"]),
+                "reward_final_sd_baseline": float(b["reward_final_sd"]),
+                f"reward_final_sd_{v}": float(t["reward_final_sd"]),
                 "idle_fraction_baseline": float(b["idle_fraction"]),
-                "idle_fraction_tlt": float(t["idle_fraction"]),
-                "wasted_fraction_tlt": float(t["wasted_fraction"]),
+                f"idle_fraction_{v}": float(t["idle_fraction"]),
+                f"wasted_fraction_{v}": float(t["wasted_fraction"]),
                 "drafter_overrun_s_max": _max_or_zero(self.history, "drafter_overrun_s"),
-                "drafter_preempted_tlt": int(h.get("drafter_preempted", pd.Series([0])).sum()),
-                "drafter_wasted_s_tlt": float(h.get("drafter_wasted_s", pd.Series([0.0])).sum()),
-                "explore_cost": explore_cost(decisions),
-                "plain_share_tlt": plain_share(decisions),
+                f"drafter_preempted_{v}": int(h.get("drafter_preempted", pd.Series([0])).sum()),
+                f"drafter_wasted_s_{v}": float(h.get("drafter_wasted_s", pd.Series([0.0])).sum()),
+                f"explore_cost_{v}": explore_cost(decisions),
+                f"plain_share_{v}": plain_share(decisions),
                 "rl_steps": int(self.history["step"].max() + 1),
                 "seeds": int(self.history["seed"].nunique())}
 

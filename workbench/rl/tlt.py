@@ -141,18 +141,20 @@ class TLTTrainer:
         checkpoint_dir: atomic checkpoint of the whole loop (policy, optimizer, drafter and
             its trainer, bandit, history); a run resumes from it.
         drafter_dir: where the spot trainer publishes each drafter version (atomically).
+        engine: the rollout engine (default: a new one on ``model`` with the local backend);
+            its backend also runs the spot trainer's idle-window jobs.
     """
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: TLTConfig | None = None, drafter_head=None,
                  checkpoint_dir: str | os.PathLike | None = None,
-                 drafter_dir: str | os.PathLike | None = None):
+                 drafter_dir: str | os.PathLike | None = None, engine=None):
         self.config = config if config is not None else TLTConfig()
         c = self.config
         if c.speculative and drafter_head is None:
             raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
                              "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
-        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo)
+        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine)
         self.drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
                         if c.speculative else None)
         if self.drafter is not None and c.drafter_delay_s:
@@ -180,7 +182,7 @@ class TLTTrainer:
         extra = {"accept_len": acceptance_length(rl.result),
                  "tokens_digest": tokens_digest(rl.result)}
         if self.spot is not None:
-            extra.update(self.spot.train_in_idle(rl.result, self.grpo.engine.backend.workers))
+            extra.update(self.spot.train_in_idle(rl.result, self.grpo.engine.backend))
         self.timelines[rl.step] = rl.result.timeline
         return self.grpo.update(rl, extra)
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 import torch
 from ..progress import tqdm
 
+from .backend import Backend, LocalBackend
 from .config import RolloutConfig
 from .request import Request, RequestOutput
 from .sampling import make_uid
 from .schedule import PlainSchedule, Schedule, StaticSchedule
 from .timeline import Timeline
-from .worker import Backend, LocalBackend, WorkerTask
+from .worker import WorkerTask
 
 __all__ = ["RolloutConfig", "RequestOutput", "RolloutResult", "RolloutEngine"]
 
@@ -59,7 +60,8 @@ class RolloutEngine:
     runs on its own device and dtype (CPU float32 by default; CUDA and bfloat16 when loaded so).
     Workers come from the backend (the local one by default, all sharing ``model``); call
     :meth:`start` to give each its own policy copy or drafter, :meth:`update_weights` after a
-    policy or drafter update.
+    policy or drafter update. A worker that fails mid-rollout raises the backend's
+    ``WorkerFailed`` (its index, the cause, the requests it held); bad input, a ValueError.
     """
 
     def __init__(self, model, tokenizer, backend: Backend | None = None):
@@ -157,9 +159,11 @@ class RolloutEngine:
                  for w in range(n)]
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
-        results = self.backend.map(
-            lambda worker, task: worker.rollout(task, schedule, drafter, bar.update), tasks)
-        bar.close()
+        try:
+            results = self.backend.map(
+                lambda worker, task: worker.rollout(task, schedule, drafter, bar.update), tasks)
+        finally:
+            bar.close()
         by_uid = {r.uid: r for res in results for r in res.requests}
         outputs = [by_uid[q.uid] for q in requests]
         for r in outputs:

@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .timeline import RESERVED_STEP_COLUMNS
+
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "PLAIN", "DECISION_KEYS",
-           "plan_columns", "decision_of"]
+           "ThresholdSchedule", "PLAIN", "plan_columns", "decision_of"]
 
 PLAN_KINDS = ("plain", "speculative")
-DECISION_KEYS = ("bucket", "arm", "explored")
+SCALARS = (bool, int, float, str, type(None))  # what a decision column may hold
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,10 @@ class Schedule(Protocol):
     """Decides each decode step (``plan``) and learns from what it did (``observe``).
 
     Optionally also ``decision(worker) -> dict``: why it planned what it last planned for
-    ``worker`` (keys of :data:`DECISION_KEYS`), logged in the steps table.
+    ``worker``, as scalars (bool, int, float, str or None) under names of its own choosing.
+    Each key becomes a steps-table column beside the plan's (timeline.py, "decision
+    columns"), written on the rows of that decode step; the rollout layer keeps them and never
+    reads them, the schedule's own layer does (the bandit's: speculative/decisions.py).
     """
 
     needs_drafter: bool  # whether any plan may be speculative (the engine checks for a drafter)
@@ -158,8 +162,18 @@ def plan_columns(plan: StepPlan, decision: int) -> dict:
 
 
 def decision_of(schedule, worker: int) -> dict:
-    """The schedule's reasons for its latest plan for ``worker`` (``{}`` if it gives none)."""
+    """The schedule's reasons for its latest plan for ``worker`` (``{}`` if it gives none),
+    checked: scalar values under names that are not the rollout's own columns."""
     explain = getattr(schedule, "decision", None)
     if explain is None:
         return {}
-    return {key: value for key, value in explain(worker).items() if key in DECISION_KEYS}
+    decision = explain(worker)
+    taken = RESERVED_STEP_COLUMNS.intersection(decision)
+    if taken:
+        raise ValueError(f"{type(schedule).__name__}.decision() names {sorted(taken)}, which "
+                         "are the rollout's own steps columns; use other names")
+    bad = {k: v for k, v in decision.items() if not isinstance(v, SCALARS)}
+    if bad:
+        raise ValueError(f"{type(schedule).__name__}.decision() gave {bad!r}; accepted "
+                         "values: bool, int, float, str or None")
+    return decision

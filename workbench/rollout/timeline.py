@@ -5,12 +5,15 @@ Schema (docs/design.md, "Timelines are data"):
 steps     one row per engine call on a worker
           worker, step, kind (prefill | decode | draft | verify | drafter_train | train),
           start_s, end_s, batch_size, tokens (tokens emitted), forward_s (time inside the
-          model's forward), clock; and the schedule's decisions (schedule.py, "Every
-          decision"), NA on rows that no decode step wrote and in tables saved before them:
-          decision (Int64, the decode step's index on its worker), plan_k (Int64, 0 for a
-          plain step), plan_branch (Int64), plan_budget (Int64, NA for a chain), bucket
-          (string), arm (string), explored (boolean); and preempted (boolean: a drafter
-          training step cut at the end of its idle window, its work discarded; NA elsewhere)
+          model's forward), clock; the plan of each decode step (schedule.py), NA on rows that
+          no decode step wrote and in tables saved before them: decision (Int64, the decode
+          step's index on its worker), plan_k (Int64, 0 for a plain step), plan_branch
+          (Int64), plan_budget (Int64, NA for a chain); preempted (boolean: a drafter training
+          step cut at the end of its idle window, its work discarded; NA elsewhere); and the
+          *decision columns*: whatever scalars the schedule gave as its reasons
+          (``Schedule.decision``), one column per key, typed by their values (boolean,
+          string, Int64 or Float64), which this layer keeps but never interprets (the
+          bandit's ``bucket``, ``arm``, ``explored`` are read by speculative/decisions.py)
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
           finish (eos | length), verify_steps, drafted, accepted, emitted, reward (NaN until
@@ -35,28 +38,26 @@ import pandas as pd
 
 from ..atomic import atomic_dir
 
-__all__ = ["Timeline", "STEP_COLUMNS", "DECISION_COLUMNS", "REQUEST_COLUMNS",
-           "OPTIONAL_REQUEST_COLUMNS", "BANDIT_CHOICE_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS",
-           "length_percentiles", "explore_cost", "plain_share", "OPTIONAL_STEP_COLUMNS"]
+__all__ = ["Timeline", "IdleWindow", "STEP_COLUMNS", "PLAN_COLUMNS", "REQUEST_COLUMNS",
+           "OPTIONAL_REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS", "length_percentiles",
+           "OPTIONAL_STEP_COLUMNS", "RESERVED_STEP_COLUMNS"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
 STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tokens",
                 "forward_s", "clock"]
-# the steps table's decision columns and their dtypes (nullable: NA where nothing was decided)
-DECISION_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
-                    "plan_budget": "Int64", "bucket": "string", "arm": "string",
-                    "explored": "boolean"}
-# every optional steps column: the decisions, and the flag of a preempted drafter step
-OPTIONAL_STEP_COLUMNS = {**DECISION_COLUMNS, "preempted": "boolean"}
+# the steps table's plan columns and their dtypes (nullable: NA where nothing was decided)
+PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
+                "plan_budget": "Int64"}
+# every optional steps column of this layer: the plans, and the flag of a preempted drafter step
+OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean"}
+# the names a schedule's decision keys may not take (every other steps column is one of them)
+RESERVED_STEP_COLUMNS = frozenset(STEP_COLUMNS) | frozenset(OPTIONAL_STEP_COLUMNS)
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
 # the requests table's optional columns and their dtypes (NA where a saved table lacks one)
 OPTIONAL_REQUEST_COLUMNS = {"text": "string"}
-# Timeline.bandit_choices: one row per (bucket, arm)
-BANDIT_CHOICE_COLUMNS = {"bucket": str, "arm": str, "pulls": int, "explored": int,
-                         "tokens_per_s": float}
 CLOCKS = ("wall", "sim")
 
 
@@ -65,6 +66,44 @@ def _with_columns(table: pd.DataFrame, dtypes: dict[str, str]) -> pd.DataFrame:
     tables saved before a column existed still load, with the column's usual dtype."""
     missing = {c: pd.NA for c in dtypes if c not in table.columns}
     return table.assign(**missing).astype(dtypes)
+
+
+def _dtype_of(values) -> str:
+    """The dtype of a decision column holding ``values`` (NA left out): the nullable dtype
+    they share (boolean, string, Int64, or Float64 for numbers), so that a table keeps one
+    dtype however many rows lack the key; ``object`` for mixed values or none at all."""
+    kinds = {bool if isinstance(v, (bool, np.bool_)) else str if isinstance(v, str)
+             else int if isinstance(v, (int, np.integer)) else
+             float if isinstance(v, (float, np.floating)) else object
+             for v in values if not (v is None or v is pd.NA or v != v)}  # NaN != NaN
+    return {frozenset({bool}): "boolean", frozenset({str}): "string",
+            frozenset({int}): "Int64", frozenset({float}): "Float64",
+            frozenset({int, float}): "Float64"}.get(frozenset(kinds), "object")
+
+
+def _typed(table: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
+    """``table`` with each decision column of ``values`` (its raw values) typed by
+    :func:`_dtype_of` (an object column holds None for NA, which parquet keeps)."""
+    dtypes = {name: _dtype_of(vals) for name, vals in values.items()}
+    typed = {name: table[name].astype(d) if d != "object"
+             else table[name].astype(object).where(table[name].notna(), None)
+             for name, d in dtypes.items()}
+    return table.assign(**typed)
+
+
+@dataclass(frozen=True)
+class IdleWindow:
+    """A worker's idle window in one rollout step: from the end of its last rollout step
+    (``start_s``) to the end of the step's last one on any worker (``end_s``), on the
+    timeline's clock. Work run there (``Backend.run_idle``) never stretches the step."""
+
+    worker: int
+    start_s: float
+    end_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
 
 
 def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
@@ -97,26 +136,52 @@ class Timeline:
         if bad:
             raise ValueError(f"unknown step kind(s) {sorted(bad)}; accepted: {STEP_KINDS}")
         self.steps = _with_columns(self.steps, OPTIONAL_STEP_COLUMNS)
+        untyped = [c for c in self.decision_columns
+                   if str(self.steps[c].dtype) in ("object", "str")]
+        self.steps = _typed(self.steps, {c: self.steps[c].tolist() for c in untyped})
         self.requests = _with_columns(self.requests, OPTIONAL_REQUEST_COLUMNS)
 
     @classmethod
     def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
                      clock: str = "sim") -> "Timeline":
-        s = pd.DataFrame(steps, columns=STEP_COLUMNS + list(OPTIONAL_STEP_COLUMNS))
+        known = STEP_COLUMNS + list(OPTIONAL_STEP_COLUMNS)
+        decided = _new_keys(steps, known)
+        s = pd.DataFrame(steps, columns=known + decided)
+        s = _typed(s, {k: [row.get(k) for row in steps] for k in decided})
         s["clock"] = clock
         r = pd.DataFrame(requests, columns=REQUEST_COLUMNS + list(OPTIONAL_REQUEST_COLUMNS))
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
                    r.astype({"worker": int, "uid": "int64"}), num_workers, clock)
 
+    @property
+    def decision_columns(self) -> list[str]:
+        """The steps columns a schedule's ``decision`` wrote (every column this layer does
+        not define), in table order."""
+        return [c for c in self.steps.columns if c not in RESERVED_STEP_COLUMNS]
+
     def with_steps(self, rows: list[dict]) -> "Timeline":
         """This timeline with more steps-table rows (e.g. drafter training that a worker ran
-        in its idle window, recorded by ``Worker.timed`` on the same clock)."""
-        extra = pd.DataFrame(rows, columns=list(self.steps.columns)).assign(clock=self.clock)
+        in its idle window: what ``Backend.run_idle`` recorded on the same clock)."""
+        if not rows:
+            return Timeline(self.steps, self.requests, self.num_workers, self.clock)
+        columns = list(self.steps.columns)
+        extra = pd.DataFrame(rows, columns=columns + _new_keys(rows, columns))
+        extra = extra.assign(clock=self.clock)
         known = set(zip(self.steps["worker"], self.steps["step"]))
         if any(key in known for key in zip(extra["worker"], extra["step"])):
             raise ValueError("these step rows are already in the timeline (same worker and step)")
-        steps = pd.concat([self.steps, extra], ignore_index=True).astype(self.steps.dtypes)
+        steps = pd.concat([self.steps, extra.astype(self.steps.dtypes)], ignore_index=True)
         return Timeline(steps, self.requests, self.num_workers, self.clock)
+
+    def idle_windows(self) -> list[IdleWindow]:
+        """Each worker's idle window after its last rollout step (``IdleWindow``), the first
+        to finish first (ties by worker): a worker with no rollout step idles from 0."""
+        rollout = self.steps[self.steps["kind"].isin(ROLLOUT_KINDS)]
+        last = rollout.groupby("worker")["end_s"].max().reindex(range(self.num_workers),
+                                                                 fill_value=0.0)
+        end = float(last.max()) if len(last) else 0.0
+        return sorted((IdleWindow(int(w), float(t), end) for w, t in last.items()),
+                      key=lambda window: (window.start_s, window.worker))
 
     # ---- measures -----------------------------------------------------------------------
     @property
@@ -193,31 +258,16 @@ class Timeline:
 
     def decisions(self) -> pd.DataFrame:
         """One row per decode step a schedule decided, from the steps table alone: worker,
-        decision, bucket (NA without one), arm, explored, plan_k, rows (the live batch),
-        tokens (emitted) and seconds (draft and verify together: what the bandit was fed)."""
+        decision, plan_k, plan_branch, plan_budget, every decision column (its value on the
+        step), rows (the live batch), tokens (emitted) and seconds (draft and verify
+        together: what the schedule observed)."""
         s = self.steps[self.steps["decision"].notna()]
         s = s.assign(seconds=s["end_s"] - s["start_s"])
+        firsts = {c: (c, "first") for c in ["plan_k", "plan_branch", "plan_budget",
+                                             *self.decision_columns]}
         return s.groupby(["worker", "decision"], sort=False).agg(
-            bucket=("bucket", "first"), arm=("arm", "first"), explored=("explored", "first"),
-            plan_k=("plan_k", "first"), rows=("batch_size", "max"), tokens=("tokens", "sum"),
+            **firsts, rows=("batch_size", "max"), tokens=("tokens", "sum"),
             seconds=("seconds", "sum")).reset_index()
-
-    def bandit_choices(self) -> pd.DataFrame:
-        """The schedule's choices per batch-size bucket: one row per (bucket, arm) with
-        ``pulls`` (decode steps that ran it), ``explored`` (how many of them were exploring
-        pulls) and ``tokens_per_s`` (mean over those steps of tokens over the step's seconds:
-        the bandit's reward). Buckets in batch-size order; steps without a bucket (plain above
-        a fixed threshold, or a schedule that does not explain itself) are left out."""
-        per_step = self.decisions()
-        per_step = per_step[per_step["bucket"].notna()]
-        per_step = per_step.assign(reward=per_step["tokens"] / per_step["seconds"])
-        out = per_step.groupby(["bucket", "arm"]).agg(
-            pulls=("reward", "size"), explored=("explored", "sum"),
-            tokens_per_s=("reward", "mean"), smallest=("rows", "min")).reset_index()
-        order = out.groupby("bucket")["smallest"].transform("min")
-        out = out.assign(order=order).sort_values(["order", "bucket", "arm"])
-        return out.drop(columns=["order", "smallest"]).reset_index(drop=True).astype(
-            BANDIT_CHOICE_COLUMNS)
 
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of docs/design.md's measures."""
@@ -253,31 +303,7 @@ class Timeline:
                    meta["clock"])
 
 
-def explore_cost(decisions: pd.DataFrame, min_pulls: int = 3) -> float:
-    """The share of decode time that exploring lost against the best arm in hindsight.
-
-    ``decisions``: :meth:`Timeline.decisions` of one or more timelines (concatenated). Per
-    bucket, the best arm in hindsight is the one of highest tokens over seconds, among arms
-    pulled at least ``min_pulls`` times (all arms when none was). An exploring step would have
-    emitted its tokens in ``tokens / best rate`` seconds; the cost is what it took beyond that,
-    summed over exploring steps, over every decided step's seconds (NaN when nothing was
-    decided in a bucket). Negative when exploring happened to beat the best on average.
-    """
-    d = decisions[decisions["bucket"].notna()]
-    if d.empty or d["seconds"].sum() <= 0:
-        return float("nan")
-    per_arm = d.groupby(["bucket", "arm"]).agg(tokens=("tokens", "sum"),
-                                              seconds=("seconds", "sum"),
-                                              pulls=("tokens", "size")).reset_index()
-    per_arm["rate"] = per_arm["tokens"] / per_arm["seconds"]
-    enough = per_arm[per_arm["pulls"] >= min_pulls]
-    best = per_arm.groupby("bucket")["rate"].max()
-    best.update(enough.groupby("bucket")["rate"].max())
-    explored = d[d["explored"].fillna(False).astype(bool)]
-    lost = explored["seconds"] - explored["tokens"] / explored["bucket"].map(best)
-    return float(lost.sum() / d["seconds"].sum())
-
-
-def plain_share(decisions: pd.DataFrame) -> float:
-    """The share of decided decode steps that ran plain (NaN when none was decided)."""
-    return float((decisions["plan_k"] == 0).mean()) if len(decisions) else float("nan")
+def _new_keys(rows: list[dict], columns: list[str]) -> list[str]:
+    """The keys of ``rows`` that are not in ``columns``, in order of first appearance."""
+    seen = dict.fromkeys(columns)
+    return list(dict.fromkeys(k for row in rows for k in row if k not in seen))

@@ -1,24 +1,21 @@
-"""Workers and backends: who decodes each shard of a rollout step, and on which clock.
+"""Workers: who decodes each shard of a rollout step, on its own clock.
 
 A :class:`Worker` owns its policy (and its forward), its own drafter, and the step recorder of
 its latest rollout. It is pure in what it returns: it receives a :class:`WorkerTask` (the
 requests, the config, the token ids it needs) and gives back a :class:`WorkerResult` (its
 requests' outputs and its steps-table rows); the engine reassembles results by uid. Its
-recorder stays open after the last decode step, so other work (drafter training in the long
-tail's idle window) can add rows on the same clock with :meth:`Worker.timed`.
+recorder stays open after the last decode step, so that an idle-window job
+(:meth:`Worker.run_idle`) adds rows on the same clock, right after the worker's last step.
 
-A backend starts workers from factories, maps a function over them, pushes new weights to
-them after a policy or drafter update, and closes them. The local backend runs its workers in
-this process one after another and times each from its own start, so laying them side by
-side gives the *sim* clock of N workers running in parallel. A Ray backend fills the same
-interface with really parallel workers (clock ``wall``); never mix the two in a comparison.
+Workers are a backend's to hold (``rollout.backend``): callers above the rollout layer reach
+them only through the backend's methods, never directly.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -28,8 +25,10 @@ from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepPlan, decision_of, plan_columns
+from .timeline import ROLLOUT_KINDS, STEP_KINDS, IdleWindow
 
-__all__ = ["StepRecorder", "WorkerTask", "WorkerResult", "Worker", "Backend", "LocalBackend"]
+__all__ = ["StepRecorder", "WorkerTask", "WorkerResult", "Worker", "IdleClock"]
+IDLE_KINDS = tuple(k for k in STEP_KINDS if k not in ROLLOUT_KINDS)  # work an idle window runs
 
 
 class StepRecorder:
@@ -59,7 +58,7 @@ class StepRecorder:
 
     def label(self, first: int, plan: StepPlan, decision: dict) -> None:
         """Write the plan of the decode step whose rows start at ``rows[first]``, and the
-        schedule's ``decision`` columns, onto those rows (schedule.py, "Every decision")."""
+        schedule's ``decision`` columns, onto those rows (timeline.py, the steps schema)."""
         columns = {**plan_columns(plan, self.decisions), **decision}
         for row in self.rows[first:]:
             row.update(columns)
@@ -153,13 +152,16 @@ class Worker:
         dec.rec.label(first, plan, decision_of(schedule, self.index))  # before observe moves on
         schedule.observe(report)
 
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
-              deadline: float | None = None):
-        """Run ``fn()`` as a step of ``kind`` on this worker's clock, after its last step
-        (preempted at ``deadline``: :meth:`StepRecorder.timed`)."""
+    def run_idle(self, job, window: IdleWindow) -> tuple[object, list[dict]]:
+        """Run ``job`` (``rollout.backend.IdleJob``) in ``window``, this worker's idle window
+        after its latest rollout; ``(the job's outcome, the steps rows it recorded)``."""
+        if window.worker != self.index:
+            raise ValueError(f"worker {self.index} was given worker {window.worker}'s window")
         if self.recorder is None:
-            self.recorder = StepRecorder(self.index, self.clock)
-        return self.recorder.timed(kind, fn, batch_size, tokens, deadline)
+            raise ValueError(f"worker {self.index} has no rollout to idle after: run one first")
+        clock = IdleClock(self.recorder, window)
+        outcome = job.run(window, clock)
+        return outcome, clock.rows
 
     def load_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load new policy and/or drafter weights (state dicts) into this worker's modules."""
@@ -171,66 +173,33 @@ class Worker:
             self.drafter.module.load_state_dict(drafter)
 
 
-class Backend(Protocol):
-    name: str
-    clock: str  # "sim" or "wall": the clock the workers' times are on
+class IdleClock:
+    """What an idle-window job is handed: its window, and its worker's clock.
+
+    ``timed(kind, fn)`` runs ``fn()`` as the worker's next step of ``kind`` (one of
+    :data:`IDLE_KINDS`), starting where the previous one ended, and returns ``(value, row)``
+    (the step's steps-table row, a copy). A step that would end past ``deadline`` (default,
+    and at the latest: the window's end) is preempted there: its row ends at the deadline
+    with ``preempted`` set, and the job discards its work. ``now()`` is where the next step
+    would start.
+    """
+
+    def __init__(self, recorder: StepRecorder, window: IdleWindow):
+        self.window, self._rec, self._first = window, recorder, len(recorder.rows)
+
+    def now(self) -> float:
+        return self._rec.mark
+
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
+              deadline: float | None = None) -> tuple[object, dict]:
+        if kind not in IDLE_KINDS:
+            raise ValueError(f"an idle-window step's kind must be one of {IDLE_KINDS}, "
+                             f"got {kind!r}")
+        end = self.window.end_s if deadline is None else min(deadline, self.window.end_s)
+        value = self._rec.timed(kind, fn, batch_size, tokens, end)
+        return value, dict(self._rec.rows[-1])
 
     @property
-    def num_workers(self) -> int: ...
-
-    def start(self, policy_factory: Callable[[int], object],
-              drafter_factory: Callable[[int, object], object] | None = None,
-              num_workers: int = 1) -> None:
-        """Build worker ``w``'s policy as ``policy_factory(w)`` and its drafter as
-        ``drafter_factory(w, policy)``."""
-        ...
-
-    def map(self, fn: Callable[[Worker, object], object], items: list) -> list:
-        """``[fn(worker w, items[w]) for w]``, each worker's times measured on its own clock."""
-        ...
-
-    def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
-        """Load new policy and/or drafter weights into every worker."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class LocalBackend:
-    """All workers in this process, one after another; times laid side by side (sim clock)."""
-
-    name = "local"
-    clock = "sim"
-
-    def __init__(self):
-        self.workers: list[Worker] = []
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.workers)
-
-    def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-        self.close()
-        for w in range(num_workers):
-            model = policy_factory(w)
-            drafter = drafter_factory(w, model) if drafter_factory is not None else None
-            self.workers.append(Worker(w, model, drafter, self.clock))
-
-    def map(self, fn, items):
-        if len(items) > self.num_workers:
-            raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
-                             "backend with enough workers")
-        return [fn(worker, item) for worker, item in zip(self.workers, items)]
-
-    def update_weights(self, policy=None, drafter=None) -> None:
-        loaded = set()  # workers may share one module here: load each module once
-        for worker in self.workers:
-            module = getattr(worker.drafter, "module", None)
-            worker.load_weights(policy if id(worker.model) not in loaded else None,
-                                drafter if id(module) not in loaded else None)
-            loaded |= {id(worker.model), id(module)}
-
-    def close(self) -> None:
-        self.workers = []
+    def rows(self) -> list[dict]:
+        """The steps rows recorded in this window so far."""
+        return [dict(row) for row in self._rec.rows[self._first:]]

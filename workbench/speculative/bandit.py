@@ -1,8 +1,9 @@
 """BEG-MAB: TLT's bucketed epsilon-greedy bandit, and the adaptive schedule built on it.
 
-Where speculative decoding pays depends on the machine: on one CPU EAGLE doubled decoding at
-batch 8, on another of the same kind it gained 1.1x, because cheap batched arithmetic leaves
-less per-call overhead for SD to save. So the adaptive engine assumes nothing and learns, per
+Where speculative decoding pays depends on the machine: the same drafter at the same batch
+size can double decoding on one CPU and barely gain on another of the same kind
+(BENCHMARKS.md has the measurements), because cheap batched arithmetic leaves less per-call
+overhead for SD to save. So the adaptive engine assumes nothing and learns, per
 batch-size bucket, on the worker's own clock, which of its arms emits the most tokens per
 second. **Plain decoding is one of the arms**, in every bucket: where no SD strategy pays, the
 engine stops speculating there by itself (the learned threshold); where one does, it picks the
@@ -327,7 +328,8 @@ class AdaptiveSchedule:
 
     def decision(self, worker: int) -> dict:
         """Why the latest plan for ``worker``: its bucket, arm and whether it explored
-        (a plain step above a fixed threshold: arm ``"plain"``, no bucket)."""
+        (a plain step above a fixed threshold: arm ``"plain"``, no bucket). The steps table
+        keeps them as decision columns; ``speculative.decisions`` reads them back."""
         choice = self.pending.get(worker)
         if choice is None:
             return {"bucket": None, "arm": PLAIN_ARM, "explored": False}

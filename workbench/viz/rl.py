@@ -161,8 +161,9 @@ def speedup_vs_amdahl(per_variant: pd.DataFrame, ax=None, label: str = ""):
 
 
 def bandit_choices(choices: pd.DataFrame, ax=None, label: str = ""):
-    """Pulls of each SD strategy per batch-size bucket (``Timeline.bandit_choices`` tables,
-    concatenated over steps), with each arm's mean reward (tokens/s) written on its bar."""
+    """Pulls of each SD strategy per batch-size bucket (``speculative.decisions.bandit_choices``
+    tables concatenated over steps, as ``Ablation.bandit_choices`` gives them), with each arm's
+    mean reward (tokens/s) written on its bar."""
     fig, ax = _axes(ax, (6.4, 3.8))
     if choices.empty:
         ax.text(0.5, 0.5, "no bandit decisions (SD never switched on)", ha="center",

@@ -1,0 +1,93 @@
+"""TLT needs nothing of a backend but its protocol: a backend written here against
+``rollout.backend.Backend`` alone, whose workers live apart and whose idle jobs run on copies
+(as a backend of processes would), runs TLT steps that reproduce the baseline's tokens and
+trains the drafter from what the job hands back."""
+import copy
+import re
+from pathlib import Path
+
+from workbench.rl.tlt import first_divergence
+from workbench.rollout import IdleRun, Worker
+
+from .test_tlt import _same, _state, _trainer, long_tails  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ApartBackend:
+    """The Backend protocol, nothing more: workers run in reverse order, every idle job runs
+    on a deep copy of itself (changes a job makes to itself never reach the caller), and the
+    calls are counted."""
+
+    name = "apart"
+    clock = "sim"
+
+    def __init__(self):
+        self._workers, self.calls = [], []
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    def start(self, policy_factory, drafter_factory=None, num_workers=1):
+        self.calls.append("start")
+        self._workers = []
+        for w in range(num_workers):
+            policy = policy_factory(w)
+            drafter = drafter_factory(w, policy) if drafter_factory is not None else None
+            self._workers.append(Worker(w, policy, drafter, self.clock))
+
+    def map(self, fn, items):
+        self.calls.append("map")
+        done = {w: fn(self._workers[w], item) for w, item in reversed(list(enumerate(items)))}
+        return [done[w] for w in range(len(items))]
+
+    def update_weights(self, policy=None, drafter=None):
+        self.calls.append("update_weights")
+        for worker in self._workers:
+            worker.load_weights(policy, drafter)
+
+    def run_idle(self, job, timeline, windows):
+        self.calls.append("run_idle")
+        outcomes, rows = [], []
+        for window in windows:
+            outcome, recorded = self._workers[window.worker].run_idle(copy.deepcopy(job), window)
+            outcomes.append(outcome)
+            rows += recorded
+        return IdleRun(outcomes, timeline.with_steps(rows))
+
+    def close(self):
+        self._workers = []
+
+
+def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer, long_tails):
+    apart = ApartBackend()
+    tlt = _trainer(tokenizer, "tlt", backend=apart)
+    base = _trainer(tokenizer, "baseline")
+    head0 = _state(tlt.drafter.head)
+    ht, hb = tlt.run(2, progress=False), base.run(2, progress=False)
+    assert first_divergence(hb, ht) == -1  # SD stays lossless on any backend
+    assert {"start", "map", "run_idle"} <= set(apart.calls)
+    # the job trained a copy; what it handed back became the driver's trainer and drafter (how
+    # many steps fit a later window depends on this machine's measured step time)
+    assert ht["drafter_steps"].iloc[0] >= 1
+    assert ht["drafter_version"].tolist() == (ht["drafter_steps"] > 0).cumsum().tolist()
+    assert tlt.spot.eagle.step == ht["drafter_steps"].sum()
+    assert not _same(head0, _state(tlt.drafter.head))
+    assert _same(_state(tlt.spot.head), _state(tlt.drafter.head))
+    steps = tlt.timelines[1].steps
+    trained = steps[steps["kind"] == "drafter_train"]
+    assert len(trained) == ht["drafter_steps"].iloc[1] + ht["drafter_preempted"].iloc[1]
+    assert (ht["drafter_overrun_s"] == 0).all()
+
+
+def test_rl_and_adapt_reach_workers_only_through_the_backend():
+    """No module of rl/ or adapt/ names a worker or its recorder (``config.workers``, the
+    worker count, is fine; an idle job's ``clock`` is the backend's handle)."""
+    forbidden = re.compile(r"backend\.workers\b|\bworkers\[|\.recorder\b|\bWorker\b"
+                           r"|\bStepRecorder\b")
+    sources = [f for layer in ("rl", "adapt") for f in (ROOT / "workbench" / layer).glob("*.py")]
+    assert len(sources) > 5
+    hits = [f"{f.name}:{i}: {line.strip()}" for f in sources
+            for i, line in enumerate(f.read_text().splitlines(), 1) if forbidden.search(line)]
+    assert hits == []

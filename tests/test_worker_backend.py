@@ -1,0 +1,165 @@
+"""Workers behind the backend protocol: start, map, weights, idle-window jobs on each worker's
+clock (preempted at the window's end), and how a failing worker is reported."""
+import copy
+import time
+
+import pytest
+import torch
+
+from workbench.rollout import (IdleWindow, LocalBackend, PlainSchedule, RolloutConfig,
+                               RolloutEngine, StaticSchedule, WorkerFailed, WorkerTask)
+from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
+
+from .conftest import PROMPTS, tiny_model
+
+
+def test_local_backend_starts_maps_updates_weights_and_closes(tokenizer):
+    old, new = tiny_model("llama", tokenizer, seed=0), tiny_model("llama", tokenizer, seed=7)
+    backend = LocalBackend()
+    engine = RolloutEngine(old, tokenizer, backend=backend)
+    engine.start(workers=2, policy_factory=lambda w: copy.deepcopy(old),
+                 drafter_factory=lambda w, policy: EagleDrafter(EagleHead(policy), policy))
+    models = backend.map(lambda worker, _: worker.model, [None, None])
+    drafters = backend.map(lambda worker, _: worker.drafter, [None, None])
+    assert models[0] is not models[1] and all(m is not old for m in models)
+    assert drafters[0] is not drafters[1]  # each its own
+    assert backend.map(lambda worker, x: (worker.index, x), [10, 20]) == [(0, 10), (1, 20)]
+    cfg = RolloutConfig(max_new_tokens=24, workers=2)
+    ref_old = RolloutEngine(old, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
+    ref_new = RolloutEngine(new, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
+    assert ref_old != ref_new
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_old
+    # the workers' own drafters serve a speculative schedule
+    sd = engine.rollout(PROMPTS, cfg, schedule=StaticSchedule(2), progress=False)
+    assert sd.tokens == ref_old and sd.timeline.requests["drafted"].sum() > 0
+    head = EagleHead(new).state_dict()
+    engine.update_weights(policy=new.state_dict(), drafter=head)
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_new
+    for drafter in drafters:
+        for key, value in drafter.module.state_dict().items():
+            assert torch.equal(value, head[key])
+    with pytest.raises(ValueError, match="backend was started with 2 workers"):
+        engine.rollout(PROMPTS, cfg, workers=3, progress=False)
+    backend.close()
+    assert backend.num_workers == 0
+
+
+def test_workers_return_results_without_touching_the_requests_they_were_given(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    engine.start(2)
+    cfg = RolloutConfig(max_new_tokens=8)
+    requests = engine.make_requests(engine.encode(PROMPTS[:4]), cfg)
+    tasks = [WorkerTask(w, requests[w::2], cfg, engine.eos_id, engine.pad_id) for w in (0, 1)]
+    results = engine.backend.map(lambda worker, t: worker.rollout(t, PlainSchedule()), tasks)
+    assert [r.uid for r in results[0].requests] == [q.uid for q in requests[0::2]]
+    assert all(r.tokens and r.worker == res.worker for res in results for r in res.requests)
+    assert {row["worker"] for row in results[1].steps} == {1}
+
+
+class SleepJob:
+    """An idle job: ``naps`` steps of ``nap_s`` seconds each; its outcome is what it did."""
+
+    def __init__(self, naps: int, nap_s: float):
+        self.naps, self.nap_s = naps, nap_s
+
+    def run(self, window, clock):
+        done = []
+        for i in range(self.naps):
+            value, row = clock.timed("drafter_train", lambda: time.sleep(self.nap_s) or i,
+                                     batch_size=3)
+            if row.get("preempted"):
+                return {"worker": window.worker, "done": done, "cut": row}
+            done.append(value)
+        return {"worker": window.worker, "done": done, "cut": None}
+
+
+def _two_worker_rollout(tokenizer):
+    engine = RolloutEngine(tiny_model("llama", tokenizer, seed=0), tokenizer)
+    return engine, engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
+
+
+def test_an_idle_job_runs_after_each_workers_last_step_on_its_clock(tokenizer):
+    engine, res = _two_worker_rollout(tokenizer)
+    tl = res.timeline
+    windows = tl.idle_windows()
+    last = tl.steps.groupby("worker")["end_s"].max()
+    assert [w.worker for w in windows] == list(last.sort_values().index)  # first to finish first
+    assert [w.start_s for w in windows] == sorted(last) and {w.end_s for w in windows} == \
+        {tl.makespan_s}
+    early = windows[0]
+    assert early.seconds > 0
+    run = engine.backend.run_idle(SleepJob(2, 0.0), tl, [early])
+    assert run.outcomes == [{"worker": early.worker, "done": [0, 1], "cut": None}]
+    new = run.timeline.steps[run.timeline.steps["kind"] == "drafter_train"]
+    assert set(new["worker"]) == {early.worker} and len(new) == 2
+    assert new["start_s"].iloc[0] == early.start_s  # right after its shard, on its clock
+    assert (new["batch_size"] == 3).all() and new["preempted"].isna().all()
+    assert run.timeline.makespan_s == tl.makespan_s and len(tl.steps) == len(run.timeline.steps) - 2
+    assert run.timeline.wasted_fraction() < run.timeline.idle_fraction() == tl.idle_fraction()
+    with pytest.raises(ValueError, match="already in the timeline"):
+        run.timeline.with_steps(new.to_dict("records"))
+
+
+def test_an_idle_step_that_would_cross_its_window_is_preempted_at_the_windows_end(tokenizer):
+    engine, res = _two_worker_rollout(tokenizer)
+    window = res.timeline.idle_windows()[0]
+    run = engine.backend.run_idle(SleepJob(1, window.seconds + 0.05), res.timeline, [window])
+    out = run.outcomes[0]
+    assert out["done"] == [] and out["cut"]["preempted"] is True
+    assert out["cut"]["end_s"] == window.end_s and out["cut"]["forward_s"] > window.seconds
+    tl = run.timeline
+    assert tl.makespan_s == res.timeline.makespan_s
+    assert tl.wasted_fraction() == pytest.approx(tl.idle_fraction())  # its seconds are wasted
+
+
+def test_bad_idle_input_is_refused_before_any_work(tokenizer):
+    engine, res = _two_worker_rollout(tokenizer)
+    with pytest.raises(ValueError, match=r"IdleWindows of workers 0\.\.1"):
+        engine.backend.run_idle(SleepJob(1, 0.0), res.timeline, [IdleWindow(5, 0.0, 1.0)])
+
+    class Training:
+        def run(self, window, clock):
+            return clock.timed("decode", lambda: None)
+    with pytest.raises(ValueError, match=r"kind must be one of \('drafter_train', 'train'\)"):
+        engine.backend.run_idle(Training(), res.timeline, res.timeline.idle_windows())
+    fresh = LocalBackend()
+    fresh.start(lambda w: tiny_model("llama", tokenizer), num_workers=1)
+    with pytest.raises(ValueError, match="worker 0 has no rollout to idle after"):
+        fresh.run_idle(SleepJob(1, 0.0), res.timeline, [IdleWindow(0, 0.0, 1.0)])
+
+
+class BrokenDrafter(NGramDrafter):
+    """Drafts until request ``uid`` is in the batch, then raises."""
+
+    def __init__(self, uid):
+        super().__init__()
+        self.uid = uid
+
+    def draft(self, ctx, k):
+        if self.uid in ctx.uids:
+            raise RuntimeError("out of memory (pretend)")
+        return super().draft(ctx, k)
+
+
+def test_a_failing_worker_is_named_with_its_cause_and_the_requests_it_held(tokenizer):
+    model = tiny_model("llama", tokenizer)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=8, workers=2)
+    requests = engine.make_requests(engine.encode(PROMPTS), cfg)
+    held = [q.uid for q in requests[1::2]]  # worker 1's shard
+    with pytest.raises(WorkerFailed, match="worker 1 failed: RuntimeError: out of memory") as e:
+        engine.rollout(PROMPTS, cfg, drafter=BrokenDrafter(held[0]), progress=False)
+    assert e.value.worker == 1 and isinstance(e.value.cause, RuntimeError)
+    assert e.value.__cause__ is e.value.cause
+    assert [q.uid for q in e.value.requests] == held
+    # the backend stays started: the next rollout runs
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens
+    with pytest.raises(WorkerFailed, match="worker 0 failed: ZeroDivisionError") as e:
+        engine.backend.map(lambda worker, x: 1 / x, [0, 1])
+    assert e.value.requests == []
+    # bad input is a ValueError, not a worker's failure
+    with pytest.raises(ValueError, match="worker 0 has no drafter"):
+        engine.rollout(PROMPTS, cfg, schedule=StaticSchedule(2), progress=False)
+    with pytest.raises(KeyboardInterrupt):  # an interrupt passes through as is
+        engine.backend.map(lambda worker, x: (_ for _ in ()).throw(KeyboardInterrupt()), [0])

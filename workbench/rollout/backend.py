@@ -1,0 +1,178 @@
+"""Backends: the one door between the callers of a rollout and the workers that run it.
+
+A backend holds N workers (``rollout.worker``), each with its own policy, forward and drafter,
+and is all that the engine, GRPO, TLT and the spot trainer see of them. Its protocol,
+:class:`Backend`, has five jobs: start the workers from factories, map a function over them,
+push new weights to them, run an *idle-window job* on the workers that finished their shard
+early, and close. Nothing above the rollout layer reads a worker, its recorder or its clock.
+
+Glossary:
+
+clock        ``"sim"``: each worker's measured time laid side by side, as if the workers ran
+             in parallel (the local backend runs them one after another in this process);
+             ``"wall"``: the workers really run in parallel (a backend of processes or Ray
+             actors). Never mix the two in one comparison.
+idle window  a worker's time from its last rollout step to the end of the step's last one on
+             any worker (``Timeline.idle_windows()``, ``IdleWindow``).
+idle job     an object with ``run(window, clock) -> outcome`` (:class:`IdleJob`). The backend
+             calls it once per window on that window's worker, with an ``IdleClock``:
+             ``clock.timed(kind, fn, batch_size) -> (value, row)`` runs one step of the job
+             right after the worker's last step, on the worker's clock, preempted at the
+             window's end (the row flagged ``preempted``; the job discards that step's work).
+             Whatever the caller needs comes back in the outcome (losses, new weights, ...):
+             a backend of processes runs a *copy* of the job, so changes the job makes to
+             itself are not seen by the caller. The local backend runs the caller's object.
+worker fault a worker that raised while running a function or a job. The backend raises
+             :class:`WorkerFailed` (the worker's index, the cause, the requests it held), from
+             the cause, and stays started: the caller may resubmit the requests elsewhere or
+             start the backend again. Two kinds of exception pass through as they are: a
+             ``ValueError`` is bad input (a plan the drafter cannot serve, a schedule's bad
+             decision), the caller's to fix, which any worker would raise alike; and an
+             interrupt (``KeyboardInterrupt``), which is not the worker's doing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from .request import Request
+from .timeline import IdleWindow, Timeline
+from .worker import IdleClock, Worker
+
+__all__ = ["Backend", "LocalBackend", "IdleJob", "IdleRun", "WorkerFailed"]
+
+
+class WorkerFailed(RuntimeError):
+    """Worker ``worker`` raised ``cause`` (the ``__cause__`` too) while holding ``requests``
+    (the requests of its shard; empty for work that held none, such as an idle job). Never
+    raised for a ``ValueError`` (bad input) or an interrupt: those pass through as they are."""
+
+    def __init__(self, worker: int, cause: BaseException, requests: Sequence[Request] = ()):
+        self.worker, self.cause, self.requests = worker, cause, list(requests)
+        uids = [r.uid for r in self.requests]
+        held = f"; it held {len(uids)} request(s), uids {uids[:8]}" + (
+            " ..." if len(uids) > 8 else "") if uids else ""
+        super().__init__(f"worker {worker} failed: {type(cause).__name__}: {cause}{held}")
+
+
+class IdleJob(Protocol):
+    """Work for idle windows (module docstring, "idle job")."""
+
+    def run(self, window: IdleWindow, clock: IdleClock) -> object:
+        """Work in ``window`` through ``clock``; the outcome the caller folds in."""
+        ...
+
+
+@dataclass
+class IdleRun:
+    """What :meth:`Backend.run_idle` hands back: the job's outcome of each window (in the
+    windows' order) and the step's timeline with the rows the job's steps recorded."""
+
+    outcomes: list
+    timeline: Timeline
+
+
+class Backend(Protocol):
+    """N workers behind one interface (module docstring). A worker that fails makes any
+    method that ran on it raise :class:`WorkerFailed`."""
+
+    name: str
+    clock: str  # "sim" or "wall": the clock the workers' times are on
+
+    @property
+    def num_workers(self) -> int: ...
+
+    def start(self, policy_factory: Callable[[int], object],
+              drafter_factory: Callable[[int, object], object] | None = None,
+              num_workers: int = 1) -> None:
+        """Build worker ``w``'s policy as ``policy_factory(w)`` and its drafter as
+        ``drafter_factory(w, policy)``."""
+        ...
+
+    def map(self, fn: Callable[[Worker, object], object], items: list) -> list:
+        """``[fn(worker w, items[w]) for w]``, each worker's times measured on its own clock.
+        ``fn`` runs where the worker lives; what it returns comes back. An item with
+        ``requests`` (a ``WorkerTask``) names the requests a failing worker held."""
+        ...
+
+    def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
+        """Load new policy and/or drafter weights into every worker."""
+        ...
+
+    def run_idle(self, job: IdleJob, timeline: Timeline,
+                 windows: Sequence[IdleWindow]) -> IdleRun:
+        """Run ``job`` in each of ``windows`` (of ``timeline``, the latest rollout's:
+        ``timeline.idle_windows()`` or some of them) on the window's worker, after its last
+        rollout step and on its clock, and hand back the outcomes and ``timeline`` with the
+        rows the job recorded. No step ends past its window, so the step's makespan stays."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """All workers in this process, one after another; times laid side by side (sim clock)."""
+
+    name = "local"
+    clock = "sim"
+
+    def __init__(self):
+        self._workers: list[Worker] = []
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._workers)
+
+    def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        self.close()
+        for w in range(num_workers):
+            model = policy_factory(w)
+            drafter = drafter_factory(w, model) if drafter_factory is not None else None
+            self._workers.append(Worker(w, model, drafter, self.clock))
+
+    def map(self, fn, items):
+        if len(items) > self.num_workers:
+            raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
+                             "backend with enough workers")
+        return [_on(worker.index, lambda: fn(worker, item), getattr(item, "requests", ()))
+                for worker, item in zip(self._workers, items)]
+
+    def update_weights(self, policy=None, drafter=None) -> None:
+        loaded = set()  # workers may share one module here: load each module once
+        for worker in self._workers:
+            module = getattr(worker.drafter, "module", None)
+            worker.load_weights(policy if id(worker.model) not in loaded else None,
+                                drafter if id(module) not in loaded else None)
+            loaded |= {id(worker.model), id(module)}
+
+    def run_idle(self, job, timeline, windows) -> IdleRun:
+        windows = list(windows)
+        for window in windows:
+            if not isinstance(window, IdleWindow) or not 0 <= window.worker < self.num_workers:
+                raise ValueError(f"windows must be IdleWindows of workers 0..{self.num_workers - 1}"
+                                 f" (timeline.idle_windows()), got {window!r}")
+            if self._workers[window.worker].recorder is None:
+                raise ValueError(f"worker {window.worker} has no rollout to idle after")
+        outcomes, rows = [], []
+        for window in windows:
+            worker = self._workers[window.worker]
+            outcome, recorded = _on(window.worker, lambda: worker.run_idle(job, window))
+            outcomes.append(outcome)
+            rows += recorded
+        return IdleRun(outcomes, timeline.with_steps(rows))
+
+    def close(self) -> None:
+        self._workers = []
+
+
+def _on(worker: int, call: Callable[[], object], requests: Sequence[Request] = ()):
+    """``call()``, whose failure is worker ``worker``'s (:class:`WorkerFailed`; a ValueError,
+    bad input, passes through as it is)."""
+    try:
+        return call()
+    except ValueError:
+        raise
+    except Exception as exc:
+        raise WorkerFailed(worker, exc, requests) from exc
