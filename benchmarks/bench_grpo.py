@@ -45,8 +45,7 @@ import torch
 
 from common import command_line, print_table, ratio_cells
 from workbench.models import load_model
-from workbench.rl.grpo import GRPOConfig
-from workbench.rl.runner import GRPO
+from workbench.rl import GRPO, GRPOConfig
 from workbench.speedup import WIDE_SPREAD, interleave, summarize
 from workbench.tasks import RL_SEED, exact_match_reward, get_problems
 
@@ -75,10 +74,10 @@ def require_trl():
 
 def ours_grpo(model, tok, pool, args) -> GRPO:
     """Our GRPO on one worker (its rollout clock then is this process's wall clock)."""
-    config = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
-                        max_new_tokens=args.max_new_tokens, temperature=1.0, lr=args.lr,
-                        epochs=1, minibatches=1, kl_coef=0.0, workers=1, max_batch_size=None,
-                        seed=args.seed)
+    config = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
+                             max_new_tokens=args.max_new_tokens, temperature=1.0, lr=args.lr,
+                             epochs=1, minibatches=1, kl_coef=0.0, workers=1,
+                             max_batch_size=None, seed=args.seed)
     return GRPO(model, tok, pool, exact_match_reward, config)
 
 
@@ -270,7 +269,8 @@ def main():
     pool = get_problems("running_sum", args.prompts * rounds, seed=RL_SEED)
     ours = ours_grpo(copy.deepcopy(policy), tok, pool, args)
     with tempfile.TemporaryDirectory() as out_dir:
-        config = trl_config(args, out_dir, rounds, ours.config.clip_norm, ours.config.betas[1])
+        config = trl_config(args, out_dir, rounds, ours.config.train.clip_norm,
+                            ours.config.train.betas[1])
         trl = TRLStepper(copy.deepcopy(policy), tok, trl_dataset(ours, rounds), config)
         runs = interleave({"trl": trl.step, "ours": lambda: ours_step(ours)}, args.steps,
                           warmup=args.warmup)

@@ -100,8 +100,8 @@ def tlt_table(device, steps, prompts_per_step, samples, max_new_tokens) -> tuple
     from workbench.rl.ablation import rl_setup, run_ablation
     setup = rl_setup()
     assert setup.policy.device.type == device.type, setup.policy.device
-    grpo = GRPOConfig(prompts_per_step=prompts_per_step, samples_per_prompt=samples,
-                      max_new_tokens=max_new_tokens, workers=16, lr=2e-4)
+    grpo = GRPOConfig.flat(prompts_per_step=prompts_per_step, samples_per_prompt=samples,
+                           max_new_tokens=max_new_tokens, workers=16, lr=2e-4)
     t0 = time.perf_counter()
     abl = run_ablation(setup.policy, setup.tokenizer, setup.pool, grpo, steps,
                        variants=("baseline", "tlt"), drafter_head=setup.drafter_head,

@@ -14,9 +14,8 @@ import json
 import time
 
 from workbench.evaluate import evaluate_policy
-from workbench.rl import GRPOConfig
+from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.ablation import rl_setup
-from workbench.rl.runner import GRPO
 
 
 def main():
@@ -37,10 +36,10 @@ def main():
     ap.add_argument("--ckpt", default="runs/grpo_heldout/state")
     args = ap.parse_args()
     s = rl_setup(eval_problems=args.eval, reward=args.reward)
-    cfg = GRPOConfig(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
-                     max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=args.kl,
-                     minibatches=args.minibatches, epochs=args.epochs,
-                     temperature=args.temperature, workers=16, seed=args.seed)
+    cfg = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
+                          max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=args.kl,
+                          minibatches=args.minibatches, epochs=args.epochs,
+                          temperature=args.temperature, workers=16, seed=args.seed)
     grpo = GRPO(s.policy, s.tokenizer, s.pool, s.reward, cfg, checkpoint_dir=args.ckpt)
 
     def accuracy():

@@ -44,12 +44,12 @@ def main():
     t0 = time.perf_counter()
 
     def on_step(trainer):
-        if trainer.step % args.every == 0:
-            print(json.dumps({"step": trainer.step, "accuracy": accuracy(),
+        if trainer.steps_done % args.every == 0:
+            print(json.dumps({"step": trainer.steps_done, "accuracy": accuracy(),
                               "loss": final_loss(trainer, last=20),
                               "wall_s": round(time.perf_counter() - t0)}), flush=True)
 
-    config = lm_train_config(recipe, recipe.weight_decay, steps=args.steps, lr=args.lr,
+    config = lm_train_config(recipe, recipe.weight_decay, horizon=args.steps, lr=args.lr,
                              warmup=args.warmup, progress=False, max_minutes=24 * 60)
     train_lm(s.policy, examples, batches, s.tokenizer.pad_token_id, config, on_step=on_step)
 

@@ -26,7 +26,7 @@ def setup(tokenizer):
     teacher = tiny_model("llama", tokenizer, layers=4, dtype=torch.float32)
     calibration = calibration_batches(tokenizer, num=8, batch_size=4, max_len=48)
     train, held_out = distill_data(tokenizer, num=128, eval_num=4, batch_size=4, max_len=48)
-    config = DistillConfig(steps=3, batch_size=4, eval_every=0, progress=False)
+    config = DistillConfig.flat(horizon=3, batch_size=4, eval_every=0, progress=False)
     return teacher, calibration, train, held_out, config
 
 
@@ -135,7 +135,7 @@ def test_bad_targets_and_kinds(setup):
 def test_retraining_study_runs_every_retraining_on_equal_tokens(setup):
     teacher, calibration, train, held_out, config = setup
     student = prune(teacher, pick_plan(teacher.config, 0.5, "width"))
-    cfg = replace(config, steps=4, eval_every=2)
+    cfg = config.updated(horizon=4, eval_every=2)
     curves, models = retraining_study(teacher, student, train, held_out, cfg,
                                       layer_pairs=((2, 2), (4, 4)), progress=False)
     assert list(models) == list(RETRAININGS)

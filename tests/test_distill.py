@@ -21,9 +21,9 @@ class Interrupted(Exception):
 
 
 def config(**kw):
-    base = dict(steps=6, batch_size=4, lr=1e-2, warmup=0, eval_every=3, checkpoint_every=2,
+    base = dict(horizon=6, batch_size=4, lr=1e-2, warmup=0, eval_every=3, checkpoint_every=2,
                 seed=5, progress=False)
-    return DistillConfig(**{**base, **kw})
+    return DistillConfig.flat(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_kd_loss_balances_an_intermediate_pair_with_detached_alpha():
 
 def test_a_student_identical_to_its_teacher_has_zero_loss(tokenizer, data):
     teacher = tiny_model("llama", tokenizer)
-    distiller = Distiller(copy.deepcopy(teacher), teacher, data[0], config(steps=1))
+    distiller = Distiller(copy.deepcopy(teacher), teacher, data[0], config(horizon=1))
     history = distiller.run()
     assert history.loc[0, "kl"] == 0.0
     assert history.loc[0, "loss"] == 0.0
@@ -153,7 +153,7 @@ def test_interrupted_distillation_resumes_to_the_same_weights(tokenizer, data, t
     with pytest.raises(Interrupted):  # the last checkpoint is at step 4
         run_narrow(tokenizer, data, tmp_path / "state", batches=crashing)
     resumed = run_narrow(tokenizer, data, tmp_path / "state")
-    assert resumed.trainer.step == whole.trainer.step == 6
+    assert resumed.trainer.steps_done == whole.trainer.steps_done == 6
     mine, theirs = resumed.module.state_dict(), whole.module.state_dict()
     assert mine.keys() == theirs.keys() and "projections.0.weight" in mine
     for key in mine:
@@ -169,7 +169,7 @@ def test_kd_moves_the_student_towards_the_teacher(tokenizer, data):
     student = tiny_model("llama", tokenizer, seed=1, layers=1)
     before = kl_to_teacher(student, teacher, data[1])
     teacher_weights = {k: v.clone() for k, v in teacher.state_dict().items()}
-    distiller = Distiller(student, teacher, data[0], config(steps=30, eval_every=0), data[1])
+    distiller = Distiller(student, teacher, data[0], config(horizon=30, eval_every=0), data[1])
     distiller.run()
     after = kl_to_teacher(student, teacher, data[1])
     assert after < 0.7 * before
@@ -238,7 +238,7 @@ def test_bad_input_gets_a_clear_error(tokenizer, data):
         config(mode="mse")
     with pytest.raises(ValueError, match=r"mode='kd' needs a teacher"):
         Distiller(narrow_model(tokenizer), None, data[0], config())
-    with pytest.raises(ValueError, match=r"DistillConfig.lr must be"):
+    with pytest.raises(ValueError, match=r"DistillConfig\.train: TrainConfig\.lr must be"):
         config(lr=0)
     with pytest.raises(ValueError, match=r"needs mode='kd'"):
         config(mode="ce", layer_pairs=[(0, 0)])

@@ -38,7 +38,8 @@ def pairs(n=12, hidden=32, seed=1):
 
 
 def cfg(**kw):
-    return EagleTrainConfig(**{**dict(steps=6, batch_size=4, unroll=1, noise=0.1, seed=2), **kw})
+    return EagleTrainConfig.flat(**{**dict(horizon=6, batch_size=4, unroll=1, noise=0.1, seed=2),
+                                    **kw})
 
 
 def same_weights(a, b):
@@ -73,11 +74,29 @@ def test_eagle_trainer_keeps_its_optimizer_across_calls():
     second = trainer.train(steps=3)  # the same pairs, three more steps
     assert int(trainer.optimizer.state[next(trainer.head.parameters())]["step"]) == 6
     assert list(first["step"]) == [1, 2, 3] and list(second["step"]) == [4, 5, 6]
-    assert trainer.step == 6 and len(trainer.history) == 6
+    assert trainer.steps_done == 6 and len(trainer.history) == 6
     assert same_weights(trainer.head, ref_head)
     assert list(trainer.history["loss"]) == list(ref_hist["loss"])
     trainer.train(pairs(seed=5), steps=2)  # new harvest after another rollout
-    assert trainer.step == 8
+    assert trainer.steps_done == 8
+
+
+def test_eagle_steps_in_one_session_equal_train_calls():
+    """What the spot trainer does between rollouts: pairs set once, then one step at a time
+    in one session; bitwise the steps ``train`` takes."""
+    pol = policy()
+    ref, ref_hist = train_eagle(pol, pairs(), cfg(), progress=False)
+    trainer = EagleTrainer(pol, config=cfg())
+    with pytest.raises(ValueError, match="no training pairs.*set_pairs"):
+        trainer.train(steps=1)
+    trainer.set_pairs(pairs())
+    before = flags(pol)
+    with trainer.training():
+        rows = [trainer.step() for _ in range(6)]
+    assert flags(pol) == before
+    assert [r["step"] for r in rows] == list(range(1, 7)) and trainer.steps_done == 6
+    assert [r["loss"] for r in rows] == list(ref_hist["loss"])
+    assert same_weights(trainer.head, ref)
 
 
 def test_interrupted_eagle_training_resumes_to_the_same_head(tmp_path):
@@ -86,7 +105,7 @@ def test_interrupted_eagle_training_resumes_to_the_same_head(tmp_path):
     out = tmp_path / "eagle"
     preempted = EagleTrainer(pol, config=cfg(), checkpoint_dir=train_state_dir(out))
     preempted.train(pairs(), stop=lambda step: step >= 4)
-    assert preempted.step == 4 and train_state_dir(out).is_dir()
+    assert preempted.steps_done == 4 and train_state_dir(out).is_dir()
     head, hist = train_eagle(pol, pairs(), cfg(), out_dir=out, progress=False)
     assert list(hist["step"]) == list(range(1, 7))
     assert same_weights(head, ref)

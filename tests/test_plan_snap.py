@@ -72,7 +72,7 @@ def four_layers(tokenizer):
     teacher = tiny_model("llama", tokenizer, layers=4, dtype=torch.float32)
     calibration = calibration_batches(tokenizer, num=8, batch_size=4, max_len=48)
     train, held_out = distill_data(tokenizer, num=128, eval_num=4, batch_size=4, max_len=48)
-    config = DistillConfig(steps=1, batch_size=4, eval_every=0, progress=False)
+    config = DistillConfig.flat(horizon=1, batch_size=4, eval_every=0, progress=False)
     return teacher, calibration, train, held_out, config
 
 

@@ -210,7 +210,7 @@ def test_eagle_training_on_harvest_learns_and_round_trips(tokenizer, tmp_path):
     res = engine.rollout(PROMPTS * 4, max_new_tokens=24, temperature=1.0, harvest=True,
                          progress=False)
     pairs = harvest_pairs(res)
-    head, hist = train_eagle(model, pairs, EagleTrainConfig(steps=60, batch_size=8, unroll=1),
+    head, hist = train_eagle(model, pairs, EagleTrainConfig.flat(horizon=60, batch_size=8, unroll=1),
                              out_dir=tmp_path / "eagle", progress=False)
     first, last = hist.iloc[:5].mean(), hist.iloc[-10:].mean()
     assert last["smooth_l1"] < 0.5 * first["smooth_l1"]

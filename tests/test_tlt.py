@@ -2,7 +2,6 @@
 training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
 import copy
 import time
-from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch
 from workbench.adapt import DrafterBuffer, SpotConfig, SpotTrainer
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import RLSetup, coupled_first_divergence, run_ablation
-from workbench.rl.runner import GRPO
+from workbench.rl.grpo import GRPO
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
@@ -111,7 +110,7 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=5)
     spot.train_in_idle(_longer_tail(result), engine.backend)   # publishes v1
     v1, trainer_v1 = _state(drafter.head), copy.deepcopy(spot.eagle.trainer.state_dict())
-    step_v1, version = spot.eagle.step, spot.version
+    step_v1, version = spot.eagle.steps_done, spot.version
     engine, result = _rollout(model, tokenizer)
     result = _longer_tail(result, 0.05)
     rollout_end = result.timeline.makespan_s
@@ -130,7 +129,7 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     row = result.timeline.steps.query("kind == 'drafter_train'").iloc[-1]
     assert bool(row["preempted"]) and row["end_s"] == end and row["forward_s"] > end - start
     # the update was discarded: serving, saved and trained heads, optimizer and step are v1's
-    assert spot.version == version and spot.eagle.step == step_v1
+    assert spot.version == version and spot.eagle.steps_done == step_v1
     assert _same(v1, _state(drafter.head)) and _same(v1, _state(spot.head))
     assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
     adam = spot.eagle.trainer.state_dict()["optimizer"]["state"]
@@ -192,8 +191,8 @@ def _trainer(tokenizer, variant, spot_steps=3, history_steps=0, backend=None, **
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(3)
     head = EagleHead(model).to(torch.float64)
-    grpo = GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
-                      workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
+    grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
+                           workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
     kw = {"explore_budget": 0.5, **kw}  # a short run: explore freely, so that TLT speculates
     cfg = TLTConfig.variant(variant, grpo, arms=CHAINS, spec_k=3,
                             spot=SpotConfig(batch_size=4, max_steps=spot_steps,
@@ -280,7 +279,7 @@ def test_grpo_runs_any_hf_policy_on_a_jsonl_task(tokenizer, tmp_path):
     path.write_text("\n".join(json.dumps({"prompt": f"say {c}?", "answer": c}) for c in "abcd"))
     model = tiny_model("qwen3", tokenizer, dtype=torch.float32)
     g = GRPO(model, tokenizer, load_jsonl(path), _reward,
-             GRPOConfig(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6))
+             GRPOConfig.flat(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6))
     row = g.step()
     assert row["step"] == 0 and 0 <= row["reward"] <= 1 and row["tokens"] > 0
 
@@ -306,13 +305,13 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     """The ablation's baseline is GRPO itself (same weights after the same steps), so a long
     baseline-only run of notebook 04 is the accuracy benchmark's run; ``eval_every`` adds the
     curve between the ends, and the metrics of a baseline-only run compare it with itself."""
-    grpo = GRPOConfig(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
-                      workers=2, max_batch_size=3, temperature=1.0, seed=5)
+    grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
+                           workers=2, max_batch_size=3, temperature=1.0, seed=5)
     model = tiny_model("llama", tokenizer)
     plain = GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo)
     plain.run(3, progress=False)
     # notebook 04 samples with spec_mode="speculative", the benchmark with the default
-    ab = run_ablation(model, tokenizer, _problems(), replace(grpo, spec_mode="speculative"), 3,
+    ab = run_ablation(model, tokenizer, _problems(), grpo.updated(spec_mode="speculative"), 3,
                       variants=["baseline"], seeds=[5], reward=_reward,
                       eval_problems=_problems(3), eval_every=2, eval_max_new_tokens=4,
                       progress=False)
@@ -341,8 +340,8 @@ def test_on_a_machine_where_sd_cannot_pay_tlt_converges_to_plain_and_keeps_pace(
     of this tiny policy (~0.1 ms). The adaptive engine learns plain in every bucket it decoded in, its
     exploring stays cheap, the spot trainer never stretches a step, and TLT's steps keep pace
     with the baseline's (sim clock; the benchmark holds the tight figure, this the shape)."""
-    grpo = GRPOConfig(prompts_per_step=6, samples_per_prompt=2, max_new_tokens=40, lr=1e-2,
-                      workers=2, max_batch_size=6, temperature=1.0)
+    grpo = GRPOConfig.flat(prompts_per_step=6, samples_per_prompt=2, max_new_tokens=40, lr=1e-2,
+                           workers=2, max_batch_size=6, temperature=1.0)
     problems = [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(MANY)]
     policy = tiny_model("llama", tokenizer, seed=4)  # ragged: rows finish at many steps
     ab = run_ablation(policy, tokenizer, problems, grpo, 6, variants=["baseline", "tlt"],

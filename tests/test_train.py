@@ -40,7 +40,7 @@ def mse(net, noise=0.0):
 
 
 def config(**kw):
-    base = dict(steps=12, lr=0.05, schedule="cosine", warmup=2, seed=3, progress=False)
+    base = dict(horizon=12, lr=0.05, schedule="cosine", warmup=2, seed=3, progress=False)
     return TrainConfig(**{**base, **kw})
 
 
@@ -53,8 +53,8 @@ def assert_same_weights(a, b):
 
 def uninterrupted(noise, **kw):
     net = tiny_net()
-    trainer = Trainer(net, mse(net, noise), make_batches(), config(**kw))
-    trainer.run()
+    trainer = Trainer(net, mse(net, noise), config(**kw))
+    trainer.run(make_batches())
     return net, trainer
 
 
@@ -62,15 +62,15 @@ def uninterrupted(noise, **kw):
 def test_stopped_then_resumed_run_equals_an_uninterrupted_one(tmp_path, noise):
     ref, ref_trainer = uninterrupted(noise)
     net = tiny_net()
-    first = Trainer(net, mse(net, noise), make_batches(), config(checkpoint_dir=tmp_path / "ck"))
-    first.run(stop=lambda step: step >= 5)
-    assert first.stop_reason == "stop" and first.step == 5
+    first = Trainer(net, mse(net, noise), config(checkpoint_dir=tmp_path / "ck"))
+    first.run(make_batches(), stop=lambda step: step >= 5)
+    assert first.stop_reason == "stop" and first.steps_done == 5
     assert (tmp_path / "ck" / CHECKPOINT_FILE).is_file()
     net2 = tiny_net(seed=99)  # different init: everything must come from the checkpoint
-    second = Trainer(net2, mse(net2, noise), make_batches(), config(checkpoint_dir=tmp_path / "ck"))
-    assert second.step == 5
-    hist = second.run()
-    assert second.step == 12 and list(hist["step"]) == list(range(1, 13))
+    second = Trainer(net2, mse(net2, noise), config(checkpoint_dir=tmp_path / "ck"))
+    assert second.steps_done == 5
+    hist = second.run(make_batches())
+    assert second.steps_done == 12 and list(hist["step"]) == list(range(1, 13))
     assert_same_weights(net2, ref)
     assert list(hist["loss"]) == list(ref_trainer.history["loss"])
 
@@ -86,26 +86,25 @@ def test_crash_mid_run_resumes_from_the_last_checkpoint_exactly(tmp_path):
             raise Interrupted
         return mse(net, 0.3)(batch, generator)
 
-    first = Trainer(net, crashing, make_batches(),
-                    config(checkpoint_dir=tmp_path / "ck", checkpoint_every=4))
+    first = Trainer(net, crashing, config(checkpoint_dir=tmp_path / "ck", checkpoint_every=4))
     with pytest.raises(Interrupted):
-        first.run()
+        first.run(make_batches())
     net2 = tiny_net()
-    second = Trainer(net2, mse(net2, 0.3), make_batches(),
-                     config(checkpoint_dir=tmp_path / "ck", checkpoint_every=4))
-    assert second.step == 8
-    second.run()
+    second = Trainer(net2, mse(net2, 0.3), config(checkpoint_dir=tmp_path / "ck",
+                                                  checkpoint_every=4))
+    assert second.steps_done == 8
+    second.run(make_batches())
     assert_same_weights(net2, ref)
 
 
 def test_two_runs_of_n_steps_equal_one_run_of_2n():
-    ref, ref_trainer = uninterrupted(0.3, steps=10)
+    ref, ref_trainer = uninterrupted(0.3, horizon=10)
     net = tiny_net()
-    trainer = Trainer(net, mse(net, 0.3), make_batches(), config(steps=10))
-    trainer.run(steps=5)
+    trainer = Trainer(net, mse(net, 0.3), config(horizon=10))
+    trainer.run(make_batches(), steps=5)
     state = trainer.optimizer.state[trainer.params[0]]
     assert int(state["step"]) == 5
-    trainer.run(steps=5)
+    trainer.run(make_batches(), steps=5)
     assert int(trainer.optimizer.state[trainer.params[0]]["step"]) == 10
     assert_same_weights(net, ref)
     assert trainer.history.equals(ref_trainer.history.assign(elapsed_s=trainer.history.elapsed_s))
@@ -130,8 +129,8 @@ def test_run_leaves_the_callers_flags_and_global_rng_alone():
         return ((net(x) + teacher(x) - y) ** 2).mean()
 
     rng = torch.get_rng_state()
-    trainer = Trainer(net, loss_fn, make_batches(), config(steps=3), frozen=[teacher])
-    trainer.run()
+    trainer = Trainer(net, loss_fn, config(horizon=3), frozen=[teacher])
+    trainer.run(make_batches())
     assert seen == {"training": True, "teacher": False, "teacher_grad": False}
     assert flags(net) == before and flags(teacher) == teacher_before
     assert torch.equal(net[0].weight, frozen_w)
@@ -142,29 +141,85 @@ def test_run_leaves_the_callers_flags_and_global_rng_alone():
 
     trainer.loss_fn = boom
     with pytest.raises(Interrupted):
-        trainer.run(steps=1)
+        trainer.run(make_batches(), steps=1)
     assert flags(net) == before and flags(teacher) == teacher_before
 
 
+def test_single_steps_in_one_session_equal_a_run():
+    """``step`` takes exactly one optimizer step and returns its row; steps taken one by one
+    in a session are the run's steps, bitwise (``run`` is a loop over ``step``)."""
+    ref, ref_trainer = uninterrupted(0.3)
+    net = tiny_net()
+    trainer = Trainer(net, mse(net, 0.3), config())
+    batches = make_batches()
+    rows = []
+    with trainer.training():
+        for s in range(12):
+            rows.append(trainer.step(batches[s % len(batches)]))
+            assert trainer.steps_done == s + 1
+            assert int(trainer.optimizer.state[trainer.params[0]]["step"]) == s + 1
+    assert_same_weights(net, ref)
+    assert [r["loss"] for r in rows] == list(ref_trainer.history["loss"])
+    assert rows[-1]["step"] == 12 and set(rows[0]) == set(ref_trainer.history.columns)
+    assert trainer.history.drop(columns="elapsed_s").equals(
+        ref_trainer.history.drop(columns="elapsed_s"))
+
+
+def test_the_session_sets_flags_once_and_restores_them_on_any_exit():
+    net, teacher = tiny_net(), tiny_net(seed=5)
+    net.eval()
+    net[0].weight.requires_grad_(False)
+    flags = lambda m: ([p.requires_grad for p in m.parameters()],  # noqa: E731
+                       [x.training for x in m.modules()])
+    before, teacher_before = flags(net), flags(teacher)
+    trainer = Trainer(net, mse(net), config(), frozen=[teacher])
+    with pytest.raises(RuntimeError, match=r"inside a training session.*trainer\.training\(\)"):
+        trainer.step(make_batches()[0])
+    assert trainer.steps_done == 0 and flags(net) == before
+    with pytest.raises(Interrupted):
+        with trainer.training():
+            assert net.training and not teacher.training
+            assert not any(p.requires_grad for p in teacher.parameters())
+            with trainer.training():  # nested: the outer session keeps the flags
+                trainer.step(make_batches()[0])
+            assert net.training and net[3].weight.requires_grad  # still the outer session's
+            trainer.step(make_batches()[1])
+            raise Interrupted
+    assert trainer.steps_done == 2
+    assert flags(net) == before and flags(teacher) == teacher_before
+
+
+def test_open_ended_training_has_no_horizon_and_a_cosine_needs_one():
+    with pytest.raises(ValueError, match=r"schedule='cosine' .*horizon is None"):
+        TrainConfig(schedule="cosine")
+    net = tiny_net()
+    trainer = Trainer(net, mse(net), TrainConfig(lr=0.05, progress=False))  # constant, no end
+    assert trainer.config.horizon is None
+    with pytest.raises(ValueError, match=r"run\(\) without steps .*horizon.* None"):
+        trainer.run(make_batches())
+    assert list(trainer.run(make_batches(), steps=3)["lr"]) == [0.05] * 3
+    assert lr_at(10 ** 15, trainer.config) == 0.05
+
+
 def test_lr_schedules_give_the_documented_values():
-    const = TrainConfig(lr=1.0, warmup=4, steps=10)
+    const = TrainConfig(lr=1.0, warmup=4, horizon=10)
     assert [lr_at(s, const) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert lr_at(10_000, const) == 1.0
-    cos = TrainConfig(lr=2.0, schedule="cosine", warmup=2, steps=12, lr_floor=0.1)
+    cos = TrainConfig(lr=2.0, schedule="cosine", warmup=2, horizon=12, lr_floor=0.1)
     assert lr_at(0, cos) == 1.0 and lr_at(1, cos) == 2.0
     assert lr_at(2, cos) == 2.0                                    # decay starts at the peak
     assert math.isclose(lr_at(7, cos), 2.0 * (0.1 + 0.9 * 0.5))  # halfway
     assert math.isclose(lr_at(12, cos), 0.2) and math.isclose(lr_at(50, cos), 0.2)  # the floor
-    eagle = TrainConfig(lr=1.0, schedule="cosine", steps=100)    # no warm-up: EAGLE's recipe
+    eagle = TrainConfig(lr=1.0, schedule="cosine", horizon=100)  # no warm-up: EAGLE's recipe
     assert math.isclose(lr_at(25, eagle), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)))
     net = tiny_net()
-    trainer = Trainer(net, mse(net), make_batches(), TrainConfig(lr=1.0, warmup=4, steps=6,
-                                                                 progress=False))
-    assert list(trainer.run()["lr"]) == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    trainer = Trainer(net, mse(net), TrainConfig(lr=1.0, warmup=4, horizon=6, progress=False))
+    assert list(trainer.run(make_batches())["lr"]) == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("field, value, accepted", [
-    ("steps", -1, "integer >= 0"), ("steps", 2.5, "integer >= 0"), ("warmup", True, "integer"),
+    ("horizon", -1, "integer >= 0 or None"), ("horizon", 2.5, "integer >= 0 or None"),
+    ("warmup", True, "integer"),
     ("lr", 0.0, "> 0"), ("lr", float("nan"), "> 0"), ("schedule", "linear", "'constant'"),
     ("lr_floor", 1.5, r"\[0, 1\]"), ("clip_norm", -1.0, "> 0 or None"),
     ("betas", (0.9, 1.0), r"\[0, 1\)"), ("max_minutes", 0, "> 0"), ("seed", -3, ">= 0"),
@@ -177,29 +232,29 @@ def test_bad_config_values_are_named(field, value, accepted):
 
 def test_bad_inputs_to_the_trainer_are_named(tmp_path):
     net = tiny_net()
-    with pytest.raises(ValueError, match="batches must be .*got list"):
-        Trainer(net, mse(net), [], config())
     with pytest.raises(ValueError, match="params must belong to the model"):
-        Trainer(net, mse(net), make_batches(), config(), params=tiny_net().parameters())
-    trainer = Trainer(net, mse(net), make_batches(), config())
+        Trainer(net, mse(net), config(), params=tiny_net().parameters())
+    trainer = Trainer(net, mse(net), config())
+    with pytest.raises(ValueError, match="batches must be .*got list"):
+        trainer.run([])
     with pytest.raises(ValueError, match=r"run\(steps=...\) must be .*got -2"):
-        trainer.run(steps=-2)
+        trainer.run(make_batches(), steps=-2)
     trainer.loss_fn = lambda b, g: torch.tensor(float("nan"), requires_grad=True)
     before = [p.clone() for p in net.parameters()]
     with pytest.raises(FloatingPointError, match="loss is nan at step 0"):
-        trainer.run(steps=1)
+        trainer.run(make_batches(), steps=1)
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
     # a checkpoint written under another lr does not resume silently
-    Trainer(net, mse(net), make_batches(), config(checkpoint_dir=tmp_path / "ck")).run(steps=2)
+    Trainer(net, mse(net), config(checkpoint_dir=tmp_path / "ck")).run(make_batches(), steps=2)
     with pytest.raises(ValueError, match="written with lr=0.05, this config has lr=0.1"):
-        Trainer(net, mse(net), make_batches(), config(checkpoint_dir=tmp_path / "ck", lr=0.1))
+        Trainer(net, mse(net), config(checkpoint_dir=tmp_path / "ck", lr=0.1))
 
 
 def test_interrupted_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     net = tiny_net()
     ck = tmp_path / "ck"
-    trainer = Trainer(net, mse(net), make_batches(), config(checkpoint_dir=ck))
-    trainer.run(steps=3)
+    trainer = Trainer(net, mse(net), config(checkpoint_dir=ck))
+    trainer.run(make_batches(), steps=3)
     real_save = torch.save
 
     def half_then_crash(obj, path, *a, **kw):
@@ -209,24 +264,24 @@ def test_interrupted_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, mo
 
     monkeypatch.setattr(train_mod.torch, "save", half_then_crash)
     with pytest.raises(Interrupted):
-        trainer.run(steps=2)
+        trainer.run(make_batches(), steps=2)
     monkeypatch.setattr(train_mod.torch, "save", real_save)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # no temp folder left behind
     net2 = tiny_net(seed=7)
-    again = Trainer(net2, mse(net2), make_batches(), config(checkpoint_dir=ck))
-    assert again.step == 3
+    again = Trainer(net2, mse(net2), config(checkpoint_dir=ck))
+    assert again.steps_done == 3
     ref = tiny_net()
-    Trainer(ref, mse(ref), make_batches(), config()).run(steps=3)
+    Trainer(ref, mse(ref), config()).run(make_batches(), steps=3)
     assert_same_weights(net2, ref)
 
 
 def test_wall_clock_cap_and_history_columns():
     net = tiny_net()
-    trainer = Trainer(net, mse(net), make_batches(), config(max_minutes=1e-9))
-    hist = trainer.run()
-    assert trainer.stop_reason == "time" and trainer.step <= 1
+    trainer = Trainer(net, mse(net), config(max_minutes=1e-9))
+    hist = trainer.run(make_batches())
+    assert trainer.stop_reason == "time" and trainer.steps_done <= 1
     net = tiny_net()
-    hist = Trainer(net, mse(net), make_batches(), config(steps=2)).run()
+    hist = Trainer(net, mse(net), config(horizon=2)).run(make_batches())
     assert list(hist.columns) == ["step", "loss", "lr", "grad_norm", "target_rms", "elapsed_s"]
 
 
@@ -288,8 +343,10 @@ def test_drafter_lm_recipe_runs_on_the_harness(tmp_path):
 def test_eagle_recipe_is_the_on_the_spot_fit_with_the_shipped_settings(tmp_path):
     from workbench.models import load_model
     from workbench.speculative import EagleHead
+    from workbench.speculative.train import EagleTrainConfig
     from workbench.zoo import drafters
-    recipe = drafters.EagleRecipe(num_prompts=2, heldout_prompts=1, steps=3)
+    recipe = drafters.EagleRecipe(num_prompts=2, heldout_prompts=1,
+                                  train=EagleTrainConfig.flat(horizon=3))
     record = drafters.train_eagle_head(tmp_path / "head", recipe=recipe)
     assert record["steps"] == 3 and record["stop_reason"] == "steps" and record["tau"] >= 1
     assert record["fit"]["harvest_share"] is None and record["fit"]["max_new_tokens"] == 384

@@ -1,7 +1,8 @@
 """Task accuracy and response-length statistics of a policy, as pandas tables.
 
-One place defines how a policy is scored, so the zoo recipe, notebooks and benchmarks agree:
-greedy decoding, the task's reward, and length percentiles of the generated responses.
+One place defines how a policy is scored, so the zoo recipe, notebooks, benchmarks and GRPO
+agree: greedy decoding, the task's reward, length percentiles of the generated responses, and
+one definition of task accuracy (:func:`accuracy`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pandas as pd
 from .rollout.timeline import length_percentiles
 from .tasks import Problem, exact_match_reward
 
-__all__ = ["EvalReport", "evaluate_policy", "score_rollout", "length_percentiles",
+__all__ = ["EvalReport", "evaluate_policy", "score_rollout", "accuracy", "length_percentiles",
            "LENGTH_BUCKETS"]
 
 # Bucket edges (response tokens) used by every accuracy-per-length table.
@@ -35,6 +36,7 @@ class EvalReport:
         lengths = t["response_tokens"]
         p99 = float(np.percentile(lengths, 99))
         tail = t[lengths >= p99]
+        # the mean reward: :func:`accuracy` when scored by evaluate_policy's default reward
         return {"num_problems": int(len(t)), "accuracy": float(t["reward"].mean()),
                 **length_percentiles(lengths),
                 "length_ratio_p99_p50": p99 / float(np.percentile(lengths, 50)),
@@ -130,6 +132,23 @@ def _check_problems(problems, verb: str) -> None:
         if not isinstance(p, Problem):
             raise ValueError(f"problems[{i}] is a {type(p).__name__}; expected a "
                              "workbench.tasks.Problem (from get_problems or load_jsonl)")
+
+
+def accuracy(problems: list[Problem], completions: list[str]) -> float:
+    """Task accuracy, the one definition (docs/design.md, "Measures"): the mean over responses
+    of the exact-match reward, 1 when a completion's final answer is its problem's answer
+    (:func:`~workbench.tasks.exact_match_reward`), whatever reward a run trains on.
+
+    :meth:`EvalReport.summary` reports it on greedy completions of held-out problems
+    (:func:`evaluate_policy` scores with this reward unless told otherwise); GRPO's history
+    on each step's sampled responses (``problems[i]`` answered by ``completions[i]``).
+    """
+    _check_problems(problems, "score")
+    if len(problems) != len(completions):
+        raise ValueError(f"{len(completions)} completions for {len(problems)} problems; "
+                         "accuracy pairs problems[i] with completions[i]")
+    scores = [_checked_reward(exact_match_reward, p, c) for p, c in zip(problems, completions)]
+    return sum(scores) / len(scores)
 
 
 def score_rollout(result, problems: list[Problem], reward=exact_match_reward) -> list[float]:

@@ -99,7 +99,7 @@ def response_lm_loss(model):
 
 
 # TrainConfig field <- recipe attribute, read only when ``kw`` does not set the field
-_FROM_RECIPE = {"steps": "steps", "lr": "lr", "warmup": "warmup", "seed": "seed",
+_FROM_RECIPE = {"horizon": "steps", "lr": "lr", "warmup": "warmup", "seed": "seed",
                 "max_minutes": "minutes"}
 
 
@@ -107,8 +107,8 @@ def lm_train_config(recipe, weight_decay: float, checkpoint_dir=None, desc: str 
                     **kw) -> TrainConfig:
     """The LM recipes' optimisation: AdamW betas (0.9, 0.95), linear warm-up then a constant LR
     (so a run of N steps is exactly the first N steps of a longer one), clipping at 1.0.
-    ``recipe`` supplies ``steps``, ``lr``, ``warmup``, ``seed`` and ``minutes`` unless ``kw``
-    sets them; ``kw`` sets or overrides any other :class:`TrainConfig` field."""
+    ``recipe`` supplies ``steps`` (the horizon), ``lr``, ``warmup``, ``seed`` and ``minutes``
+    unless ``kw`` sets them; ``kw`` sets or overrides any other :class:`TrainConfig` field."""
     fields = dict(schedule="constant", betas=(0.9, 0.95), weight_decay=weight_decay,
                   clip_norm=1.0, checkpoint_dir=checkpoint_dir, desc=desc)
     fields.update({name: getattr(recipe, attr) for name, attr in _FROM_RECIPE.items()
@@ -122,8 +122,8 @@ def train_lm(model, examples, batches, pad_id: int, config: TrainConfig, on_step
     token counts."""
     device = next(model.parameters()).device
     source = lm_batches(examples, batches, pad_id, None if device.type == "cpu" else device)
-    trainer = Trainer(model, response_lm_loss(model), source, config, on_step=on_step)
-    trainer.run()
+    trainer = Trainer(model, response_lm_loss(model), config, on_step=on_step)
+    trainer.run(source)
     return trainer
 
 

@@ -15,12 +15,14 @@ class TrainConfig:
     """How :class:`Trainer` trains; every field is checked when the config is built.
 
     Args:
-        steps: step budget of :meth:`Trainer.run` when it is given no ``steps``, and the horizon
-            of the cosine schedule (past it the LR stays at the floor).
+        horizon: the training's length in optimizer steps: :meth:`Trainer.run` given no
+            ``steps`` trains up to it, and the cosine schedule decays over it (past it the LR
+            stays at the floor). ``None``: open-ended training (GRPO, the spot trainer during
+            RL), which only a constant LR allows; ``run`` then needs ``steps`` or ``stop``.
         lr: peak learning rate of AdamW.
         schedule: ``"constant"``: linear warm-up, then ``lr`` (a run of N steps is exactly the
             first N steps of a longer one: the policy recipe). ``"cosine"``: linear warm-up,
-            then cosine decay from ``lr`` to ``lr * lr_floor`` at ``steps`` (EAGLE).
+            then cosine decay from ``lr`` to ``lr * lr_floor`` at ``horizon`` (EAGLE).
         warmup: linear warm-up steps (step ``s`` < ``warmup`` gets ``lr * (s + 1) / warmup``).
         lr_floor: the cosine schedule's final LR as a fraction of ``lr``, in [0, 1].
         betas, weight_decay, eps: AdamW's.
@@ -39,7 +41,7 @@ class TrainConfig:
         log_every: print a line (mean loss, LR, elapsed) every this many steps; 0: never.
     """
 
-    steps: int = 100
+    horizon: int | None = None
     lr: float = 1e-3
     schedule: str = "constant"
     warmup: int = 0
@@ -64,10 +66,13 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
-        for name in ("steps", "warmup", "seed", "checkpoint_every", "log_every"):
+        for name in ("horizon", "warmup", "seed", "checkpoint_every", "log_every"):
             v = getattr(self, name)
+            if v is None and name == "horizon":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
-                raise ValueError(f"TrainConfig.{name} must be an integer >= 0, got {v!r}")
+                accepted = "an integer >= 0" + (" or None" if name == "horizon" else "")
+                raise ValueError(f"TrainConfig.{name} must be {accepted}, got {v!r}")
         for name, (accepted, ok) in _REAL_FIELDS.items():
             v = getattr(self, name)
             if not (v is None and name == "clip_norm") and not (_is_real(v) and ok(v)):
@@ -75,6 +80,10 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULES}, "
                              f"got {self.schedule!r}")
+        if self.schedule == "cosine" and self.horizon is None:
+            raise ValueError("TrainConfig.schedule='cosine' decays over a horizon, and "
+                             "TrainConfig.horizon is None; give horizon (the steps the LR "
+                             "decays over) or use schedule='constant'")
         if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
                 or not all(_is_real(b) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), "
@@ -107,6 +116,6 @@ def lr_at(step: int, config: TrainConfig) -> float:
         return config.lr * (step + 1) / config.warmup
     if config.schedule == "constant":
         return config.lr
-    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
+    progress = min(1.0, (step - config.warmup) / max(1, config.horizon - config.warmup))
     cosine = 0.5 * (1 + math.cos(math.pi * progress))
     return config.lr * (config.lr_floor + (1 - config.lr_floor) * cosine)

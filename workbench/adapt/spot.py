@@ -69,11 +69,11 @@ class SpotConfig:
         self.eagle_config().validate()
 
     def eagle_config(self) -> EagleTrainConfig:
-        # a horizon far beyond any run: the cosine schedule stays at its peak, a constant LR
-        return EagleTrainConfig(steps=10 ** 12, batch_size=self.batch_size, lr=self.lr,
-                                unroll=self.unroll, noise=self.noise,
-                                state_units=self.state_units, seed=self.seed,
-                                checkpoint_every=0)
+        # training that never ends during RL: a constant LR, no horizon
+        return EagleTrainConfig.flat(horizon=None, schedule="constant", batch_size=self.batch_size,
+                                     lr=self.lr, unroll=self.unroll, noise=self.noise,
+                                     state_units=self.state_units, seed=self.seed,
+                                     checkpoint_every=0)
 
 
 class SpotTrainer:

@@ -15,7 +15,7 @@ import copy
 import math
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from ..models import save_model
-from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
+from ..nested_config import NestedConfig
+from ..train import TrainConfig, Trainer, batch_source, isolated_rng, train_state_dir
 from ..checks import check_int
 from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
@@ -36,10 +37,17 @@ __all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",
 MODES = ("kd", "ce")
 
 
+def _default_train() -> TrainConfig:
+    """Distillation's optimisation: AdamW (betas 0.9, 0.95) for 200 steps, 10 of warm-up then
+    a constant LR, clipping at 1.0, a checkpoint every 50 steps."""
+    return TrainConfig(horizon=200, lr=1e-3, warmup=10, betas=(0.9, 0.95), checkpoint_every=50)
+
+
 @dataclass
-class DistillConfig:
+class DistillConfig(NestedConfig):
     """How :class:`Distiller` retrains a student; every field is checked when the config is
-    built (layer pairs against the models when the distiller is built).
+    built (layer pairs against the models when the distiller is built). Flat:
+    ``DistillConfig.flat(horizon=200, batch_size=16, lr=1e-3, temperature=1.0, seed=0)``.
 
     Args:
         mode: ``"kd"``: distil from the teacher; ``"ce"``: cross-entropy on the data alone
@@ -50,37 +58,30 @@ class DistillConfig:
             loss through a learned projection; indices into HF ``hidden_states`` (0:
             embeddings, i: after decoder layer i, the last after the final norm). Empty (the
             default): logit-only KD, Minitron's choice unless depth was cut a lot.
-        steps, batch_size: optimizer steps of a run; sequences per step (:func:`distill`).
-        lr, schedule, warmup, weight_decay, clip_norm, seed: the harness's AdamW (betas
-            0.9, 0.95); ``seed`` also draws the projections and the batch order.
-        eval_every: evaluate every this many steps (0: only before training and at ``steps``).
-        checkpoint_every: checkpoint every this many steps (0: only when a run ends).
-        max_minutes: wall-clock cap; the run stops (and checkpoints) when it is reached.
-        progress: show the harness's progress bar.
+        batch_size: sequences per step (:func:`distill`).
+        eval_every: evaluate every this many steps (0: only before training and at the
+            horizon).
+        train: the harness's optimizer: ``horizon`` (the steps of a run), ``lr``,
+            ``schedule``, ``warmup``, ``weight_decay``, ``clip_norm``, ``seed`` (it also draws
+            the projections and the batch order), ``checkpoint_every``, ``max_minutes`` (the
+            run stops and checkpoints when reached), ``progress``. Its ``checkpoint_dir`` is
+            the distiller's.
     """
 
     mode: str = "kd"
     temperature: float = 1.0
     ce_weight: float = 0.0
     layer_pairs: Sequence[tuple[int, int]] = ()
-    steps: int = 200
     batch_size: int = 16
-    lr: float = 1e-3
-    schedule: str = "constant"
-    warmup: int = 10
-    weight_decay: float = 0.0
-    clip_norm: float | None = 1.0
-    seed: int = 0
     eval_every: int = 50
-    checkpoint_every: int = 50
-    max_minutes: float = math.inf
-    progress: bool = True
+    train: TrainConfig = field(default_factory=_default_train)
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
+        """Raise ``ValueError`` naming the first bad field, its value and what is accepted
+        (the optimizer's fields are the held ``TrainConfig``'s, checked when it is built)."""
         if self.mode not in MODES:
             raise ValueError(f"DistillConfig.mode must be one of {MODES}, got {self.mode!r}")
         _check_real("DistillConfig.temperature", self.temperature, 0, strict=True)
@@ -91,18 +92,10 @@ class DistillConfig:
         if self.mode == "ce" and self.layer_pairs:
             raise ValueError(f"DistillConfig.layer_pairs={self.layer_pairs!r} needs "
                              "mode='kd' (mode='ce' has no teacher to compare with)")
-        try:
-            self.train_config()
-        except ValueError as err:  # the harness names its own class; name ours
-            raise ValueError(str(err).replace("TrainConfig.", "DistillConfig.")) from None
-
-    def train_config(self, checkpoint_dir=None, desc: str | None = None) -> TrainConfig:
-        """The harness's config for these fields."""
-        return TrainConfig(steps=self.steps, lr=self.lr, schedule=self.schedule,
-                           warmup=self.warmup, betas=(0.9, 0.95), weight_decay=self.weight_decay,
-                           clip_norm=self.clip_norm, seed=self.seed, max_minutes=self.max_minutes,
-                           checkpoint_dir=checkpoint_dir, checkpoint_every=self.checkpoint_every,
-                           progress=self.progress, desc=desc or f"distill ({self.mode})")
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"DistillConfig.train must be a TrainConfig, got "
+                             f"{type(self.train).__name__} (DistillConfig.flat takes flat "
+                             "parameters)")
 
 
 def _check_real(name: str, value, low: float, strict: bool) -> None:
@@ -242,7 +235,7 @@ class Distiller:
             batch``, as :class:`workbench.train.Trainer` takes them.
         config: a :class:`DistillConfig`.
         eval_batches: held-out ``(ids, mask)`` batches for :meth:`evaluate`, run before
-            training, every ``eval_every`` steps and at ``steps``; empty: no evaluation.
+            training, every ``eval_every`` steps and at the horizon; empty: no evaluation.
         checkpoint_dir: the harness's checkpoint folder; a run resumes from it when it holds one.
         desc: the progress bar's label.
     """
@@ -257,11 +250,14 @@ class Distiller:
             _check_models(student, teacher, self.config)
         self.teacher = teacher if kd else None
         self.eval_batches = list(eval_batches)
-        projections = _projections(student, teacher, self.config.layer_pairs, self.config.seed)
+        projections = _projections(student, teacher, self.config.layer_pairs,
+                                   self.config.train.seed)
         self.module = DistillModule(student, projections)
         self.student, self.projections = self.module.student, self.module.projections
-        self.trainer = Trainer(self.module, self._loss, batches,
-                               self.config.train_config(checkpoint_dir, desc),
+        self.batches = batch_source(batches)
+        train = replace(self.config.train, checkpoint_dir=checkpoint_dir,
+                        desc=desc or f"distill ({self.config.mode})")
+        self.trainer = Trainer(self.module, self._loss, train,
                                frozen=[teacher] if kd else [], on_step=self._on_step)
 
     def _loss(self, batch, generator):
@@ -288,7 +284,8 @@ class Distiller:
 
     def _on_step(self, trainer: Trainer) -> None:
         every = self.config.eval_every
-        if trainer.step == self.config.steps or (every and trainer.step % every == 0):
+        done = trainer.steps_done
+        if done == self.config.train.horizon or (every and done % every == 0):
             self.evaluate()
 
     def evaluate(self) -> dict | None:
@@ -297,7 +294,7 @@ class Distiller:
         if not self.eval_batches:
             return None
         with _eval_mode(self.student, self.teacher):
-            row = {"step": self.trainer.step, "tokens_seen": self._tokens_seen(),
+            row = {"step": self.trainer.steps_done, "tokens_seen": self._tokens_seen(),
                    "eval_loss": lm_loss(self.student, self.eval_batches)}
             if self.teacher is not None:
                 row["eval_kl"] = kl_to_teacher(self.student, self.teacher, self.eval_batches)
@@ -309,11 +306,11 @@ class Distiller:
         return int(history["tokens"].sum()) if "tokens" in history else 0
 
     def run(self, steps: int | None = None, stop=None) -> pd.DataFrame:
-        """Train ``steps`` more steps (default: up to ``config.steps`` in all); ``stop(step)``
-        ends the run early (it checkpoints). Returns :attr:`history`."""
-        if self.trainer.step == 0 and not self.module.evals:
+        """Train ``steps`` more steps (default: up to ``config.train.horizon`` in all);
+        ``stop(step)`` ends the run early (it checkpoints). Returns :attr:`history`."""
+        if self.trainer.steps_done == 0 and not self.module.evals:
             self.evaluate()  # the starting point of every curve
-        self.trainer.run(steps, stop)
+        self.trainer.run(self.batches, steps, stop)
         return self.history
 
     @property
@@ -340,8 +337,8 @@ def correct_teacher(teacher, batches, steps: int = 20, lr: float = 1e-4,
     distillation ``batches`` (Minitron's teacher correction: the teacher first adapts to the
     data it will teach on); ``teacher`` itself is left untouched. ``config`` gives the other
     optimisation fields (its mode and layer pairs are ignored)."""
-    base = config if config is not None else DistillConfig(progress=False)
-    correction = replace(base, mode="ce", layer_pairs=(), steps=steps, lr=lr)
+    base = config if config is not None else DistillConfig.flat(progress=False)
+    correction = base.updated(mode="ce", layer_pairs=(), horizon=steps, lr=lr)
     corrected = copy.deepcopy(teacher)
     Distiller(corrected, None, batches, correction, checkpoint_dir=checkpoint_dir,
               desc="correct teacher").run()
@@ -373,7 +370,7 @@ def distill(student, teacher, tokenizer, source: str | os.PathLike = "running_su
     if out_dir is not None and Path(out_dir).is_file():
         raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
     train, held_out = distill_data(tokenizer, source, num, eval_num, config.batch_size,
-                                   config.seed, max_len)
+                                   config.train.seed, max_len)
     state = train_state_dir(out_dir) if out_dir is not None else None
     distiller = Distiller(student, teacher, train, config, held_out, checkpoint_dir=state)
     distiller.run()

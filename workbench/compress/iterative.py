@@ -9,7 +9,7 @@ the distillation's history and evaluations.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -73,7 +73,7 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
     student = prune(teacher, plan, scores)
     before = lm_loss(student, held_out)
     config = config if config is not None else DistillConfig()
-    distiller = Distiller(student, teacher, train, replace(config, progress=progress),
+    distiller = Distiller(student, teacher, train, config.updated(progress=progress),
                           eval_batches=held_out, checkpoint_dir=checkpoint_dir,
                           desc=f"distill {name}")
     distiller.run()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from dataclasses import replace
 
 import pandas as pd
 from ..progress import tqdm
@@ -92,8 +91,8 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
         scores = importance_from_batches(teacher, calibration, progress=False).scores
     ranked = rank_candidates(table, lambda p: lm_loss(prune(teacher, p, scores), held_out),
                              "loss_pruned")
-    config = replace(config if config is not None else DistillConfig(), progress=False,
-                     eval_every=0)
+    config = (config if config is not None else DistillConfig()).updated(progress=False,
+                                                                           eval_every=0)
 
     def retrained(plan):
         student = prune(teacher, plan, scores)
@@ -134,20 +133,20 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
                      layer_pairs=(), progress: bool = True):
     """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
     :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), every run on the
-    same ``train`` batches for ``config.steps`` steps, so at an equal token budget. ``curves``:
+    same ``train`` batches for ``config.train.horizon`` steps, so at an equal token budget. ``curves``:
     one row per (run, evaluation) with ``step``, ``tokens`` (training tokens seen) and
     ``lm_loss`` on ``held_out``."""
-    kd, ce = replace(config, mode="kd", layer_pairs=()), replace(config, mode="ce", layer_pairs=())
+    kd, ce = config.updated(mode="kd", layer_pairs=()), config.updated(mode="ce", layer_pairs=())
     runs = {RETRAININGS[0]: (copy.deepcopy(student), teacher, kd),
             RETRAININGS[1]: (copy.deepcopy(student), teacher,
-                             replace(kd, layer_pairs=tuple(layer_pairs))),
+                             kd.updated(layer_pairs=tuple(layer_pairs))),
             RETRAININGS[2]: (copy.deepcopy(student), None, ce),
-            RETRAININGS[3]: (scratch_like(student, config.seed), None, ce)}
+            RETRAININGS[3]: (scratch_like(student, config.train.seed), None, ce)}
     if not layer_pairs:
         del runs[RETRAININGS[1]]
     curves, models = [], {}
     for name, (model, teach, cfg) in runs.items():
-        distiller = Distiller(model, teach, train, replace(cfg, progress=progress),
+        distiller = Distiller(model, teach, train, cfg.updated(progress=progress),
                               eval_batches=held_out, desc=name)
         distiller.run()
         ev = distiller.evals

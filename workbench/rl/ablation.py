@@ -12,7 +12,7 @@ Amdahl prediction ``1 / ((1 - f) + f / s)``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +251,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     runs = {}
     for seed in seeds:
         for v in variants:
-            cfg = TLTConfig.variant(v, replace(grpo, seed=seed), **tlt_kw)
+            cfg = TLTConfig.variant(v, grpo.updated(seed=seed), **tlt_kw)
             runs[(v, seed)] = TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
                                          cfg, drafter_head=drafter_head if cfg.speculative
                                          else None)
@@ -265,7 +265,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                 evals.append({**evals[0], "variant": v, "seed": seed})
                 continue
             rep = evaluate_policy(tr.model, tokenizer, eval_problems, progress=False,
-                                  max_new_tokens=eval_max_new_tokens or grpo.max_new_tokens)
+                                  max_new_tokens=eval_max_new_tokens or grpo.rollout.max_new_tokens)
             evals.append({"variant": v, "seed": seed, "step": step,
                           "accuracy": rep.summary()["accuracy"]})
 
@@ -294,7 +294,7 @@ def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed:
     if steps == 0 or setup.drafter_head is None:
         return None
     pair = run_ablation(setup.policy, setup.tokenizer, setup.pool,
-                        replace(grpo, spec_mode="coupled"), steps, variants=["baseline", "tlt"],
+                        grpo.updated(spec_mode="coupled"), steps, variants=["baseline", "tlt"],
                         seeds=[seed], drafter_head=setup.drafter_head, reward=setup.reward,
                         progress=False, **tlt_kw)
     h = pair.history

@@ -1,9 +1,17 @@
 """GRPO: group-relative policy optimisation, one RL step at a time, on the training harness.
 
-One step takes ``P`` prompts, samples ``G`` responses to each with the rollout engine, scores
-them with the task's reward, normalises each reward inside its group (the advantage), and
-updates the policy on a clipped token-level surrogate (optionally with a k3 KL term to a
-reference policy) for ``epochs`` passes over minibatches of the step's sequences.
+One RL step reads top to bottom (:meth:`GRPO.step`):
+
+1. **rollout**: take the step's ``P`` prompts and sample ``G`` responses to each with the
+   rollout engine; score them with the task's reward (:meth:`GRPO.rollout`);
+2. **update data**: normalise each reward inside its group (the advantage) and compute the
+   old and reference log-probabilities, once, into a frozen
+   :class:`~workbench.rl.loss.UpdateData`;
+3. **update**: one :meth:`~workbench.train.Trainer.step` per minibatch of the step's sequences,
+   ``epochs`` passes, on the clipped token-level surrogate, optionally with a k3 KL term to
+   the reference policy (:func:`~workbench.rl.loss.minibatch_loss`);
+4. **metrics**: reward, accuracy (``workbench.evaluate``'s definition), lengths, KL to the
+   start, loss and timings, one row per RL step.
 
 The trainer recomputes the old log-probabilities itself from the policy it updates, never
 trusting the rollout's: a speculative verify pass rounds differently from a one-token step, and
@@ -11,237 +19,226 @@ the update must see the policy's own numbers. With one epoch of one minibatch (t
 on-policy) the old log-probabilities are the detached values of the same forward, so the
 ratio is exactly 1 and nothing is computed twice.
 
-The pure pieces (:func:`group_advantages`, :func:`token_terms`, :func:`aggregate`) are what
-the tests check against hand-computed values; :class:`GRPO` composes them with the engine
-and :class:`~workbench.train.Trainer` (AdamW, clipping, its own generator, atomic state).
+:class:`GRPO` owns the policy's optimizer (a :class:`~workbench.train.Trainer`), a frozen copy
+of the starting policy (the KL reference and the drift measure) and the rollout engine. The
+TLT trainer calls the halves (``rollout`` and ``update``) with drafter training in between.
+Everything a step does is a function of the config and the step number (prompt order,
+sampling draws, minibatch order), so a run resumed from its checkpoint continues exactly.
 """
 from __future__ import annotations
 
-import math
-import numbers
-from dataclasses import dataclass
+import copy
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+import pandas as pd
 import torch
 
-__all__ = ["GRPOConfig", "LOSS_AGGREGATIONS", "group_advantages", "token_terms", "aggregate",
-           "grpo_loss", "SequenceBatch", "sequence_logprobs"]
+from ..evaluate import accuracy, score_rollout
+from ..rollout import RolloutConfig, RolloutEngine
+from ..rollout.timeline import ROLLOUT_KINDS
+from ..tasks import Problem, exact_match_reward
+from ..train import Trainer
+from .checkpoint import has_state, load_state, save_state
+from .config import GRPOConfig
+from .loss import UpdateData, group_advantages, minibatch_loss
 
-LOSS_AGGREGATIONS = ("token-mean", "sequence-mean")
+__all__ = ["GRPO", "RLStep", "STATE_FILE"]
 
-
-def _is_int(v, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+STATE_FILE = "rl_state.pt"
 
 
 @dataclass
-class GRPOConfig:
-    """Arguments of a GRPO run; every field is checked when the config is built.
+class RLStep:
+    """One RL step's rollout, rewards, metrics row and the update's wall seconds."""
+
+    step: int
+    result: object            # the RolloutResult (timeline, requests)
+    problems: list[Problem]
+    rewards: list[float]
+    metrics: dict
+
+
+class GRPO:
+    """GRPO on ``problems`` with ``reward``; ``run(steps)`` or ``step()`` at a time.
 
     Args:
-        prompts_per_step: ``P``, prompts drawn per RL step.
-        samples_per_prompt: ``G``, responses per prompt (a group); at least 2, since the
-            advantage compares a response with its group.
-        max_new_tokens: response length cap.
-        temperature: sampling temperature of the rollout (and of the log-probabilities the
-            loss uses: logits are divided by it, as the sampler does).
-        lr: AdamW learning rate (constant).
-        epochs: passes over the step's sequences.
-        minibatches: optimizer steps per epoch (the step's sequences split evenly).
-        clip_eps: the PPO clip range: ratios outside ``[1 - eps, 1 + eps]`` stop the gradient.
-        loss_aggregation: ``"token-mean"`` (every response token weighs the same, as DAPO
-            and TRL's default) or ``"sequence-mean"`` (each response's mean, then the mean
-            over responses, as in the GRPO paper).
-        kl_coef: ``beta`` of the k3 KL term to the reference policy; 0 turns it off (the
-            KL to the starting policy is still measured every step).
-        scale_rewards: divide each group's centred rewards by its standard deviation.
-        weight_decay, clip_norm, betas: AdamW and gradient clipping.
-        micro_tokens: padded tokens per forward inside a minibatch (sequences of similar
-            length go together; their losses sum into one backward).
-        kl_sample: sequences per step on which the KL to the starting policy is measured
-            when ``kl_coef`` is 0 (the measure needs the reference's forward; a sample keeps
-            it cheap); with ``kl_coef`` > 0 every sequence has it anyway.
-        workers: rollout workers ``N`` (the sim clock charges the update as its time / N).
-        max_batch_size: rows decoded together per worker (None: the whole shard).
-        spec_mode: SD verification when sampling ("coupled" or "speculative").
-        seed: prompt order, sampling draws and the trainer's generator.
+        model: any HF causal LM (the policy; trained in place).
+        tokenizer: its tokenizer.
+        problems: the RL prompt pool (``workbench.tasks.Problem``); step ``s`` takes the next
+            ``P`` of a seeded permutation per epoch of the pool.
+        reward: ``reward(prompt, completion, answer) -> float``.
+        config: a :class:`GRPOConfig`.
+        engine: the rollout engine (default: a new one on ``model``).
+        checkpoint_dir: folder of the atomic RL checkpoint (policy, optimizer, step, history);
+            a run resumes from it. Refused when it is an existing file.
     """
 
-    prompts_per_step: int = 16
-    samples_per_prompt: int = 8
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    lr: float = 5e-5
-    epochs: int = 1
-    minibatches: int = 1
-    clip_eps: float = 0.2
-    loss_aggregation: str = "token-mean"
-    kl_coef: float = 0.0
-    scale_rewards: bool = True
-    weight_decay: float = 0.0
-    clip_norm: float | None = 1.0
-    betas: tuple = (0.9, 0.99)
-    micro_tokens: int = 8192
-    kl_sample: int = 32
-    workers: int = 1
-    max_batch_size: int | None = None
-    spec_mode: str = "coupled"
-    seed: int = 0
+    def __init__(self, model, tokenizer, problems: list[Problem], reward=exact_match_reward,
+                 config: GRPOConfig | None = None, engine: RolloutEngine | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None):
+        self.config = config if config is not None else GRPOConfig()
+        self.config.validate()
+        if not callable(reward):
+            raise TypeError(f"reward must be a callable reward(prompt, completion, answer), "
+                            f"got {reward!r}")
+        if not problems or not all(isinstance(p, Problem) for p in problems):
+            raise ValueError("problems must be a non-empty list of workbench.tasks.Problem "
+                             "(get_problems(...) or load_jsonl(...))")
+        if checkpoint_dir is not None and Path(checkpoint_dir).is_file():
+            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
+                             "must be a folder (created if missing)")
+        self.model, self.tokenizer, self.problems, self.reward = model, tokenizer, problems, reward
+        self.engine = engine or RolloutEngine(model, tokenizer)
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.trainer = Trainer(model, self._loss, self.config.train)
+        self.rl_step = 0
+        self.rows: list[dict] = []
+        self.checkpoint_dir = checkpoint_dir
+        if checkpoint_dir is not None and self.has_checkpoint(checkpoint_dir):
+            self.load_checkpoint(checkpoint_dir)
 
-    def __post_init__(self):
-        self.validate()
+    # ---- data ---------------------------------------------------------------------------
+    def problems_for(self, step: int) -> list[Problem]:
+        """The ``P`` problems of RL step ``step``: a seeded permutation per pass of the pool."""
+        n, P = len(self.problems), self.config.prompts_per_step
+        seed = self.config.rollout.seed
+        out = []
+        for j in range(step * P, (step + 1) * P):
+            epoch, i = divmod(j, n)
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            out.append(self.problems[int(torch.randperm(n, generator=g)[i])])
+        return out
 
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
-        if not _is_int(self.samples_per_prompt, 2):
-            raise ValueError(f"GRPOConfig.samples_per_prompt (G) must be an integer >= 2: "
-                             f"the advantage compares each response with its group, got "
-                             f"{self.samples_per_prompt!r}")
-        for name in ("prompts_per_step", "max_new_tokens", "epochs", "minibatches",
-                     "micro_tokens", "workers", "kl_sample"):
-            if not _is_int(getattr(self, name), 1):
-                raise ValueError(f"GRPOConfig.{name} must be an integer >= 1, "
-                                 f"got {getattr(self, name)!r}")
-        if self.max_batch_size is not None and not _is_int(self.max_batch_size, 1):
-            raise ValueError(f"GRPOConfig.max_batch_size must be None or an integer >= 1, "
-                             f"got {self.max_batch_size!r}")
-        if self.minibatches > self.prompts_per_step * self.samples_per_prompt:
-            raise ValueError(f"GRPOConfig.minibatches={self.minibatches} exceeds the "
-                             f"{self.prompts_per_step * self.samples_per_prompt} sequences "
-                             "of a step")
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            raise ValueError(f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, "
-                             f"got {self.loss_aggregation!r}")
-        reals = {"temperature": (lambda v: v > 0, "a number > 0 (GRPO samples)"),
-                 "lr": (lambda v: v > 0, "a number > 0"),
-                 "clip_eps": (lambda v: 0 < v < 1, "a number in (0, 1)"),
-                 "kl_coef": (lambda v: v >= 0, "a number >= 0"),
-                 "weight_decay": (lambda v: v >= 0, "a number >= 0")}
-        for name, (ok, accepted) in reals.items():
-            v = getattr(self, name)
-            if not (_is_real(v) and ok(v)):
-                raise ValueError(f"GRPOConfig.{name} must be {accepted}, got {v!r}")
-        if not isinstance(self.scale_rewards, bool):
-            raise ValueError(f"GRPOConfig.scale_rewards must be True or False, "
-                             f"got {self.scale_rewards!r}")
+    def rollout_config(self, step: int, **overrides) -> RolloutConfig:
+        """The rollout of RL step ``step``: the config's, with the step in every request's uid
+        (so no two steps share coupled draws)."""
+        return replace(self.config.rollout, rl_step=step, **overrides)
+
+    # ---- one step -----------------------------------------------------------------------
+    def rollout(self, schedule=None, drafter=None, harvest: bool = False) -> RLStep:
+        """Sample this step's groups and score them (the policy is not changed)."""
+        problems = self.problems_for(self.rl_step)
+        result = self.engine.rollout([p.prompt for p in problems],
+                                     self.rollout_config(self.rl_step, harvest=harvest),
+                                     progress=False, drafter=drafter, schedule=schedule)
+        rewards = score_rollout(result, problems, self.reward)
+        return RLStep(self.rl_step, result, problems, rewards, {})
+
+    def update(self, rl: RLStep, extra: dict | None = None) -> dict:
+        """Update the policy on ``rl``'s groups; returns (and records) the step's metrics."""
+        t0 = time.perf_counter()
+        data = self.update_data(rl)                                    # 2) frozen inputs
+        rows = []
+        with self.trainer.training():                                  # 3) the steps
+            for index in self.minibatch_plan(rl.step, len(data)):
+                rows.append(self.trainer.step((data, index)))
+        update_s = time.perf_counter() - t0
+        row = self._metrics(rl, pd.DataFrame(rows), update_s)          # 4) the row
+        row.update(extra or {})
+        self.rows.append(row)
+        self.rl_step += 1
+        return row
+
+    def step(self, schedule=None, drafter=None) -> dict:
+        """One RL step: rollout, rewards, update. Returns the step's metrics row."""
+        return self.update(self.rollout(schedule, drafter))
+
+    def run(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
+        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set)."""
+        from ..progress import tqdm
+        for _ in tqdm(range(steps), desc="GRPO", disable=not progress):
+            self.step()
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint()
+            if on_step is not None:
+                on_step(self)
+        return self.history
 
     @property
-    def sequences_per_step(self) -> int:
-        return self.prompts_per_step * self.samples_per_prompt
+    def history(self) -> pd.DataFrame:
+        """One row per RL step: reward, accuracy, ``groups_with_signal`` (the share of groups
+        whose rewards differ: the others get advantage 0 and teach nothing), lengths, KL to
+        the start, loss, timings."""
+        return pd.DataFrame(self.rows)
 
+    # ---- the update's inputs and plan -----------------------------------------------------
+    def update_data(self, rl: RLStep) -> UpdateData:
+        """Everything the update of ``rl`` reads, computed once before its first step: the
+        sequences, their advantages, the old log-probabilities (off-policy only) and the
+        reference's (every sequence with a KL term, else the first ``kl_sample``)."""
+        c = self.config
+        reqs = rl.result.requests
+        device = self.model.get_input_embeddings().weight.device  # the logprobs' device
+        advantages = group_advantages(rl.rewards, c.rollout.samples_per_prompt,
+                                      c.scale_rewards).to(device)
+        data = UpdateData([r.prompt_ids for r in reqs], [r.tokens for r in reqs], advantages,
+                          None, None, self.engine.pad_id, device)
+        temperature, budget = c.rollout.temperature, c.micro_tokens
+        on_policy = c.epochs == 1 and c.minibatches == 1
+        old = None if on_policy else data.logprobs(self.model, len(data), temperature, budget)
+        sampled = len(data) if c.kl_coef else min(c.kl_sample, len(data))
+        ref = data.logprobs(self.reference, sampled, temperature, budget)
+        return replace(data, old_logp=old, ref_logp=ref)
 
-# ---- the pure pieces ----------------------------------------------------------------------
+    def minibatch_plan(self, step: int, n: int) -> list[list[int]]:
+        """The sequence indices of each optimizer step of RL step ``step``: ``epochs`` passes,
+        each a seeded permutation of the ``n`` sequences cut into ``minibatches``."""
+        c = self.config
+        plan = []
+        for epoch in range(c.epochs):
+            g = torch.Generator().manual_seed((c.train.seed * 1_000_003 + step) * 101 + epoch)
+            perm = torch.randperm(n, generator=g).tolist() if c.minibatches > 1 else list(range(n))
+            plan.extend(perm[m::c.minibatches] for m in range(c.minibatches))
+        return plan
 
-def group_advantages(rewards, group_size: int, scale: bool = True,
-                     eps: float = 1e-4) -> torch.Tensor:
-    """Each reward minus its group's mean, divided by the group's standard deviation (the
-    unbiased one, as TRL) plus ``eps`` when ``scale``. Rewards come group after group:
-    ``rewards[g * G + i]`` is sample ``i`` of prompt ``g``. A group whose rewards are all
-    equal gets advantage 0: it carries no signal about which response was better."""
-    r = torch.as_tensor(rewards, dtype=torch.float64)
-    if r.dim() != 1 or r.numel() % group_size:
-        raise ValueError(f"{r.numel()} rewards do not split into groups of {group_size}")
-    g = r.view(-1, group_size)
-    centred = g - g.mean(dim=1, keepdim=True)
-    if scale:
-        std = g.std(dim=1, keepdim=True)
-        centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
-    return centred.flatten()
+    def _loss(self, batch, generator):
+        data, index = batch
+        return minibatch_loss(self.model, data, index, self.config)
 
+    def _metrics(self, rl: RLStep, hist: pd.DataFrame, update_s: float) -> dict:
+        reqs = rl.result.requests
+        lengths = [len(r.tokens) for r in reqs]
+        tl = rl.result.timeline
+        n = self.config.rollout.workers
+        rollout_s = float(tl.steps.loc[tl.steps["kind"].isin(ROLLOUT_KINDS), "end_s"].max())
+        groups = torch.tensor(rl.rewards).view(-1, self.config.rollout.samples_per_prompt)
+        signal = (groups != groups[:, :1]).any(dim=1).float().mean()
+        return {"step": rl.step, "reward": sum(rl.rewards) / len(rl.rewards),
+                "groups_with_signal": float(signal),
+                "accuracy": accuracy([rl.problems[r.prompt_id] for r in reqs],
+                                     [r.text for r in reqs]),
+                "response_len": sum(lengths) / len(lengths), "response_len_max": max(lengths),
+                "kl_start": float(hist["drift_sum"].sum() / hist["drift_tokens"].sum()),
+                "loss": float(hist["loss"].mean()),
+                "clip_fraction": float(hist["clip_fraction"].mean()),
+                "grad_norm": float(hist["grad_norm"].mean()),
+                "rollout_s": rollout_s, "update_s": update_s, "update_sim_s": update_s / n,
+                "step_s": tl.makespan_s + update_s / n, "clock": tl.clock,
+                "idle_fraction": tl.idle_fraction(), "wasted_fraction": tl.wasted_fraction(),
+                "tokens": int(sum(lengths))}
 
-def token_terms(logp, old_logp, advantages, clip_eps: float, ref_logp=None,
-                kl_coef: float = 0.0):
-    """Per-token loss ``[B, T]`` and clip indicator: the clipped surrogate
-    ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)`` plus ``kl_coef`` times the k3
-    estimate ``exp(ref - logp) - (ref - logp) - 1`` of KL(policy || reference)."""
-    ratio = torch.exp(logp - old_logp)
-    adv = advantages[:, None].to(logp.dtype)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
-    loss = -torch.minimum(unclipped, clipped)
-    if ref_logp is not None and kl_coef:
-        loss = loss + kl_coef * k3(ref_logp - logp)
-    return loss, (clipped < unclipped).to(logp.dtype)
+    # ---- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"rl_step": self.rl_step, "rows": list(self.rows),
+                "trainer": self.trainer.state_dict(),
+                "reference": self.reference.state_dict()}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+        self.reference.load_state_dict(state["reference"])
+        self.rl_step, self.rows = int(state["rl_step"]), list(state["rows"])
 
-def k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(p || q) per token, from ``log q - log p`` at samples of p."""
-    return torch.exp(log_ratio) - log_ratio - 1
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the RL state atomically: an interruption leaves the previous checkpoint."""
+        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE,
+                          self.state_dict())
 
+    @staticmethod
+    def has_checkpoint(path) -> bool:
+        return has_state(path, STATE_FILE)
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token-mean"):
-    """The scalar loss: ``token-mean`` (sum over every response token / their count) or
-    ``sequence-mean`` (each response's own mean, then the mean over responses)."""
-    sums, counts = (per_token * mask).sum(1), mask.sum(1)
-    return aggregate_sums(sums, counts, how)
-
-
-def aggregate_sums(sums: torch.Tensor, counts: torch.Tensor, how: str):
-    """:func:`aggregate` from each sequence's summed loss and token count (micro-batches)."""
-    if how not in LOSS_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {how!r}")
-    if how == "token-mean":
-        return sums.sum() / counts.sum().clamp(min=1)
-    return (sums / counts.clamp(min=1)).mean()
-
-
-def grpo_loss(logp, old_logp, advantages, mask, clip_eps: float = 0.2,
-              how: str = "token-mean", ref_logp=None, kl_coef: float = 0.0):
-    """The GRPO loss of a padded batch: :func:`token_terms` aggregated by :func:`aggregate`."""
-    per_token, _ = token_terms(logp, old_logp, advantages, clip_eps, ref_logp, kl_coef)
-    return aggregate(per_token, mask.to(per_token.dtype), how)
-
-
-# ---- sequences and their log-probabilities -----------------------------------------------
-
-@dataclass
-class SequenceBatch:
-    """Right-padded prompt + response ids of some sequences, and where each response lies.
-
-    ``ids [B, L]``, ``response [B, L-1]``: 1 where
-    position ``t + 1`` is a response token (so ``logits[:, t]`` predicts it), and ``index``
-    the sequences' positions in the step (to gather advantages and old log-probabilities).
-    """
-
-    ids: torch.Tensor
-    response: torch.Tensor
-    index: list[int]
-
-    @classmethod
-    def of(cls, prompts: list[list[int]], responses: list[list[int]], index: list[int],
-           pad_id: int, device) -> "SequenceBatch":
-        longest = max(len(p) + len(r) for p, r in zip(prompts, responses))
-        ids = torch.full((len(index), longest), pad_id, dtype=torch.long)
-        response = torch.zeros((len(index), longest - 1))
-        for row, (p, r) in enumerate(zip(prompts, responses)):
-            ids[row, :len(p) + len(r)] = torch.tensor(p + r)
-            response[row, len(p) - 1:len(p) + len(r) - 1] = 1
-        return cls(ids.to(device), response.to(device), index)
-
-
-def sequence_logprobs(model, batch: SequenceBatch, temperature: float) -> torch.Tensor:
-    """``[B, L-1]`` log-probability of every next token under ``model`` at ``temperature``
-    (the sampler's adjusted distribution without top-p); read it where ``batch.response``.
-
-    No attention mask is passed: the sequences are right-padded, so under causal attention no
-    real token sees a pad, and the plain causal path (SDPA's ``is_causal`` kernel, positions
-    0..L-1) gives the real tokens exactly the masked values, without building a mask."""
-    logits = model(input_ids=batch.ids).logits[:, :-1]
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
-
-
-def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices grouped by similar length (longest first), each group's padded size at most
-    ``budget`` tokens (a group holds at least one sequence): little padding per forward."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+    def load_checkpoint(self, path) -> None:
+        self.load_state_dict(load_state(path, STATE_FILE))

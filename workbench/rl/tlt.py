@@ -34,7 +34,7 @@ from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPOConfig
-from .runner import GRPO
+from .grpo import GRPO
 
 __all__ = ["TLTConfig", "TLTTrainer", "VARIANTS", "tokens_digest", "first_divergence"]
 
@@ -110,7 +110,7 @@ class TLTConfig:
             return StaticSchedule(self.spec_k)
         return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
                                 window=self.window, explore_budget=self.explore_budget,
-                                seed=self.grpo.seed)
+                                seed=self.grpo.rollout.seed)
 
 
 def tokens_digest(result) -> str:
@@ -134,7 +134,7 @@ class TLTTrainer:
     """GRPO with TLT's rollout speed-ups switched on or off by ``config``.
 
     Args:
-        model, tokenizer, problems, reward: as :class:`~workbench.rl.runner.GRPO`.
+        model, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`.
         config: a :class:`TLTConfig`.
         drafter_head: the pre-RL EAGLE head (copied; static and adaptive variants start
             from the same one). Required when ``config.speculative``.

@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -234,20 +234,23 @@ class _Fit:
 
         def on_step(trainer):
             bar.update(min(seconds, trainer.elapsed_s) - bar.n)
-            bar.set_postfix_str(f"step {trainer.step}", refresh=False)
+            bar.set_postfix_str(f"step {trainer.steps_done}", refresh=False)
         return minutes, bar, on_step
 
     def record(self, trainer, responses: int, tau: float, extra: dict) -> dict:
+        """The provenance record, as ``provenance.json`` holds it (tuples read back as lists),
+        so the record a fit returns equals the one a later run reads from the folder."""
         c = self.config
-        return {"kind": self.kind, "model_fingerprint": self.fingerprint,
-                "model": str(getattr(self.policy.config, "_name_or_path", "")),
-                "task": str(self.task), "task_key": self.task_key, "minutes": c.minutes,
-                "harvest_s": round(self.harvest_s, 2), "train_budget_s": self.train_budget_s,
-                "train_s": trainer.elapsed_s, "steps": trainer.step,
-                "stop_reason": trainer.stop_reason, "train_sequences": responses,
-                "heldout_prompts": len(self.heldout),
-                "tau": tau, "k": c.k, "temperature": 0.0, "final_loss": final_loss(trainer),
-                "fit": asdict(c), **extra}
+        record = {"kind": self.kind, "model_fingerprint": self.fingerprint,
+                  "model": str(getattr(self.policy.config, "_name_or_path", "")),
+                  "task": str(self.task), "task_key": self.task_key, "minutes": c.minutes,
+                  "harvest_s": round(self.harvest_s, 2), "train_budget_s": self.train_budget_s,
+                  "train_s": trainer.elapsed_s, "steps": trainer.steps_done,
+                  "stop_reason": trainer.stop_reason, "train_sequences": responses,
+                  "heldout_prompts": len(self.heldout),
+                  "tau": tau, "k": c.k, "temperature": 0.0, "final_loss": final_loss(trainer),
+                  "fit": asdict(c), **extra}
+        return json.loads(json.dumps(record))
 
     def report(self, fitted: "Fitted") -> Fitted:
         p = fitted.provenance
@@ -264,18 +267,17 @@ def fit_eagle(policy, tokenizer, task, out_dir,
               provenance: dict | None = None, progress: bool = True) -> Fitted:
     """Fit an EAGLE head to ``policy`` on ``task`` and save it into ``out_dir``.
 
-    ``train`` sets the head's optimisation (its ``steps`` are the cosine horizon: training
+    ``train`` sets the head's optimisation (its ``horizon`` is the cosine horizon: training
     ends there or when the budget is spent); its ``seed`` and ``max_minutes`` come from
     ``config``. ``provenance`` adds entries to the saved record. An interrupted fit resumes its
     training from ``<out_dir>.train_state``.
     """
     fit = _Fit("eagle", policy, tokenizer, task, out_dir, config)
-    train = replace(train if train is not None else EagleTrainConfig(steps=2000),
-                    seed=fit.config.seed)
-    train.validate()
+    train = (train if train is not None else EagleTrainConfig.flat(horizon=2000)).updated(
+        seed=fit.config.seed)
     pairs = [p for run in fit.harvest(True, progress) for p in harvest_pairs(run)]
     minutes, bar, on_step = fit.budget_bar("train eagle head", progress)
-    cfg = replace(train, max_minutes=minutes)
+    cfg = train.updated(max_minutes=minutes)
     trainer = EagleTrainer(policy, config=cfg, checkpoint_dir=train_state_dir(fit.out_dir))
     trainer.trainer.on_step = on_step
     trainer.train(pairs)
@@ -290,7 +292,7 @@ def fit_eagle(policy, tokenizer, task, out_dir,
     head.save_pretrained(fit.out_dir, extra_files={"provenance.json": json.dumps(record,
                                                                                 indent=2)})
     trainer.trainer.discard_checkpoint()
-    return fit.report(Fitted("eagle", fit.out_dir, tau, trainer.step, record))
+    return fit.report(Fitted("eagle", fit.out_dir, tau, trainer.steps_done, record))
 
 
 def fit_drafter_lm(policy, tokenizer, task, out_dir,
@@ -329,7 +331,7 @@ def fit_drafter_lm(policy, tokenizer, task, out_dir,
     save_model(model, tokenizer, fit.out_dir, extra_files={"provenance.json": json.dumps(
         record, indent=2)})
     trainer.discard_checkpoint()
-    return fit.report(Fitted("lm", fit.out_dir, tau, trainer.step, record))
+    return fit.report(Fitted("lm", fit.out_dir, tau, trainer.steps_done, record))
 
 
 def fitted_from(path: str | os.PathLike) -> Fitted:

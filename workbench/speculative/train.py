@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..nested_config import NestedConfig
 from ..rollout.forward import causal_mask_4d
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
 from .eagle import EagleHead
@@ -31,14 +32,22 @@ __all__ = ["EagleTrainConfig", "EagleTrainer", "PairBatches", "harvest_pairs", "
 STATE_UNITS = ("rms", "raw")
 
 
+def _default_train() -> TrainConfig:
+    """EAGLE's optimisation: AdamW, cosine decay to 10% without warm-up over 600 steps, clip
+    1.0; the head saved (and the train state checkpointed) every 200 steps by ``train_eagle``."""
+    return TrainConfig(horizon=600, lr=2e-3, schedule="cosine", warmup=0, lr_floor=0.1,
+                       weight_decay=0.0, clip_norm=1.0, checkpoint_every=200, progress=False,
+                       desc="train eagle")
+
+
 @dataclass
-class EagleTrainConfig:
-    """Arguments of :class:`EagleTrainer` and :func:`train_eagle`.
+class EagleTrainConfig(NestedConfig):
+    """Arguments of :class:`EagleTrainer` and :func:`train_eagle`: the one declaration of the
+    EAGLE head's training hyperparameters (the zoo recipe, on-the-spot fits and the spot
+    trainer hold one). Flat: ``EagleTrainConfig.flat(horizon=2000, batch_size=16, lr=1e-3)``.
 
     Args:
-        steps: optimizer steps (and the horizon of the cosine LR decay).
         batch_size: sequences per step.
-        lr: AdamW learning rate (cosine decay to 10%).
         unroll: extra passes on the head's own predicted states (training-time drafting).
         noise: half-width of the uniform noise added to input states (EAGLE's robustness
             trick), drawn from the trainer's generator.
@@ -46,24 +55,26 @@ class EagleTrainConfig:
             ``"raw"`` in the policy's own units. Pre-norm states of a small policy have RMS
             far above 1, so in raw units the regression term dwarfs the cross-entropy that
             decides the drafted token; ``"rms"`` puts the two on one scale.
-        seed: batch order, initialisation and noise.
-        checkpoint_every: steps between head saves (and train-state checkpoints) when
-            ``train_eagle`` is given ``out_dir``.
-        max_minutes: wall-clock cap; training stops (and checkpoints) when it is reached.
+        train: the optimizer: ``horizon`` (the steps of a full training and of the cosine
+            decay; ``None`` with ``schedule="constant"``: training that never ends, as during
+            RL), ``lr``, ``seed`` (batch order, initialisation and noise), ``checkpoint_every``
+            (steps between head saves and train-state checkpoints when ``train_eagle`` is
+            given ``out_dir``), ``max_minutes`` (a wall-clock cap: training stops and
+            checkpoints), ...
     """
 
-    steps: int = 600
     batch_size: int = 32
-    lr: float = 2e-3
     unroll: int = 2
     noise: float = 0.05
     state_units: str = "rms"
-    seed: int = 0
-    checkpoint_every: int = 200
-    max_minutes: float = float("inf")
+    train: TrainConfig = field(default_factory=_default_train)
+
+    def __post_init__(self):
+        self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field (the harness checks the optimizer's)."""
+        """Raise ``ValueError`` naming the bad field (the optimizer's are the held
+        ``TrainConfig``'s, checked when it is built)."""
         _check_state_units(self.state_units)
         for name, low in (("batch_size", 1), ("unroll", 0)):
             v = getattr(self, name)
@@ -74,15 +85,10 @@ class EagleTrainConfig:
                 or not 0 <= self.noise < math.inf):
             raise ValueError(f"EagleTrainConfig.noise must be a finite number >= 0, "
                              f"got {self.noise!r}")
-        self.train_config()
-
-    def train_config(self, checkpoint_dir=None, progress: bool = False) -> TrainConfig:
-        """The harness's config: AdamW, cosine decay to 10% without warm-up, clip 1.0."""
-        return TrainConfig(steps=self.steps, lr=self.lr, schedule="cosine", warmup=0,
-                           lr_floor=0.1, weight_decay=0.0, clip_norm=1.0, seed=self.seed,
-                           max_minutes=self.max_minutes, checkpoint_dir=checkpoint_dir,
-                           checkpoint_every=self.checkpoint_every,
-                           progress=progress, desc="train eagle")
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"EagleTrainConfig.train must be a TrainConfig, got "
+                             f"{type(self.train).__name__} (EagleTrainConfig.flat takes flat "
+                             "parameters)")
 
 
 def harvest_pairs(result) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -194,21 +200,18 @@ class PairBatches:
         return _pad_batch([self.pairs[j] for j in group], self.device, self.dtype)
 
 
-def _no_pairs(step):
-    raise ValueError("no training pairs: pass pairs to EagleTrainer.train (harvest_pairs)")
-
-
 class EagleTrainer:
     """Trains an EAGLE head for a frozen policy, a few steps at a time.
 
     Optimizer, LR-schedule position, generator and history live on between calls, so the RL
-    loop can call ``train(new_pairs, steps=n)`` after every rollout and the head keeps
-    learning where it left off. The policy's ``requires_grad`` flags and train/eval modes are
-    the same after every call as before it.
+    loop can train after every rollout and the head keeps learning where it left off: either
+    ``train(new_pairs, steps=n)``, or :meth:`set_pairs` and then :meth:`step` inside
+    ``with trainer.training():`` (the policy's ``requires_grad`` flags and train/eval modes
+    are set once for the session and come back after it, exceptions included).
 
     Args:
         policy: the policy whose next hidden states the head predicts (frozen during training).
-        head: the head to train; default a new one, initialised from ``config.seed``.
+        head: the head to train; default a new one, initialised from ``config.train.seed``.
         config: an :class:`EagleTrainConfig`.
         checkpoint_dir: folder of the harness's train-state checkpoint; training resumes from
             it when it holds one.
@@ -221,14 +224,14 @@ class EagleTrainer:
         self.config = config if config is not None else EagleTrainConfig()
         self.config.validate()
         if head is None:
-            with isolated_rng(self.config.seed):  # seeded, and the caller's RNG untouched
+            with isolated_rng(self.config.train.seed):  # seeded, the caller's RNG untouched
                 head = EagleHead(policy)
         else:
             head.config.check(policy.config)
         self.policy, self.head = policy, head
-        self.trainer = Trainer(head, self._loss, _no_pairs,
-                               self.config.train_config(checkpoint_dir, progress),
-                               frozen=[policy])
+        self.batches: PairBatches | None = None  # set by set_pairs (or train(pairs))
+        train = replace(self.config.train, checkpoint_dir=checkpoint_dir, progress=progress)
+        self.trainer = Trainer(head, self._loss, train, frozen=[policy])
 
     def _loss(self, batch, generator):
         tokens, states, mask = batch
@@ -245,21 +248,36 @@ class EagleTrainer:
             raise ValueError(f"the pairs hold states of width {pairs[0][1].shape[-1]}, the "
                              f"policy's hidden size is {hidden}: harvest this policy")
         weight = self.policy.get_output_embeddings().weight
-        self.trainer.batches = PairBatches(pairs, self.config.batch_size, self.config.seed,
-                                           weight.device, weight.dtype)
+        self.batches = PairBatches(pairs, self.config.batch_size, self.config.train.seed,
+                                   weight.device, weight.dtype)
+
+    def _pairs(self) -> PairBatches:
+        if self.batches is None:
+            raise ValueError("no training pairs: pass pairs to EagleTrainer.train, or call "
+                             "set_pairs (harvest_pairs of a rollout run with harvest=True)")
+        return self.batches
+
+    def training(self):
+        """The training session :meth:`step` runs in (``Trainer.training``)."""
+        return self.trainer.training()
+
+    def step(self) -> dict:
+        """One optimizer step on the next batch of the pairs (the batch of this step number,
+        so a resumed run sees the same data); returns its history row."""
+        return self.trainer.step(self._pairs()(self.trainer.steps_done))
 
     def train(self, pairs=None, steps: int | None = None, stop=None) -> pd.DataFrame:
-        """Train ``steps`` more steps (default: up to ``config.steps`` in all) on ``pairs``
-        (default: the last ones given); ``stop(step)`` preempts between steps. Returns the
-        history rows of this call."""
+        """Train ``steps`` more steps (default: up to ``config.train.horizon`` in all) on
+        ``pairs`` (default: the last ones given); ``stop(step)`` preempts between steps.
+        Returns the history rows of this call."""
         if pairs is not None:
             self.set_pairs(pairs)
         before = len(self.trainer.history)
-        return self.trainer.run(steps, stop).iloc[before:].reset_index(drop=True)
+        return self.trainer.run(self._pairs(), steps, stop).iloc[before:].reset_index(drop=True)
 
     @property
-    def step(self) -> int:
-        return self.trainer.step
+    def steps_done(self) -> int:
+        return self.trainer.steps_done
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -290,7 +308,8 @@ def train_eagle(policy, pairs, config: EagleTrainConfig | None = None, head: Eag
     et = EagleTrainer(policy, head, config, checkpoint_dir=state, progress=progress)
 
     def save_head(trainer):
-        if config.checkpoint_every and trainer.step % config.checkpoint_every == 0:
+        every = config.train.checkpoint_every
+        if every and trainer.steps_done % every == 0:
             et.head.save_pretrained(out_dir)
 
     if out_dir is not None:

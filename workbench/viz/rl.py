@@ -24,9 +24,10 @@ SIM_NOTE = "sim clock: N workers in parallel, policy update charged as its time 
 
 def rl_label(grpo, steps: int) -> str:
     """``P x G, cap, lr, steps, N workers`` of a GRPOConfig: the line under every RL figure."""
-    return (f"P={grpo.prompts_per_step} x G={grpo.samples_per_prompt}, max "
-            f"{grpo.max_new_tokens} tokens, lr {grpo.lr:g}, T={grpo.temperature:g}, "
-            f"{steps} RL steps, N={grpo.workers} workers"
+    rollout = grpo.rollout
+    return (f"P={grpo.prompts_per_step} x G={rollout.samples_per_prompt}, max "
+            f"{rollout.max_new_tokens} tokens, lr {grpo.train.lr:g}, T={rollout.temperature:g}, "
+            f"{steps} RL steps, N={rollout.workers} workers"
             + (f", KL coef {grpo.kl_coef:g}" if grpo.kl_coef else ""))
 
 

@@ -9,7 +9,7 @@ resumes exactly), tau on 64 held-out problems with responses up to 384 tokens.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -60,19 +60,21 @@ def train_drafter_lm(out_dir=None, seed: int = 0, minutes: float | None = None,
     return _printed(fitted)
 
 
+def _shipped_eagle() -> EagleTrainConfig:
+    """The shipped head's training: EAGLE's defaults over 5,000 steps of cosine decay."""
+    return EagleTrainConfig.flat(horizon=5000)
+
+
 @dataclass
 class EagleRecipe:
-    """EAGLE head of the default policy: harvest policy rollouts, then train the head."""
+    """EAGLE head of the default policy: harvest policy rollouts, then train the head
+    (``train``; its ``seed`` is the recipe's, its ``max_minutes`` what harvesting left of
+    ``minutes``)."""
 
     seed: int = 0
     num_prompts: int = 4000
     heldout_prompts: int = 64
-    steps: int = 5000
-    batch_size: int = 32
-    lr: float = 2e-3
-    unroll: int = 2
-    noise: float = 0.05
-    state_units: str = "rms"
+    train: EagleTrainConfig = field(default_factory=_shipped_eagle)
     minutes: float = 50.0           # training stops early when this wall-clock cap is hit
 
 
@@ -83,10 +85,7 @@ def train_eagle_head(out_dir=None, seed: int = 0, minutes: float | None = None,
     if minutes is not None:
         recipe.minutes = minutes
     policy, tok = load_model("default", device="cpu")
-    train = EagleTrainConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr,
-                             unroll=recipe.unroll, noise=recipe.noise,
-                             state_units=recipe.state_units)
     command = f"workbench zoo train eagle --seed {recipe.seed}"
     fitted = fit_eagle(policy, tok, TASK, Path(out_dir or DEFAULT_EAGLE), _fit_config(recipe),
-                       train, provenance={"command": command, "recipe": asdict(recipe)})
+                       recipe.train, provenance={"command": command, "recipe": asdict(recipe)})
     return _printed(fitted)

@@ -86,8 +86,8 @@ def _snapshots(recipe: PolicyRecipe, out_dir: Path, tokenizer):
     folder = out_dir.with_name(out_dir.name + ".snapshots")
 
     def snap(trainer):
-        if trainer.step % recipe.snapshot_every == 0:
-            save_model(trainer.model, tokenizer, folder / f"step{trainer.step}",
+        if trainer.steps_done % recipe.snapshot_every == 0:
+            save_model(trainer.model, tokenizer, folder / f"step{trainer.steps_done}",
                        dtype=torch.float16)
     return snap
 
@@ -95,7 +95,7 @@ def _snapshots(recipe: PolicyRecipe, out_dir: Path, tokenizer):
 def _provenance(recipe: PolicyRecipe, trainer: Trainer, model) -> dict:
     hist = trainer.history
     return {"command": f"workbench zoo train default --seed {recipe.seed}",
-            "recipe": asdict(recipe), "steps": trainer.step,
+            "recipe": asdict(recipe), "steps": trainer.steps_done,
             "train_tokens": int(hist["tokens"].sum()) if len(hist) else 0,
             "wall_time_s": round(trainer.elapsed_s, 1), "final_loss": final_loss(trainer),
             "parameters": sum(p.numel() for p in model.parameters()),

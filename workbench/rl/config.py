@@ -1,0 +1,137 @@
+"""The arguments of a GRPO run: the rollout it samples with, the optimizer it updates with,
+and what is GRPO's own (group size aside, which the rollout holds).
+
+``GRPOConfig`` holds a :class:`~workbench.rollout.RolloutConfig` and a
+:class:`~workbench.train.TrainConfig` rather than re-declaring their fields, so each field is
+declared, defaulted and checked once. A notebook keeps flat parameters through
+:meth:`GRPOConfig.flat`: ``GRPOConfig.flat(prompts_per_step=16, samples_per_prompt=8,
+max_new_tokens=256, lr=2e-4, seed=0)``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from ..nested_config import NestedConfig
+from ..rollout import RolloutConfig
+from ..train import TrainConfig
+
+__all__ = ["GRPOConfig", "LOSS_AGGREGATIONS"]
+
+LOSS_AGGREGATIONS = ("token-mean", "sequence-mean")
+
+
+def _is_int(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _default_rollout() -> RolloutConfig:
+    return RolloutConfig(max_new_tokens=256, temperature=1.0, samples_per_prompt=8)
+
+
+def _default_train() -> TrainConfig:
+    """AdamW at a constant LR with no horizon (RL goes on as long as it is run), eval mode
+    (dropout off: the update sees the numbers the rollout sampled from), no progress bar."""
+    return TrainConfig(lr=5e-5, betas=(0.9, 0.99), train_mode=False, progress=False)
+
+
+@dataclass
+class GRPOConfig(NestedConfig):
+    """Arguments of a GRPO run; every field is checked when the config is built.
+
+    Args:
+        rollout: how each step samples: ``samples_per_prompt`` is ``G``, the group size (at
+            least 2, since the advantage compares a response with its group);
+            ``temperature`` (> 0) also divides the logits of the loss's log-probabilities,
+            as the sampler does; ``max_new_tokens``, ``workers`` (the sim clock charges the
+            update as its time / N), ``max_batch_size``, ``spec_mode``; ``seed`` sets the
+            sampling draws and the prompt order. Each step's ``rl_step`` and ``harvest``
+            are GRPO's to set.
+        train: the policy's optimizer (AdamW, LR schedule, clipping, ``seed`` of its
+            generator and of the minibatch order). Its ``checkpoint_dir`` stays None: GRPO
+            checkpoints the whole loop (``GRPO(checkpoint_dir=...)``).
+        prompts_per_step: ``P``, prompts drawn per RL step.
+        epochs: passes over the step's sequences.
+        minibatches: optimizer steps per epoch (the step's sequences split evenly).
+        clip_eps: the PPO clip range: ratios outside ``[1 - eps, 1 + eps]`` stop the gradient.
+        loss_aggregation: ``"token-mean"`` (every response token weighs the same, as DAPO
+            and TRL's default) or ``"sequence-mean"`` (each response's mean, then the mean
+            over responses, as in the GRPO paper).
+        kl_coef: ``beta`` of the k3 KL term to the reference policy; 0 turns it off (the
+            KL to the starting policy is still measured every step).
+        scale_rewards: divide each group's centred rewards by its standard deviation.
+        micro_tokens: padded tokens per forward inside a minibatch (sequences of similar
+            length go together; their losses sum into one backward).
+        kl_sample: sequences per step on which the KL to the starting policy is measured
+            when ``kl_coef`` is 0 (the measure needs the reference's forward; a sample keeps
+            it cheap); with ``kl_coef`` > 0 every sequence has it anyway.
+    """
+
+    rollout: RolloutConfig = field(default_factory=_default_rollout)
+    train: TrainConfig = field(default_factory=_default_train)
+    prompts_per_step: int = 16
+    epochs: int = 1
+    minibatches: int = 1
+    clip_eps: float = 0.2
+    loss_aggregation: str = "token-mean"
+    kl_coef: float = 0.0
+    scale_rewards: bool = True
+    micro_tokens: int = 8192
+    kl_sample: int = 32
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field, its value and what is accepted
+        (the held configs check their own fields when they are built)."""
+        if not isinstance(self.rollout, RolloutConfig) or not isinstance(self.train,
+                                                                         TrainConfig):
+            raise ValueError(f"GRPOConfig.rollout must be a RolloutConfig and GRPOConfig.train "
+                             f"a TrainConfig, got {type(self.rollout).__name__} and "
+                             f"{type(self.train).__name__} (GRPOConfig.flat takes flat "
+                             "parameters)")
+        self._validate_parts()
+        for name in ("prompts_per_step", "epochs", "minibatches", "micro_tokens", "kl_sample"):
+            if not _is_int(getattr(self, name), 1):
+                raise ValueError(f"GRPOConfig.{name} must be an integer >= 1, "
+                                 f"got {getattr(self, name)!r}")
+        if self.minibatches > self.sequences_per_step:
+            raise ValueError(f"GRPOConfig.minibatches={self.minibatches} exceeds the "
+                             f"{self.sequences_per_step} sequences of a step")
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, "
+                             f"got {self.loss_aggregation!r}")
+        reals = {"clip_eps": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+                 "kl_coef": (lambda v: v >= 0, "a number >= 0")}
+        for name, (ok, accepted) in reals.items():
+            v = getattr(self, name)
+            if not (_is_real(v) and ok(v)):
+                raise ValueError(f"GRPOConfig.{name} must be {accepted}, got {v!r}")
+        if not isinstance(self.scale_rewards, bool):
+            raise ValueError(f"GRPOConfig.scale_rewards must be True or False, "
+                             f"got {self.scale_rewards!r}")
+
+    def _validate_parts(self) -> None:
+        """What GRPO asks of its rollout and optimizer beyond their own checks."""
+        group = self.rollout.samples_per_prompt
+        if group < 2:
+            raise ValueError(f"GRPOConfig.rollout.samples_per_prompt (G) must be an integer "
+                             f">= 2: the advantage compares each response with its group, "
+                             f"got {group!r}")
+        if self.rollout.temperature <= 0:
+            raise ValueError(f"GRPOConfig.rollout.temperature must be a number > 0 (GRPO "
+                             f"samples), got {self.rollout.temperature!r}")
+        if self.train.checkpoint_dir is not None:
+            raise ValueError(f"GRPOConfig.train.checkpoint_dir must be None, got "
+                             f"{str(self.train.checkpoint_dir)!r}: GRPO checkpoints the whole "
+                             "loop into GRPO(checkpoint_dir=...)")
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.prompts_per_step * self.rollout.samples_per_prompt
