@@ -116,12 +116,13 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     rollout_end = result.timeline.makespan_s
     window = result.timeline.idle_windows()[0]  # the first worker to finish: the spot's
     start, end = window.start_s, window.end_s
-    real_train = spot.eagle.train
+    real_step = spot.eagle.step  # the spot trainer takes one EagleTrainer.step per drafter step
 
-    def slow_train(*a, **k):  # this machine got slower: one step outlasts the whole window
+    def slow_step(*a, **k):  # this machine got slower: one step outlasts the whole window
         time.sleep(end - start + 0.05)
-        return real_train(*a, **k)
-    spot.eagle.train = slow_train
+        return real_step(*a, **k)
+    spot.eagle.step = slow_step
+    spot.step_s = 0.0  # the estimate of v1's steps (slow on a loaded machine) lets it start
     out = spot.train_in_idle(result, engine.backend)
     assert out["drafter_preempted"] == 1 and out["drafter_steps"] == 0
     assert out["drafter_wasted_s"] == pytest.approx(end - start)

@@ -203,18 +203,19 @@ class DrafterJob:
         if not self.pairs:
             return out
         self.eagle.set_pairs(self.pairs)
-        while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
-            # 1) one drafter step on the worker's clock, from a copy of the last whole state
-            kept = _snapshot(self.eagle.trainer)
-            hist, row = clock.timed("drafter_train", lambda: self.eagle.train(steps=1),
-                                    batch_size=self.batch_size)
-            out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it really took
-            # 2) it crossed the window's end: preempted, its update discarded
-            if row.get("preempted"):
-                self.eagle.trainer.load_state_dict(kept)
-                out.preempted, out.wasted_s = 1, row["end_s"] - row["start_s"]
-                break
-            out.losses.append(float(hist["loss"].iloc[-1]))
+        with self.eagle.training():  # flags set once for the window, restored after it
+            while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
+                # 1) one drafter step on the worker's clock, from a copy of the last whole state
+                kept = _snapshot(self.eagle.trainer)
+                trained, row = clock.timed("drafter_train", self.eagle.step,
+                                           batch_size=self.batch_size)
+                out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it took
+                # 2) it crossed the window's end: preempted, its update discarded
+                if row.get("preempted"):
+                    self.eagle.trainer.load_state_dict(kept)
+                    out.preempted, out.wasted_s = 1, row["end_s"] - row["start_s"]
+                    break
+                out.losses.append(trained["loss"])
         if out.losses:
             out.state = self.eagle.trainer.state_dict()
         return out
