@@ -355,3 +355,24 @@ def test_eagle_recipe_is_the_on_the_spot_fit_with_the_shipped_settings(tmp_path)
     assert not (tmp_path / "head.train_state").exists()
     policy, _ = load_model("default", device="cpu")
     EagleHead.from_pretrained(tmp_path / "head", policy)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_a_damaged_checkpoint_names_its_file_and_what_to_do(tmp_path, damage):
+    from workbench.atomic import DamagedFileError
+    from workbench.rl.checkpoint import load_state, save_state
+    from workbench.train import CHECKPOINT_FILE
+
+    net = tiny_net()
+    Trainer(net, mse(net), config(checkpoint_dir=tmp_path / "ck")).run(make_batches(), steps=2)
+    save_state(tmp_path / "rl", "tlt_state.pt", {"step": 3, "schedule": None})
+    for path in (tmp_path / "ck" / CHECKPOINT_FILE, tmp_path / "rl" / "tlt_state.pt"):
+        data = path.read_bytes()
+        path.write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    net2 = tiny_net()
+    with pytest.raises(DamagedFileError, match=r"the trainer checkpoint '.*trainer\.pt' .*"
+                                               r"delete the folder"):
+        Trainer(net2, mse(net2), config(checkpoint_dir=tmp_path / "ck"))  # resumes on init
+    with pytest.raises(DamagedFileError, match=r"the RL checkpoint '.*tlt_state\.pt' .*"
+                                               r"delete the folder"):
+        load_state(tmp_path / "rl", "tlt_state.pt")

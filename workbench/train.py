@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from .progress import tqdm
 
-from .atomic import atomic_dir, recover_dir
+from .atomic import atomic_dir, load_torch_file, recover_dir
 from .train_config import SCHEDULES, TrainConfig, lr_at
 
 __all__ = ["TrainConfig", "Trainer", "batch_source", "lr_at", "isolated_rng",
@@ -353,7 +353,9 @@ class Trainer:
         if not self.has_checkpoint(path):
             raise FileNotFoundError(f"no trainer checkpoint in {str(path)!r}: expected "
                                     f"{CHECKPOINT_FILE} (Trainer.save_checkpoint writes it)")
-        state = torch.load(path / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+        state = load_torch_file(path / CHECKPOINT_FILE, "the trainer checkpoint",
+                                f"delete the folder {str(path)!r} to train from the start, or "
+                                "restore the file from a copy")
         self.load_state_dict(state, where=f"the checkpoint in {str(path)!r}")
         if self.config.progress:
             print(f"resuming from {path} at step {self.steps_done}", flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_dir, recover_dir
+from ..atomic import atomic_dir, load_torch_file, recover_dir
 
 __all__ = ["save_state", "has_state", "load_state"]
 
@@ -25,5 +25,8 @@ def has_state(path: str | os.PathLike, name: str) -> bool:
 
 
 def load_state(path: str | os.PathLike, name: str) -> dict:
-    """The state in ``path/name`` (it holds Python objects such as a schedule: trusted files)."""
-    return torch.load(Path(path) / name, map_location="cpu", weights_only=False)
+    """The state in ``path/name`` (it holds Python objects such as a schedule: trusted files);
+    a damaged file is a ``DamagedFileError`` naming it and saying what to do."""
+    return load_torch_file(Path(path) / name, "the RL checkpoint",
+                           f"delete the folder {str(path)!r} to start the run over, or restore "
+                           "the file from a copy", weights_only=False)
