@@ -1,10 +1,12 @@
 """The README's list of public names (section "Every public name, by module") is what a user
-calls: each name imports from the module the list says, the module's ``__all__`` lists it, and
-the notebooks, the package's first users, call nothing the list leaves out."""
+calls: each name imports from the module the list says, the module's ``__all__`` is exactly its
+row, every subpackage's ``__init__`` exports its row or nothing, and the notebooks, the
+package's first users, call nothing the list leaves out."""
 import ast
 import importlib
 import importlib.util
 import json
+import pkgutil
 import re
 from pathlib import Path
 
@@ -41,6 +43,37 @@ def test_every_listed_name_imports_from_its_module_and_is_exported(module):
     assert exported is not None, f"{module} has no __all__"
     unexported = [n for n in names if n not in exported]
     assert unexported == [], f"{module}.__all__ leaves out {unexported}"
+
+
+@pytest.mark.parametrize("module", sorted(public_names()))
+def test_every_listed_module_exports_exactly_its_row(module):
+    """The README's row and the module's ``__all__`` are one list written twice: a name added
+    to either alone fails here, so the two cannot drift."""
+    exported = set(importlib.import_module(module).__all__)
+    listed = set(public_names()[module])
+    assert exported - listed == set(), f"{module}.__all__ exports names the README leaves out"
+    assert listed - exported == set(), f"the README lists names {module}.__all__ leaves out"
+
+
+def _subpackages() -> list[str]:
+    import workbench
+    return sorted(info.name for info in pkgutil.walk_packages(workbench.__path__, "workbench.")
+                  if info.ispkg)
+
+
+def test_the_walk_finds_the_subpackages():
+    assert {"workbench.rollout", "workbench.speculative", "workbench.compress",
+            "workbench.viz"} <= set(_subpackages())
+
+
+@pytest.mark.parametrize("package", _subpackages())
+def test_every_subpackage_exports_its_row_or_nothing(package):
+    """A package's ``__init__`` re-exports what a user calls from the package top: its README
+    row, or nothing where the README lists none (its modules are then imported by path)."""
+    mod = importlib.import_module(package)
+    exported = getattr(mod, "__all__", None)
+    assert exported is not None, f"{package} has no __all__"
+    assert set(exported) == set(public_names().get(package, [])), package
 
 
 def _notebook_calls(source: str) -> set[tuple[str, str]]:

@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.rollout import RolloutConfig, RolloutEngine, SamplingParams, Timeline
-from workbench.rollout.sampling import adjusted_logprobs, make_uid, split_uid
+from workbench.rollout import RolloutConfig, RolloutEngine, Timeline
+from workbench.rollout.sampling import SamplingParams, adjusted_logprobs, make_uid, split_uid
 
 from .conftest import PROMPTS, tiny_model
 

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from workbench.tasks import (RunningSumTask, exact_match_reward, extract_final_answer,
-                             get_problems, load_jsonl)
+from workbench.tasks import RunningSumTask, exact_match_reward, get_problems, load_jsonl
+from workbench.tasks.base import extract_final_answer
 
 
 def test_generator_is_seeded():

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from workbench.rl.tlt import first_divergence
-from workbench.rollout import IdleRun, Worker
+from workbench.rollout.backend import IdleRun
+from workbench.rollout.worker import Worker
 
 from .test_tlt import _same, _state, _trainer, long_tails  # noqa: F401 (a fixture)
 

@@ -6,8 +6,10 @@ import time
 import pytest
 import torch
 
-from workbench.rollout import (IdleWindow, LocalBackend, PlainSchedule, RolloutConfig,
-                               RolloutEngine, StaticSchedule, WorkerFailed, WorkerTask)
+from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
+                               StaticSchedule, WorkerFailed)
+from workbench.rollout.timeline import IdleWindow
+from workbench.rollout.worker import WorkerTask
 from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model

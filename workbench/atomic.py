@@ -27,8 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_file", "atomic_dir", "write_text", "write_json", "recover_dir",
-           "load_torch_file", "DamagedFileError"]
+__all__ = ["atomic_file", "atomic_dir", "load_torch_file", "DamagedFileError"]
 
 # what torch.load raises on a damaged file, depending on where the damage lies
 _LOAD_ERRORS = (RuntimeError, EOFError, OSError, KeyError, pickle.UnpicklingError,

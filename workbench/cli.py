@@ -6,6 +6,8 @@ import sys
 
 from .checks import check_positive
 
+__all__ = ["main"]
+
 
 def _zoo_train(args) -> int:
     from .zoo import RECIPES

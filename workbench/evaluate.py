@@ -15,8 +15,7 @@ import pandas as pd
 from .rollout.timeline import length_percentiles
 from .tasks import Problem, exact_match_reward
 
-__all__ = ["EvalReport", "evaluate_policy", "score_rollout", "accuracy", "length_percentiles",
-           "LENGTH_BUCKETS"]
+__all__ = ["EvalReport", "evaluate_policy", "score_rollout"]
 
 # Bucket edges (response tokens) used by every accuracy-per-length table.
 LENGTH_BUCKETS = (0, 32, 64, 128, 256, 10_000)

@@ -19,8 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from .train import TrainConfig, Trainer, isolated_rng
 
-__all__ = ["small_llama", "length_batches", "collate", "lm_batches", "response_lm_loss",
-           "lm_train_config", "train_lm", "final_loss"]
+__all__ = ["small_llama", "length_batches", "lm_train_config", "train_lm", "final_loss"]
 
 
 def small_llama(vocab_size: int, tokenizer, hidden_size: int, layers: int, heads: int,

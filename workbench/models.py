@@ -21,8 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from .atomic import atomic_dir
 
-__all__ = ["DATA_DIR", "EMBEDDED", "DEFAULT_EAGLE", "resolve_model_path", "load_model", "save_model",
-           "default_device", "tokenizer_mismatch", "TOKENIZER_PROBE"]
+__all__ = ["DEFAULT_EAGLE", "load_model", "save_model", "tokenizer_mismatch"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 EMBEDDED = {

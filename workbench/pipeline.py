@@ -45,8 +45,7 @@ from .atomic import atomic_file, write_text
 from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
                             load_pipeline)
 
-__all__ = ["PipelineError", "RunSpec", "Pipeline", "load_pipeline", "run_pipeline", "load_results",
-           "summarize", "summary_view", "TOP_KEYS", "ENTRY_KEYS", "OUT_DIR", "SEED"]
+__all__ = ["run_pipeline", "load_results", "summarize", "summary_view"]
 
 VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench")
 

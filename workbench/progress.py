@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tqdm.std import tqdm as std_tqdm
 
-__all__ = ["tqdm", "in_notebook_kernel"]
+__all__ = ["tqdm"]
 
 NOTEBOOK_NCOLS = 100        # the text bar's width in a notebook (no terminal to measure)
 NOTEBOOK_MININTERVAL = 0.5  # seconds between refreshes: few messages, still live

@@ -22,7 +22,7 @@ import pandas as pd
 from .atomic import write_text
 from .pipeline import load_results, summary_view
 
-__all__ = ["write_report", "report_html", "explorer_images"]
+__all__ = ["explorer_images"]
 
 EXECUTED = "notebook.ipynb"  # the executed notebook a pipeline leaves in each run folder
 WIDGET = "application/vnd.jupyter.widget-view+json"  # an explorer's controls, as saved

@@ -33,9 +33,7 @@ import pandas as pd
 
 from .checks import check_choice, check_int, check_positive
 
-__all__ = ["WIDE_SPREAD", "MIN_REPEATS", "ORDERS", "Runs", "run_order", "interleave",
-           "check_repeats", "per_repeat_ratios", "summarize", "compare", "spread_stats",
-           "format_ratio", "spread_note", "markdown"]
+__all__ = ["WIDE_SPREAD", "interleave", "summarize", "compare", "spread_note", "markdown"]
 
 WIDE_SPREAD = 0.25  # (max - min) / median of the per-repeat ratios above this is "wide"
 MIN_REPEATS = 3     # a median of fewer ratios says nothing about the spread

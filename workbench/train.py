@@ -42,8 +42,7 @@ from .progress import tqdm
 from .atomic import atomic_dir, load_torch_file, recover_dir
 from .train_config import SCHEDULES, TrainConfig, lr_at
 
-__all__ = ["TrainConfig", "Trainer", "batch_source", "lr_at", "isolated_rng",
-           "train_state_dir", "SCHEDULES", "CHECKPOINT_FILE"]
+__all__ = ["TrainConfig", "Trainer"]
 
 CHECKPOINT_FILE = "trainer.pt"
 _FORMAT = 1

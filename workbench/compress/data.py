@@ -29,9 +29,8 @@ from ..progress import tqdm
 
 from ..tasks import TASKS, get_problems
 
-__all__ = ["CALIBRATION_SEED", "MIN_SCORED_TOKENS", "is_task", "accuracy_task",
-           "task_sequence", "sequences_from", "scored_tokens", "pad_id", "token_batches",
-           "distill_data", "budget_tokens", "lm_loss"]
+__all__ = ["MIN_SCORED_TOKENS", "accuracy_task", "task_sequence", "sequences_from", "distill_data",
+           "budget_tokens", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
 # nor the held-out set (tasks.TRAIN_SEED / RL_SEED / HELDOUT_SEED)

@@ -24,8 +24,7 @@ from ..progress import tqdm
 from .data import lm_loss
 from .importance import check_batches, check_supported, evaluating
 
-__all__ = ["layers_removed", "layer_removal", "block_importance", "block_removal_scan",
-           "depth_scores"]
+__all__ = ["block_removal_scan", "depth_scores"]
 
 
 class _SkippedLayer(nn.Module):

@@ -30,9 +30,8 @@ from ..checks import check_int
 from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
-__all__ = ["MODES", "DistillConfig", "DistillModule", "Distiller", "distill",
-           "correct_teacher", "scratch_like", "kl_to_teacher", "check_layer_pairs",
-           "spread_layer_pairs"]
+__all__ = ["DistillConfig", "Distiller", "correct_teacher", "scratch_like", "spread_layer_pairs",
+           "distill"]
 
 MODES = ("kd", "ce")
 

@@ -26,8 +26,8 @@ from ..tasks import HELDOUT_SEED, get_problems
 from .data import is_task, lm_loss, pad_id, sequences_from, token_batches
 from .plan import flops_per_token
 
-__all__ = ["count_params", "decode_tok_s", "steady_decode_tok_s", "saturation_batch",
-           "decode_throughput", "compare_models"]
+__all__ = ["count_params", "steady_decode_tok_s", "saturation_batch", "decode_throughput",
+           "compare_models"]
 
 
 def count_params(model) -> int:

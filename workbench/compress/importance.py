@@ -23,10 +23,8 @@ from .data import CALIBRATION_SEED, pad_id, sequences_from, token_batches
 from .plan import SUPPORTED_MODEL_TYPES
 from .scores import UnitScores
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "AGGREGATIONS", "Aggregation", "Importance",
-           "aggregate_sequences", "BatchAggregate", "calibration_batches",
-           "activation_importance", "importance_from_batches", "magnitude_scores",
-           "random_scores", "score_tables", "check_supported", "check_batches", "evaluating"]
+__all__ = ["Aggregation", "Importance", "calibration_batches", "importance_from_batches",
+           "magnitude_scores", "random_scores"]
 
 AGGREGATIONS = ("mean", "l2", "var")
 

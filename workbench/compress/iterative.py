@@ -22,7 +22,7 @@ from .plan import PrunePlan, param_count
 from .prune import prune
 from .search import KINDS, nearest_plan, plan_kind, snap_note
 
-__all__ = ["KINDS", "Stage", "pick_plan", "compress_step", "iterative_compress"]
+__all__ = ["Stage", "pick_plan", "iterative_compress"]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["masked_mean", "forward_kl", "token_ce", "cosine_loss", "kd_loss"]
+__all__ = ["kd_loss"]
 
 
 def _wide(x: torch.Tensor, *others: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from ..checks import check_int
 
-__all__ = ["PrunePlan", "SUPPORTED_MODEL_TYPES", "check_model_type", "head_dim", "param_count",
-           "layer_flops", "flops_per_token", "plan_label", "LABEL_KEY"]
+__all__ = ["PrunePlan", "head_dim", "param_count", "flops_per_token"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 # what the parts of a plan_label stand for, for legends and panels that show labels

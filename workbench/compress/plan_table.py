@@ -21,8 +21,7 @@ from .scores import UnitScores
 from .search import plan_kind
 
 # plan_label and LABEL_KEY live with PrunePlan (figures read them without this module's torch)
-__all__ = ["plan_label", "importance_kept", "plan_table", "AXES", "PLAN_TABLE_COLUMNS",
-           "LABEL_KEY"]
+__all__ = ["plan_label", "plan_table", "LABEL_KEY"]
 
 AXES = ("heads", "neurons", "channels", "layers")
 PLAN_TABLE_COLUMNS = (["label", "kind", "layers", "num_layers", "source_layers", "hidden_size",

@@ -19,7 +19,7 @@ from transformers.initialization import no_init_weights
 from .plan import PrunePlan, check_model_type, head_dim
 from .scores import UnitScores
 
-__all__ = ["prune", "pruned_config", "KeptUnits", "kept_units"]
+__all__ = ["prune"]
 
 PER_LAYER_LISTS = ("layer_types", "mlp_layer_types")  # config lists with one entry per layer
 

@@ -24,8 +24,7 @@ import pandas as pd
 from ..checks import check_int, check_positive
 from .plan import PrunePlan, flops_per_token, param_count
 
-__all__ = ["KINDS", "width_grid", "depth_layers", "plan_kind", "feasible_plans", "enumerate_plans",
-           "nearest_plan", "snap_note", "rank_candidates"]
+__all__ = ["feasible_plans", "enumerate_plans", "nearest_plan", "snap_note"]
 
 KINDS = ("width", "depth", "both")
 

@@ -9,7 +9,7 @@ from .data import distill_data, lm_loss
 from .importance import calibration_batches
 from .plan import param_count
 
-__all__ = ["CompressSetup", "compress_setup"]
+__all__ = ["compress_setup"]
 
 
 @dataclass

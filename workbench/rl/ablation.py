@@ -27,8 +27,7 @@ from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
 
-__all__ = ["Ablation", "RLSetup", "rl_setup", "run_ablation", "amdahl",
-           "coupled_first_divergence"]
+__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence"]
 
 
 @dataclass

@@ -45,7 +45,7 @@ from .checkpoint import has_state, load_state, save_state
 from .config import GRPOConfig
 from .loss import UpdateData, group_advantages, minibatch_loss
 
-__all__ = ["GRPO", "RLStep", "STATE_FILE"]
+__all__ = ["GRPO", "RLStep"]
 
 STATE_FILE = "rl_state.pt"
 

@@ -19,9 +19,8 @@ import torch
 
 from .config import LOSS_AGGREGATIONS
 
-__all__ = ["LOSS_AGGREGATIONS", "group_advantages", "token_terms", "k3", "aggregate",
-           "aggregate_sums", "grpo_loss", "SequenceBatch", "sequence_logprobs",
-           "micro_batches", "UpdateData", "minibatch_loss"]
+__all__ = ["LOSS_AGGREGATIONS", "group_advantages", "token_terms", "k3", "aggregate", "grpo_loss",
+           "sequence_logprobs"]
 
 
 # ---- the pure pieces ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPOConfig
 from .grpo import GRPO
 
-__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS", "tokens_digest", "first_divergence"]
+__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS"]
 
 VARIANTS = {  # name: (speculative, adaptive_drafter, adaptive_engine)
     "baseline": (False, False, False),

@@ -32,9 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Forward", "LeanForward", "HFForward", "policy_forward", "supports_lean",
-           "layer_windows", "attention_mask", "causal_mask_4d", "lean_layer", "run_layer",
-           "LayerPlan", "layer_plan", "RopeTable"]
+__all__ = ["policy_forward"]
 
 LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
 

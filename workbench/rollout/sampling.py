@@ -14,8 +14,7 @@ from enum import IntEnum
 import numpy as np
 import torch
 
-__all__ = ["SamplingParams", "Stream", "adjusted_logprobs", "coupled_uniforms", "choose_tokens",
-           "make_uid", "split_uid", "SEED_LIMIT"]
+__all__ = ["SamplingParams", "Stream", "adjusted_logprobs", "make_uid", "split_uid"]
 
 _PROMPT_BITS, _SAMPLE_BITS = 24, 16
 SEED_LIMIT = 2**64  # seeds are hashed as unsigned 64-bit integers: [0, 2**64) without wrapping

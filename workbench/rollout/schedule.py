@@ -21,7 +21,7 @@ from typing import Protocol
 from .timeline import RESERVED_STEP_COLUMNS
 
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "PLAIN", "plan_columns", "decision_of"]
+           "ThresholdSchedule"]
 
 PLAN_KINDS = ("plain", "speculative")
 SCALARS = (bool, int, float, str, type(None))  # what a decision column may hold

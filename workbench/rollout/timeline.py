@@ -38,9 +38,7 @@ import pandas as pd
 
 from ..atomic import atomic_dir
 
-__all__ = ["Timeline", "IdleWindow", "STEP_COLUMNS", "PLAN_COLUMNS", "REQUEST_COLUMNS",
-           "OPTIONAL_REQUEST_COLUMNS", "ROLLOUT_KINDS", "STEP_KINDS", "length_percentiles",
-           "OPTIONAL_STEP_COLUMNS", "RESERVED_STEP_COLUMNS"]
+__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")

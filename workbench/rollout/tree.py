@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "grow_level", "grow_tree"]
+__all__ = ["DraftTree", "grow_tree"]
 
 
 @dataclass

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["accept_by_target", "speculative_accept", "accept_tree", "speculative_accept_tree",
-           "child_table"]
+__all__ = ["speculative_accept", "accept_tree", "speculative_accept_tree"]
 
 
 def accept_by_target(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from .request import Request, RequestOutput
 from .schedule import Schedule, StepPlan, decision_of, plan_columns
 from .timeline import ROLLOUT_KINDS, STEP_KINDS, IdleWindow
 
-__all__ = ["StepRecorder", "WorkerTask", "WorkerResult", "Worker", "IdleClock"]
+__all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock"]
 IDLE_KINDS = tuple(k for k in STEP_KINDS if k not in ROLLOUT_KINDS)  # work an idle window runs
 
 

@@ -55,8 +55,7 @@ import pandas as pd
 from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, StepPlan, StepReport
 
-__all__ = ["BucketedBandit", "Choice", "AdaptiveSchedule", "parse_strategy", "strategy_name",
-           "DEFAULT_ARMS", "DEFAULT_BUCKET_EDGES", "STRATEGY_FORMS", "PLAIN_ARM"]
+__all__ = ["BucketedBandit", "AdaptiveSchedule", "parse_strategy", "strategy_name"]
 
 PLAIN_ARM = "plain"
 LEDGER_DECAY = 0.999  # per observation: a worker's budget remembers its last ~1000 steps

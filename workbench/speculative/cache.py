@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CACHE_ENV", "cache_root", "model_fingerprint", "task_key", "fitted_dir",
-           "is_default_policy"]
+__all__ = ["cache_root", "model_fingerprint", "fitted_dir"]
 
 CACHE_ENV = "WORKBENCH_CACHE"
 # config entries that say how a model runs, not what it computes

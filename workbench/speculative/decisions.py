@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["DECISION_KEYS", "DECISION_DTYPES", "BANDIT_CHOICE_COLUMNS", "DECIDED_COLUMNS",
-           "bandit_decisions", "bandit_choices", "explore_cost", "plain_share"]
+__all__ = ["bandit_decisions", "bandit_choices", "explore_cost", "plain_share"]
 
 DECISION_DTYPES = {"bucket": "string", "arm": "string", "explored": "boolean"}
 DECISION_KEYS = tuple(DECISION_DTYPES)

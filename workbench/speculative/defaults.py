@@ -5,7 +5,7 @@ from ..models import DEFAULT_EAGLE, load_model
 from .drafters import EagleDrafter, LMDrafter, NGramDrafter
 from .eagle import EagleHead
 
-__all__ = ["DRAFTER_NAMES", "default_drafters"]
+__all__ = ["default_drafters"]
 
 DRAFTER_NAMES = ("eagle", "ngram", "small_lm")
 

@@ -39,7 +39,7 @@ from ..rollout.forward import RopeTable, attention_mask, policy_forward
 from ..rollout.tree import DraftTree, grow_tree
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
-           "SlowedDrafter", "one_hot_logq"]
+           "SlowedDrafter"]
 
 
 def one_hot_logq(tokens: torch.Tensor, vocab_size: int, dtype=torch.float32) -> torch.Tensor:

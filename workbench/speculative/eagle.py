@@ -23,7 +23,7 @@ from torch import nn
 from ..atomic import atomic_dir, load_torch_file, recover_dir
 from ..rollout.forward import lean_layer, supports_lean
 
-__all__ = ["EagleHead", "EagleConfig", "policy_fingerprint"]
+__all__ = ["EagleHead"]
 
 # Config attributes the head's shapes or arithmetic depend on (None where a config lacks one).
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",

@@ -40,9 +40,8 @@ from .drafters import EagleDrafter, LMDrafter
 from .measure import acceptance_length
 from .train import EagleTrainConfig, EagleTrainer, harvest_pairs
 
-__all__ = ["FitConfig", "DrafterLMConfig", "Fitted", "FIT_KINDS", "KIND_LABELS",
-           "split_prompts", "policy_outputs", "heldout_tau", "fit_eagle", "fit_drafter_lm",
-           "fitted_from"]
+__all__ = ["FitConfig", "DrafterLMConfig", "Fitted", "split_prompts", "fit_eagle",
+           "fit_drafter_lm"]
 
 FIT_KINDS = ("eagle", "lm")
 KIND_LABELS = {"eagle": "EAGLE head", "lm": "small-LM drafter"}  # what printed lines call them

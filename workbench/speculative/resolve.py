@@ -20,9 +20,8 @@ from .drafters import EagleDrafter, LMDrafter, NGramDrafter
 from .eagle import EagleHead
 from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
 
-__all__ = ["DRAFTER_FORMS", "OTHER_DRAFTERS", "drafter_form", "drafter_name", "auto_drafter",
-           "load_drafter", "resolve_drafter", "check_head_spec", "resolve_head",
-           "comparison_names", "compared_drafters"]
+__all__ = ["drafter_form", "auto_drafter", "resolve_drafter", "resolve_head", "comparison_names",
+           "compared_drafters"]
 
 DRAFTER_FORMS = ("'auto'", "'ngram'", "'none'", "a folder saved by EagleHead.save_pretrained",
                  "a folder holding a small causal LM with the policy's tokenizer "

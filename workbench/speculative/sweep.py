@@ -22,8 +22,7 @@ from ..speedup import (
     WIDE_SPREAD, check_repeats, interleave, per_repeat_ratios, spread_note, spread_stats)
 from .measure import acceptance_length, sd_bound, step_times
 
-__all__ = ["sd_sweep", "first_divergence", "check_lossless", "sweep_value", "sweep_metrics",
-           "sweep_spread_note", "SPREAD_COLUMNS"]
+__all__ = ["sd_sweep", "check_lossless", "sweep_metrics", "sweep_spread_note"]
 
 # the columns sd_sweep adds for the spread of the per-repeat speedups
 SPREAD_COLUMNS = ("speedup_min", "speedup_max", "speedup_spread", "spread_wide", "repeats")

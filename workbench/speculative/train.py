@@ -26,8 +26,7 @@ from ..rollout.forward import causal_mask_4d
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
 from .eagle import EagleHead
 
-__all__ = ["EagleTrainConfig", "EagleTrainer", "PairBatches", "harvest_pairs", "train_eagle",
-           "eagle_loss", "state_regression"]
+__all__ = ["EagleTrainConfig", "EagleTrainer", "harvest_pairs", "train_eagle"]
 
 STATE_UNITS = ("rms", "raw")
 

@@ -16,7 +16,7 @@ from ..rollout import RolloutConfig, RolloutEngine, StaticSchedule
 from ..rollout.drafts import check_schedule_drafter
 from .measure import acceptance_length
 
-__all__ = ["compare_chain_and_tree", "draft_shape_row"]
+__all__ = ["compare_chain_and_tree"]
 
 
 def draft_shape_row(result, k: int, branch: int, verify_budget: int | None,

@@ -33,8 +33,7 @@ from ..checks import check_int
 from ..results import read_table
 from ..rollout.timeline import Timeline
 
-__all__ = ["WhatIf", "measured_speedups", "measured_threshold", "speedup_at", "sd_whatif",
-           "whatif_table", "SWEEP_COLUMNS", "WHATIF_COLUMNS"]
+__all__ = ["WhatIf", "measured_threshold", "sd_whatif", "whatif_table", "WHATIF_COLUMNS"]
 
 SWEEP_COLUMNS = ("temperature", "drafter", "k", "batch_size", "speedup")
 # whatif_table: one row per (drafter, k, threshold, worker); the setting's scalars (the first

@@ -5,12 +5,12 @@ import os
 from pathlib import Path
 
 from ..checks import check_choice, check_int
-from .base import Problem, Reward, exact_match_reward, extract_final_answer
+from .base import Problem, exact_match_reward
 from .jsonl import load_jsonl
 from .running_sum import RunningSumTask
 
-__all__ = ["Problem", "Reward", "RunningSumTask", "exact_match_reward", "extract_final_answer",
-           "load_jsonl", "get_problems", "get_reward", "REWARDS", "TASKS", "TRAIN_SEED", "HELDOUT_SEED", "RL_SEED"]
+__all__ = ["Problem", "RunningSumTask", "exact_match_reward", "load_jsonl", "get_problems",
+           "get_reward", "TRAIN_SEED", "HELDOUT_SEED", "RL_SEED"]
 
 TASKS = {"running_sum": RunningSumTask, "default": RunningSumTask}
 

@@ -21,7 +21,7 @@ from ..rollout.timeline import STEP_KINDS, Timeline
 from .explorer import Explorer
 from .timeline import gantt
 
-__all__ = ["TimelineExplorer", "find_timelines"]
+__all__ = ["TimelineExplorer"]
 
 # files that make a folder one run (rather than a folder of runs): a timeline of its own,
 # the metrics a notebook writes, the run.json a pipeline writes

@@ -1,9 +1,8 @@
 """Seeded recipes that build the embedded models shipped in ``data/models/``."""
 from .drafters import train_drafter_lm, train_eagle_head
-from .policy import PolicyRecipe, train_policy
-from .tokenizer import build_char_tokenizer
+from .policy import train_policy
 
-__all__ = ["RECIPES", "PolicyRecipe", "train_policy", "build_char_tokenizer"]
+__all__ = ["RECIPES"]
 
 # name -> callable(out_dir=None, seed=0, minutes=None); `workbench zoo train NAME` runs it.
 RECIPES = {"default": train_policy, "drafter-lm": train_drafter_lm, "eagle": train_eagle_head}

@@ -23,7 +23,7 @@ from ..tasks import HELDOUT_SEED, TRAIN_SEED, RunningSumTask
 from ..train import Trainer, train_state_dir
 from .tokenizer import build_char_tokenizer
 
-__all__ = ["PolicyRecipe", "build_policy", "train_policy", "encode_examples"]
+__all__ = ["PolicyRecipe", "train_policy", "encode_examples"]
 
 
 @dataclass
