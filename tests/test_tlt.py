@@ -234,7 +234,7 @@ def test_bad_tlt_input(tokenizer):
         TLTConfig(drafter_delay_s=-1)
     with pytest.raises(ValueError, match="explore_budget"):
         TLTConfig(explore_budget=2)
-    with pytest.raises(ValueError, match="unknown variant"):
+    with pytest.raises(ValueError, match="variant must be one of 'baseline', .*, got 'fast'"):
         TLTConfig.variant("fast")
     with pytest.raises(ValueError, match="chain:k=9x|strateg"):
         TLTConfig(arms=("chain:k=9x",))

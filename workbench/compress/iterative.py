@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..checks import check_choice
 from .data import lm_loss
 from .depth import layer_removal
 from .distill import DistillConfig, Distiller
@@ -47,8 +48,7 @@ def pick_plan(config, target: float | int, kind: str = "width",
     says what was asked and what was got (:func:`~workbench.compress.search.snap_note`); a
     target outside (0, 1), or a kind the model has no plan of, is refused with the range the
     feasible plans span."""
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    check_choice("kind", kind, KINDS)
     row = nearest_plan(config, target, (kind,), layer_scores)
     print(snap_note(config, target, row))
     return row["plan"]
@@ -63,6 +63,7 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
     LM-loss increase of removing each layer for depth), prune it to the feasible ``kind``
     plan nearest ``target`` (:func:`pick_plan`; or to ``plan`` when given), then distill the
     student from ``teacher`` on ``train`` batches, evaluating on ``held_out``."""
+    check_choice("kind", kind, KINDS)  # before the layer-removal scores are worked out
     if plan is None:
         layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
                         .tolist() if kind != "width" else None)
