@@ -181,7 +181,7 @@ def test_static_schedule_reproduces_drafter_and_spec_k(tokenizer):
     assert a.timeline.requests["drafted"].tolist() == b.timeline.requests["drafted"].tolist()
     with pytest.raises(ValueError, match="has no drafter"):
         engine.rollout(PROMPTS, schedule=StaticSchedule(3), progress=False)
-    with pytest.raises(ValueError, match="integer k >= 1"):
+    with pytest.raises(ValueError, match=r"StepPlan\.k .* must be an integer >= 1, got 0"):
         StepPlan("speculative", 0)
 
 

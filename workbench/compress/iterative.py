@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..checks import check_choice
+from ..checks import check_choice, check_fraction
 from .data import lm_loss
 from .depth import layer_removal
 from .distill import DistillConfig, Distiller
@@ -90,8 +90,9 @@ def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), cali
     """Stages that cut ``teacher`` to each of ``targets`` (fractions of the teacher's own
     parameters, largest first), each pruned from and distilled by the previous stage's model.
     With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume)."""
-    fractions = list(targets)
-    if fractions != sorted(fractions, reverse=True) or not all(0 < f < 1 for f in fractions):
+    fractions = [check_fraction(f"targets[{i}] (a share of the teacher's parameters)", f,
+                                low_open=True, high_open=True) for i, f in enumerate(targets)]
+    if fractions != sorted(fractions, reverse=True):
         raise ValueError(f"targets {targets!r}: fractions of the teacher in (0, 1), largest "
                          "first")
     source = param_count(teacher.config)
