@@ -125,7 +125,7 @@ def test_bad_targets_and_kinds(setup):
     teacher, calibration, train, held_out, config = setup
     with pytest.raises(ValueError, match="largest first"):
         iterative_compress(teacher, (0.25, 0.5), train, held_out, calibration, config=config)
-    with pytest.raises(ValueError, match="kind 'sideways' is not one of"):
+    with pytest.raises(ValueError, match="kind must be one of 'width', .*, got 'sideways'"):
         pick_plan(teacher.config, 0.5, "sideways")
     with pytest.raises(ValueError, match=r"target 1000000000 is not accepted.*feasible "
                                          r"width plans keep 0\.\d\d-0\.\d\d"):

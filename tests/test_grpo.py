@@ -220,8 +220,8 @@ def test_flat_parameters_go_to_the_config_that_declares_them():
         GRPOConfig.flat(lr_max=1.0)
     with pytest.raises(ValueError, match=r"GRPOConfig\.train: TrainConfig\.lr must be"):
         GRPOConfig.flat(lr=-1.0)
-    with pytest.raises(ValueError, match=r"GRPOConfig\.rollout\.temperature must be a number "
-                                         r"> 0 \(GRPO samples\), got 0\.0"):
+    with pytest.raises(ValueError, match=r"GRPOConfig\.rollout\.temperature \(GRPO samples\) "
+                                         r"must be a finite number > 0, got 0\.0"):
         GRPOConfig.flat(temperature=0.0)
     with pytest.raises(ValueError, match=r"train\.checkpoint_dir must be None"):
         GRPOConfig.flat(checkpoint_dir="ck")

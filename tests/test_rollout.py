@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -150,9 +152,14 @@ def test_harvest_keeps_one_hidden_state_per_fed_token(tokenizer):
 @pytest.mark.parametrize("field,value,match", [
     ("workers", 0, "workers must be an integer >= 1"),
     ("max_new_tokens", 0, "max_new_tokens must be an integer >= 1"),
-    ("temperature", -0.5, "temperature must be a number >= 0"),
-    ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
-    ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
+    ("temperature", -0.5, r"temperature \(0: greedy\) must be a finite number >= 0"),
+    # refused since the shared checks: a bool is no temperature, inf and NaN sample nothing
+    ("temperature", True, r"temperature \(0: greedy\) must be a finite number >= 0, got True"),
+    ("temperature", math.inf, r"temperature .* must be a finite number >= 0, got inf"),
+    ("temperature", math.nan, r"temperature .* must be a finite number >= 0, got nan"),
+    ("top_p", 0.0, r"top_p must be a number in \(0, 1\]"),
+    ("top_p", 1.5, r"top_p must be a number in \(0, 1\]"),
+    ("top_p", True, r"top_p must be a number in \(0, 1\], got True"),
     ("ignore_eos", 1, "ignore_eos must be True or False"),
 ])
 def test_bad_config_is_rejected(field, value, match):

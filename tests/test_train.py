@@ -218,16 +218,22 @@ def test_lr_schedules_give_the_documented_values():
 
 
 @pytest.mark.parametrize("field, value, accepted", [
-    ("horizon", -1, "integer >= 0 or None"), ("horizon", 2.5, "integer >= 0 or None"),
+    ("horizon", -1, "None .*or an integer >= 0"), ("horizon", 2.5, "None .*or an integer >= 0"),
     ("warmup", True, "integer"),
     ("lr", 0.0, "> 0"), ("lr", float("nan"), "> 0"), ("schedule", "linear", "'constant'"),
-    ("lr_floor", 1.5, r"\[0, 1\]"), ("clip_norm", -1.0, "> 0 or None"),
-    ("betas", (0.9, 1.0), r"\[0, 1\)"), ("max_minutes", 0, "> 0"), ("seed", -3, ">= 0"),
+    ("lr_floor", 1.5, r"\[0, 1\]"), ("clip_norm", -1.0, "None .*or a finite number > 0"),
+    ("betas", (0.9, 1.0, 0.5), r"\[0, 1\)"), ("max_minutes", 0, "> 0"), ("seed", -3, r"\[0, "),
     ("weight_decay", -0.1, ">= 0"), ("progress", "yes", "True or False")])
 def test_bad_config_values_are_named(field, value, accepted):
     with pytest.raises(ValueError, match=rf"TrainConfig\.{field} must be .*{accepted}.*"
                                          "got " + re.escape(repr(value)[:4])):
         TrainConfig(**{field: value})
+
+
+def test_a_bad_beta_is_named_by_its_index():
+    with pytest.raises(ValueError, match=r"TrainConfig\.betas\[1\] must be a number in "
+                                         r"\[0, 1\), got 1\.0"):
+        TrainConfig(betas=(0.9, 1.0))
 
 
 def test_bad_inputs_to_the_trainer_are_named(tmp_path):

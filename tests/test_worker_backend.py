@@ -123,7 +123,8 @@ def test_bad_idle_input_is_refused_before_any_work(tokenizer):
     class Training:
         def run(self, window, clock):
             return clock.timed("decode", lambda: None)
-    with pytest.raises(ValueError, match=r"kind must be one of \('drafter_train', 'train'\)"):
+    with pytest.raises(ValueError, match=r"kind must be one of 'drafter_train', 'train', "
+                                         r"got 'decode'"):
         engine.backend.run_idle(Training(), res.timeline, res.timeline.idle_windows())
     fresh = LocalBackend()
     fresh.start(lambda w: tiny_model("llama", tokenizer), num_workers=1)

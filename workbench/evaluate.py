@@ -6,12 +6,11 @@ one definition of task accuracy (:func:`accuracy`).
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from .checks import check_int, check_real
 from .rollout.timeline import length_percentiles
 from .tasks import Problem, exact_match_reward
 
@@ -100,8 +99,7 @@ def evaluate_policy(model, tokenizer, problems: list[Problem], reward=exact_matc
     if not callable(reward):
         raise TypeError(f"reward must be a callable reward(prompt, completion, answer), got "
                         f"{reward!r}")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    batch_size = check_int("batch_size", batch_size, 1)
     config = RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=batch_size)
     order = sorted(range(len(problems)), key=lambda i: len(problems[i].prompt))
     result = RolloutEngine(model, tokenizer).rollout(
@@ -168,9 +166,9 @@ def _checked_reward(reward, problem: Problem, completion: str) -> float:
     """``reward(prompt, completion, answer)`` as a float; anything but a finite real number
     is an error that names the prompt whose completion got it."""
     value = reward(problem.prompt, completion, problem.answer)
-    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-            or not math.isfinite(float(value))):
+    try:  # the numbers policy of every argument check; a bad return value is a TypeError
+        return check_real("reward", value)
+    except ValueError:
         raise TypeError(f"the reward function returned {value!r} ({type(value).__name__}) for "
                         f"prompt {problem.prompt!r}; it must return a finite real number "
-                        "(float or int)")
-    return float(value)
+                        "(float or int)") from None

@@ -40,6 +40,7 @@ import torch
 from .progress import tqdm
 
 from .atomic import atomic_dir, load_torch_file, recover_dir
+from .checks import check_int
 from .train_config import SCHEDULES, TrainConfig, lr_at
 
 __all__ = ["TrainConfig", "Trainer"]
@@ -249,9 +250,7 @@ class Trainer:
         return self.history
 
     def _budget(self, steps) -> int:
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
-                                  or steps < 0):
-            raise ValueError(f"run(steps=...) must be an integer >= 0 or None, got {steps!r}")
+        steps = check_int("run(steps=...)", steps, 0, optional=True)
         if steps is not None:
             return steps
         if self.config.horizon is None:

@@ -7,6 +7,9 @@ import math
 import os
 from dataclasses import dataclass
 
+from .checks import (check_bool, check_choice, check_fraction, check_int, check_non_negative,
+                     check_positive)
+
 __all__ = ["SCHEDULES", "TrainConfig", "lr_at"]
 
 SCHEDULES = ("constant", "cosine")
@@ -66,47 +69,29 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
-        for name in ("horizon", "warmup", "seed", "checkpoint_every", "log_every"):
-            v = getattr(self, name)
-            if v is None and name == "horizon":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2 ** 63:
-                accepted = "an integer >= 0" + (" or None" if name == "horizon" else "")
-                raise ValueError(f"TrainConfig.{name} must be {accepted}, got {v!r}")
-        for name, (accepted, ok) in _REAL_FIELDS.items():
-            v = getattr(self, name)
-            if not (v is None and name == "clip_norm") and not (_is_real(v) and ok(v)):
-                raise ValueError(f"TrainConfig.{name} must be {accepted}, got {v!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule must be one of {SCHEDULES}, "
-                             f"got {self.schedule!r}")
+        check_int("TrainConfig.horizon", self.horizon, 0, optional="open-ended training")
+        for name in ("warmup", "checkpoint_every", "log_every"):
+            check_int(f"TrainConfig.{name}", getattr(self, name), 0)
+        check_int("TrainConfig.seed", self.seed, 0, 2 ** 63 - 1)  # a torch.Generator's range
+        for name in ("lr", "eps"):
+            check_positive(f"TrainConfig.{name}", getattr(self, name))
+        check_fraction("TrainConfig.lr_floor", self.lr_floor)
+        check_non_negative("TrainConfig.weight_decay", self.weight_decay)
+        check_positive("TrainConfig.clip_norm", self.clip_norm, optional="no clipping")
+        for name in ("max_minutes", "checkpoint_every_s"):  # inf: no cap, never
+            check_positive(f"TrainConfig.{name}", getattr(self, name), allow_inf=True)
+        check_choice("TrainConfig.schedule", self.schedule, SCHEDULES)
         if self.schedule == "cosine" and self.horizon is None:
             raise ValueError("TrainConfig.schedule='cosine' decays over a horizon, and "
                              "TrainConfig.horizon is None; give horizon (the steps the LR "
                              "decays over) or use schedule='constant'")
-        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
-                or not all(_is_real(b) and 0 <= b < 1 for b in self.betas)):
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
             raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1), "
                              f"got {self.betas!r}")
+        for i, beta in enumerate(self.betas):
+            check_fraction(f"TrainConfig.betas[{i}]", beta, high_open=True)
         for name in ("train_mode", "resume", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TrainConfig.{name} must be True or False, "
-                                 f"got {getattr(self, name)!r}")
-
-
-_REAL_FIELDS = {  # field: (what is accepted, the test)
-    "lr": ("a finite number > 0", lambda v: 0 < v < math.inf),
-    "lr_floor": ("a number in [0, 1]", lambda v: 0 <= v <= 1),
-    "weight_decay": ("a finite number >= 0", lambda v: 0 <= v < math.inf),
-    "eps": ("a finite number > 0", lambda v: 0 < v < math.inf),
-    "clip_norm": ("a finite number > 0 or None", lambda v: 0 < v < math.inf),
-    "max_minutes": ("a number > 0 (inf: no cap)", lambda v: v > 0),
-    "checkpoint_every_s": ("a number > 0 (inf: never)", lambda v: v > 0),
-}
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+            check_bool(f"TrainConfig.{name}", getattr(self, name))
 
 
 def lr_at(step: int, config: TrainConfig) -> float:

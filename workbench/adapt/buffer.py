@@ -17,6 +17,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from ..checks import check_fraction, check_int
+
 __all__ = ["DrafterBuffer", "BufferItem"]
 
 
@@ -43,13 +45,9 @@ class DrafterBuffer:
 
     def __init__(self, carry_fraction: float = 0.25, max_items: int | None = None,
                  history_steps: int = 0):
-        if not (isinstance(carry_fraction, (int, float)) and 0 <= carry_fraction <= 1):
-            raise ValueError(f"carry_fraction must be a number in [0, 1], got {carry_fraction!r}")
-        if max_items is not None and (not isinstance(max_items, int) or max_items < 1):
-            raise ValueError(f"max_items must be None or an integer >= 1, got {max_items!r}")
-        if isinstance(history_steps, bool) or not isinstance(history_steps, int) \
-                or history_steps < 0:
-            raise ValueError(f"history_steps must be an integer >= 0, got {history_steps!r}")
+        carry_fraction = check_fraction("carry_fraction", carry_fraction)
+        max_items = check_int("max_items", max_items, 1, optional=True)
+        history_steps = check_int("history_steps", history_steps, 0)
         self.carry_fraction, self.max_items = carry_fraction, max_items
         self.current: list[BufferItem] = []
         self.carry: list[BufferItem] = []

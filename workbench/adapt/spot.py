@@ -27,6 +27,7 @@ import copy
 import os
 from dataclasses import dataclass, field
 
+from ..checks import check_fraction, check_int
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from .buffer import DrafterBuffer
 
@@ -63,9 +64,9 @@ class SpotConfig:
     seed: int = 0
 
     def __post_init__(self):
-        v = self.max_steps
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"SpotConfig.max_steps must be an integer >= 0, got {v!r}")
+        check_int("SpotConfig.max_steps", self.max_steps, 0)
+        check_fraction("SpotConfig.carry_fraction", self.carry_fraction)
+        check_int("SpotConfig.history_steps", self.history_steps, 0)
         self.eagle_config().validate()
 
     def eagle_config(self) -> EagleTrainConfig:

@@ -12,7 +12,6 @@ responses, ``compress.data.distill_data``).
 from __future__ import annotations
 
 import copy
-import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -26,7 +25,7 @@ from torch import nn
 from ..models import save_model
 from ..nested_config import NestedConfig
 from ..train import TrainConfig, Trainer, batch_source, isolated_rng, train_state_dir
-from ..checks import check_int
+from ..checks import check_choice, check_int, check_non_negative, check_positive
 from .data import distill_data, lm_loss
 from .kd_loss import forward_kl, kd_loss, token_ce
 
@@ -81,10 +80,9 @@ class DistillConfig(NestedConfig):
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field, its value and what is accepted
         (the optimizer's fields are the held ``TrainConfig``'s, checked when it is built)."""
-        if self.mode not in MODES:
-            raise ValueError(f"DistillConfig.mode must be one of {MODES}, got {self.mode!r}")
-        _check_real("DistillConfig.temperature", self.temperature, 0, strict=True)
-        _check_real("DistillConfig.ce_weight", self.ce_weight, 0, strict=False)
+        check_choice("DistillConfig.mode", self.mode, MODES)
+        check_positive("DistillConfig.temperature", self.temperature)
+        check_non_negative("DistillConfig.ce_weight", self.ce_weight)
         check_int("DistillConfig.batch_size", self.batch_size, 1)
         check_int("DistillConfig.eval_every", self.eval_every, 0)
         self.layer_pairs = _normalized_pairs(self.layer_pairs)
@@ -97,21 +95,17 @@ class DistillConfig(NestedConfig):
                              "parameters)")
 
 
-def _check_real(name: str, value, low: float, strict: bool) -> None:
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (real and math.isfinite(value) and (value > low if strict else value >= low)):
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {low}, "
-                         f"got {value!r}")
-
-
 def _normalized_pairs(pairs) -> tuple[tuple[int, int], ...]:
     """``pairs`` as a tuple of ``(int, int)``; ``ValueError`` naming the first malformed one."""
+    normalized = []
     for pair in pairs:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in pair)):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise ValueError(f"DistillConfig.layer_pairs: {pair!r} is not a pair of layer "
                              "indices; accepted: (student index, teacher index), integers >= 0")
-    return tuple((pair[0], pair[1]) for pair in pairs)
+        normalized.append(tuple(check_int(f"DistillConfig.layer_pairs {tuple(pair)!r}: the "
+                                          f"{who} index", index, 0)
+                                for who, index in zip(("student", "teacher"), pair)))
+    return tuple(normalized)
 
 
 def check_layer_pairs(pairs, student, teacher) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..checks import check_choice, check_fraction
 from .data import lm_loss
 from .depth import layer_removal
 from .distill import DistillConfig, Distiller
@@ -47,8 +48,7 @@ def pick_plan(config, target: float | int, kind: str = "width",
     says what was asked and what was got (:func:`~workbench.compress.search.snap_note`); a
     target outside (0, 1), or a kind the model has no plan of, is refused with the range the
     feasible plans span."""
-    if kind not in KINDS:
-        raise ValueError(f"kind {kind!r} is not one of {KINDS}")
+    check_choice("kind", kind, KINDS)
     row = nearest_plan(config, target, (kind,), layer_scores)
     print(snap_note(config, target, row))
     return row["plan"]
@@ -63,6 +63,7 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
     LM-loss increase of removing each layer for depth), prune it to the feasible ``kind``
     plan nearest ``target`` (:func:`pick_plan`; or to ``plan`` when given), then distill the
     student from ``teacher`` on ``train`` batches, evaluating on ``held_out``."""
+    check_choice("kind", kind, KINDS)  # before the layer-removal scores are worked out
     if plan is None:
         layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
                         .tolist() if kind != "width" else None)
@@ -89,8 +90,9 @@ def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), cali
     """Stages that cut ``teacher`` to each of ``targets`` (fractions of the teacher's own
     parameters, largest first), each pruned from and distilled by the previous stage's model.
     With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume)."""
-    fractions = list(targets)
-    if fractions != sorted(fractions, reverse=True) or not all(0 < f < 1 for f in fractions):
+    fractions = [check_fraction(f"targets[{i}] (a share of the teacher's parameters)", f,
+                                low_open=True, high_open=True) for i, f in enumerate(targets)]
+    if fractions != sorted(fractions, reverse=True):
         raise ValueError(f"targets {targets!r}: fractions of the teacher in (0, 1), largest "
                          "first")
     source = param_count(teacher.config)

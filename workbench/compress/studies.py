@@ -58,8 +58,8 @@ def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
 def _search_table(config, target, kinds, max_flops_ratio, candidates) -> pd.DataFrame:
     """Plans of ``kinds`` (within the FLOPs budget) within 5% of ``target``, nearest first;
     when none is, within 5% of the nearest feasible plan, and one line says so."""
+    nearest = nearest_plan(config, target, kinds, max_flops_ratio=max_flops_ratio)  # checks
     table = feasible_plans(config, kinds, max_flops_ratio=max_flops_ratio)
-    nearest = nearest_plan(config, target, kinds, max_flops_ratio=max_flops_ratio)
     goal = round(target if isinstance(target, numbers.Integral) else target * param_count(config))
     if abs(nearest["params"] - goal) > 0.05 * goal:
         print(f"architecture search: no plan within 5% of the target; searching around the "

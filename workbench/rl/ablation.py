@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from ..progress import tqdm
 
-from ..checks import check_int
+from ..checks import check_choice, check_int
 from ..evaluate import evaluate_policy
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
@@ -242,9 +242,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     of each run is measured before the first step and after the last, and also after every
     ``eval_every`` steps when set (long runs: the accuracy curve, not just its ends).
     """
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown variant(s) {unknown}; accepted: {list(VARIANTS)}")
+    for variant in variants:
+        check_choice("variant", variant, tuple(VARIANTS))
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
     runs = {}

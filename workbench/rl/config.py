@@ -9,10 +9,10 @@ max_new_tokens=256, lr=2e-4, seed=0)``.
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 
+from ..checks import (check_bool, check_choice, check_fraction, check_int, check_non_negative,
+                      check_positive)
 from ..nested_config import NestedConfig
 from ..rollout import RolloutConfig
 from ..train import TrainConfig
@@ -20,14 +20,6 @@ from ..train import TrainConfig
 __all__ = ["GRPOConfig", "LOSS_AGGREGATIONS"]
 
 LOSS_AGGREGATIONS = ("token-mean", "sequence-mean")
-
-
-def _is_int(v, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _is_real(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _default_rollout() -> RolloutConfig:
@@ -98,35 +90,20 @@ class GRPOConfig(NestedConfig):
                              "parameters)")
         self._validate_parts()
         for name in ("prompts_per_step", "epochs", "minibatches", "micro_tokens", "kl_sample"):
-            if not _is_int(getattr(self, name), 1):
-                raise ValueError(f"GRPOConfig.{name} must be an integer >= 1, "
-                                 f"got {getattr(self, name)!r}")
+            check_int(f"GRPOConfig.{name}", getattr(self, name), 1)
         if self.minibatches > self.sequences_per_step:
             raise ValueError(f"GRPOConfig.minibatches={self.minibatches} exceeds the "
                              f"{self.sequences_per_step} sequences of a step")
-        if self.loss_aggregation not in LOSS_AGGREGATIONS:
-            raise ValueError(f"GRPOConfig.loss_aggregation must be one of {LOSS_AGGREGATIONS}, "
-                             f"got {self.loss_aggregation!r}")
-        reals = {"clip_eps": (lambda v: 0 < v < 1, "a number in (0, 1)"),
-                 "kl_coef": (lambda v: v >= 0, "a number >= 0")}
-        for name, (ok, accepted) in reals.items():
-            v = getattr(self, name)
-            if not (_is_real(v) and ok(v)):
-                raise ValueError(f"GRPOConfig.{name} must be {accepted}, got {v!r}")
-        if not isinstance(self.scale_rewards, bool):
-            raise ValueError(f"GRPOConfig.scale_rewards must be True or False, "
-                             f"got {self.scale_rewards!r}")
+        check_choice("GRPOConfig.loss_aggregation", self.loss_aggregation, LOSS_AGGREGATIONS)
+        check_fraction("GRPOConfig.clip_eps", self.clip_eps, low_open=True, high_open=True)
+        check_non_negative("GRPOConfig.kl_coef", self.kl_coef)
+        check_bool("GRPOConfig.scale_rewards", self.scale_rewards)
 
     def _validate_parts(self) -> None:
         """What GRPO asks of its rollout and optimizer beyond their own checks."""
-        group = self.rollout.samples_per_prompt
-        if group < 2:
-            raise ValueError(f"GRPOConfig.rollout.samples_per_prompt (G) must be an integer "
-                             f">= 2: the advantage compares each response with its group, "
-                             f"got {group!r}")
-        if self.rollout.temperature <= 0:
-            raise ValueError(f"GRPOConfig.rollout.temperature must be a number > 0 (GRPO "
-                             f"samples), got {self.rollout.temperature!r}")
+        check_int("GRPOConfig.rollout.samples_per_prompt (G: the advantage compares each "
+                  "response with its group)", self.rollout.samples_per_prompt, 2)
+        check_positive("GRPOConfig.rollout.temperature (GRPO samples)", self.rollout.temperature)
         if self.train.checkpoint_dir is not None:
             raise ValueError(f"GRPOConfig.train.checkpoint_dir must be None, got "
                              f"{str(self.train.checkpoint_dir)!r}: GRPO checkpoints the whole "

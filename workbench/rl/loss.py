@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import check_choice
 from .config import LOSS_AGGREGATIONS
 
 __all__ = ["LOSS_AGGREGATIONS", "group_advantages", "token_terms", "k3", "aggregate", "grpo_loss",
@@ -71,8 +72,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: str = "token-mea
 
 def aggregate_sums(sums: torch.Tensor, counts: torch.Tensor, how: str):
     """:func:`aggregate` from each sequence's summed loss and token count (micro-batches)."""
-    if how not in LOSS_AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {how!r}")
+    check_choice("aggregation", how, LOSS_AGGREGATIONS)
     if how == "token-mean":
         return sums.sum() / counts.sum().clamp(min=1)
     return (sums / counts.clamp(min=1)).mean()

@@ -27,6 +27,7 @@ import pandas as pd
 from ..progress import tqdm
 
 from ..adapt import SpotConfig, SpotTrainer
+from ..checks import check_bool, check_choice, check_int
 from ..rollout import StaticSchedule
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
 from ..speculative.drafters import EagleDrafter, SlowedDrafter
@@ -84,11 +85,8 @@ class TLTConfig:
 
     def __post_init__(self):
         for name in ("speculative", "adaptive_drafter", "adaptive_engine"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TLTConfig.{name} must be True or False, "
-                                 f"got {getattr(self, name)!r}")
-        if isinstance(self.spec_k, bool) or not isinstance(self.spec_k, int) or self.spec_k < 1:
-            raise ValueError(f"TLTConfig.spec_k must be an integer >= 1, got {self.spec_k!r}")
+            check_bool(f"TLTConfig.{name}", getattr(self, name))
+        check_int("TLTConfig.spec_k", self.spec_k, 1)
         if self.speculative:
             self.schedule()  # validates threshold, arms, epsilon, window and budget
             SlowedDrafter.check_delay(self.drafter_delay_s)
@@ -96,8 +94,7 @@ class TLTConfig:
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
         """The config of ablation variant ``name`` (one of :data:`VARIANTS`)."""
-        if name not in VARIANTS:
-            raise ValueError(f"unknown variant {name!r}; accepted: {list(VARIANTS)}")
+        check_choice("variant", name, tuple(VARIANTS))
         sd, drafter, engine = VARIANTS[name]
         return cls(grpo=grpo or GRPOConfig(), speculative=sd, adaptive_drafter=drafter,
                    adaptive_engine=engine, **kw)

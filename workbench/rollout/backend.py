@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from ..checks import check_int
 from .request import Request
 from .timeline import IdleWindow, Timeline
 from .worker import IdleClock, Worker
@@ -124,8 +125,7 @@ class LocalBackend:
         return len(self._workers)
 
     def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+        num_workers = check_int("num_workers", num_workers, 1)
         self.close()
         for w in range(num_workers):
             model = policy_factory(w)

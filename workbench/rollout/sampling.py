@@ -14,6 +14,8 @@ from enum import IntEnum
 import numpy as np
 import torch
 
+from ..checks import check_fraction, check_int, check_non_negative
+
 __all__ = ["SamplingParams", "Stream", "adjusted_logprobs", "make_uid", "split_uid"]
 
 _PROMPT_BITS, _SAMPLE_BITS = 24, 16
@@ -43,11 +45,8 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got "
-                             f"{self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_non_negative("temperature (0: greedy)", self.temperature)
+        check_fraction("top_p", self.top_p, low_open=True)
         check_seed(self.seed)
 
     @property
@@ -58,9 +57,7 @@ class SamplingParams:
 def check_seed(seed) -> None:
     """Seeds are integers in [0, 2**64): a float, a bool, a negative or a larger number would
     either fail deep inside sampling or silently wrap onto another seed's draws."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
-            or not 0 <= int(seed) < SEED_LIMIT:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    check_int("seed", seed, 0, SEED_LIMIT - 1)
 
 
 def adjusted_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -123,12 +120,9 @@ def choose_tokens(logp: torch.Tensor, params: SamplingParams, uniforms=None) -> 
 
 def make_uid(prompt_id: int, sample_idx: int = 0, rl_step: int = 0) -> int:
     """The request uid: prompt, sample index within its group, and RL step packed in an int64."""
-    if not 0 <= prompt_id < 2**_PROMPT_BITS:
-        raise ValueError(f"prompt_id must be in [0, {2**_PROMPT_BITS}), got {prompt_id}")
-    if not 0 <= sample_idx < 2**_SAMPLE_BITS:
-        raise ValueError(f"sample_idx must be in [0, {2**_SAMPLE_BITS}), got {sample_idx}")
-    if not 0 <= rl_step < 2**23:
-        raise ValueError(f"rl_step must be in [0, {2**23}), got {rl_step}")
+    prompt_id = check_int("prompt_id", prompt_id, 0, 2**_PROMPT_BITS - 1)
+    sample_idx = check_int("sample_idx", sample_idx, 0, 2**_SAMPLE_BITS - 1)
+    rl_step = check_int("rl_step", rl_step, 0, 2**23 - 1)
     return (rl_step << (_PROMPT_BITS + _SAMPLE_BITS)) | (prompt_id << _SAMPLE_BITS) | sample_idx
 
 

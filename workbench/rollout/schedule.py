@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..checks import check_choice, check_int
 from .timeline import RESERVED_STEP_COLUMNS
 
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
@@ -46,18 +47,11 @@ class StepPlan:
     verify_budget: int | None = None
 
     def __post_init__(self):
-        if self.kind not in PLAN_KINDS:
-            raise ValueError(f"StepPlan kind must be one of {PLAN_KINDS}, got {self.kind!r}")
-        def count(x) -> bool:  # an integer >= 1; a bool is not a count (True would be 1)
-            return isinstance(x, int) and not isinstance(x, bool) and x >= 1
-
-        if self.kind == "speculative" and not count(self.k):
-            raise ValueError(f"a speculative StepPlan needs an integer k >= 1, got {self.k!r}")
-        if not count(self.branch):
-            raise ValueError(f"branch must be an integer >= 1 (1: a chain), got {self.branch!r}")
-        if self.verify_budget is not None and not count(self.verify_budget):
-            raise ValueError(f"verify_budget must be None or an integer >= 1, got "
-                             f"{self.verify_budget!r}")
+        check_choice("StepPlan.kind", self.kind, PLAN_KINDS)
+        if self.kind == "speculative":
+            check_int("StepPlan.k (the draft depth of a speculative step)", self.k, 1)
+        check_int("StepPlan.branch (1: a chain)", self.branch, 1)
+        check_int("StepPlan.verify_budget", self.verify_budget, 1, optional="all nodes")
 
     @property
     def speculative(self) -> bool:
@@ -147,9 +141,7 @@ class ThresholdSchedule(StaticSchedule):
 
     def __init__(self, k: int, max_batch: int):
         super().__init__(k)
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        self.max_batch = max_batch
+        self.max_batch = check_int("max_batch", max_batch, 1)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return self.step if batch_size <= self.max_batch else PLAIN

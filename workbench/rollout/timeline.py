@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ..atomic import atomic_dir
+from ..checks import check_choice, check_int
 
 __all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS"]
 
@@ -122,10 +123,8 @@ class Timeline:
     clock: str = "sim"
 
     def __post_init__(self):
-        if self.clock not in CLOCKS:
-            raise ValueError(f"clock must be one of {CLOCKS}, got {self.clock!r}")
-        if self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        check_choice("Timeline.clock", self.clock, CLOCKS)
+        self.num_workers = check_int("Timeline.num_workers", self.num_workers, 1)
         for name, cols in (("steps", STEP_COLUMNS), ("requests", REQUEST_COLUMNS)):
             missing = [c for c in cols if c not in getattr(self, name).columns]
             if missing:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import check_int
+
 __all__ = ["DraftTree", "grow_tree"]
 
 
@@ -114,9 +116,7 @@ def grow_tree(logprobs_of, root_logits: torch.Tensor, k: int, branch: int, expan
     :meth:`DraftTree.from_levels`) to the drafter and returns its logits ``[B, w, V]`` after
     each of those nodes. The last level is never fed.
     """
-    for name, value in (("k", k), ("branch", branch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"a tree's {name} must be an integer >= 1, got {value!r}")
+    k, branch = check_int("a tree's k", k, 1), check_int("a tree's branch", branch, 1)
     levels = []
     scores = torch.zeros_like(root_logits[:, :1])
     logits = root_logits[:, None]

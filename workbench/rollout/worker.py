@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..checks import check_choice
 from .config import RolloutConfig
 from .decoder import BatchDecoder
 from .drafts import check_schedule_drafter
@@ -192,9 +193,7 @@ class IdleClock:
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
               deadline: float | None = None) -> tuple[object, dict]:
-        if kind not in IDLE_KINDS:
-            raise ValueError(f"an idle-window step's kind must be one of {IDLE_KINDS}, "
-                             f"got {kind!r}")
+        check_choice("an idle-window step's kind", kind, IDLE_KINDS)
         end = self.window.end_s if deadline is None else min(deadline, self.window.end_s)
         value = self._rec.timed(kind, fn, batch_size, tokens, end)
         return value, dict(self._rec.rows[-1])

@@ -157,18 +157,16 @@ class BucketedBandit:
         self.arms = list(arms)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"arms must be a non-empty list of distinct names, got {arms!r}")
-        self.edges = tuple(edges)
-        if (not self.edges or self.edges[0] != 1 or any(b <= a for a, b in zip(self.edges,
-                                                                                self.edges[1:]))
-                or any(isinstance(e, bool) or not isinstance(e, int) for e in self.edges)):
+        self.edges = tuple(check_int(f"each bucket edge (of {edges!r})", e, 1) for e in edges)
+        if (not self.edges or self.edges[0] != 1
+                or any(b <= a for a, b in zip(self.edges, self.edges[1:]))):
             raise ValueError(f"bucket edges must be strictly increasing integers starting at 1 "
                              f"(lower edges, e.g. {DEFAULT_BUCKET_EDGES}), got {edges!r}")
         self.epsilon = check_fraction("epsilon", epsilon)
         self.explore_budget = check_fraction("explore_budget", explore_budget)
-        check_int("window", window, 1)
-        self.window = window
+        self.window = check_int("window", window, 1)
         self.labels = _bucket_labels(self.edges)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(check_int("seed", seed, 0))
         self.rewards = {(b, a): SlidingMedian(window) for b in self.labels for a in self.arms}
         self.pulls = {key: 0 for key in self.rewards}
         self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
@@ -295,10 +293,7 @@ class AdaptiveSchedule:
     def __init__(self, arms: Sequence = DEFAULT_ARMS, threshold: int | None = None,
                  epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.02,
                  buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0):
-        if threshold is not None and (isinstance(threshold, bool)
-                                      or not isinstance(threshold, int) or threshold < 1):
-            raise ValueError(f"threshold must be None (learned per bucket) or an integer >= 1 "
-                             f"(the largest live batch that speculates), got {threshold!r}")
+        threshold = check_int("threshold", threshold, 1, optional="learned per bucket")
         if isinstance(arms, str) or not list(arms):
             raise ValueError(f"arms must be a non-empty list of strategies ({STRATEGY_FORMS}), "
                              f"got {arms!r}")

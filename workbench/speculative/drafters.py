@@ -34,6 +34,7 @@ import time
 import numpy as np
 import torch
 
+from ..checks import check_non_negative
 from ..rollout.batch import DecodeBatch
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
 from ..rollout.tree import DraftTree, grow_tree
@@ -337,10 +338,9 @@ class SlowedDrafter:
 
     @staticmethod
     def check_delay(delay_s) -> float:
-        """``delay_s`` as a float, or ``ValueError`` unless it is a number of seconds >= 0."""
-        if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or delay_s < 0:
-            raise ValueError(f"delay_s must be a number of seconds >= 0, got {delay_s!r}")
-        return float(delay_s)
+        """``delay_s`` as a float, or ``ValueError`` unless it is a finite number of seconds
+        >= 0 (an infinite delay would hang the rollout)."""
+        return check_non_negative("delay_s (seconds)", delay_s)
 
     def __getattr__(self, name):
         if "drafter" not in self.__dict__:  # while unpickling

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import check_int
+from ..checks import check_fraction, check_int, check_positive
 from ..lm_train import final_loss, length_batches, lm_train_config, small_llama, train_lm
 from ..models import save_model
 from ..progress import tqdm
@@ -79,16 +78,12 @@ class FitConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field, its value and what is accepted."""
-        if not _real(self.minutes) or not 0 < self.minutes < math.inf:
-            raise ValueError(f"FitConfig.minutes must be a finite number > 0, "
-                             f"got {self.minutes!r}")
+        check_positive("FitConfig.minutes", self.minutes)
         for name, low in (("train_prompts", 1), ("heldout_prompts", 1), ("max_new_tokens", 1),
                           ("max_batch_size", 1), ("k", 1), ("seed", 0)):
             check_int(f"FitConfig.{name}", getattr(self, name), low)
-        share = self.harvest_share
-        if share is not None and not (_real(share) and 0 < share <= 1):
-            raise ValueError(f"FitConfig.harvest_share must be a number in (0, 1] or None "
-                             f"(no time cap on harvesting), got {share!r}")
+        check_fraction("FitConfig.harvest_share", self.harvest_share, low_open=True,
+                       optional="no time cap on harvesting")
 
 
 @dataclass
@@ -117,11 +112,6 @@ class Fitted:
     steps: int
     provenance: dict
     reused: bool = False
-
-
-def _real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and not math.isnan(value)
 
 
 def split_prompts(task, train: int, heldout: int, seed: int = 0) -> tuple[list[str], list[str]]:

@@ -12,7 +12,6 @@ forcing.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..checks import check_choice, check_int, check_non_negative
 from ..nested_config import NestedConfig
 from ..rollout.forward import causal_mask_4d
 from ..train import TrainConfig, Trainer, isolated_rng, train_state_dir
@@ -74,16 +74,10 @@ class EagleTrainConfig(NestedConfig):
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad field (the optimizer's are the held
         ``TrainConfig``'s, checked when it is built)."""
-        _check_state_units(self.state_units)
-        for name, low in (("batch_size", 1), ("unroll", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"EagleTrainConfig.{name} must be an integer >= {low}, "
-                                 f"got {v!r}")
-        if (isinstance(self.noise, bool) or not isinstance(self.noise, (int, float))
-                or not 0 <= self.noise < math.inf):
-            raise ValueError(f"EagleTrainConfig.noise must be a finite number >= 0, "
-                             f"got {self.noise!r}")
+        check_choice("EagleTrainConfig.state_units", self.state_units, STATE_UNITS)
+        check_int("EagleTrainConfig.batch_size", self.batch_size, 1)
+        check_int("EagleTrainConfig.unroll", self.unroll, 0)
+        check_non_negative("EagleTrainConfig.noise", self.noise)
         if not isinstance(self.train, TrainConfig):
             raise ValueError(f"EagleTrainConfig.train must be a TrainConfig, got "
                              f"{type(self.train).__name__} (EagleTrainConfig.flat takes flat "
@@ -117,16 +111,11 @@ def _pad_batch(items, device, dtype):
     return toks.to(device), states.to(device), mask.to(device)
 
 
-def _check_state_units(units: str) -> None:
-    if units not in STATE_UNITS:
-        raise ValueError(f"state_units must be one of {STATE_UNITS}, got {units!r}")
-
-
 def state_regression(pred: torch.Tensor, target: torch.Tensor, units: str = "rms") -> torch.Tensor:
     """SmoothL1 between predicted and true hidden states, one value per position (mean over
     the hidden dimension). ``units="rms"`` divides both by the target's RMS first, so the loss
     does not change when the states are rescaled together."""
-    _check_state_units(units)
+    check_choice("state_units", units, STATE_UNITS)
     if units == "rms":
         scale = target.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
         pred, target = pred / scale, target / scale
