@@ -1,4 +1,6 @@
 """Shared fixtures: tiny random models built in the test, in float64 where equality matters."""
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
@@ -54,6 +56,16 @@ def tiny_model(arch: str, tokenizer, seed: int = 0, context: int = 256, layers: 
 @pytest.fixture(params=["llama", "qwen2"])
 def tiny_gqa(request, tokenizer):
     return tiny_model(request.param, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def quickstart_runs(tmp_path_factory) -> Path:
+    """The main job's pipeline (00 once, 01 over seeds 0 and 1) at the notebooks' smoke sizes,
+    run once for the session: the notebooks' smoke tests read its 00 and 01 runs, the browser
+    test its report."""
+    from .notebook_runs import run_quickstart_at_smoke_size
+    from .test_notebooks import SMOKE
+    return run_quickstart_at_smoke_size(tmp_path_factory.mktemp("quickstart"), SMOKE)
 
 
 PROMPTS = ["a1 b2?", "a12 b33 c4 d5 e6 f7 g8 h9?", "x", "hello world, a longer prompt?",

@@ -1,8 +1,8 @@
 """The pipeline report in a real browser: ``report.html`` opened from disk in headless Chromium.
 
 The quickstart pipeline (``pipelines/quickstart.yaml``: notebook 00 once, notebook 01 over two
-seeds) runs through ``workbench pipeline run`` with each notebook's smoke parameters (those of
-tests/test_notebooks.py), so it takes tens of seconds instead of minutes; ``workbench pipeline
+seeds) runs once per session through ``workbench pipeline run --jobs 2`` with each notebook's
+smoke parameters (the ``quickstart_runs`` fixture, tests/conftest.py); ``workbench pipeline
 report`` writes the page; the test opens it via ``file://``, saves a full-page screenshot to
 test-artifacts/test_report_shows_every_run_in_chromium/ and checks that every run is on the
 page and every embedded figure loaded.
@@ -10,55 +10,26 @@ page and every embedded figure loaded.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .browser import artifacts_dir, launch, require_chromium, screenshot
-from .test_notebooks import SMOKE
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def quickstart_at_smoke_size(folder: Path) -> Path:
-    """pipelines/quickstart.yaml with every notebook's parameters replaced by its smoke set."""
-    spec = yaml.safe_load((ROOT / "pipelines" / "quickstart.yaml").read_text())
-    for entry in spec["notebooks"]:
-        entry["parameters"] = SMOKE[Path(entry["notebook"]).stem][0]
-        entry["notebook"] = str(ROOT / entry["notebook"])
-    path = folder / "quickstart.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
-
-
-def workbench_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+from .notebook_runs import workbench_cli
 
 
 @pytest.fixture
-def report(tmp_path) -> tuple[Path, list[str]]:
+def report(quickstart_runs, tmp_path) -> tuple[Path, list[str]]:
     """(report.html, every run's name) of the quickstart pipeline at smoke sizes."""
-    require_chromium()  # skip or fail before running anything
-    pipeline = quickstart_at_smoke_size(tmp_path)
-    ran = workbench_cli("pipeline", "run", str(pipeline), "--runs-root", str(tmp_path / "runs"),
-                        cwd=ROOT)
-    assert ran.returncode == 0, ran.stderr
-    pipeline_dir = tmp_path / "runs" / "quickstart"
-    runs = sorted(p.name for p in pipeline_dir.iterdir() if (p / "run.json").is_file())
+    require_chromium()  # skip or fail before writing anything
+    runs = sorted(p.name for p in quickstart_runs.iterdir() if (p / "run.json").is_file())
     assert len(runs) == 3, runs  # 00 once, 01 over seeds 0 and 1
-    assert all(json.loads((pipeline_dir / r / "run.json").read_text())["status"] == "ok"
+    assert all(json.loads((quickstart_runs / r / "run.json").read_text())["status"] == "ok"
                for r in runs)
-    wrote = workbench_cli("pipeline", "report", str(pipeline_dir), cwd=tmp_path)
+    wrote = workbench_cli("pipeline", "report", str(quickstart_runs), cwd=tmp_path)
     assert wrote.returncode == 0, wrote.stderr
-    return pipeline_dir / "report.html", runs
+    return quickstart_runs / "report.html", runs
 
 
 def test_report_shows_every_run_in_chromium(report, request):

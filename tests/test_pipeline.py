@@ -57,7 +57,7 @@ notebooks:
     seeds: [0, 1]
 """)
     runs_root = tmp_path / "runs"
-    table = run_pipeline(yaml_path, runs_root=runs_root)
+    table = run_pipeline(yaml_path, runs_root=runs_root, jobs=2)  # the same table as jobs=1
 
     assert len(table) == 4
     assert (table["status"] == "ok").all() and not table["skipped"].any()
@@ -322,7 +322,7 @@ notebooks:
     seeds: [0, 1]
   - notebook: notebooks/toy.ipynb
 """)
-    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs")
+    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs", jobs=2)
     printed = capsys.readouterr().out
     page = write_report(tmp_path / "runs" / "demo").read_text()
     summary = page[page.index("Summary over seeds"):page.index('<section class="run">')]
@@ -341,3 +341,34 @@ notebooks:
     toy = table[table["entry"] == "toy"]["run_name"].iloc[0]
     assert explorer_images(tmp_path / "runs" / "demo" / toy / "notebook.ipynb") == []
     assert page.count("explorer: the last figure of the notebook") == len(explorers) == 2
+
+
+def test_jobs_run_at_once_keep_the_yaml_order_and_split_the_cores(project, tmp_path, monkeypatch):
+    """--jobs 2: two kernels at a time, each told to use its share of the cores (two kernels
+    of all the cores each run several times slower than one after another); the table is in
+    the YAML's order, whichever run finished first; the caller's environment is restored."""
+    import os
+    import time
+    notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
+    notebook.cells.append(new_code_cell(
+        "import os, time, json, pathlib\ntime.sleep(1.5 if x == 1 else 0.5)\n"
+        "m = pathlib.Path(out_dir, 'metrics.json')\n"
+        "m.write_text(json.dumps({**json.loads(m.read_text()), "
+        "'threads': int(os.environ.get('OMP_NUM_THREADS', '0'))}))"))
+    nbformat.write(notebook, project / "notebooks" / "slow.ipynb")
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/slow.ipynb
+    grid: {x: [1, 2, 3]}
+""")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    started = time.perf_counter()
+    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs", jobs=2)
+    took = time.perf_counter() - started
+    assert list(table["param.x"]) == [1, 2, 3] and (table["status"] == "ok").all()
+    assert set(table["metric.threads"]) == {max(1, (os.cpu_count() or 1) // 2)}
+    assert took < table["duration_s"].sum()  # x=1 ran beside x=2 and x=3
+    assert "OMP_NUM_THREADS" not in os.environ
+    with pytest.raises(ValueError, match="jobs must be an integer >= 1, got 0"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "other", jobs=0)
+    assert not (tmp_path / "other").exists()

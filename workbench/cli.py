@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .checks import check_positive
+from .checks import check_int, check_positive
 
 __all__ = ["main"]
 
@@ -63,7 +63,7 @@ def _pipeline_run(args) -> int:
     pipeline that cannot run as written (one message, nothing run or written)."""
     from .pipeline import PipelineError, run_pipeline
     try:
-        table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root)
+        table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root, jobs=args.jobs)
     except PipelineError as exc:
         print(f"workbench pipeline run: error: {exc}", file=sys.stderr)
         return 2
@@ -83,6 +83,14 @@ def _positive_minutes(text: str) -> float:
         value = text  # not a number: refused below with the text as typed
     try:
         return check_positive("minutes", value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _jobs(text: str) -> int:
+    """``--jobs`` as a count >= 1 (the shared checks' message, through argparse's usage)."""
+    try:
+        return check_int("jobs", int(text) if text.lstrip("-").isdigit() else text, 1)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -122,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("yaml", help="pipeline file, e.g. pipelines/quickstart.yaml")
     pr.add_argument("--redo", action="store_true", help="rerun runs that already finished")
     pr.add_argument("--runs-root", default="runs", help="where runs/<pipeline>/<run>/ go")
+    pr.add_argument("--jobs", type=_jobs, default=1,
+                    help="runs at a time, the cores split among their kernels (default 1)")
     pr.set_defaults(func=_pipeline_run)
     rp = psub.add_parser("report", help="write one static HTML page of a pipeline's runs")
     rp.add_argument("folder", help="the pipeline's run folder, e.g. runs/quickstart")
