@@ -87,7 +87,8 @@ def _spot(tokenizer, tmp_path, **kw):
 
 
 def test_spot_training_runs_in_the_idle_window_on_the_sim_clock(tokenizer, tmp_path):
-    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=3)
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=3,
+                                                 idle_workers="first")
     before = {k: v.clone() for k, v in drafter.head.state_dict().items()}
     result = _longer_tail(result)
     rollout_end = result.timeline.makespan_s
@@ -110,7 +111,8 @@ def test_spot_training_runs_in_the_idle_window_on_the_sim_clock(tokenizer, tmp_p
 
 def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_serves_on(
         tokenizer, tmp_path):
-    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=5)
+    model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=5,
+                                                 idle_workers="first")
     spot.train_in_idle(_longer_tail(result), engine.backend)   # publishes v1
     v1, trainer_v1 = _state(drafter.head), copy.deepcopy(spot.eagle.trainer.state_dict())
     step_v1, version = spot.eagle.steps_done, spot.version

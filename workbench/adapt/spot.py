@@ -1,13 +1,17 @@
 """The spot trainer: the drafter learns on workers that sit idle while the long tail decodes.
 
 In a synchronous RL step most workers finish their shard long before the step's longest
-response does. TLT puts that idle window to work: the first worker to finish trains the
+response does. TLT puts those idle windows to work: every worker that finishes trains the
 drafter on the harvest buffer (:class:`~workbench.adapt.buffer.DrafterBuffer`) until the
-step's last worker finishes, and is then preempted. The training is a :class:`DrafterJob`
-that the rollout's backend runs in the window (``Backend.run_idle``): its steps are measured
-for real and recorded by the backend as ``drafter_train`` rows on that worker's clock, right
-after its last rollout step, and what it learned comes back as a :class:`DrafterOutcome`
-that the spot trainer folds in (a backend of processes trains a copy of the job).
+step's last worker finishes, and is then preempted (``SpotConfig.idle_workers="all"``; the
+seeds' coordinator likewise trains on every free rank; ``"first"``: the first worker to finish
+alone). The training is a :class:`DrafterJob` that the rollout's backend runs in each window
+(``Backend.run_idle``): its steps are measured for real and recorded by the backend as
+``drafter_train`` rows on that worker's clock, right after its last rollout step, and what
+each worker learned comes back as a :class:`DrafterOutcome`. The workers' copies are merged by
+local SGD at the step's end (:mod:`workbench.adapt.local_sgd`: each copy starts from the
+published state, trains on its own batches of the pairs ready when its window opened, and
+counts in the average by its whole steps).
 A step is started only when the running estimate of a step's time still fits the window, and
 a step that would cross the window's end is **preempted** there: on the sim clock its row is
 cut at the end of the window and flagged ``preempted``, its seconds count as wasted, and its
@@ -27,12 +31,16 @@ import copy
 import os
 from dataclasses import dataclass, field
 
-from ..checks import check_fraction, check_int
+from ..checks import check_choice, check_fraction, check_int
 from ..nested_config import NestedConfig
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from .buffer import DrafterBuffer
+from .local_sgd import merge_copies
 
 __all__ = ["SpotConfig", "SpotTrainer", "DrafterJob", "DrafterOutcome"]
+
+
+IDLE_WORKERS = ("all", "first")
 
 
 def _spot_eagle() -> EagleTrainConfig:
@@ -51,23 +59,27 @@ class SpotConfig(NestedConfig):
         eagle: the drafter's training (``EagleTrainConfig``: batch size, unroll, noise, state
             units, and its optimizer: constant LR 1e-4, no horizon, seed of noise and batch
             order).
-        max_steps: cap on drafter steps per RL step.
+        max_steps: cap on one worker's drafter steps per RL step.
         carry_fraction: share of a step's longest sequences the buffer carries into the next
             step (TLT's one-step offset).
         history_steps: previous steps whose whole harvest the buffer also serves (0: TLT's
             buffer; one step's harvest alone is narrow enough that training on it can cost
             acceptance on other prompts).
+        idle_workers: ``"all"``: every worker trains in its idle window, the copies merged
+            by local SGD at the step's end; ``"first"``: the first worker to finish alone.
     """
 
     eagle: EagleTrainConfig = field(default_factory=_spot_eagle)
     max_steps: int = 400
     carry_fraction: float = 0.25
     history_steps: int = 0
+    idle_workers: str = "all"
 
     def __post_init__(self):
         check_int("SpotConfig.max_steps", self.max_steps, 0)
         check_fraction("SpotConfig.carry_fraction", self.carry_fraction)
         check_int("SpotConfig.history_steps", self.history_steps, 0)
+        check_choice("SpotConfig.idle_workers", self.idle_workers, IDLE_WORKERS)
         if not isinstance(self.eagle, EagleTrainConfig):
             raise ValueError(f"SpotConfig.eagle must be an EagleTrainConfig, got "
                              f"{type(self.eagle).__name__} (SpotConfig.flat takes flat "
@@ -100,38 +112,46 @@ class SpotTrainer:
         self.step_s = 0.0  # running estimate of one drafter step's seconds (0: none yet)
 
     def train_in_idle(self, result, backend) -> dict:
-        """Train in the idle window of ``result``'s first worker to finish, through
-        ``backend`` (the one that ran the rollout: ``Backend.run_idle``); ``result.timeline``
-        becomes the backend's, with the ``drafter_train`` rows. Returns the step's drafter
-        figures."""
-        # 1) this step's harvest joins the buffer; the window of the first worker to finish
+        """Train in the idle windows of ``result`` (every worker's, or the first to finish's:
+        ``config.idle_workers``) through ``backend`` (the one that ran the rollout:
+        ``Backend.run_idle``); ``result.timeline`` becomes the backend's, with the
+        ``drafter_train`` rows. Returns the step's drafter figures."""
+        # 1) this step's harvest joins the buffer; the windows that train, and their pairs:
+        #    those ready when each window opens
         self.buffer.add_step(result, harvest_pairs(result))
         rollout_end = result.timeline.makespan_s
-        window = result.timeline.idle_windows()[0]
-        data = self.buffer.pairs(until_s=window.start_s)
-        # 2) the backend runs the job there, on that worker's clock, and records its steps
+        windows = [w for w in result.timeline.idle_windows() if w.seconds > 0]
+        windows = windows[:1] if self.config.idle_workers == "first" else windows
+        pairs = {w.worker: self.buffer.pairs(until_s=w.start_s) for w in windows}
+        # 2) the backend runs the job in each window, on that worker's clock: a copy of the
+        #    published state trains on its own batches and records its steps
         c = self.config
-        job = DrafterJob(self.eagle, data, min(c.eagle.batch_size, len(data)), c.max_steps,
-                         self.step_s)
-        run = backend.run_idle(job, result.timeline, [window])
-        result.timeline, outcome = run.timeline, run.outcomes[0]
-        # 3) what it learned is folded in; the new version serves from the next RL step
-        self.step_s = outcome.step_s
-        if outcome.state is not None:
-            self.eagle.trainer.load_state_dict(outcome.state)
+        start = _snapshot(self.eagle.trainer)
+        job = DrafterJob(self.eagle, start, pairs, c.eagle.batch_size, c.max_steps, self.step_s)
+        run = backend.run_idle(job, result.timeline, windows)
+        result.timeline, outcomes = run.timeline, run.outcomes
+        # 3) the copies merge at the step's end (local SGD); the merge serves from the next step
+        self.step_s = max([o.step_s for o in outcomes], default=self.step_s)
+        merged = merge_copies(start, [o.state for o in outcomes],
+                              [len(o.losses) for o in outcomes])
+        self.eagle.trainer.load_state_dict(merged if merged is not None else start)
+        if merged is not None:
             self.publish()
         buffered = self.buffer.state()
         self.buffer.end_step()  # 4) this step's longest sequences are the next step's carry
         new = result.timeline
-        losses = outcome.losses
-        return {"drafter_steps": len(losses), "drafter_worker": window.worker,
-                "drafter_window_s": window.seconds,
+        losses = [loss for o in outcomes for loss in o.losses]
+        return {"drafter_steps": len(losses),
+                "drafter_workers": sum(1 for o in outcomes if o.losses),
+                "drafter_worker": windows[0].worker if windows else -1,
+                "drafter_window_s": sum(w.seconds for w in windows),
                 "drafter_train_s": float(new.busy_s(("drafter_train",), False).sum()),
-                "drafter_preempted": outcome.preempted, "drafter_wasted_s": outcome.wasted_s,
+                "drafter_preempted": sum(o.preempted for o in outcomes),
+                "drafter_wasted_s": sum(o.wasted_s for o in outcomes),
                 "drafter_overrun_s": new.makespan_s - rollout_end,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
-                "drafter_pairs": len(data), "drafter_version": self.version,
-                **buffered}
+                "drafter_pairs": len(pairs[windows[0].worker]) if windows else 0,
+                "drafter_version": self.version, **buffered}
 
     def publish(self) -> None:
         """Save the trained head (atomic folder swap) and load it into the serving drafter."""
@@ -179,34 +199,47 @@ class DrafterOutcome:
 
 
 class DrafterJob:
-    """Drafter training as an idle-window job (``rollout.backend.IdleJob``).
+    """Drafter training as an idle-window job (``rollout.backend.IdleJob``): in every window
+    it runs in, a copy of ``start`` trains on that window's pairs (module docstring).
 
     Args:
-        eagle: the ``EagleTrainer`` to train (on the local backend, the spot trainer's own;
-            a backend of processes trains a copy).
-        pairs: the buffer's pairs to train on.
-        batch_size: sequences per step (the row's ``batch_size``).
+        eagle: the ``EagleTrainer`` to train (on the local backend, the spot trainer's own,
+            reset to ``start`` at each window; a backend of processes trains a copy).
+        start: the trainer state every window starts from (the published one).
+        pairs: worker -> the buffer's pairs ready when its window opens.
+        batch_size: sequences per step (the row's ``batch_size``; fewer when fewer pairs).
         max_steps: cap on whole steps in one window.
         step_s: the running estimate of one step's seconds (0: none yet).
     """
 
-    def __init__(self, eagle, pairs: list, batch_size: int, max_steps: int, step_s: float):
-        self.eagle, self.pairs, self.batch_size = eagle, pairs, batch_size
-        self.max_steps, self.step_s = max_steps, step_s
+    def __init__(self, eagle, start: dict, pairs: dict[int, list], batch_size: int,
+                 max_steps: int, step_s: float):
+        self.eagle, self.start, self.pairs = eagle, start, pairs
+        self.batch_size, self.max_steps, self.step_s = batch_size, max_steps, step_s
+        self.ranks = {worker: rank for rank, worker in enumerate(pairs)}
 
     def run(self, window, clock) -> DrafterOutcome:
         """Train step after step while the estimate still fits ``window``; a step that
         crosses its end is preempted there and its update discarded."""
         out = DrafterOutcome(step_s=self.step_s)
-        if not self.pairs:
+        pairs = self.pairs.get(window.worker, [])
+        if not pairs:
             return out
-        self.eagle.set_pairs(self.pairs)
+        # the copies' batches are disjoint: copy r of k takes batches first + r, + r + k, ...
+        rank, copies = self.ranks[window.worker], len(self.ranks)
+        first = self.start["step"]
+        # a deep copy: AdamW's load_state_dict keeps the tensors it is given, and steps update
+        # them in place, which would change the start of the next window
+        self.eagle.trainer.load_state_dict(copy.deepcopy(self.start))
+        self.eagle.set_pairs(pairs)
+        batch_size = min(self.batch_size, len(pairs))
         with self.eagle.training():  # flags set once for the window, restored after it
             while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
                 # 1) one drafter step on the worker's clock, from a copy of the last whole state
                 kept = _snapshot(self.eagle.trainer)
-                trained, row = clock.timed("drafter_train", self.eagle.step,
-                                           batch_size=self.batch_size)
+                batch = first + rank + copies * len(out.losses)
+                trained, row = clock.timed("drafter_train", lambda: self.eagle.step(batch),
+                                           batch_size=batch_size)
                 out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it took
                 # 2) it crossed the window's end: preempted, its update discarded
                 if row.get("preempted"):
@@ -215,7 +248,7 @@ class DrafterJob:
                     break
                 out.losses.append(trained["loss"])
         if out.losses:
-            out.state = self.eagle.trainer.state_dict()
+            out.state = _snapshot(self.eagle.trainer)  # the next window resets the trainer
         return out
 
 

@@ -249,10 +249,11 @@ class EagleTrainer:
         """The training session :meth:`step` runs in (``Trainer.training``)."""
         return self.trainer.training()
 
-    def step(self) -> dict:
-        """One optimizer step on the next batch of the pairs (the batch of this step number,
-        so a resumed run sees the same data); returns its history row."""
-        return self.trainer.step(self._pairs()(self.trainer.steps_done))
+    def step(self, batch: int | None = None) -> dict:
+        """One optimizer step on batch number ``batch`` of the pairs (default: this step's
+        number, so a resumed run sees the same data; the spot trainer's copies take disjoint
+        numbers); returns its history row."""
+        return self.trainer.step(self._pairs()(self.trainer.steps_done if batch is None else batch))
 
     def train(self, pairs=None, steps: int | None = None, stop=None) -> pd.DataFrame:
         """Train ``steps`` more steps (default: up to ``config.train.horizon`` in all) on

@@ -1,0 +1,101 @@
+"""The spot trainer on every idle worker: each trains a copy of the published drafter in its
+own window (sim clock), and the copies merge by local SGD at the step's end."""
+import copy
+
+import pytest
+import torch
+
+from workbench.adapt import SpotConfig, SpotTrainer
+from workbench.adapt.local_sgd import merge_copies
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.speculative import EagleDrafter, EagleHead
+from workbench.train import TrainConfig, Trainer
+
+from .conftest import PROMPTS, tiny_model
+from .test_tlt import _longer_tail
+
+
+def _spot(tokenizer, tmp_path, workers, **kw):
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    torch.manual_seed(1)
+    drafter = EagleDrafter(EagleHead(model).eval(), model)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers, harvest=True,
+                        samples_per_prompt=2)
+    result = _longer_tail(engine.rollout(PROMPTS, cfg, progress=False))
+    spot = SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, **kw), tmp_path / "head")
+    return engine, result, spot
+
+
+def test_every_idle_worker_trains_right_after_its_shard_and_the_step_is_not_stretched(
+        tokenizer, tmp_path):
+    engine, result, spot = _spot(tokenizer, tmp_path, workers=4, max_steps=2)
+    rollout_end = result.timeline.makespan_s
+    windows = [w for w in result.timeline.idle_windows() if w.seconds > 0]
+    before = {k: v.clone() for k, v in spot.serving.head.state_dict().items()}
+    out = spot.train_in_idle(result, engine.backend)
+    train = result.timeline.steps.query("kind == 'drafter_train'")
+    assert set(train["worker"]) == {w.worker for w in windows} and len(windows) == 3
+    for w in windows:  # each copy starts right after its worker's last rollout step
+        rows = train[train["worker"] == w.worker]
+        assert rows["start_s"].iloc[0] == pytest.approx(w.start_s) and len(rows) == 2
+    assert out["drafter_steps"] == 2 * 3 and out["drafter_workers"] == 3
+    assert out["drafter_window_s"] == pytest.approx(sum(w.seconds for w in windows))
+    assert out["drafter_overrun_s"] == 0 and result.timeline.makespan_s == rollout_end
+    assert spot.version == 1 and spot.eagle.steps_done == 6       # the merge continues from 6
+    served = spot.serving.head.state_dict()
+    assert any(not torch.equal(before[k], served[k]) for k in before)
+    on_disk = EagleHead.from_pretrained(tmp_path / "head", spot.eagle.policy).state_dict()
+    assert all(torch.equal(on_disk[k], served[k]) for k in served)
+
+
+def test_all_idle_workers_take_more_drafter_steps_than_the_first_finisher_on_the_same_rollout(
+        tokenizer, tmp_path):
+    firsts, alls = [], []
+    for rule, steps in (("first", firsts), ("all", alls)):
+        engine, result, spot = _spot(tokenizer, tmp_path / rule, workers=4, max_steps=3,
+                                     idle_workers=rule)
+        steps.append(spot.train_in_idle(result, engine.backend)["drafter_steps"])
+    assert firsts == [3] and alls == [9]
+
+
+def _trainer(seed: int) -> Trainer:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2).double()
+    return Trainer(model, lambda batch, g: ((model(batch) - 1) ** 2).mean(),
+                   TrainConfig(lr=0.1, progress=False))
+
+
+def test_the_merge_is_the_step_weighted_mean_of_the_copies():
+    """Weights 1/4 and 3/4 for copies of 1 and 3 steps; AdamW's moments averaged alike, its
+    step count the larger copy's; the harness continues from start + 4; one copy merges to
+    itself and copies without steps do not count."""
+    trainer = _trainer(0)
+    start = copy.deepcopy(trainer.state_dict())
+    copies = []
+    for steps, x in ((1, 1.0), (3, -2.0)):
+        trainer.load_state_dict(copy.deepcopy(start))
+        with trainer.training():
+            for _ in range(steps):
+                trainer.step(torch.full((4, 3), x, dtype=torch.float64))
+        copies.append(copy.deepcopy(trainer.state_dict()))
+    merged = merge_copies(start, copies, [1, 3])
+    for key in start["model"]:
+        expected = 0.25 * copies[0]["model"][key] + 0.75 * copies[1]["model"][key]
+        assert torch.allclose(merged["model"][key], expected, rtol=0, atol=1e-15)
+    for index, moments in merged["optimizer"]["state"].items():
+        a, b = (c["optimizer"]["state"][index] for c in copies)
+        assert torch.allclose(moments["exp_avg_sq"], 0.25 * a["exp_avg_sq"] + 0.75 * b["exp_avg_sq"])
+        assert float(moments["step"]) == 3.0
+    assert merged["step"] == start["step"] + 4 and len(merged["history"]) == 4
+    trainer.load_state_dict(merged)  # a whole state the harness takes back
+    assert merge_copies(start, copies[:1], [1]) is copies[0]
+    assert merge_copies(start, [copies[0], None], [1, 0]) is copies[0]
+    assert merge_copies(start, [None, None], [0, 0]) is None
+    with pytest.raises(ValueError, match="2 copies for 1 step counts"):
+        merge_copies(start, copies, [1])
+
+
+def test_idle_workers_is_a_fixed_choice():
+    with pytest.raises(ValueError, match="idle_workers"):
+        SpotConfig(idle_workers="every")
