@@ -131,7 +131,7 @@ class SpotTrainer:
         run = backend.run_idle(job, result.timeline, windows)
         result.timeline, outcomes = run.timeline, run.outcomes
         # 3) the copies merge at the step's end (local SGD); the merge serves from the next step
-        self.step_s = max([o.step_s for o in outcomes], default=self.step_s)
+        self.step_s = _fold_estimates(outcomes, self.step_s)
         merged = merge_copies(start, [o.state for o in outcomes],
                               [len(o.losses) for o in outcomes])
         self.eagle.trainer.load_state_dict(merged if merged is not None else start)
@@ -258,6 +258,17 @@ def _snapshot(trainer) -> dict:
     place) shared, since it grows with the whole run."""
     state = trainer.state_dict()
     return {k: v if k == "history" else copy.deepcopy(v) for k, v in state.items()}
+
+
+def _fold_estimates(outcomes: list[DrafterOutcome], step_s: float) -> float:
+    """The estimate the next RL step starts from: the one of the window that took the most
+    whole steps (the best informed; a window that took one slow first step alone would hold
+    every window of the next RL step back); when no window took a whole step, the largest
+    (the steps were slow everywhere)."""
+    trained = [o for o in outcomes if o.losses]
+    if trained:
+        return max(trained, key=lambda o: len(o.losses)).step_s
+    return max([o.step_s for o in outcomes], default=step_s)
 
 
 def _next_estimate(step_s: float, seconds: float) -> float:
