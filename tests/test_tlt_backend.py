@@ -38,9 +38,12 @@ class ApartBackend:
             drafter = drafter_factory(w, policy) if drafter_factory is not None else None
             self._workers.append(Worker(w, policy, drafter, self.clock))
 
-    def map(self, fn, items):
+    def map(self, fn, items, progress=None):
         self.calls.append("map")
         done = {w: fn(self._workers[w], item) for w, item in reversed(list(enumerate(items)))}
+        if progress is not None:  # as a backend of processes: per worker, as results arrive
+            for item in items:
+                progress(len(getattr(item, "requests", ())))
         return [done[w] for w in range(len(items))]
 
     def update_weights(self, policy=None, drafter=None):

@@ -10,4 +10,13 @@ from .timeline import Timeline
 
 __all__ = ["RolloutEngine", "RolloutConfig", "RolloutResult", "RequestOutput", "Stream",
            "Timeline", "StepPlan", "StepReport", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "Backend", "LocalBackend", "WorkerFailed"]
+           "ThresholdSchedule", "Backend", "LocalBackend", "RayBackend", "WorkerFailed"]
+
+
+def __getattr__(name: str):
+    """``RayBackend`` on first use: importing Ray takes seconds, which a run without it
+    should not pay."""
+    if name == "RayBackend":
+        from .ray_backend import RayBackend
+        return RayBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

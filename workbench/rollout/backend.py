@@ -22,6 +22,11 @@ idle job     an object with ``run(window, clock) -> outcome`` (:class:`IdleJob`)
              Whatever the caller needs comes back in the outcome (losses, new weights, ...):
              a backend of processes runs a *copy* of the job, so changes the job makes to
              itself are not seen by the caller. The local backend runs the caller's object.
+progress     ``map(fn, items, progress)``: a callback of the driver's (a progress bar's
+             ``update``) that takes a number of finished requests. It never leaves the
+             driver's process: the local backend hands it to its workers (live, as requests
+             finish); a backend of processes calls it as each worker's result comes back,
+             with the number of requests that worker's item held.
 worker fault a worker that raised while running a function or a job. The backend raises
              :class:`WorkerFailed` (the worker's index, the cause, the requests it held), from
              the cause, and stays started: the caller may resubmit the requests elsewhere or
@@ -90,10 +95,12 @@ class Backend(Protocol):
         ``drafter_factory(w, policy)``."""
         ...
 
-    def map(self, fn: Callable[[Worker, object], object], items: list) -> list:
+    def map(self, fn: Callable[[Worker, object], object], items: list,
+            progress: Callable[[int], None] | None = None) -> list:
         """``[fn(worker w, items[w]) for w]``, each worker's times measured on its own clock.
         ``fn`` runs where the worker lives; what it returns comes back. An item with
-        ``requests`` (a ``WorkerTask``) names the requests a failing worker held."""
+        ``requests`` (a ``WorkerTask``) names the requests a failing worker held, and counts
+        them for ``progress`` (module docstring)."""
         ...
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
@@ -132,10 +139,12 @@ class LocalBackend:
             drafter = drafter_factory(w, model) if drafter_factory is not None else None
             self._workers.append(Worker(w, model, drafter, self.clock))
 
-    def map(self, fn, items):
+    def map(self, fn, items, progress=None):
         if len(items) > self.num_workers:
             raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
                              "backend with enough workers")
+        for worker in self._workers:  # the driver's own process: progress goes in, live
+            worker.on_finish = progress or (lambda finished: None)
         return [_on(worker.index, lambda: fn(worker, item), getattr(item, "requests", ()))
                 for worker, item in zip(self._workers, items)]
 
@@ -148,11 +157,8 @@ class LocalBackend:
             loaded |= {id(worker.model), id(module)}
 
     def run_idle(self, job, timeline, windows) -> IdleRun:
-        windows = list(windows)
+        windows = check_windows(windows, self.num_workers)
         for window in windows:
-            if not isinstance(window, IdleWindow) or not 0 <= window.worker < self.num_workers:
-                raise ValueError(f"windows must be IdleWindows of workers 0..{self.num_workers - 1}"
-                                 f" (timeline.idle_windows()), got {window!r}")
             if self._workers[window.worker].recorder is None:
                 raise ValueError(f"worker {window.worker} has no rollout to idle after")
         outcomes, rows = [], []
@@ -165,6 +171,17 @@ class LocalBackend:
 
     def close(self) -> None:
         self._workers = []
+
+
+def check_windows(windows: Sequence[IdleWindow], num_workers: int) -> list[IdleWindow]:
+    """``windows`` as a list, each an :class:`IdleWindow` of one of ``num_workers`` workers
+    (a ValueError names the first that is not)."""
+    windows = list(windows)
+    for window in windows:
+        if not isinstance(window, IdleWindow) or not 0 <= window.worker < num_workers:
+            raise ValueError(f"windows must be IdleWindows of workers 0..{num_workers - 1}"
+                             f" (timeline.idle_windows()), got {window!r}")
+    return windows
 
 
 def _on(worker: int, call: Callable[[], object], requests: Sequence[Request] = ()):

@@ -86,12 +86,13 @@ class RolloutEngine:
         """Start ``workers`` workers: worker ``w`` decodes with ``policy_factory(w)`` (default:
         this engine's model, shared) and drafts with ``drafter_factory(w, policy)`` (its own
         drafter; default none). Each drafter is checked against its policy and tokenizer."""
-        self.backend.start(policy_factory or (lambda w: self.model), drafter_factory, workers)
+        model, tokenizer = self.model, self.tokenizer  # what the closures ship, not the engine
+        self.backend.start(policy_factory or (lambda w: model), drafter_factory, workers)
         self._default_workers = policy_factory is None and drafter_factory is None
 
         def check(worker, _):
             if worker.drafter is not None:
-                worker.drafter.check_compatible(worker.model, self.tokenizer)
+                worker.drafter.check_compatible(worker.model, tokenizer)
         self.backend.map(check, [None] * workers)
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
@@ -160,8 +161,8 @@ class RolloutEngine:
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
         try:
-            results = self.backend.map(
-                lambda worker, task: worker.rollout(task, schedule, drafter, bar.update), tasks)
+            results = self.backend.map(  # the bar stays here: the backend reports progress
+                lambda worker, task: worker.rollout(task, schedule, drafter), tasks, bar.update)
         finally:
             bar.close()
         by_uid = {r.uid: r for res in results for r in res.requests}

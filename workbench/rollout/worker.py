@@ -33,20 +33,27 @@ IDLE_KINDS = tuple(k for k in STEP_KINDS if k not in ROLLOUT_KINDS)  # work an i
 
 
 class StepRecorder:
-    """A worker's clock and its steps-table rows; each step starts where the last one ended."""
+    """A worker's clock and its steps-table rows; each step starts where the last one ended.
 
-    def __init__(self, worker: int, clock: str):
+    Time 0 is the recorder's creation, or ``origin`` when a backend gives one: a wall time
+    (``time.time()``) common to all workers of a step, such as the driver's at submit, so
+    that workers in other processes share one timeline and the first step starts when the
+    worker really began (the wait before it shows as idle)."""
+
+    def __init__(self, worker: int, clock: str, origin: float | None = None):
         self.worker, self.clock = worker, clock
-        self.t0 = time.perf_counter()
+        ahead = 0.0 if origin is None else time.time() - origin
+        self.t0 = time.perf_counter() - ahead
         self.rows: list[dict] = []
-        self.mark = 0.0
+        self.mark = ahead
         self.decisions = 0  # decode steps labelled so far
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
     def begin(self) -> float:
-        """Start of the next step: the end of the previous one (0 for the first)."""
+        """Start of the next step: the end of the previous one (for the first, the
+        recorder's start: 0, or the seconds since ``origin``)."""
         return self.mark
 
     def end(self, kind: str, batch_size: int, tokens: int, forward_s: float) -> float:
@@ -103,16 +110,26 @@ class WorkerResult:
     steps: list[dict]
 
 
+def _ignore(finished: int) -> None:
+    """The progress hook of a worker whose driver is in another process."""
+
+
 class Worker:
-    """One worker: a policy, its own drafter (optional), and the recorder of its last rollout."""
+    """One worker: a policy, its own drafter (optional), and the recorder of its last rollout.
+
+    Two attributes are its backend's to set before a call: ``origin``, the wall time that is
+    0 on the next rollout's clock (``None``: the rollout's own start, as on the sim clock),
+    and ``on_finish``, called with the number of requests that finished at each step (the
+    driver's progress bar, where the worker lives in the driver's process)."""
 
     def __init__(self, index: int, model, drafter=None, clock: str = "sim"):
         self.index, self.model, self.drafter, self.clock = index, model, drafter, clock
         self.forward = policy_forward(model)
         self.recorder: StepRecorder | None = None
+        self.origin: float | None = None
+        self.on_finish: Callable[[int], None] = _ignore
 
-    def rollout(self, task: WorkerTask, schedule: Schedule, drafter=None,
-                on_finish=lambda n: None) -> WorkerResult:
+    def rollout(self, task: WorkerTask, schedule: Schedule, drafter=None) -> WorkerResult:
         """Decode ``task.requests`` under ``schedule`` (with ``drafter``, or this worker's own)."""
         cfg = task.config
         drafter = drafter if drafter is not None else self.drafter
@@ -121,10 +138,10 @@ class Worker:
                              f"{self.index} has no drafter: pass drafter= or start the "
                              "workers with a drafter_factory")
         check_schedule_drafter(schedule, drafter)  # tree plans need a tree drafter
-        self.recorder = rec = StepRecorder(self.index, self.clock)
+        self.recorder = rec = StepRecorder(self.index, self.clock, self.origin)
         outputs = [RequestOutput.of(q, self.index) for q in task.requests]
         dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,
-                           drafter if schedule.needs_drafter else None, on_finish)
+                           drafter if schedule.needs_drafter else None, self.on_finish)
         cap = cfg.max_batch_size or max(1, len(outputs))
         queue = deque(outputs)
         with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step

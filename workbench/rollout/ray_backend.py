@@ -1,0 +1,314 @@
+"""The Ray backend: each worker a Ray actor, all of them really running in parallel.
+
+:class:`RayBackend` keeps the ``rollout.backend.Backend`` protocol, so the engine, GRPO, TLT
+and the spot trainer run on it unchanged, and its timelines are on the *wall* clock: every
+worker's times count from one origin, the driver's wall time when a call is submitted, so the
+steps table's makespan is the parallel step's real one (result transfer back excluded).
+
+Glossary:
+
+actor        a Ray actor process holding one :class:`~workbench.rollout.worker.Worker` (its
+             policy, forward and drafter, built inside the actor by the start's factories),
+             with torch pinned to its CPU share (``threads_per_worker`` threads and as many
+             Ray CPUs) and, on a cluster with GPUs, one GPU of its own.
+object store Ray's shared memory: a function, an idle job or a state dict goes in once per
+             call (``ray.put``) and every actor reads it from there; nothing is pickled per
+             actor. The start's factories go in once too, for a restarted actor to reuse.
+copies       whatever ``fn`` or an idle job holds travels as a copy: changes an actor makes
+             to it never reach the driver. A *learning schedule* (the adaptive bandit,
+             ``speculative.bandit.AdaptiveSchedule``) therefore learns, on each actor, in a
+             copy of the driver's schedule as it was at the call, and that learning is
+             dropped when the rollout ends: the driver's schedule never changes, each
+             rollout starts from it again, and the steps table (its decision columns) is the
+             only record of what the actors chose. Tokens are unaffected (a schedule decides
+             speed only).
+loopback     a Ray this backend starts listens on 127.0.0.1 only. Ray on Linux rewrites a
+             loopback node address to the machine's own address unless its cluster mode is
+             off, so the start turns it off for the ``ray.init`` call and checks the node's
+             address afterwards.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Sequence
+
+import ray
+import torch
+from ray._private import ray_constants
+
+from ..checks import check_int
+from .backend import IdleRun, WorkerFailed, check_windows
+from .timeline import IdleWindow, Timeline
+from .worker import Worker
+
+__all__ = ["RayBackend"]
+
+LOOPBACK = "127.0.0.1"
+CONNECT_TIMEOUT_S = 3.0  # an address that does not answer within this is unreachable
+ADDRESS_FORMS = "None (a local instance, or $RAY_ADDRESS), 'host:port' or 'ray://host:port'"
+
+
+class WorkerHost:
+    """An actor's body: one :class:`Worker` on the wall clock, built inside the actor."""
+
+    def __init__(self, index: int, factories: tuple, threads: int):
+        torch.set_num_threads(threads)
+        policy_factory, drafter_factory = factories
+        model = policy_factory(index)
+        drafter = drafter_factory(index, model) if drafter_factory is not None else None
+        self.worker = Worker(index, model, drafter, "wall")
+
+    def ready(self) -> int:
+        """The worker's index, once the factories have run (their failure raises here)."""
+        return self.worker.index
+
+    def call(self, fn: Callable, item, origin: float):
+        """``fn(worker, item)`` with the worker's clock counting from ``origin``."""
+        self.worker.origin = origin
+        return fn(self.worker, item)
+
+    def load_weights(self, policy: dict | None, drafter: dict | None) -> None:
+        self.worker.load_weights(policy, drafter)
+
+    def run_idle(self, job, window: IdleWindow) -> tuple[object, list[dict]]:
+        return self.worker.run_idle(job, window)
+
+
+class RayBackend:
+    """N workers as Ray actors, in parallel, on the wall clock (module docstring).
+
+    Args:
+        address: a Ray cluster to attach to, ``"host:port"`` (or ``"ray://host:port"``, a Ray
+            client); ``None`` reads ``$RAY_ADDRESS``, and without it a local instance starts
+            on loopback with ``num_cpus`` CPUs and no dashboard. An address is checked to
+            answer (within ``CONNECT_TIMEOUT_S``) before anything starts. A Ray already
+            initialised in this process is reused as it is.
+        num_cpus: CPUs of a local instance (default: the machine's count).
+        threads_per_worker: torch threads of each actor, and the Ray CPUs it holds.
+        log_dir: where a local instance keeps its session folder, logs included (Ray's temp
+            root; default Ray's own, ``/tmp/ray``).
+
+    ``start`` refuses more workers x threads than the cluster has CPUs (or more workers than
+    it has GPUs, where it has any) before any actor starts. A worker that dies or raises
+    makes the call raise ``WorkerFailed`` naming it (a ValueError, bad input, passes through);
+    the other workers finish their part first, so the backend is idle after the raise.
+    :meth:`restart` gives a worker a fresh actor. ``close`` kills the actors, and shuts down
+    a Ray instance this backend started.
+    """
+
+    name = "ray"
+    clock = "wall"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None,
+                 threads_per_worker: int = 1, log_dir: str | os.PathLike | None = None):
+        self.address = _check_address(address if address is not None
+                                      else os.environ.get("RAY_ADDRESS") or None)
+        self.num_cpus = check_int("num_cpus", num_cpus, 1, optional="the machine's CPU count")
+        self.threads_per_worker = check_int("threads_per_worker", threads_per_worker, 1)
+        self.log_dir = None if log_dir is None else Path(log_dir).resolve()
+        self._actors: list = []
+        self._factories = None       # ObjectRef of (policy_factory, drafter_factory)
+        self._weights = (None, None)  # ObjectRefs of the latest policy and drafter weights
+        self._gpus = 0               # GPUs per actor
+        self._started_ray = False
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._actors)
+
+    # ---- life ---------------------------------------------------------------------------
+    def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
+        num_workers = check_int("num_workers", num_workers, 1)
+        self._connect()
+        self._gpus = self._placement(num_workers)
+        self._kill_actors()
+        self._factories = ray.put((policy_factory, drafter_factory))
+        self._weights = (None, None)
+        self._actors = [self._spawn(w) for w in range(num_workers)]
+        self._gather([actor.ready.remote() for actor in self._actors], range(num_workers))
+
+    def restart(self, worker: int) -> None:
+        """Give ``worker`` a fresh actor (its old one killed, dead or alive), built by the
+        start's factories and loaded with the latest weights pushed by ``update_weights``."""
+        if not self._actors:
+            raise ValueError("the backend has no workers to restart: start it first")
+        worker = check_int("worker", worker, 0, self.num_workers - 1)
+        ray.kill(self._actors[worker])
+        actor = self._actors[worker] = self._spawn(worker)
+        self._gather([actor.ready.remote()], [worker])
+        if self._weights != (None, None):
+            self._gather([actor.load_weights.remote(*self._weights)], [worker])
+
+    def close(self) -> None:
+        self._kill_actors()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    # ---- work ---------------------------------------------------------------------------
+    def map(self, fn, items, progress=None):
+        if len(items) > self.num_workers:
+            raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
+                             "backend with enough workers")
+        origin = time.time()  # every worker's 0: the wall makespan includes shipping
+        fn_ref = ray.put(fn)
+        refs = [actor.call.remote(fn_ref, item, origin)
+                for actor, item in zip(self._actors, items)]
+        held = [list(getattr(item, "requests", ())) for item in items]
+        return self._gather(refs, range(len(items)), held, progress)
+
+    def update_weights(self, policy=None, drafter=None) -> None:
+        refs = tuple(None if state is None else ray.put(state) for state in (policy, drafter))
+        self._gather([actor.load_weights.remote(*refs) for actor in self._actors],
+                     range(self.num_workers))
+        self._weights = tuple(new if new is not None else old
+                              for new, old in zip(refs, self._weights))
+
+    def run_idle(self, job, timeline: Timeline, windows: Sequence[IdleWindow]) -> IdleRun:
+        windows = check_windows(windows, self.num_workers)
+        job_ref = ray.put(job)
+        refs = [self._actors[window.worker].run_idle.remote(job_ref, window)
+                for window in windows]
+        done = self._gather(refs, [window.worker for window in windows])
+        return IdleRun([outcome for outcome, _ in done],
+                       timeline.with_steps([row for _, rows in done for row in rows]))
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Attach to ``address``, reuse this process's Ray, or start one on loopback."""
+        if self.address is not None:
+            _check_reachable(self.address)
+        if ray.is_initialized():
+            return
+        if self.address is not None:
+            with _loopback_only(_is_loopback(self.address)):
+                ray.init(address=self.address)
+            return
+        with _loopback_only(True):
+            ray.init(num_cpus=self.num_cpus or os.cpu_count(), _node_ip_address=LOOPBACK,
+                     include_dashboard=False,
+                     _temp_dir=None if self.log_dir is None else str(self.log_dir))
+        self._started_ray = True
+        addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
+        if addresses != {LOOPBACK}:
+            self.close()
+            raise RuntimeError(f"the local Ray instance listened on {sorted(addresses)}, not "
+                               f"on {LOOPBACK} only; it was shut down")
+
+    def _placement(self, num_workers: int) -> int:
+        """GPUs per actor (1 on a cluster with GPUs, else 0), after checking that the
+        cluster holds ``num_workers`` actors of ``threads_per_worker`` CPUs."""
+        resources = ray.cluster_resources()
+        need, cpus = num_workers * self.threads_per_worker, resources.get("CPU", 0)
+        where = self.address or "the local Ray instance"
+        if cpus < need:
+            raise ValueError(
+                f"num_workers={num_workers} x threads_per_worker={self.threads_per_worker} "
+                f"need {need} CPUs, but {where} has {cpus:g}; accepted: at most {cpus:g} "
+                "CPUs in all (fewer workers or threads, or a Ray with more CPUs)")
+        gpus = resources.get("GPU", 0)
+        if 0 < gpus < num_workers:
+            raise ValueError(f"num_workers={num_workers} actors need a GPU each, but {where} "
+                             f"has {gpus:g}; accepted: at most {gpus:g} workers")
+        return 1 if gpus else 0
+
+    def _spawn(self, worker: int):
+        host = ray.remote(WorkerHost).options(num_cpus=self.threads_per_worker,
+                                              num_gpus=self._gpus)
+        return host.remote(worker, self._factories, self.threads_per_worker)
+
+    def _kill_actors(self) -> None:
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+
+    def _gather(self, refs: list, workers: Sequence[int], held: list | None = None,
+                progress: Callable[[int], None] | None = None) -> list:
+        """The values of ``refs`` (``refs[i]`` ran on worker ``workers[i]`` holding the
+        requests ``held[i]``), in order, once all are done; ``progress`` is told each
+        worker's request count as its value arrives. The first failed worker's failure is
+        raised (:func:`_failure`)."""
+        position = {ref: i for i, ref in enumerate(refs)}
+        values, failures, pending = [None] * len(refs), {}, list(refs)
+        while pending:
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            i = position[ref]
+            try:
+                values[i] = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                failures[i] = exc
+                continue
+            if progress is not None and held is not None:
+                progress(len(held[i]))
+        if failures:
+            i = min(failures, key=lambda j: workers[j])
+            raise _failure(workers[i], failures[i], held[i] if held is not None else ())
+        return values
+
+
+def _failure(worker: int, exc: Exception, requests: Sequence) -> Exception:
+    """What a failure on ``worker`` raises: the ValueError ``fn`` raised (bad input, from
+    the remote error that carries the actor's traceback), else :class:`WorkerFailed` with
+    the exception ``fn`` raised, or the actor's death, as its cause."""
+    cause = getattr(exc, "cause", None) or exc
+    if isinstance(cause, ValueError):
+        cause.__cause__ = exc
+        return cause
+    failed = WorkerFailed(worker, cause, requests)
+    failed.__cause__ = cause
+    return failed
+
+
+def _check_address(address: str | None) -> str | None:
+    if address is None:
+        return None
+    if not isinstance(address, str) or _host_port(address) is None:
+        raise ValueError(f"address must be {ADDRESS_FORMS}, got {address!r}")
+    return address
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    match = re.fullmatch(r"(?:ray://)?([\w.\-]+|\[[0-9a-fA-F:]+\]):(\d{1,5})", address)
+    if match is None or not 1 <= int(match.group(2)) <= 65535:
+        return None
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
+def _is_loopback(address: str) -> bool:
+    return _host_port(address)[0] in ("127.0.0.1", "localhost", "::1")
+
+
+def _check_reachable(address: str) -> None:
+    """Raise ConnectionError, naming ``address``, unless something answers there."""
+    try:
+        socket.create_connection(_host_port(address), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"no Ray cluster answers at {address!r} ({exc}); start one there (`ray start "
+            "--head`), or pass address=None with RAY_ADDRESS unset for a local instance"
+        ) from exc
+
+
+@contextmanager
+def _loopback_only(active: bool):
+    """Keep Ray from rewriting a loopback address to the machine's own while ``ray.init``
+    runs (module docstring, "loopback"); the processes it starts inherit the setting."""
+    if not active:
+        yield
+        return
+    key = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved = os.environ.get(key), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[key], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved[0]
+        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
