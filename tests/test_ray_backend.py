@@ -29,11 +29,16 @@ def models(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def backend(models, tokenizer):
-    """One Ray instance for the module (2 CPUs, shut down at its end), and 2 actors started
-    once (an actor's start imports torch and transformers: seconds), each with its own copy
-    of the old policy and its own EAGLE drafter."""
-    backend = RayBackend(num_cpus=2)
+def log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("a_run_folder_whose_path_is_long_enough_to_matter") / "ray"
+
+
+@pytest.fixture(scope="module")
+def backend(models, tokenizer, log_dir):
+    """One Ray instance for the module (2 CPUs, logs in ``log_dir``, shut down at its end),
+    and 2 actors started once (an actor's start imports torch and transformers: seconds),
+    each with its own copy of the old policy and its own EAGLE drafter."""
+    backend = RayBackend(num_cpus=2, log_dir=log_dir)
     old = models[0]
     RolloutEngine(old, tokenizer, backend=backend).start(
         2, policy_factory=lambda w: copy.deepcopy(old),
@@ -174,10 +179,11 @@ def test_too_few_cpus_are_refused_before_any_actor_starts(backend, models):
     assert wide.num_workers == 0
 
 
-def test_ray_listens_on_loopback_only(backend):
+def test_ray_listens_on_loopback_only_and_logs_in_the_run_folder(backend, log_dir):
     assert backend.num_workers == 2  # Ray is up
     assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
     assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    assert len(str(log_dir)) > 60 and (log_dir / "session_latest" / "logs" / "raylet.out").exists()
 
 
 def test_an_address_that_cannot_be_reached_is_named_within_seconds(monkeypatch):

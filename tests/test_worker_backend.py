@@ -53,7 +53,10 @@ def test_workers_return_results_without_touching_the_requests_they_were_given(to
     cfg = RolloutConfig(max_new_tokens=8)
     requests = engine.make_requests(engine.encode(PROMPTS[:4]), cfg)
     tasks = [WorkerTask(w, requests[w::2], cfg, engine.eos_id, engine.pad_id) for w in (0, 1)]
-    results = engine.backend.map(lambda worker, t: worker.rollout(t, PlainSchedule()), tasks)
+    seen = []  # the local backend's workers report progress live, at every step
+    results = engine.backend.map(lambda worker, t: worker.rollout(t, PlainSchedule()), tasks,
+                                 seen.append)
+    assert sum(seen) == len(requests) and len(seen) > len(tasks)
     assert [r.uid for r in results[0].requests] == [q.uid for q in requests[0::2]]
     assert all(r.tokens and r.worker == res.worker for res in results for r in res.requests)
     assert {row["worker"] for row in results[1].steps} == {1}

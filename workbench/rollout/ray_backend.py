@@ -29,9 +29,11 @@ loopback     a Ray this backend starts listens on 127.0.0.1 only. Ray on Linux r
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,19 +88,23 @@ class RayBackend:
         address: a Ray cluster to attach to, ``"host:port"`` (or ``"ray://host:port"``, a Ray
             client); ``None`` reads ``$RAY_ADDRESS``, and without it a local instance starts
             on loopback with ``num_cpus`` CPUs and no dashboard. An address is checked to
-            answer (within ``CONNECT_TIMEOUT_S``) before anything starts. A Ray already
-            initialised in this process is reused as it is.
+            answer (within ``CONNECT_TIMEOUT_S``) before anything starts. A cluster with
+            token authentication (Ray's default for one that ``ray.init`` started) also
+            needs ``RAY_AUTH_MODE=token`` and its token (``~/.ray/auth_token`` or
+            ``$RAY_AUTH_TOKEN``). A Ray already initialised in this process is reused as it is.
         num_cpus: CPUs of a local instance (default: the machine's count).
         threads_per_worker: torch threads of each actor, and the Ray CPUs it holds.
         log_dir: where a local instance keeps its session folder, logs included (Ray's temp
-            root; default Ray's own, ``/tmp/ray``).
+            root, reached through a short link: :func:`_ray_root`; default Ray's own,
+            ``/tmp/ray``).
 
     ``start`` refuses more workers x threads than the cluster has CPUs (or more workers than
     it has GPUs, where it has any) before any actor starts. A worker that dies or raises
     makes the call raise ``WorkerFailed`` naming it (a ValueError, bad input, passes through);
     the other workers finish their part first, so the backend is idle after the raise.
-    :meth:`restart` gives a worker a fresh actor. ``close`` kills the actors, and shuts down
-    a Ray instance this backend started.
+    :meth:`restart` gives a worker a fresh actor. ``close`` kills the actors and undoes this
+    backend's ``ray.init``: a local instance it started shuts down, a cluster it attached to
+    is left (only this process disconnects).
     """
 
     name = "ray"
@@ -115,7 +121,7 @@ class RayBackend:
         self._factories = None       # ObjectRef of (policy_factory, drafter_factory)
         self._weights = (None, None)  # ObjectRefs of the latest policy and drafter weights
         self._gpus = 0               # GPUs per actor
-        self._started_ray = False
+        self._initialised_ray = False  # this backend called ray.init: close undoes it
 
     @property
     def num_workers(self) -> int:
@@ -146,9 +152,9 @@ class RayBackend:
 
     def close(self) -> None:
         self._kill_actors()
-        if self._started_ray:
+        if self._initialised_ray:
             ray.shutdown()
-            self._started_ray = False
+            self._initialised_ray = False
 
     # ---- work ---------------------------------------------------------------------------
     def map(self, fn, items, progress=None):
@@ -188,12 +194,13 @@ class RayBackend:
         if self.address is not None:
             with _loopback_only(_is_loopback(self.address)):
                 ray.init(address=self.address)
+            self._initialised_ray = True
             return
         with _loopback_only(True):
             ray.init(num_cpus=self.num_cpus or os.cpu_count(), _node_ip_address=LOOPBACK,
                      include_dashboard=False,
-                     _temp_dir=None if self.log_dir is None else str(self.log_dir))
-        self._started_ray = True
+                     _temp_dir=None if self.log_dir is None else _ray_root(self.log_dir))
+        self._initialised_ray = True
         addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
         if addresses != {LOOPBACK}:
             self.close()
@@ -262,6 +269,19 @@ def _failure(worker: int, exc: Exception, requests: Sequence) -> Exception:
     failed = WorkerFailed(worker, cause, requests)
     failed.__cause__ = cause
     return failed
+
+
+def _ray_root(log_dir: Path) -> str:
+    """Ray's temp root for ``log_dir``: a short link to it in the system's temp folder. Ray
+    keeps its sockets under that root too, and a socket's path holds at most 107 bytes, which
+    a run folder's path alone may nearly fill."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(str(log_dir).encode()).hexdigest()[:12]
+    link = Path(tempfile.gettempdir()) / f"workbench-ray-{digest}"
+    if not (link.is_symlink() and Path(os.readlink(link)) == log_dir):
+        link.unlink(missing_ok=True)
+        link.symlink_to(log_dir, target_is_directory=True)
+    return str(link)
 
 
 def _check_address(address: str | None) -> str | None:
