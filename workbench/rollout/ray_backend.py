@@ -10,7 +10,8 @@ Glossary:
 actor        a Ray actor process holding one :class:`~workbench.rollout.worker.Worker` (its
              policy, forward and drafter, built inside the actor by the start's factories),
              with torch pinned to its CPU share (``threads_per_worker`` threads and as many
-             Ray CPUs) and, on a cluster with GPUs, one GPU of its own.
+             Ray CPUs) and, on a cluster with GPUs, one GPU of its own (the policy factory
+             puts the model there; Ray makes it the actor's only visible GPU).
 object store Ray's shared memory: a function, an idle job or a state dict goes in once per
              call (``ray.put``) and every actor reads it from there; nothing is pickled per
              actor. The start's factories go in once too, for a restarted actor to reuse.
