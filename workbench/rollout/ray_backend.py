@@ -275,7 +275,8 @@ def _failure(worker: int, exc: Exception, requests: Sequence) -> Exception:
 def _ray_root(log_dir: Path) -> str:
     """Ray's temp root for ``log_dir``: a short link to it in the system's temp folder. Ray
     keeps its sockets under that root too, and a socket's path holds at most 107 bytes, which
-    a run folder's path alone may nearly fill."""
+    a run folder's path alone may nearly fill. The link stays: Ray's ``session_latest`` in
+    ``log_dir`` points through it."""
     log_dir.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha1(str(log_dir).encode()).hexdigest()[:12]
     link = Path(tempfile.gettempdir()) / f"workbench-ray-{digest}"
