@@ -34,6 +34,7 @@ import hashlib
 import os
 import re
 import socket
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -197,9 +198,12 @@ class RayBackend:
                 ray.init(address=self.address)
             self._initialised_ray = True
             return
+        # the actors import what the driver can: its path (a notebook's folder, the project
+        # root of a test run), so objects of a module beside the caller unpickle there too
+        path = os.pathsep.join(p for p in (os.getcwd(), *sys.path) if p and os.path.isdir(p))
         with _loopback_only(True):
             ray.init(num_cpus=self.num_cpus or os.cpu_count(), _node_ip_address=LOOPBACK,
-                     include_dashboard=False,
+                     include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}},
                      _temp_dir=None if self.log_dir is None else _ray_root(self.log_dir))
         self._initialised_ray = True
         addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
