@@ -68,6 +68,14 @@ def quickstart_runs(tmp_path_factory) -> Path:
     return run_quickstart_at_smoke_size(tmp_path_factory.mktemp("quickstart"), SMOKE)
 
 
+@pytest.fixture(scope="session")
+def notebook_runs(tmp_path_factory):
+    """Every other notebook run of the session, as one pipeline (tests/notebook_runs.py)."""
+    from .notebook_runs import run_all_notebooks
+    from .test_notebooks import SMOKE
+    return run_all_notebooks(tmp_path_factory.mktemp("notebooks"), SMOKE)
+
+
 PROMPTS = ["a1 b2?", "a12 b33 c4 d5 e6 f7 g8 h9?", "x", "hello world, a longer prompt?",
            "a5?", "q1 r2 s3?", "zz top", "a99 b1?"]
 

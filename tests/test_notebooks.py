@@ -1,12 +1,12 @@
-"""Papermill runs of the notebooks with their smoke parameters (each well under a minute), as
-one pipeline two runs at a time (tests/notebook_runs.py)."""
+"""Papermill runs of the notebooks with their smoke parameters (each well under a minute), in
+the session's pipeline of notebook runs, two at a time (tests/notebook_runs.py)."""
 import json
 from pathlib import Path
 
 import papermill
 import pytest
 
-from .notebook_runs import ROOT, NotebookRun, run_notebooks
+from .notebook_runs import ROOT, NotebookRun
 
 SMOKE = {
     "00_task_and_policy": ({"num_problems": 12},
@@ -100,16 +100,11 @@ def assert_reads_well(executed) -> None:
     assert printed(executed).count("Loading weights") == 0
 
 
-IN_QUICKSTART = ("00_task_and_policy", "01_long_tail_rollout")  # run by the quickstart fixture
-
-
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory, quickstart_runs):
+def smoke_runs(notebook_runs, quickstart_runs):
     """Every notebook at its smoke parameters on the embedded default model: 00 and 01 (seed
-    0) from the quickstart pipeline (conftest.py), the others run here."""
-    runs = run_notebooks(tmp_path_factory.mktemp("smoke"),
-                         {name: (name, params) for name, (params, _) in SMOKE.items()
-                          if name not in IN_QUICKSTART})
+    0) from the quickstart pipeline, the others from the session's notebook runs (conftest.py)."""
+    runs = {name: notebook_runs.runs[name] for name in SMOKE if name in notebook_runs.runs}
     for folder in quickstart_runs.iterdir():
         record = folder / "run.json"
         if record.is_file():

@@ -3,18 +3,15 @@
 The model is a tiny 4-layer Qwen2 saved with ``save_pretrained`` beside its own byte-level BPE
 tokenizer (``tests/user_model.py``: the family whose tokenizer transformers substitutes on
 reload), the task a JSONL file of ``{"prompt", "answer"}`` word problems without references.
-Notebooks 00-07 run at their smoke parameters on them, as one pipeline two runs at a time
-(tests/notebook_runs.py); the SD and RL notebooks fit their drafters on the spot (cached under
-a temporary ``WORKBENCH_CACHE`` that the runs share), except notebook 02, which is handed the
-head that ``workbench drafter train`` fitted for the model and fits its small LM on the spot.
+Notebooks 00-07 run at their smoke parameters on them, in the session's pipeline of notebook
+runs, two at a time (tests/notebook_runs.py: ``USER_PARAMS``); the SD and RL notebooks fit
+their drafters on the spot (cached under a temporary ``WORKBENCH_CACHE`` that the runs share),
+except notebook 02, which is handed the head that ``workbench drafter train`` fitted for the
+model and fits its small LM on the spot.
 Every notebook must write its ``metrics.json`` and leave no blank figure. One more run is
 notebook 04 with the baseline alone: an accuracy curve and no drafter.
 """
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,49 +19,17 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from .notebook_runs import ROOT, run_notebooks
+from .notebook_runs import USER_PARAMS
 from .test_notebooks import SMOKE, assert_reads_well, last_cell_images, printed
-from .user_model import save_user_model, word_problems
-
-# answers of word problems are 2-4 tokens, so 05-07 need ~700 of them to reach the 2,000 scored
-# tokens below which compression data is refused
-NOTEBOOK_PARAMS = {
-    "00_task_and_policy": {},
-    "01_long_tail_rollout": {},
-    "02_speculative_decoding": {"fit_minutes": 0.02},  # drafter: the CLI's head (fixture)
-    "03_adaptive_drafter": {"drafter": "auto", "fit_minutes": 0.02},
-    "04_tlt_rl": {"drafter": "auto", "fit_minutes": 0.02},
-    "05_pruning": {"train_size": 800},
-    "06_distillation": {"train_size": 800},   # layer_pairs: spread over its 4 layers
-    "07_minitron_pipeline": {"train_size": 800, "fit_minutes": 0.02},
-}
-BASELINE_ALONE = {"variants": ["baseline"], "seeds": [0], "steps": 2, "eval_every": 1,
-                  "divergence_steps": 1}
 
 
 @pytest.fixture(scope="module")
-def user_runs(tmp_path_factory):
-    """name -> run of every notebook on the user's model and task, and "04_baseline_alone"."""
-    root = tmp_path_factory.mktemp("user")
-    model = save_user_model(root / "model", "qwen2", num_hidden_layers=4)
-    task = root / "word_problems.jsonl"
-    task.write_text("".join(json.dumps(p) + "\n" for p in word_problems(1200, seed=3)))
-    cache = root / "cache"
-    head = root / "eagle"
-    cli = subprocess.run([sys.executable, "-m", "workbench", "drafter", "train", "--model",
-                          str(model), "--task", str(task), "--out", str(head), "--minutes",
-                          "0.03"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "WORKBENCH_CACHE": str(cache)})
-    assert cli.returncode == 0, cli.stderr[-2000:]
-    assert "tau" in cli.stdout and (head / "provenance.json").is_file(), cli.stdout[-2000:]
-    user = {"model": str(model), "task": str(task)}
-    entries = {name: (name, {**SMOKE[name][0], **extra, **user})
-               for name, extra in NOTEBOOK_PARAMS.items()}
-    entries["02_speculative_decoding"][1]["drafter"] = str(head)
-    entries["04_baseline_alone"] = ("04_tlt_rl", {**SMOKE["04_tlt_rl"][0], **BASELINE_ALONE,
-                                                  **user})
-    runs = run_notebooks(root, entries, env={"WORKBENCH_CACHE": str(cache)})
-    return runs, task
+def user_runs(notebook_runs):
+    """stem -> run of every notebook on the user's model and task, "04_baseline_alone" too;
+    and the task's path (the session's notebook runs, tests/notebook_runs.py)."""
+    runs = {name[len("user_"):]: run for name, run in notebook_runs.runs.items()
+            if name.startswith("user_")}
+    return runs, notebook_runs.user_task
 
 
 def _not_blank(png: Path) -> bool:
@@ -72,7 +37,7 @@ def _not_blank(png: Path) -> bool:
     return float(np.ptp(pixels)) > 0.1 and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 8
 
 
-@pytest.mark.parametrize("name", list(NOTEBOOK_PARAMS))
+@pytest.mark.parametrize("name", list(USER_PARAMS))
 def test_every_notebook_runs_on_a_users_model_and_jsonl_task(name, user_runs):
     runs, task = user_runs
     run = runs[name]
