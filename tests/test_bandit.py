@@ -14,7 +14,7 @@ from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choi
 from workbench.speculative.decisions import (DECIDED_COLUMNS, bandit_choices, bandit_decisions,
                                              explore_cost, plain_share)
 
-from .conftest import tiny_model
+from .conftest import PROMPTS, tiny_model
 from .test_engine import MANY
 
 
@@ -307,3 +307,23 @@ def test_an_arm_never_explored_is_expected_to_cost_what_the_costliest_did():
     # sd4 waited until 2% of the (faded) observed seconds covered twice sd2's cost of 0.045 s
     assert bandit.expected_cost("1", "sd4") == pytest.approx(bandit.arm_cost["sd4"])
     assert first_sd4 > 300
+
+
+def test_absorbing_a_rollouts_steps_table_replays_what_its_schedule_learned(tokenizer):
+    """What a Ray actor's copy of the schedule learns comes back as the steps table; replayed
+    into a fresh schedule (worker by worker, decision by decision), a local rollout's table
+    gives exactly the bandit state the live schedule learned: pulls, rewards, best arms and
+    the exploring ledgers."""
+    from workbench.speculative import NGramDrafter
+    model = tiny_model("llama", tokenizer)
+    arms = dict(arms=["chain:k=2", "chain:k=3"], seed=1, explore_budget=0.5)
+    live, replayed = AdaptiveSchedule(**arms), AdaptiveSchedule(**arms)
+    result = RolloutEngine(model, tokenizer).rollout(
+        PROMPTS, RolloutConfig(max_new_tokens=16, workers=2), drafter=NGramDrafter(),
+        schedule=live, progress=False)
+    replayed.absorb(result.timeline.steps)
+    assert live.table().equals(replayed.table()) and len(live.table()) >= 3
+    assert live.bandit.observed_s == replayed.bandit.observed_s
+    assert live.bandit.explore_cost_s == replayed.bandit.explore_cost_s
+    replayed.absorb(result.timeline.steps.drop(columns=["bucket", "arm", "explored"]))
+    assert live.table().equals(replayed.table())  # a table of another schedule teaches nothing

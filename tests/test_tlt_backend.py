@@ -22,6 +22,7 @@ class ApartBackend:
 
     name = "apart"
     clock = "sim"
+    runs_copies = False  # map runs fn itself: a schedule learns in place, no absorb needed
 
     def __init__(self):
         self._workers, self.calls = [], []

@@ -84,6 +84,7 @@ class Backend(Protocol):
 
     name: str
     clock: str  # "sim" or "wall": the clock the workers' times are on
+    runs_copies: bool  # the workers run copies of fn, its closure and jobs (processes, actors)
 
     @property
     def num_workers(self) -> int: ...
@@ -123,6 +124,7 @@ class LocalBackend:
 
     name = "local"
     clock = "sim"
+    runs_copies = False
 
     def __init__(self):
         self._workers: list[Worker] = []

@@ -171,4 +171,6 @@ class RolloutEngine:
             r.text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
         timeline = Timeline.from_records([row for res in results for row in res.steps],
                                          [r.record() for r in outputs], n, self.backend.clock)
+        if self.backend.runs_copies and hasattr(schedule, "absorb"):
+            schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
         return RolloutResult(outputs, timeline, config)

@@ -16,13 +16,13 @@ object store Ray's shared memory: a function, an idle job or a state dict goes i
              call (``ray.put``) and every actor reads it from there; nothing is pickled per
              actor. The start's factories go in once too, for a restarted actor to reuse.
 copies       whatever ``fn`` or an idle job holds travels as a copy: changes an actor makes
-             to it never reach the driver. A *learning schedule* (the adaptive bandit,
-             ``speculative.bandit.AdaptiveSchedule``) therefore learns, on each actor, in a
-             copy of the driver's schedule as it was at the call, and that learning is
-             dropped when the rollout ends: the driver's schedule never changes, each
-             rollout starts from it again, and the steps table (its decision columns) is the
-             only record of what the actors chose. Tokens are unaffected (a schedule decides
-             speed only).
+             to it never reach the driver (``runs_copies``). A *learning schedule* (the
+             adaptive bandit, ``speculative.bandit.AdaptiveSchedule``) therefore learns, on
+             each actor, in a copy of the driver's schedule as it was at the call; the steps
+             table brings every decision back, and the engine hands it to the schedule's
+             ``absorb``, which replays them: after the rollout the driver's schedule has
+             learned what every actor saw (within the rollout, each actor learns from its
+             own steps only). Tokens are unaffected (a schedule decides speed only).
 loopback     a Ray this backend starts listens on 127.0.0.1 only. Ray on Linux rewrites a
              loopback node address to the machine's own address unless its cluster mode is
              off, so the start turns it off for the ``ray.init`` call and checks the node's
@@ -111,6 +111,7 @@ class RayBackend:
 
     name = "ray"
     clock = "wall"
+    runs_copies = True
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  threads_per_worker: int = 1, log_dir: str | os.PathLike | None = None):

@@ -96,6 +96,11 @@ class Schedule(Protocol):
     Each key becomes a steps-table column beside the plan's (timeline.py, "decision
     columns"), written on the rows of that decode step; the rollout layer keeps them and never
     reads them, the schedule's own layer does (the bandit's: speculative/decisions.py).
+
+    Optionally also ``absorb(steps)``, for a schedule that learns: on a backend whose workers
+    run copies (``Backend.runs_copies``: Ray actors), each copy learns alone and is then
+    dropped, so the engine hands the rollout's steps table to ``absorb``, which learns from
+    the decisions recorded there what the copies learned.
     """
 
     needs_drafter: bool  # whether any plan may be speculative (the engine checks for a drafter)

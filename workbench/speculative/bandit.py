@@ -236,10 +236,16 @@ class BucketedBandit:
                 candidate = best
             if self.may_explore(worker, self.expected_cost(bucket, candidate)):
                 arm = candidate
-        self.pulls[bucket, arm] += 1
-        self.last_pull[bucket, arm] = self.total_pulls
+        choice = Choice(bucket, arm, arm != best, worker)
+        self.count_pull(choice)
+        return choice
+
+    def count_pull(self, choice: Choice) -> None:
+        """Count ``choice`` as pulled now (``choose`` does; a replay of pulls made elsewhere,
+        ``AdaptiveSchedule.absorb``, too)."""
+        self.pulls[choice.bucket, choice.arm] += 1
+        self.last_pull[choice.bucket, choice.arm] = self.total_pulls
         self.total_pulls += 1
-        return Choice(bucket, arm, arm != best, worker)
 
     def value(self, bucket: str, arm: str) -> float:
         """Median reward of ``arm`` over its window in ``bucket`` (-inf before any reward)."""
@@ -339,6 +345,26 @@ class AdaptiveSchedule:
     def table(self) -> pd.DataFrame:
         """The bandit's state per bucket and arm (:meth:`BucketedBandit.table`)."""
         return self.bandit.table()
+
+    def absorb(self, steps: pd.DataFrame) -> None:
+        """Learn what copies of this schedule learned where they ran: a backend of processes
+        (``Backend.runs_copies``) plans each worker's decode steps with a copy, whose learning
+        stays behind. The steps table brings back every decision (its ``decision``,
+        ``bucket``, ``arm`` and ``explored`` columns) with its rows' tokens and seconds, so
+        each is replayed here as the pull and the reward ``observe`` would have fed: worker by
+        worker, decision by decision (the order the local backend learns in, so a replay of
+        a local rollout's table gives its bandit state). Steps above a fixed threshold (no
+        bucket) teach nothing, as in ``observe``."""
+        if "bucket" not in steps.columns:
+            return
+        decided = steps[steps["decision"].notna() & steps["bucket"].notna()]
+        for (worker, _), rows in decided.groupby(["worker", "decision"], sort=True):
+            first = rows.iloc[0]
+            choice = Choice(first["bucket"], first["arm"], bool(first["explored"]), int(worker))
+            self.bandit.count_pull(choice)
+            elapsed = float(rows["end_s"].max() - rows["start_s"].min())
+            if elapsed > 0:
+                self.bandit.update(choice, float(rows["tokens"].sum()) / elapsed, elapsed)
 
     def learned(self) -> pd.DataFrame:
         """What the engine has learned of this machine, one row per bucket it decoded in:
