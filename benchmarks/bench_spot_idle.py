@@ -13,18 +13,14 @@ the workers that trained, and tau (acceptance length) of the drafter that served
 from __future__ import annotations
 
 import argparse
-import copy
 
 import pandas as pd
 
 from common import command_line
-from workbench.speedup import markdown
-from workbench.adapt import SpotConfig
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import rl_setup
-from workbench.rl.tlt import TLTConfig, TLTTrainer
-
-RULES = ("first", "all")
+from workbench.rl.scaling import compare_idle_rules
+from workbench.speedup import markdown
 
 
 def main():
@@ -42,22 +38,8 @@ def main():
     grpo = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                            max_new_tokens=args.max_new_tokens, temperature=1.0,
                            workers=args.workers, spec_mode="coupled", seed=args.seed)
-    trainers = {rule: TLTTrainer(copy.deepcopy(s.policy), s.tokenizer, s.pool, s.reward,
-                                 TLTConfig.variant("adaptive_drafter", grpo,
-                                                   spot=SpotConfig(idle_workers=rule)),
-                                 drafter_head=s.drafter_head)
-                for rule in RULES}
-    rows = []
-    for step in range(args.steps):
-        order = RULES if step % 2 == 0 else RULES[::-1]
-        for rule in order:
-            row = trainers[rule].step()
-            rows.append({"step": step, "rule": rule, **{k: row[k] for k in (
-                "drafter_steps", "drafter_workers", "drafter_window_s", "drafter_preempted",
-                "accept_len", "tokens_digest")}})
-            print(f"step {step} {rule}: {row['drafter_steps']} drafter steps on "
-                  f"{row['drafter_workers']} workers, tau {row['accept_len']:.3f}", flush=True)
-    table = pd.DataFrame(rows)
+    table = compare_idle_rules(s.policy, s.tokenizer, s.pool, s.reward, s.drafter_head, grpo,
+                               args.steps)
     wide = table.pivot(index="step", columns="rule")
     assert (wide["tokens_digest"]["first"] == wide["tokens_digest"]["all"]).all(), \
         "coupled sampling: both rules must decode the same tokens"

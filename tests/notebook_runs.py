@@ -117,7 +117,7 @@ USER_PARAMS = {
 BASELINE_ALONE = {"variants": ["baseline"], "seeds": [0], "steps": 2, "eval_every": 1,
                   "divergence_steps": 1}
 # the order runs start in: the longest first (measured at smoke size, seconds)
-LONGEST_FIRST = ("02_speculative_decoding", "04_tlt_rl", "05_pruning", "03_adaptive_drafter",
+LONGEST_FIRST = ("08_ray_scaling", "02_speculative_decoding", "04_tlt_rl", "05_pruning", "03_adaptive_drafter",
                  "07_minitron_pipeline", "01_long_tail_rollout", "00_task_and_policy",
                  "06_distillation")
 
@@ -149,7 +149,8 @@ def run_all_notebooks(folder: Path, smoke: dict) -> NotebookSuite:
     user = {"model": str(model), "task": str(task)}
     entries = {}
     for stem in LONGEST_FIRST:
-        entries[f"user_{stem}"] = (stem, {**smoke[stem][0], **USER_PARAMS[stem], **user})
+        if stem in USER_PARAMS:
+            entries[f"user_{stem}"] = (stem, {**smoke[stem][0], **USER_PARAMS[stem], **user})
         if stem in smoke and stem not in ("00_task_and_policy", "01_long_tail_rollout"):
             entries[stem] = (stem, smoke[stem][0])
     entries["user_02_speculative_decoding"][1]["drafter"] = str(head)

@@ -61,6 +61,11 @@ SMOKE = {
                              ["params_teacher", "params_student", "accuracy_teacher",
                               "accept_len_compressed_drafter", "speedup_compressed_drafter",
                               "saturation_batch", "lossless"]),
+    "08_ray_scaling": ({"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 16,
+                        "steps": 1, "idle_workers": 2, "idle_steps": 1},
+                       ["ray_makespan_s", "sim_makespan_s", "sim_error", "ray_overhead_s_per_step",
+                        "drafter_steps_all_idle", "drafter_steps_first_finisher",
+                        "tokens_equal"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
@@ -124,6 +129,8 @@ def test_notebook_smoke_run_writes_metrics(name, smoke_runs):
     assert list(out_dir.glob("*.png"))
     if "lossless" in metrics:
         assert metrics["lossless"] is True
+    if "tokens_equal" in metrics:  # 08: every backend decoded the same tokens
+        assert metrics["tokens_equal"] is True
     if name in ENDS_WITH_EXPLORER:
         assert last_cell_images(executed) == 1
     if name in SAYS_SPREAD:

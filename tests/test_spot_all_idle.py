@@ -12,7 +12,7 @@ from workbench.speculative import EagleDrafter, EagleHead
 from workbench.train import TrainConfig, Trainer
 
 from .conftest import PROMPTS, tiny_model
-from .test_tlt import _longer_tail
+from .test_tlt import _longer_tail, long_tails  # noqa: F401 (a fixture)
 
 
 def _spot(tokenizer, tmp_path, workers, **kw):
@@ -99,3 +99,37 @@ def test_the_merge_is_the_step_weighted_mean_of_the_copies():
 def test_idle_workers_is_a_fixed_choice():
     with pytest.raises(ValueError, match="idle_workers"):
         SpotConfig(idle_workers="every")
+
+
+def test_an_estimate_that_no_window_fits_is_halved_until_one_tries_again(tokenizer, tmp_path):
+    """One slow step (a first one, a busy moment) raises the estimate above every window;
+    windows that then do not dare a step halve it, so drafter training resumes."""
+    engine, result, spot = _spot(tokenizer, tmp_path, workers=2, max_steps=2)
+    spot.step_s = 1e6  # longer than any window: nobody tries
+    out = spot.train_in_idle(result, engine.backend)
+    assert out["drafter_steps"] == 0 and out["drafter_preempted"] == 0
+    assert spot.step_s == 5e5
+
+
+def test_the_two_rules_on_the_same_rollouts_differ_in_drafter_steps_alone(tokenizer,
+                                                                         long_tails):
+    """rl.scaling.compare_idle_rules: two TLT trainers in lockstep with coupled sampling
+    decode the same tokens; with 60 s tails every window fits ``max_steps``, so every idle
+    worker's rule takes 3 windows' steps where the first finisher takes one's."""
+    from workbench.rl import GRPOConfig
+    from workbench.rl.scaling import compare_idle_rules
+    from workbench.tasks import Problem
+    model = tiny_model("llama", tokenizer, dtype=torch.float32)
+    torch.manual_seed(1)
+    head = EagleHead(model)
+    problems = [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(PROMPTS)]
+    grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=12,
+                           temperature=1.0, workers=4)
+    rules = compare_idle_rules(model, tokenizer, problems, lambda p, c, a: float("a" in c),
+                               head, grpo, 2, spot=SpotConfig.flat(batch_size=4, max_steps=2),
+                               progress=False)
+    wide = rules.pivot(index="step", columns="rule")
+    assert (wide["tokens_digest"]["first"] == wide["tokens_digest"]["all"]).all()
+    assert wide["drafter_steps"]["first"].tolist() == [2, 2]
+    assert wide["drafter_steps"]["all"].tolist() == [6, 6]
+    assert wide["drafter_workers"]["all"].tolist() == [3, 3]

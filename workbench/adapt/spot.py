@@ -263,12 +263,17 @@ def _snapshot(trainer) -> dict:
 def _fold_estimates(outcomes: list[DrafterOutcome], step_s: float) -> float:
     """The estimate the next RL step starts from: the one of the window that took the most
     whole steps (the best informed; a window that took one slow first step alone would hold
-    every window of the next RL step back); when no window took a whole step, the largest
-    (the steps were slow everywhere)."""
+    every window of the next RL step back); when no window took a whole step but some tried,
+    the largest (the steps were slow everywhere); when none tried, half the last."""
     trained = [o for o in outcomes if o.losses]
     if trained:
         return max(trained, key=lambda o: len(o.losses)).step_s
-    return max([o.step_s for o in outcomes], default=step_s)
+    if any(o.preempted for o in outcomes):
+        return max(o.step_s for o in outcomes)
+    # no window dared a step: halve the estimate, so that one slow step (a first one, a busy
+    # moment) cannot stop drafter training for good; a step that is still too slow is cut
+    # at its window's end, which costs idle time only
+    return 0.5 * step_s
 
 
 def _next_estimate(step_s: float, seconds: float) -> float:
