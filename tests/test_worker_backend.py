@@ -151,14 +151,21 @@ class BrokenDrafter(NGramDrafter):
 def test_a_failing_worker_is_named_with_its_cause_and_the_requests_it_held(tokenizer):
     model = tiny_model("llama", tokenizer)
     engine = RolloutEngine(model, tokenizer)
+    engine.start(2)
     cfg = RolloutConfig(max_new_tokens=8, workers=2)
     requests = engine.make_requests(engine.encode(PROMPTS), cfg)
+    tasks = [WorkerTask(w, requests[w::2], cfg, engine.eos_id, engine.pad_id) for w in (0, 1)]
     held = [q.uid for q in requests[1::2]]  # worker 1's shard
+    broken = BrokenDrafter(held[0])
     with pytest.raises(WorkerFailed, match="worker 1 failed: RuntimeError: out of memory") as e:
-        engine.rollout(PROMPTS, cfg, drafter=BrokenDrafter(held[0]), progress=False)
+        engine.backend.map(lambda worker, task: worker.rollout(task, StaticSchedule(2), broken),
+                           tasks)
     assert e.value.worker == 1 and isinstance(e.value.cause, RuntimeError)
     assert e.value.__cause__ is e.value.cause
-    assert [q.uid for q in e.value.requests] == held
+    assert [q.uid for q in e.value.requests] == held and e.value.at_s > 0
+    # worker 0 ran its shard to the end, and its result is kept for the caller
+    assert e.value.failures == [e.value] and list(e.value.results) == [0]
+    assert [r.uid for r in e.value.results[0].requests] == [q.uid for q in requests[0::2]]
     # the backend stays started: the next rollout runs
     assert engine.rollout(PROMPTS, cfg, progress=False).tokens
     with pytest.raises(WorkerFailed, match="worker 0 failed: ZeroDivisionError") as e:

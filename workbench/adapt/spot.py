@@ -11,7 +11,13 @@ alone). The training is a :class:`DrafterJob` that the rollout's backend runs in
 each worker learned comes back as a :class:`DrafterOutcome`. The workers' copies are merged by
 local SGD at the step's end (:mod:`workbench.adapt.local_sgd`: each copy starts from the
 published state, trains on its own batches of the pairs ready when its window opened, and
-counts in the average by its whole steps).
+counts in the average by its whole steps). The job carries the published trainer state, the
+training's config and the pairs, never a policy: each copy trains a head built on the policy
+of the worker it runs on (a Ray actor's own; on the local backend, whose workers share the
+spot trainer's policy, the spot trainer's own trainer, as fast as before). A worker lost in
+its window (the job raised, or the worker died) takes its copy with it: the other copies
+merge as usual, or, when none is left, the previous drafter keeps serving
+(``drafter_failed_workers`` counts the lost windows).
 A step is started only when the running estimate of a step's time still fits the window, and
 a step that would cross the window's end is **preempted** there: on the sim clock its row is
 cut at the end of the window and flagged ``preempted``, its seconds count as wasted, and its
@@ -33,7 +39,9 @@ from dataclasses import dataclass, field
 
 from ..checks import check_choice, check_fraction, check_int
 from ..nested_config import NestedConfig
+from ..speculative.eagle import EagleHead
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
+from ..train import isolated_rng
 from .buffer import DrafterBuffer
 from .local_sgd import merge_copies
 
@@ -127,9 +135,11 @@ class SpotTrainer:
         #    published state trains on its own batches and records its steps
         c = self.config
         start = _snapshot(self.eagle.trainer)
-        job = DrafterJob(self.eagle, start, pairs, c.eagle.batch_size, c.max_steps, self.step_s)
+        job = DrafterJob(c.eagle, start, pairs, c.eagle.batch_size, c.max_steps, self.step_s,
+                         local=self.eagle)
         run = backend.run_idle(job, result.timeline, windows)
-        result.timeline, outcomes = run.timeline, run.outcomes
+        result.timeline = run.timeline
+        outcomes = [o for o in run.outcomes if o is not None]  # a lost window's copy is lost
         # 3) the copies merge at the step's end (local SGD); the merge serves from the next step
         self.step_s = _fold_estimates(outcomes, self.step_s)
         merged = merge_copies(start, [o.state for o in outcomes],
@@ -148,6 +158,7 @@ class SpotTrainer:
                 "drafter_train_s": float(new.busy_s(("drafter_train",), False).sum()),
                 "drafter_preempted": sum(o.preempted for o in outcomes),
                 "drafter_wasted_s": sum(o.wasted_s for o in outcomes),
+                "drafter_failed_workers": len(run.failed),
                 "drafter_overrun_s": new.makespan_s - rollout_end,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": len(pairs[windows[0].worker]) if windows else 0,
@@ -203,20 +214,42 @@ class DrafterJob:
     it runs in, a copy of ``start`` trains on that window's pairs (module docstring).
 
     Args:
-        eagle: the ``EagleTrainer`` to train (on the local backend, the spot trainer's own,
-            reset to ``start`` at each window; a backend of processes trains a copy).
+        config: the drafter's training (``EagleTrainConfig``).
         start: the trainer state every window starts from (the published one).
         pairs: worker -> the buffer's pairs ready when its window opens.
         batch_size: sequences per step (the row's ``batch_size``; fewer when fewer pairs).
         max_steps: cap on whole steps in one window.
         step_s: the running estimate of one step's seconds (0: none yet).
+        local: the spot trainer's own ``EagleTrainer``, which trains in a window whose
+            worker's policy is its policy (reset to ``start`` at each window). It never
+            travels: a copy of the job (another process's) holds none and builds one.
     """
 
-    def __init__(self, eagle, start: dict, pairs: dict[int, list], batch_size: int,
-                 max_steps: int, step_s: float):
-        self.eagle, self.start, self.pairs = eagle, start, pairs
+    def __init__(self, config: EagleTrainConfig, start: dict, pairs: dict[int, list],
+                 batch_size: int, max_steps: int, step_s: float,
+                 local: EagleTrainer | None = None):
+        self.config, self.start, self.pairs = config, start, pairs
         self.batch_size, self.max_steps, self.step_s = batch_size, max_steps, step_s
         self.ranks = {worker: rank for rank, worker in enumerate(pairs)}
+        self.local = local
+        self._built: dict[int, EagleTrainer] = {}  # id(policy) -> a trainer built on it
+
+    def __getstate__(self) -> dict:
+        # what travels: the state, config and pairs; the local trainer holds the policy
+        return {**self.__dict__, "local": None, "_built": {}}
+
+    def trainer_on(self, policy) -> EagleTrainer:
+        """The trainer of a copy on ``policy`` (the window's worker's): the local one when
+        that is its policy, else one built here once, its head's weights to come from
+        ``start``."""
+        if self.local is not None and self.local.policy is policy:
+            return self.local
+        built = self._built.get(id(policy))
+        if built is None or built.policy is not policy:
+            with isolated_rng(self.config.train.seed):  # the caller's RNG untouched
+                head = EagleHead(policy)
+            built = self._built[id(policy)] = EagleTrainer(policy, head, self.config)
+        return built
 
     def run(self, window, clock) -> DrafterOutcome:
         """Train step after step while the estimate still fits ``window``; a step that
@@ -225,30 +258,31 @@ class DrafterJob:
         pairs = self.pairs.get(window.worker, [])
         if not pairs:
             return out
+        eagle = self.trainer_on(clock.policy)
         # the copies' batches are disjoint: copy r of k takes batches first + r, + r + k, ...
         rank, copies = self.ranks[window.worker], len(self.ranks)
         first = self.start["step"]
         # a deep copy: AdamW's load_state_dict keeps the tensors it is given, and steps update
         # them in place, which would change the start of the next window
-        self.eagle.trainer.load_state_dict(copy.deepcopy(self.start))
-        self.eagle.set_pairs(pairs)
+        eagle.trainer.load_state_dict(copy.deepcopy(self.start))
+        eagle.set_pairs(pairs)
         batch_size = min(self.batch_size, len(pairs))
-        with self.eagle.training():  # flags set once for the window, restored after it
+        with eagle.training():  # flags set once for the window, restored after it
             while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
                 # 1) one drafter step on the worker's clock, from a copy of the last whole state
-                kept = _snapshot(self.eagle.trainer)
+                kept = _snapshot(eagle.trainer)
                 batch = first + rank + copies * len(out.losses)
-                trained, row = clock.timed("drafter_train", lambda: self.eagle.step(batch),
+                trained, row = clock.timed("drafter_train", lambda: eagle.step(batch),
                                            batch_size=batch_size)
                 out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it took
                 # 2) it crossed the window's end: preempted, its update discarded
                 if row.get("preempted"):
-                    self.eagle.trainer.load_state_dict(kept)
+                    eagle.trainer.load_state_dict(kept)
                     out.preempted, out.wasted_s = 1, row["end_s"] - row["start_s"]
                     break
                 out.losses.append(trained["loss"])
         if out.losses:
-            out.state = _snapshot(self.eagle.trainer)  # the next window resets the trainer
+            out.state = _snapshot(eagle.trainer)  # the next window resets the trainer
         return out
 
 

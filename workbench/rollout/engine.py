@@ -4,7 +4,9 @@ One :class:`RolloutEngine` call is one synchronous rollout step of RL: the reque
 prompt x ``samples_per_prompt``) are sharded over N workers; each worker decodes its shard
 with a KV cache, sampling with coupled draws so that a request's tokens do not depend on its
 batch-mates, and finished rows leave the batch. Every engine call on a worker becomes a row
-of the timeline's *steps* table, every request a row of its *requests* table.
+of the timeline's *steps* table, every request a row of its *requests* table. A worker lost
+mid-step has its shard re-run on a survivor (``rollout.recovery``), so the step's result is
+complete, and the timeline marks the failure and the re-run.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ..progress import tqdm
 
 from .backend import Backend, LocalBackend
 from .config import RolloutConfig
+from .recovery import run_shards
 from .request import Request, RequestOutput
 from .sampling import make_uid
 from .schedule import PlainSchedule, Schedule, StaticSchedule
@@ -60,8 +63,10 @@ class RolloutEngine:
     runs on its own device and dtype (CPU float32 by default; CUDA and bfloat16 when loaded so).
     Workers come from the backend (the local one by default, all sharing ``model``); call
     :meth:`start` to give each its own policy copy or drafter, :meth:`update_weights` after a
-    policy or drafter update. A worker that fails mid-rollout raises the backend's
-    ``WorkerFailed`` (its index, the cause, the requests it held); bad input, a ValueError.
+    policy or drafter update. A worker that fails mid-rollout has its requests re-run on a
+    surviving worker (``rollout.recovery``); a second failure in that re-run, or a step with
+    no survivor, raises the backend's ``WorkerFailed`` (the worker's index, the cause, the
+    requests it held); bad input, a ValueError.
     """
 
     def __init__(self, model, tokenizer, backend: Backend | None = None):
@@ -161,16 +166,19 @@ class RolloutEngine:
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
         try:
-            results = self.backend.map(  # the bar stays here: the backend reports progress
-                lambda worker, task: worker.rollout(task, schedule, drafter), tasks, bar.update)
+            shards = run_shards(  # the bar stays here: the backend reports progress
+                self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
+                tasks, bar.update)
         finally:
             bar.close()
-        by_uid = {r.uid: r for res in results for r in res.requests}
+        by_uid = {r.uid: r for res in shards.results for r in res.requests}
         outputs = [by_uid[q.uid] for q in requests]
         for r in outputs:
             r.text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
-        timeline = Timeline.from_records([row for res in results for row in res.steps],
-                                         [r.record() for r in outputs], n, self.backend.clock)
+        steps = [row for res in shards.results for row in res.steps] + shards.failed_rows
+        records = [{**r.record(), "failed_worker": shards.failed_worker.get(r.uid)}
+                   for r in outputs]
+        timeline = Timeline.from_records(steps, records, n, self.backend.clock)
         if self.backend.runs_copies and hasattr(schedule, "absorb"):
             schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
         return RolloutResult(outputs, timeline, config)

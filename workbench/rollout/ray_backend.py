@@ -46,7 +46,8 @@ import torch
 from ray._private import ray_constants
 
 from ..checks import check_int
-from .backend import IdleRun, WorkerFailed, check_windows
+from .backend import (IdleRun, WorkerFailed, check_placement, check_windows, first_failure,
+                      idle_run)
 from .timeline import IdleWindow, Timeline
 from .worker import Worker
 
@@ -102,9 +103,13 @@ class RayBackend:
 
     ``start`` refuses more workers x threads than the cluster has CPUs (or more workers than
     it has GPUs, where it has any) before any actor starts. A worker that dies or raises
-    makes the call raise ``WorkerFailed`` naming it (a ValueError, bad input, passes through);
-    the other workers finish their part first, so the backend is idle after the raise.
-    :meth:`restart` gives a worker a fresh actor. ``close`` kills the actors and undoes this
+    makes the call raise ``WorkerFailed`` naming it, with the other workers' results (a
+    ValueError, bad input, passes through); the other workers finish their part first, so the
+    backend is idle after the raise (``run_idle`` reports a lost window instead: backend.py,
+    "worker fault"). An actor that died is replaced at once, in the background (its
+    factories run again and the latest weights are queued behind them), so the next call
+    finds it alive; :meth:`restart` does the same and waits. ``close`` kills the actors and
+    undoes this
     backend's ``ray.init``: a local instance it started shuts down, a cluster it attached to
     is left (only this process disconnects).
     """
@@ -139,7 +144,8 @@ class RayBackend:
         self._factories = ray.put((policy_factory, drafter_factory))
         self._weights = (None, None)
         self._actors = [self._spawn(w) for w in range(num_workers)]
-        self._gather([actor.ready.remote() for actor in self._actors], range(num_workers))
+        self._gather([actor.ready.remote() for actor in self._actors], range(num_workers),
+                     revive=False)
 
     def restart(self, worker: int) -> None:
         """Give ``worker`` a fresh actor (its old one killed, dead or alive), built by the
@@ -147,11 +153,8 @@ class RayBackend:
         if not self._actors:
             raise ValueError("the backend has no workers to restart: start it first")
         worker = check_int("worker", worker, 0, self.num_workers - 1)
-        ray.kill(self._actors[worker])
-        actor = self._actors[worker] = self._spawn(worker)
-        self._gather([actor.ready.remote()], [worker])
-        if self._weights != (None, None):
-            self._gather([actor.load_weights.remote(*self._weights)], [worker])
+        refs = self._revive(worker)
+        self._gather(refs, [worker] * len(refs), revive=False)
 
     def close(self) -> None:
         self._kill_actors()
@@ -160,32 +163,35 @@ class RayBackend:
             self._initialised_ray = False
 
     # ---- work ---------------------------------------------------------------------------
-    def map(self, fn, items, progress=None):
-        if len(items) > self.num_workers:
-            raise ValueError(f"{len(items)} items for {self.num_workers} workers; start the "
-                             "backend with enough workers")
+    def map(self, fn, items, progress=None, workers=None):
+        workers = check_placement(items, workers, self.num_workers)
         origin = time.time()  # every worker's 0: the wall makespan includes shipping
         fn_ref = ray.put(fn)
-        refs = [actor.call.remote(fn_ref, item, origin)
-                for actor, item in zip(self._actors, items)]
+        refs = [self._actors[w].call.remote(fn_ref, item, origin)
+                for w, item in zip(workers, items)]
         held = [list(getattr(item, "requests", ())) for item in items]
-        return self._gather(refs, range(len(items)), held, progress)
+        values, failures = self._collect(refs, workers, origin, held, progress)
+        if failures:
+            raise first_failure(list(failures.values()),
+                                {w: v for i, (w, v) in enumerate(zip(workers, values))
+                                 if i not in failures})
+        return values
 
     def update_weights(self, policy=None, drafter=None) -> None:
         refs = tuple(None if state is None else ray.put(state) for state in (policy, drafter))
-        self._gather([actor.load_weights.remote(*refs) for actor in self._actors],
-                     range(self.num_workers))
+        # the latest weights first: an actor revived during the load gets these
         self._weights = tuple(new if new is not None else old
                               for new, old in zip(refs, self._weights))
+        self._gather([actor.load_weights.remote(*refs) for actor in self._actors],
+                     range(self.num_workers))
 
     def run_idle(self, job, timeline: Timeline, windows: Sequence[IdleWindow]) -> IdleRun:
         windows = check_windows(windows, self.num_workers)
-        job_ref = ray.put(job)
+        since, job_ref = time.time(), ray.put(job)
         refs = [self._actors[window.worker].run_idle.remote(job_ref, window)
                 for window in windows]
-        done = self._gather(refs, [window.worker for window in windows])
-        return IdleRun([outcome for outcome, _ in done],
-                       timeline.with_steps([row for _, rows in done for row in rows]))
+        done, failures = self._collect(refs, [window.worker for window in windows], since)
+        return idle_run(timeline, windows, [failures.get(i, run) for i, run in enumerate(done)])
 
     # ---- helpers ------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -230,6 +236,17 @@ class RayBackend:
                              f"has {gpus:g}; accepted: at most {gpus:g} workers")
         return 1 if gpus else 0
 
+    def _revive(self, worker: int) -> list:
+        """Give ``worker`` a fresh actor (its old one killed, dead or alive), built by the
+        start's factories, with the latest weights queued behind them; the refs of its start
+        and of that load, to wait on (or not)."""
+        ray.kill(self._actors[worker])
+        actor = self._actors[worker] = self._spawn(worker)
+        refs = [actor.ready.remote()]
+        if self._weights != (None, None):
+            refs.append(actor.load_weights.remote(*self._weights))
+        return refs
+
     def _spawn(self, worker: int):
         host = ray.remote(WorkerHost).options(num_cpus=self.threads_per_worker,
                                               num_gpus=self._gpus)
@@ -240,12 +257,23 @@ class RayBackend:
             ray.kill(actor)
         self._actors = []
 
-    def _gather(self, refs: list, workers: Sequence[int], held: list | None = None,
-                progress: Callable[[int], None] | None = None) -> list:
+    def _gather(self, refs: list, workers: Sequence[int], revive: bool = True) -> list:
+        """The values of ``refs`` (``refs[i]`` ran on worker ``workers[i]``), in order, once
+        all are done; a failure raises (:func:`~workbench.rollout.backend.first_failure`)."""
+        values, failures = self._collect(refs, workers, time.time(), revive=revive)
+        if failures:
+            raise first_failure(list(failures.values()), {})
+        return values
+
+    def _collect(self, refs: list, workers: Sequence[int], since: float,
+                 held: list | None = None, progress: Callable[[int], None] | None = None,
+                 revive: bool = True) -> tuple[list, dict[int, WorkerFailed]]:
         """The values of ``refs`` (``refs[i]`` ran on worker ``workers[i]`` holding the
-        requests ``held[i]``), in order, once all are done; ``progress`` is told each
-        worker's request count as its value arrives. The first failed worker's failure is
-        raised (:func:`_failure`)."""
+        requests ``held[i]``) once all are done, ``None`` where one failed, and the failures
+        by position (:func:`_failure`, their ``at_s`` counted from the wall time ``since``);
+        ``progress`` is told each worker's request count as its value arrives. An actor
+        that died is revived (unless ``revive`` is false: its start is what failed); a
+        ValueError (bad input) is raised, the lowest worker's."""
         position = {ref: i for i, ref in enumerate(refs)}
         values, failures, pending = [None] * len(refs), {}, list(refs)
         while pending:
@@ -254,25 +282,31 @@ class RayBackend:
             try:
                 values[i] = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                failures[i] = exc
+                failures[i] = _failure(workers[i], exc, held[i] if held is not None else (),
+                                       time.time() - since)
                 continue
             if progress is not None and held is not None:
                 progress(len(held[i]))
-        if failures:
-            i = min(failures, key=lambda j: workers[j])
-            raise _failure(workers[i], failures[i], held[i] if held is not None else ())
-        return values
+        order = sorted(failures, key=lambda i: workers[i])
+        dead = {workers[i] for i in order if isinstance(failures[i], WorkerFailed)
+                and isinstance(failures[i].cause, ray.exceptions.RayActorError)}
+        for worker in sorted(dead) if revive else ():
+            self._revive(worker)
+        bad = [failures[i] for i in order if isinstance(failures[i], ValueError)]
+        if bad:
+            raise bad[0]
+        return values, failures
 
 
-def _failure(worker: int, exc: Exception, requests: Sequence) -> Exception:
-    """What a failure on ``worker`` raises: the ValueError ``fn`` raised (bad input, from
-    the remote error that carries the actor's traceback), else :class:`WorkerFailed` with
-    the exception ``fn`` raised, or the actor's death, as its cause."""
+def _failure(worker: int, exc: Exception, requests: Sequence, at_s: float) -> Exception:
+    """What a failure on ``worker``, ``at_s`` seconds into the call, raises: the ValueError
+    ``fn`` raised (bad input, from the remote error that carries the actor's traceback), else
+    :class:`WorkerFailed` with the exception ``fn`` raised, or the actor's death, as cause."""
     cause = getattr(exc, "cause", None) or exc
     if isinstance(cause, ValueError):
         cause.__cause__ = exc
         return cause
-    failed = WorkerFailed(worker, cause, requests)
+    failed = WorkerFailed(worker, cause, requests, at_s)
     failed.__cause__ = cause
     return failed
 

@@ -3,13 +3,16 @@
 Schema (docs/design.md, "Timelines are data"):
 
 steps     one row per engine call on a worker
-          worker, step, kind (prefill | decode | draft | verify | drafter_train | train),
+          worker, step, kind (prefill | decode | draft | verify | drafter_train | train |
+          failed),
           start_s, end_s, batch_size, tokens (tokens emitted), forward_s (time inside the
           model's forward), clock; the plan of each decode step (schedule.py), NA on rows that
           no decode step wrote and in tables saved before them: decision (Int64, the decode
           step's index on its worker), plan_k (Int64, 0 for a plain step), plan_branch
           (Int64), plan_budget (Int64, NA for a chain); preempted (boolean: a drafter training
-          step cut at the end of its idle window, its work discarded; NA elsewhere); and the
+          step cut at the end of its idle window, its work discarded; NA elsewhere); rerun
+          (boolean: a rollout step re-running requests of a worker that failed; NA
+          elsewhere); and the
           *decision columns*: whatever scalars the schedule gave as its reasons
           (``Schedule.decision``), one column per key, typed by their values (boolean,
           string, Int64 or Float64), which this layer keeps but never interprets (the
@@ -17,8 +20,15 @@ steps     one row per engine call on a worker
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
           finish (eos | length), verify_steps, drafted, accepted, emitted, reward (NaN until
-          scored); and text (string: the decoded response, written by the engine; NA in tables
-          saved before it, so old run folders still load)
+          scored); text (string: the decoded response, written by the engine; NA in tables
+          saved before it, so old run folders still load); and failed_worker (Int64: the
+          worker that failed holding the request, which ``worker`` then re-ran; NA for a
+          request run once)
+
+A lost worker (``rollout.recovery``, ``Backend.run_idle``) leaves one ``failed`` row: from
+where its lost work began (0 in a rollout, its window's start in an idle job) for its time
+until the failure (0 long when unknown), ``batch_size`` the requests it held, ``tokens`` 0.
+Its seconds are no work (idle, wasted), and a worker with a ``failed`` row has no idle window.
 
 Times are seconds on the clock named in ``clock``: ``wall`` (one process, measured) or ``sim``
 (each worker's measured time laid side by side, as if the workers ran in parallel). A worker's
@@ -41,22 +51,23 @@ from ..checks import check_choice, check_int
 
 __all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS"]
 
-STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train")
+STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train", "failed")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
 STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tokens",
                 "forward_s", "clock"]
 # the steps table's plan columns and their dtypes (nullable: NA where nothing was decided)
 PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
                 "plan_budget": "Int64"}
-# every optional steps column of this layer: the plans, and the flag of a preempted drafter step
-OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean"}
+# every optional steps column of this layer: the plans, the flag of a preempted drafter step,
+# and that of a step re-running a failed worker's requests
+OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean"}
 # the names a schedule's decision keys may not take (every other steps column is one of them)
 RESERVED_STEP_COLUMNS = frozenset(STEP_COLUMNS) | frozenset(OPTIONAL_STEP_COLUMNS)
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
                    "prompt_tokens", "response_tokens", "finish", "verify_steps", "drafted",
                    "accepted", "emitted", "reward"]
 # the requests table's optional columns and their dtypes (NA where a saved table lacks one)
-OPTIONAL_REQUEST_COLUMNS = {"text": "string"}
+OPTIONAL_REQUEST_COLUMNS = {"text": "string", "failed_worker": "Int64"}
 CLOCKS = ("wall", "sim")
 
 
@@ -172,13 +183,15 @@ class Timeline:
 
     def idle_windows(self) -> list[IdleWindow]:
         """Each worker's idle window after its last rollout step (``IdleWindow``), the first
-        to finish first (ties by worker): a worker with no rollout step idles from 0."""
+        to finish first (ties by worker): a worker with no rollout step idles from 0, a
+        worker that failed in the step (a ``failed`` row) has none."""
         rollout = self.steps[self.steps["kind"].isin(ROLLOUT_KINDS)]
         last = rollout.groupby("worker")["end_s"].max().reindex(range(self.num_workers),
                                                                  fill_value=0.0)
         end = float(last.max()) if len(last) else 0.0
-        return sorted((IdleWindow(int(w), float(t), end) for w, t in last.items()),
-                      key=lambda window: (window.start_s, window.worker))
+        lost = set(self.steps.loc[self.steps["kind"] == "failed", "worker"])
+        return sorted((IdleWindow(int(w), float(t), end) for w, t in last.items()
+                       if w not in lost), key=lambda window: (window.start_s, window.worker))
 
     # ---- measures -----------------------------------------------------------------------
     @property

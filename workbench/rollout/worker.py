@@ -26,10 +26,10 @@ from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepPlan, decision_of, plan_columns
-from .timeline import ROLLOUT_KINDS, STEP_KINDS, IdleWindow
+from .timeline import IdleWindow
 
 __all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock"]
-IDLE_KINDS = tuple(k for k in STEP_KINDS if k not in ROLLOUT_KINDS)  # work an idle window runs
+IDLE_KINDS = ("drafter_train", "train")  # work an idle window runs
 
 
 class StepRecorder:
@@ -72,6 +72,15 @@ class StepRecorder:
             row.update(columns)
         self.decisions += 1
 
+    def resume(self, after_s: float) -> None:
+        """Go on recording more work of the same step (a re-run of a lost worker's requests),
+        from ``after_s`` at the earliest: on the sim clock the work is charged where it would
+        have run, right after the last step; on the wall clock the time since the last step
+        really passed, and shows as idle."""
+        start = max(self.now() if self.clock == "wall" else self.mark, after_s)
+        self.t0 = time.perf_counter() - start
+        self.mark = start
+
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
               deadline: float | None = None):
         """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
@@ -92,13 +101,16 @@ class StepRecorder:
 
 @dataclass
 class WorkerTask:
-    """Everything a worker needs for its shard of one rollout step."""
+    """Everything a worker needs for its shard of one rollout step. ``after_s`` set: a re-run
+    of a lost worker's requests (``rollout.recovery``), recorded on the clock of the worker's
+    latest rollout from ``after_s`` at the earliest, its steps flagged ``rerun``."""
 
     worker: int
     requests: list[Request]
     config: RolloutConfig
     eos_id: int | None
     pad_id: int
+    after_s: float | None = None
 
 
 @dataclass
@@ -138,7 +150,8 @@ class Worker:
                              f"{self.index} has no drafter: pass drafter= or start the "
                              "workers with a drafter_factory")
         check_schedule_drafter(schedule, drafter)  # tree plans need a tree drafter
-        self.recorder = rec = StepRecorder(self.index, self.clock, self.origin)
+        rec = self._recorder_for(task)
+        first = len(rec.rows)
         outputs = [RequestOutput.of(q, self.index) for q in task.requests]
         dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,
                            drafter if schedule.needs_drafter else None, self.on_finish)
@@ -151,7 +164,21 @@ class Worker:
                 if dec.size:
                     self._step(dec, schedule)
         dec.finish()
-        return WorkerResult(self.index, outputs, list(rec.rows))
+        rows = rec.rows[first:]
+        for row in rows if task.after_s is not None else ():
+            row["rerun"] = True
+        return WorkerResult(self.index, outputs, list(rows))
+
+    def _recorder_for(self, task: WorkerTask) -> StepRecorder:
+        """A new recorder for a rollout; the latest one, resumed, for a re-run."""
+        if task.after_s is None:
+            self.recorder = StepRecorder(self.index, self.clock, self.origin)
+        elif self.recorder is None:
+            raise ValueError(f"worker {self.index} has no rollout to re-run requests after: "
+                             "a re-run goes to a worker that finished its shard")
+        else:
+            self.recorder.resume(task.after_s)
+        return self.recorder
 
     @staticmethod
     def _refill_due(cfg: RolloutConfig, cap: int, live: int, waiting: int) -> bool:
@@ -177,7 +204,7 @@ class Worker:
             raise ValueError(f"worker {self.index} was given worker {window.worker}'s window")
         if self.recorder is None:
             raise ValueError(f"worker {self.index} has no rollout to idle after: run one first")
-        clock = IdleClock(self.recorder, window)
+        clock = IdleClock(self.recorder, window, self.model)
         outcome = job.run(window, clock)
         return outcome, clock.rows
 
@@ -192,7 +219,8 @@ class Worker:
 
 
 class IdleClock:
-    """What an idle-window job is handed: its window, and its worker's clock.
+    """What an idle-window job is handed: its window, its worker's clock, and its worker's
+    ``policy`` (a job that trains against the policy uses the one where it runs).
 
     ``timed(kind, fn)`` runs ``fn()`` as the worker's next step of ``kind`` (one of
     :data:`IDLE_KINDS`), starting where the previous one ended, and returns ``(value, row)``
@@ -202,8 +230,9 @@ class IdleClock:
     would start.
     """
 
-    def __init__(self, recorder: StepRecorder, window: IdleWindow):
+    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy=None):
         self.window, self._rec, self._first = window, recorder, len(recorder.rows)
+        self.policy = policy
 
     def now(self) -> float:
         return self._rec.mark

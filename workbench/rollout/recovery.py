@@ -1,0 +1,78 @@
+"""Recovery: a rollout step that loses a worker still returns every request.
+
+When ``backend.map`` raises :class:`~workbench.rollout.backend.WorkerFailed` during a
+rollout, what the surviving workers returned is kept (``WorkerFailed.results``) and only the
+lost shards run again: each failed worker's requests (``WorkerFailed.requests``; none of them
+came back) re-run on a surviving worker, in one more ``map`` call.
+
+The rule: lost shards go to the survivors in the order the survivors finished on the step's
+clock (the end of their last step; ties by worker), one each, round-robin over the failed
+workers in worker order: the first survivor to finish takes the lowest failed worker's shard.
+A survivor is already started and loaded with the step's weights, so the re-run waits for no
+new worker (a Ray actor that died is replaced in the background, for the next call). The
+re-run continues the survivor's own clock (``WorkerTask.after_s``): it starts once the
+survivor is free and the failure has happened (sim clock: charged where it would have run;
+wall clock: when the driver resubmits).
+
+Token for token: coupled draws depend only on (seed, uid, position) and greedy decoding on
+the policy alone (``rollout.sampling``), so a request re-run on another worker with the same
+weights has the tokens it would have had on its own.
+
+No second chance: a failure during the re-run raises its ``WorkerFailed`` (it names the
+survivor and the requests it was re-running). With no survivor, the first failure is raised.
+
+The timeline marks both (``rollout.timeline``): a ``failed`` steps row for each lost worker,
+the re-run's steps flagged ``rerun``, and each re-run request's ``failed_worker``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from .backend import Backend, WorkerFailed, failure_row
+from .worker import WorkerResult, WorkerTask
+
+__all__ = ["Shards", "run_shards"]
+
+
+@dataclass
+class Shards:
+    """What the workers gave back for one rollout step: every request's ``WorkerResult``
+    (the survivors', then the re-runs'), the ``failed`` steps rows of the lost workers, and
+    uid -> the worker that failed holding it, for each re-run request."""
+
+    results: list[WorkerResult]
+    failed_rows: list[dict] = field(default_factory=list)
+    failed_worker: dict[int, int] = field(default_factory=dict)
+
+
+def run_shards(backend: Backend, fn: Callable, tasks: list[WorkerTask],
+               progress: Callable[[int], None] | None = None) -> Shards:
+    """``backend.map(fn, tasks, progress)`` (task i on worker i), with each failed worker's
+    shard re-run on a survivor (module docstring)."""
+    try:
+        return Shards(backend.map(fn, tasks, progress))
+    except WorkerFailed as failed:
+        return _rerun(backend, fn, {task.worker: task for task in tasks}, failed, progress)
+
+
+def _rerun(backend: Backend, fn: Callable, tasks: dict[int, WorkerTask], failed: WorkerFailed,
+           progress) -> Shards:
+    survivors = sorted(failed.results, key=lambda w: (_last_end(failed.results[w]), w))
+    if not survivors:
+        raise failed
+    shares: dict[int, list[WorkerFailed]] = {}
+    for i, lost in enumerate(failed.failures):
+        shares.setdefault(survivors[i % len(survivors)], []).append(lost)
+    reruns = [replace(tasks[w], requests=[q for lost in share for q in lost.requests],
+                      after_s=max(lost.at_s or 0.0 for lost in share))
+              for w, share in shares.items()]
+    again = backend.map(fn, reruns, progress, workers=list(shares))  # a failure here raises
+    return Shards([failed.results[w] for w in sorted(failed.results)] + list(again),
+                  [failure_row(lost, 0) for lost in failed.failures],
+                  {q.uid: lost.worker for lost in failed.failures for q in lost.requests})
+
+
+def _last_end(result: WorkerResult) -> float:
+    """The end of a worker's last step in its result (0 with none)."""
+    return max((row["end_s"] for row in result.steps), default=0.0)
