@@ -14,9 +14,9 @@ published state, trains on its own batches of the pairs ready when its window op
 counts in the average by its whole steps). The job carries the published trainer state, the
 training's config and the pairs, never a policy: each copy trains a head built on the policy
 of the worker it runs on (a Ray actor's own; on the local backend, whose workers share the
-spot trainer's policy, the spot trainer's own trainer trains: nothing is built). A worker lost in
-its window (the job raised, or the worker died) takes its copy with it: the other copies
-merge as usual, or, when none is left, the previous drafter keeps serving
+spot trainer's policy, the spot trainer's own trainer trains: nothing is built). A worker
+lost in its window (the job raised, or the worker died) takes its copy with it: the other
+copies merge as usual, or, when none is left, the previous drafter keeps serving
 (``drafter_failed_workers`` counts the lost windows).
 A step is started only when the running estimate of a step's time still fits the window, and
 a step that would cross the window's end is **preempted** there: on the sim clock its row is
