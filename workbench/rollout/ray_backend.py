@@ -109,9 +109,8 @@ class RayBackend:
     "worker fault"). An actor that died is replaced at once, in the background (its
     factories run again and the latest weights are queued behind them), so the next call
     finds it alive; :meth:`restart` does the same and waits. ``close`` kills the actors and
-    undoes this
-    backend's ``ray.init``: a local instance it started shuts down, a cluster it attached to
-    is left (only this process disconnects).
+    undoes this backend's ``ray.init``: a local instance it started shuts down, a cluster it
+    attached to is left (only this process disconnects).
     """
 
     name = "ray"

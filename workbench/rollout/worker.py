@@ -165,9 +165,10 @@ class Worker:
                     self._step(dec, schedule)
         dec.finish()
         rows = rec.rows[first:]
-        for row in rows if task.after_s is not None else ():
-            row["rerun"] = True
-        return WorkerResult(self.index, outputs, list(rows))
+        if task.after_s is not None:
+            for row in rows:
+                row["rerun"] = True
+        return WorkerResult(self.index, outputs, rows)
 
     def _recorder_for(self, task: WorkerTask) -> StepRecorder:
         """A new recorder for a rollout; the latest one, resumed, for a re-run."""
@@ -230,7 +231,7 @@ class IdleClock:
     would start.
     """
 
-    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy=None):
+    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy):
         self.window, self._rec, self._first = window, recorder, len(recorder.rows)
         self.policy = policy
 
