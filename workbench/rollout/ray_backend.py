@@ -23,39 +23,27 @@ copies       whatever ``fn`` or an idle job holds travels as a copy: changes an 
              ``absorb``, which replays them: after the rollout the driver's schedule has
              learned what every actor saw (within the rollout, each actor learns from its
              own steps only). Tokens are unaffected (a schedule decides speed only).
-loopback     a Ray this backend starts listens on 127.0.0.1 only. Ray on Linux rewrites a
-             loopback node address to the machine's own address unless its cluster mode is
-             off, so the start turns it off for the ``ray.init`` call and checks the node's
-             address afterwards.
+loopback     a Ray this backend starts listens on 127.0.0.1 only (``workbench.ray_cluster``,
+             where every user of Ray in the package reaches it).
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import socket
-import sys
-import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Sequence
 
 import ray
 import torch
-from ray._private import ray_constants
 
 from ..checks import check_int
+from ..ray_cluster import connect, resolve_address
 from .backend import (IdleRun, WorkerFailed, check_placement, check_windows, first_failure,
                       idle_run)
 from .timeline import IdleWindow, Timeline
 from .worker import Worker
 
 __all__ = ["RayBackend"]
-
-LOOPBACK = "127.0.0.1"
-CONNECT_TIMEOUT_S = 3.0  # an address that does not answer within this is unreachable
-ADDRESS_FORMS = "None (a local instance, or $RAY_ADDRESS), 'host:port' or 'ray://host:port'"
 
 
 class WorkerHost:
@@ -91,14 +79,14 @@ class RayBackend:
         address: a Ray cluster to attach to, ``"host:port"`` (or ``"ray://host:port"``, a Ray
             client); ``None`` reads ``$RAY_ADDRESS``, and without it a local instance starts
             on loopback with ``num_cpus`` CPUs and no dashboard. An address is checked to
-            answer (within ``CONNECT_TIMEOUT_S``) before anything starts. A cluster with
+            answer (within ``ray_cluster.CONNECT_TIMEOUT_S``) before anything starts. A cluster with
             token authentication (Ray's default for one that ``ray.init`` started) also
             needs ``RAY_AUTH_MODE=token`` and its token (``~/.ray/auth_token`` or
             ``$RAY_AUTH_TOKEN``). A Ray already initialised in this process is reused as it is.
         num_cpus: CPUs of a local instance (default: the machine's count).
         threads_per_worker: torch threads of each actor, and the Ray CPUs it holds.
         log_dir: where a local instance keeps its session folder, logs included (Ray's temp
-            root, reached through a short link: :func:`_ray_root`; default Ray's own,
+            root, reached through a short link: ``ray_cluster._ray_root``; default Ray's own,
             ``/tmp/ray``).
 
     ``start`` refuses more workers x threads than the cluster has CPUs (or more workers than
@@ -119,8 +107,7 @@ class RayBackend:
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  threads_per_worker: int = 1, log_dir: str | os.PathLike | None = None):
-        self.address = _check_address(address if address is not None
-                                      else os.environ.get("RAY_ADDRESS") or None)
+        self.address = resolve_address(address)
         self.num_cpus = check_int("num_cpus", num_cpus, 1, optional="the machine's CPU count")
         self.threads_per_worker = check_int("threads_per_worker", threads_per_worker, 1)
         self.log_dir = None if log_dir is None else Path(log_dir).resolve()
@@ -194,29 +181,10 @@ class RayBackend:
 
     # ---- helpers ------------------------------------------------------------------------
     def _connect(self) -> None:
-        """Attach to ``address``, reuse this process's Ray, or start one on loopback."""
-        if self.address is not None:
-            _check_reachable(self.address)
-        if ray.is_initialized():
-            return
-        if self.address is not None:
-            with _loopback_only(_is_loopback(self.address)):
-                ray.init(address=self.address)
+        """Attach to ``address``, reuse this process's Ray, or start one on loopback
+        (``workbench.ray_cluster.connect``)."""
+        if connect(self.address, self.num_cpus, self.log_dir):
             self._initialised_ray = True
-            return
-        # the actors import what the driver can: its path (a notebook's folder, the project
-        # root of a test run), so objects of a module beside the caller unpickle there too
-        path = os.pathsep.join(p for p in (os.getcwd(), *sys.path) if p and os.path.isdir(p))
-        with _loopback_only(True):
-            ray.init(num_cpus=self.num_cpus or os.cpu_count(), _node_ip_address=LOOPBACK,
-                     include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}},
-                     _temp_dir=None if self.log_dir is None else _ray_root(self.log_dir))
-        self._initialised_ray = True
-        addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
-        if addresses != {LOOPBACK}:
-            self.close()
-            raise RuntimeError(f"the local Ray instance listened on {sorted(addresses)}, not "
-                               f"on {LOOPBACK} only; it was shut down")
 
     def _placement(self, num_workers: int) -> int:
         """GPUs per actor (1 on a cluster with GPUs, else 0), after checking that the
@@ -308,67 +276,3 @@ def _failure(worker: int, exc: Exception, requests: Sequence, at_s: float) -> Ex
     failed = WorkerFailed(worker, cause, requests, at_s)
     failed.__cause__ = cause
     return failed
-
-
-def _ray_root(log_dir: Path) -> str:
-    """Ray's temp root for ``log_dir``: a short link to it in the system's temp folder. Ray
-    keeps its sockets under that root too, and a socket's path holds at most 107 bytes, which
-    a run folder's path alone may nearly fill. The link stays: Ray's ``session_latest`` in
-    ``log_dir`` points through it."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha1(str(log_dir).encode()).hexdigest()[:12]
-    link = Path(tempfile.gettempdir()) / f"workbench-ray-{digest}"
-    if not (link.is_symlink() and Path(os.readlink(link)) == log_dir):
-        link.unlink(missing_ok=True)
-        link.symlink_to(log_dir, target_is_directory=True)
-    return str(link)
-
-
-def _check_address(address: str | None) -> str | None:
-    if address is None:
-        return None
-    if not isinstance(address, str) or _host_port(address) is None:
-        raise ValueError(f"address must be {ADDRESS_FORMS}, got {address!r}")
-    return address
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    match = re.fullmatch(r"(?:ray://)?([\w.\-]+|\[[0-9a-fA-F:]+\]):(\d{1,5})", address)
-    if match is None or not 1 <= int(match.group(2)) <= 65535:
-        return None
-    return match.group(1).strip("[]"), int(match.group(2))
-
-
-def _is_loopback(address: str) -> bool:
-    return _host_port(address)[0] in ("127.0.0.1", "localhost", "::1")
-
-
-def _check_reachable(address: str) -> None:
-    """Raise ConnectionError, naming ``address``, unless something answers there."""
-    try:
-        socket.create_connection(_host_port(address), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise ConnectionError(
-            f"no Ray cluster answers at {address!r} ({exc}); start one there (`ray start "
-            "--head`), or pass address=None with RAY_ADDRESS unset for a local instance"
-        ) from exc
-
-
-@contextmanager
-def _loopback_only(active: bool):
-    """Keep Ray from rewriting a loopback address to the machine's own while ``ray.init``
-    runs (module docstring, "loopback"); the processes it starts inherit the setting."""
-    if not active:
-        yield
-        return
-    key = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    saved = os.environ.get(key), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[key], ray_constants.ENABLE_RAY_CLUSTER = "0", False
-    try:
-        yield
-    finally:
-        if saved[0] is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = saved[0]
-        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
