@@ -60,11 +60,13 @@ def _pipeline_report(args) -> int:
 
 def _pipeline_run(args) -> int:
     """Exit 0 when every run is ok, 1 when a run failed (recorded in its run.json), 2 for a
-    pipeline that cannot run as written (one message, nothing run or written)."""
-    from .pipeline import PipelineError, run_pipeline
+    pipeline that cannot run as written, or Ray arguments that cannot work (an address that
+    does not answer; one message, nothing run or written)."""
+    from .pipeline import run_pipeline
     try:
-        table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root, jobs=args.jobs)
-    except PipelineError as exc:
+        table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root, jobs=args.jobs,
+                             ray=args.ray, ray_address=args.ray_address, threads=args.threads)
+    except (ValueError, ConnectionError) as exc:  # PipelineError is a ValueError
         print(f"workbench pipeline run: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -87,12 +89,17 @@ def _positive_minutes(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _jobs(text: str) -> int:
-    """``--jobs`` as a count >= 1 (the shared checks' message, through argparse's usage)."""
-    try:
-        return check_int("jobs", int(text) if text.lstrip("-").isdigit() else text, 1)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _count(name: str):
+    """``--<name>`` as a count >= 1 (the shared checks' message, through argparse's usage)."""
+    def parse(text: str) -> int:
+        try:
+            return check_int(name, int(text) if text.lstrip("-").isdigit() else text, 1)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+_jobs, _threads = _count("jobs"), _count("threads")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--runs-root", default="runs", help="where runs/<pipeline>/<run>/ go")
     pr.add_argument("--jobs", type=_jobs, default=1,
                     help="runs at a time, the cores split among their kernels (default 1)")
+    pr.add_argument("--ray", action="store_true",
+                    help="run every run as a Ray task, in parallel: on a local Ray "
+                    "(127.0.0.1 only), or on the cluster at --ray-address / $RAY_ADDRESS")
+    pr.add_argument("--ray-address", default=None,
+                    help="with --ray: a running cluster's host:port (its nodes need the "
+                    "project at the same path and the runs root on a shared filesystem)")
+    pr.add_argument("--threads", type=_threads, default=None,
+                    help="with --ray: each kernel's torch threads, and the Ray CPUs its task "
+                    "holds (default 1)")
     pr.set_defaults(func=_pipeline_run)
     rp = psub.add_parser("report", help="write one static HTML page of a pipeline's runs")
     rp.add_argument("folder", help="the pipeline's run folder, e.g. runs/quickstart")

@@ -13,7 +13,12 @@ Runs go one at a time, or ``jobs`` at a time (``--jobs N``): each kernel then ge
 ``cpu_count // jobs`` torch threads (``OMP_NUM_THREADS``), because kernels that together ask
 for more threads than there are cores run several times slower than one after another
 (measured: two kernels of two threads each on two cores, 4x slower; two of one thread, 1.6x
-faster). The results table keeps the YAML's order whatever finishes first.
+faster). Or they go as Ray tasks (``--ray``), one per run, each holding ``threads`` Ray
+CPUs and giving its kernel as many torch threads: on a local Ray (127.0.0.1 only) they run on
+this machine, as many at a time as its cores hold; with an address (``--ray-address``, or
+``$RAY_ADDRESS``) on the cluster's nodes, which then need the project at the same path and
+the runs root on a filesystem they share (a task writes its run folder where the driver
+reads it). The results table keeps the YAML's order whatever finishes first.
 
 A failing notebook marks its run ``failed`` and the pipeline goes on. Rerunning a pipeline
 skips runs whose folder holds an ``ok`` run.json with the same parameter hash (edit a notebook
@@ -50,7 +55,7 @@ import papermill
 from .progress import tqdm
 
 from .atomic import atomic_file, write_text
-from .checks import check_int
+from .checks import check_bool, check_int
 from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
                             load_pipeline)
 
@@ -62,34 +67,36 @@ VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench
 # ----------------------------------------------------------------------------- running
 
 def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
-                 runs_root: str | os.PathLike = "runs", jobs: int = 1) -> pd.DataFrame:
+                 runs_root: str | os.PathLike = "runs", jobs: int = 1, ray: bool = False,
+                 ray_address: str | None = None, threads: int | None = None) -> pd.DataFrame:
     """Run every run of a pipeline YAML, write and print its results, and return the table.
 
-    Validation happens first (PipelineError, nothing written). Runs that already finished with
-    the same parameters are reused unless ``redo``; failed runs do not stop the others.
-    ``jobs`` runs execute at a time, their kernels sharing the cores (module docstring).
+    Validation happens first (PipelineError, or a ValueError for the arguments; nothing
+    written). Runs that already finished with the same parameters are reused unless
+    ``redo``; failed runs do not stop the others. ``jobs`` runs execute at a time, their
+    kernels sharing the cores; or, with ``ray``, every run is a Ray task of ``threads``
+    CPUs (default 1) on a local Ray or the cluster at ``ray_address`` (module docstring).
     """
-    jobs = check_int("jobs", jobs, 1)
+    executor = _executor(jobs, ray, ray_address, threads)
     pipeline = load_pipeline(yaml_path)
     pipeline_dir = Path(runs_root) / pipeline.name
     _check_outputs(pipeline_dir, pipeline.runs)
     provenance = {root: _git_info(root) for root in {run.root for run in pipeline.runs}}
     versions = _package_versions()
-
-    def one(run: RunSpec) -> dict:
-        run_dir = (pipeline_dir / run.run_name).resolve()
-        record = None if redo else _finished_record(run_dir, run)
-        if record is not None:
-            return _row(record, run, skipped=True)
-        return _row(_execute(run, run_dir, provenance[run.root], versions), run, skipped=False)
+    run_dirs = [(pipeline_dir / run.run_name).resolve() for run in pipeline.runs]
+    reused = [None if redo else _finished_record(run_dir, run)
+              for run, run_dir in zip(pipeline.runs, run_dirs)]
 
     progress = tqdm(total=len(pipeline.runs), desc=pipeline.name, unit="run")
-    with _kernel_threads(jobs), ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(one, run) for run in pipeline.runs]
+    with executor as submit:
+        futures = [None if record is not None else
+                   submit(run, run_dir, provenance[run.root], versions)
+                   for run, run_dir, record in zip(pipeline.runs, run_dirs, reused)]
         rows = []
-        for run, future in zip(pipeline.runs, futures):  # in the YAML's order
+        for run, record, future in zip(pipeline.runs, reused, futures):  # in the YAML's order
             progress.set_postfix_str(run.run_name)
-            rows.append(future.result())
+            rows.append(_row(record, run, skipped=True) if future is None
+                        else _row(future.result(), run, skipped=False))
             progress.update()
     progress.close()
 
@@ -97,6 +104,30 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     _write_results(table, pipeline_dir)
     _print_report(table, pipeline_dir)
     return table
+
+
+def _executor(jobs: int, ray: bool, ray_address: str | None, threads: int | None):
+    """A context that yields ``submit(run, run_dir, git, versions) -> future`` (its
+    ``result()``: :func:`_execute`'s record): a pool of ``jobs`` threads, or Ray tasks
+    (:mod:`workbench.pipeline_ray`). The arguments are checked here, before anything runs."""
+    jobs = check_int("jobs", jobs, 1)
+    check_bool("ray", ray)
+    if not ray:
+        if ray_address is not None or threads is not None:
+            raise ValueError(f"ray_address={ray_address!r} and threads={threads!r} are for Ray "
+                             "tasks; accepted: ray=True with them (--ray), or neither")
+        return _thread_pool(jobs)
+    if jobs != 1:
+        raise ValueError(f"jobs={jobs} with ray=True; accepted: jobs=1 (on Ray the cluster's "
+                         "CPUs decide how many runs go at once, threads each)")
+    from .pipeline_ray import ray_tasks  # importing Ray takes seconds: only when asked for
+    return ray_tasks(_execute, ray_address, check_int("threads", threads, 1, optional="1") or 1)
+
+
+@contextmanager
+def _thread_pool(jobs: int):
+    with _kernel_threads(jobs), ThreadPoolExecutor(jobs) as pool:
+        yield lambda *args: pool.submit(_execute, *args)
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from ..progress import tqdm
 
 from ..checks import check_choice, check_int
 from ..evaluate import evaluate_policy
+from ..rollout import make_backend
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
@@ -233,7 +234,8 @@ def _max_or_zero(history: pd.DataFrame, column: str) -> float:
 def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
-                 eval_every: int | None = None, progress: bool = True, **tlt_kw) -> Ablation:
+                 eval_every: int | None = None, progress: bool = True, backend="local",
+                 ray_address: str | None = None, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
@@ -241,18 +243,29 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     (threshold, arms, spec_k, spot, ...). With ``eval_problems`` the held-out greedy accuracy
     of each run is measured before the first step and after the last, and also after every
     ``eval_every`` steps when set (long runs: the accuracy curve, not just its ends).
+
+    ``backend`` says where the rollout workers run. ``"local"``: each run on its own local
+    backend, its workers sharing its policy. ``"ray"`` (``ray_address`` as
+    :class:`~workbench.rl.grpo.GRPO`'s) or a backend object: one backend serves every run, so
+    that one Ray and one set of actors serve the whole ablation (the runs take turns, one step
+    at a time): its workers hold a copy of the policy, and each run's weights go to them
+    before its step. A backend made from a name is closed at the end; an object stays the
+    caller's. The backend is checked before any run is built.
     """
     for variant in variants:
         check_choice("variant", variant, tuple(VARIANTS))
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
+    shared = make_backend(backend, ray_address)
+    shared = None if isinstance(backend, str) and backend == "local" else shared
     runs = {}
     for seed in seeds:
         for v in variants:
             cfg = TLTConfig.variant(v, grpo.updated(seed=seed), **tlt_kw)
             runs[(v, seed)] = TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
                                          cfg, drafter_head=drafter_head if cfg.speculative
-                                         else None)
+                                         else None,
+                                         backend=shared if shared is not None else "local")
     evals = []
 
     def evaluate(step):
@@ -269,16 +282,40 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
 
     evaluate(0)
     order = list(runs)
-    for step in tqdm(range(steps), desc="RL steps (all variants)", disable=not progress):
-        shift = step % len(order)
-        for key in order[shift:] + order[:shift]:
-            runs[key].step()
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            evaluate(step + 1)
+    try:
+        turns = _Turns(runs, shared, grpo.rollout.workers, policy)
+        for step in tqdm(range(steps), desc="RL steps (all variants)", disable=not progress):
+            shift = step % len(order)
+            for key in order[shift:] + order[:shift]:
+                turns.step(key)
+            if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+                evaluate(step + 1)
+    finally:
+        if shared is not None and isinstance(backend, str):
+            shared.close()
     evaluate(steps)
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
+
+
+class _Turns:
+    """The runs' steps, on their own local backends or taking turns on one ``shared``
+    backend: started once, its workers holding one copy of ``policy``; before a run steps
+    after another, its weights go to the workers (``RolloutEngine.policy_changed``)."""
+
+    def __init__(self, runs: dict, shared, workers: int, policy):
+        self.runs, self.shared, self.last = runs, shared, None
+        if shared is not None and runs:
+            holder = copy.deepcopy(policy)  # never a run's own: runs push their weights in
+            next(iter(runs.values())).grpo.engine.start(workers, lambda w: holder)
+
+    def step(self, key) -> None:
+        engine = self.runs[key].grpo.engine
+        if self.shared is not None and key != self.last:
+            engine.policy_changed()
+        self.runs[key].step()
+        self.last = key
 
 
 def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,
@@ -287,6 +324,7 @@ def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed:
     and return the first step whose tokens differ (-1: none; in float64 there is none, in
     float32 a verify pass may round differently). ``None`` when not measured: ``steps`` is 0,
     or the setup has no drafter head (every variant it was made for is the baseline).
+    ``tlt_kw`` go to :func:`run_ablation` (``backend`` and ``ray_address`` too).
     """
     check_int("steps", steps, 0)
     if steps == 0 or setup.drafter_head is None:

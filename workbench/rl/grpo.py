@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 
 from ..evaluate import accuracy, score_rollout
-from ..rollout import RolloutConfig, RolloutEngine
+from ..rollout import RolloutConfig, RolloutEngine, make_backend
 from ..rollout.timeline import ROLLOUT_KINDS
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
@@ -48,6 +48,20 @@ from .loss import UpdateData, group_advantages, minibatch_loss
 __all__ = ["GRPO", "RLStep"]
 
 STATE_FILE = "rl_state.pt"
+
+
+def _engine(model, tokenizer, engine, backend, ray_address) -> tuple:
+    """GRPO's rollout engine: ``engine``, or a new one on ``backend``; and the backend GRPO
+    made from a name (its to close; None when the engine or backend came from the caller)."""
+    if engine is not None:
+        if not (isinstance(backend, str) and backend == "local") or ray_address is not None:
+            raise ValueError(f"backend={backend!r} and ray_address={ray_address!r} given with "
+                             "an engine; accepted: an engine (on its own backend), or "
+                             "backend= and ray_address=")
+        return engine, None
+    made = make_backend(backend, ray_address)
+    owned = made if isinstance(backend, str) else None
+    return RolloutEngine(model, tokenizer, backend=made), owned
 
 
 @dataclass
@@ -71,14 +85,21 @@ class GRPO:
             ``P`` of a seeded permutation per epoch of the pool.
         reward: ``reward(prompt, completion, answer) -> float``.
         config: a :class:`GRPOConfig`.
-        engine: the rollout engine (default: a new one on ``model``).
+        engine: the rollout engine (default: a new one on ``model`` and ``backend``).
         checkpoint_dir: folder of the atomic RL checkpoint (policy, optimizer, step, history);
             a run resumes from it. Refused when it is an existing file.
+        backend: where the rollout workers run, without ``engine``: ``"local"`` (this process,
+            the sim clock), ``"ray"`` (Ray actors, each with a copy of the policy that gets
+            the new weights after every update, the wall clock) or a backend object
+            (``rollout.make_backend``). A backend this GRPO made is closed by :meth:`close`.
+        ray_address: with ``backend="ray"``, a cluster's ``"host:port"``; None reads
+            ``$RAY_ADDRESS``, and without it a local Ray starts on 127.0.0.1.
     """
 
     def __init__(self, model, tokenizer, problems: list[Problem], reward=exact_match_reward,
                  config: GRPOConfig | None = None, engine: RolloutEngine | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None):
+                 checkpoint_dir: str | os.PathLike | None = None, backend="local",
+                 ray_address: str | None = None):
         self.config = config if config is not None else GRPOConfig()
         self.config.validate()
         if not callable(reward):
@@ -91,7 +112,8 @@ class GRPO:
             raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
                              "must be a folder (created if missing)")
         self.model, self.tokenizer, self.problems, self.reward = model, tokenizer, problems, reward
-        self.engine = engine or RolloutEngine(model, tokenizer)
+        self.engine, self._owned_backend = _engine(model, tokenizer, engine, backend,
+                                                   ray_address)
         self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.trainer = Trainer(model, self._loss, self.config.train)
         self.rl_step = 0
@@ -136,6 +158,7 @@ class GRPO:
             for index in self.minibatch_plan(rl.step, len(data)):
                 rows.append(self.trainer.step((data, index)))
         update_s = time.perf_counter() - t0
+        self.engine.policy_changed()  # workers with a copy get policy v+1 before its rollout
         row = self._metrics(rl, pd.DataFrame(rows), update_s)          # 4) the row
         row.update(extra or {})
         self.rows.append(row)
@@ -156,6 +179,12 @@ class GRPO:
             if on_step is not None:
                 on_step(self)
         return self.history
+
+    def close(self) -> None:
+        """Close the backend this GRPO made from a name (a Ray backend's actors, and the
+        local Ray it started); an engine or backend object passed in stays its owner's."""
+        if self._owned_backend is not None:
+            self._owned_backend.close()
 
     @property
     def history(self) -> pd.DataFrame:
@@ -230,6 +259,7 @@ class GRPO:
         self.trainer.load_state_dict(state["trainer"])
         self.reference.load_state_dict(state["reference"])
         self.rl_step, self.rows = int(state["rl_step"]), list(state["rows"])
+        self.engine.policy_changed()
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
         """Write the RL state atomically: an interruption leaves the previous checkpoint."""

@@ -138,20 +138,25 @@ class TLTTrainer:
         checkpoint_dir: atomic checkpoint of the whole loop (policy, optimizer, drafter and
             its trainer, bandit, history); a run resumes from it.
         drafter_dir: where the spot trainer publishes each drafter version (atomically).
-        engine: the rollout engine (default: a new one on ``model`` with the local backend);
-            its backend also runs the spot trainer's idle-window jobs.
+        engine: the rollout engine (default: a new one on ``model`` and ``backend``); its
+            backend also runs the spot trainer's idle-window jobs.
+        backend, ray_address: where the workers run, without ``engine`` (``"local"``,
+            ``"ray"`` or a backend object; as :class:`~workbench.rl.grpo.GRPO`'s); the drafter
+            travels with each rollout, so Ray actors serve the published one.
     """
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: TLTConfig | None = None, drafter_head=None,
                  checkpoint_dir: str | os.PathLike | None = None,
-                 drafter_dir: str | os.PathLike | None = None, engine=None):
+                 drafter_dir: str | os.PathLike | None = None, engine=None, backend="local",
+                 ray_address: str | None = None):
         self.config = config if config is not None else TLTConfig()
         c = self.config
         if c.speculative and drafter_head is None:
             raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
                              "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
-        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine)
+        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
+                         backend=backend, ray_address=ray_address)
         self.drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
                         if c.speculative else None)
         if self.drafter is not None and c.drafter_delay_s:
@@ -194,6 +199,10 @@ class TLTTrainer:
     @property
     def history(self) -> pd.DataFrame:
         return self.grpo.history
+
+    def close(self) -> None:
+        """Close the backend made from a name (``GRPO.close``)."""
+        self.grpo.close()
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:

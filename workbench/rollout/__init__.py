@@ -1,6 +1,7 @@
 """Batched rollout: the decode engine, forwards, sampling, step schedules, workers and their
 backends, timelines."""
 from .backend import Backend, LocalBackend, WorkerFailed
+from .backends import make_backend
 from .config import RolloutConfig
 from .engine import RolloutEngine, RolloutResult
 from .request import RequestOutput
@@ -10,7 +11,8 @@ from .timeline import Timeline
 
 __all__ = ["RolloutEngine", "RolloutConfig", "RolloutResult", "RequestOutput", "Stream",
            "Timeline", "StepPlan", "StepReport", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule", "Backend", "LocalBackend", "RayBackend", "WorkerFailed"]
+           "ThresholdSchedule", "Backend", "LocalBackend", "RayBackend", "WorkerFailed",
+           "make_backend"]
 
 
 def __getattr__(name: str):

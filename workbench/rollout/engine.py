@@ -10,6 +10,7 @@ complete, and the timeline marks the failure and the re-run.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -63,10 +64,11 @@ class RolloutEngine:
     runs on its own device and dtype (CPU float32 by default; CUDA and bfloat16 when loaded so).
     Workers come from the backend (the local one by default, all sharing ``model``); call
     :meth:`start` to give each its own policy copy or drafter, :meth:`update_weights` after a
-    policy or drafter update. A worker that fails mid-rollout has its requests re-run on a
-    surviving worker (``rollout.recovery``); a second failure in that re-run, or a step with
-    no survivor, raises the backend's ``WorkerFailed`` (the worker's index, the cause, the
-    requests it held); bad input, a ValueError.
+    drafter update, and :meth:`policy_changed` after changing ``model`` in place (workers with
+    a copy of their own get its weights). A worker that fails mid-rollout has its requests
+    re-run on a surviving worker (``rollout.recovery``); a second failure in that re-run, or a
+    step with no survivor, raises the backend's ``WorkerFailed`` (the worker's index, the
+    cause, the requests it held); bad input, a ValueError.
     """
 
     def __init__(self, model, tokenizer, backend: Backend | None = None):
@@ -78,7 +80,9 @@ class RolloutEngine:
         self.pad_id = pad if pad is not None else self.eos_id
         self.context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self._default_workers = False  # the engine started the backend with shared models
+        self._default_workers = False  # the engine started the backend with its own model
+        self._shares_model = False  # every worker holds this very model (not a copy of it)
+        self._policy_stale = False  # model changed since the workers got its weights
 
     @classmethod
     def from_pretrained(cls, name_or_path="default", device=None, dtype=torch.float32, **kw):
@@ -89,16 +93,28 @@ class RolloutEngine:
     # ---- workers ------------------------------------------------------------------------
     def start(self, workers: int = 1, policy_factory=None, drafter_factory=None) -> None:
         """Start ``workers`` workers: worker ``w`` decodes with ``policy_factory(w)`` (default:
-        this engine's model, shared) and drafts with ``drafter_factory(w, policy)`` (its own
-        drafter; default none). Each drafter is checked against its policy and tokenizer."""
+        this engine's model: shared by workers in this process; a backend of processes ships
+        it once, and each of its workers holds a copy) and drafts with ``drafter_factory(w,
+        policy)`` (its own drafter; default none). Each drafter is checked against its policy
+        and tokenizer."""
         model, tokenizer = self.model, self.tokenizer  # what the closures ship, not the engine
         self.backend.start(policy_factory or (lambda w: model), drafter_factory, workers)
         self._default_workers = policy_factory is None and drafter_factory is None
+        here = (os.getpid(), id(model))
 
         def check(worker, _):
             if worker.drafter is not None:
                 worker.drafter.check_compatible(worker.model, tokenizer)
-        self.backend.map(check, [None] * workers)
+            return (os.getpid(), id(worker.model)) == here  # this very model, not a copy
+        self._shares_model = all(self.backend.map(check, [None] * workers))
+        self._policy_stale = False  # the workers were just built from the model as it is
+
+    def policy_changed(self) -> None:
+        """Say that this engine's model changed in place (a policy update, a checkpoint
+        loaded, or another run's weights on workers several engines take turns on): workers
+        that hold a copy of their own (Ray actors, or workers of a ``policy_factory``) get
+        its weights before the next rollout, once; workers sharing the model already see it."""
+        self._policy_stale = True
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load a new policy and/or drafter state dict into every worker."""
@@ -111,6 +127,9 @@ class RolloutEngine:
         elif self.backend.num_workers != n:
             raise ValueError(f"config.workers is {n}, but the backend was started with "
                              f"{self.backend.num_workers} workers; start it again with {n}")
+        if self._policy_stale and not self._shares_model:
+            self.backend.update_weights(policy=self.model.state_dict())
+        self._policy_stale = False
 
     # ---- requests -----------------------------------------------------------------------
     def encode(self, prompts) -> list[list[int]]:
