@@ -14,7 +14,8 @@ import ray
 import torch
 from nbformat.v4 import new_code_cell
 
-from workbench.pipeline import run_pipeline
+from workbench.cli import main
+from workbench.pipeline import load_results, run_pipeline
 from workbench.ray_cluster import connect
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl import ablation
@@ -58,37 +59,60 @@ def _grpo_steps(tokenizer, backend, steps=2):
     return tokens, g, pushes
 
 
-def test_grpo_on_ray_takes_the_local_tokens_and_updates(tokenizer):
-    local_tokens, local, _ = _grpo_steps(tokenizer, "local")
-    ray_tokens, on_ray, pushes = _grpo_steps(tokenizer, "ray")
-    assert ray_tokens == local_tokens and ray_tokens[0] != ray_tokens[1]
-    for a, b in zip(local.model.state_dict().values(), on_ray.model.state_dict().values()):
-        assert torch.equal(a, b)
-    assert [row["clock"] for row in on_ray.rows] == ["wall", "wall"]
-    assert [row["clock"] for row in local.rows] == ["sim", "sim"]
-    assert [set(p) for p in pushes] == [{"policy"}]  # once, before the second rollout
-    assert isinstance(on_ray.engine.backend, RayBackend) and on_ray.engine.backend.num_workers == 2
-    on_ray.close()  # the actors go; the module's Ray stays (the backend did not start it)
-    assert on_ray.engine.backend.num_workers == 0 and ray.is_initialized()
+@pytest.fixture(scope="class")
+def actors():
+    """The Ray backend whose 2 actors GRPO starts and the ablation reuses (an actor's start
+    imports torch and transformers: seconds); closed when its class ends, since its actors
+    hold both CPUs of the module's Ray, which the pipeline's tasks need."""
+    backend = make_backend("ray")
+    yield backend
+    backend.close()
 
 
-def test_ablation_runs_take_turns_on_one_set_of_actors(tokenizer, monkeypatch):
-    policy = tiny_model("llama", tokenizer)
-    starts = []
-    real_start = RayBackend.start
-    monkeypatch.setattr(RayBackend, "start",
-                        lambda self, *a, **kw: starts.append(self) or real_start(self, *a, **kw))
-    kw = dict(variants=["baseline"], seeds=[0, 1], reward=_letters_reward, progress=False)
-    local = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, **kw)
-    on_ray = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, backend="ray", **kw)
-    assert len(starts) == 1  # one backend, started once, for both seeds
-    assert starts[0].num_workers == 0 and ray.is_initialized()  # closed at the end
-    columns = ["variant", "seed", "step", "reward", "tokens", "response_len"]
-    assert on_ray.history[columns].equals(local.history[columns])
-    for key, run in local.trainers.items():
-        for a, b in zip(run.model.state_dict().values(),
-                        on_ray.trainers[key].model.state_dict().values()):
+class TestOneSetOfActors:
+    """GRPO and the ablation on one Ray backend, its actors started once."""
+
+    def test_grpo_on_ray_takes_the_local_tokens_and_updates(self, tokenizer, actors):
+        local_tokens, local, _ = _grpo_steps(tokenizer, "local")
+        ray_tokens, on_ray, pushes = _grpo_steps(tokenizer, actors)
+        assert ray_tokens == local_tokens and ray_tokens[0] != ray_tokens[1]
+        for a, b in zip(local.model.state_dict().values(), on_ray.model.state_dict().values()):
             assert torch.equal(a, b)
+        assert [row["clock"] for row in on_ray.rows] == ["wall", "wall"]
+        assert [row["clock"] for row in local.rows] == ["sim", "sim"]
+        assert [set(p) for p in pushes] == [{"policy"}]  # once, before the second rollout
+        on_ray.close()  # a backend object stays its owner's
+        assert actors.num_workers == 2
+        by_name = GRPO(local.model, tokenizer, _problems(), _letters_reward, CONFIG,
+                       backend="ray")
+        assert isinstance(by_name.engine.backend, RayBackend)
+        assert by_name.engine.backend is not actors
+        by_name.close()  # what it made (not started yet); the module's Ray stays up
+        assert ray.is_initialized()
+
+    def test_ablation_runs_take_turns_on_one_set_of_actors(self, tokenizer, actors,
+                                                           monkeypatch):
+        policy = tiny_model("llama", tokenizer)
+        if actors.num_workers != 2:  # run alone (the GRPO test leaves them up)
+            RolloutEngine(policy, tokenizer, backend=actors).start(2)
+        starts = []
+        monkeypatch.setattr(RayBackend, "start", lambda self, *a, **kw: starts.append(self))
+        kw = dict(variants=["baseline"], seeds=[0, 1], reward=_letters_reward, progress=False)
+        local = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, **kw)
+        on_ray = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, backend=actors, **kw)
+        assert starts == [] and actors.num_workers == 2  # the running actors served both seeds
+        columns = ["variant", "seed", "step", "reward", "tokens", "response_len",
+                   "tokens_digest"]
+        assert on_ray.history[columns].equals(local.history[columns])
+        assert set(on_ray.history["clock"]) == {"wall"}
+        for key, run in local.trainers.items():
+            for a, b in zip(run.model.state_dict().values(),
+                            on_ray.trainers[key].model.state_dict().values()):
+                assert torch.equal(a, b)
+        monkeypatch.undo()
+        with pytest.raises(ConnectionError, match="no Ray cluster answers at '127.0.0.1:1'"):
+            run_ablation(policy, tokenizer, _problems(), CONFIG, 2, backend="ray",
+                         ray_address="127.0.0.1:1", **kw)  # a backend by name: started here
 
 
 def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, monkeypatch):
@@ -114,7 +138,8 @@ def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, mo
         make_backend(3)
 
 
-def test_a_pipeline_on_ray_gives_the_local_pipelines_table(project, tmp_path):  # noqa: F811
+def test_a_pipeline_on_ray_gives_the_local_pipelines_table(project, tmp_path,  # noqa: F811
+                                                             capsys):
     notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
     notebook.cells.append(new_code_cell(
         "import os, json, pathlib\nm = pathlib.Path(out_dir, 'metrics.json')\n"
@@ -124,23 +149,30 @@ def test_a_pipeline_on_ray_gives_the_local_pipelines_table(project, tmp_path):  
     yaml_path = write_pipeline(project, """
 notebooks:
   - notebook: notebooks/threads.ipynb
-    grid: {x: [1, 2]}
   - notebook: notebooks/toy.ipynb
     parameters: {fail: true}
 """)
     local = run_pipeline(yaml_path, runs_root=tmp_path / "local")
     on_ray = run_pipeline(yaml_path, runs_root=tmp_path / "ray", ray=True)
-    assert list(on_ray["status"]) == ["ok", "ok", "failed"]
-    assert on_ray["metric.threads"].iloc[:2].tolist() == [1, 1]  # each kernel its task's CPU
+    assert list(on_ray["status"]) == ["ok", "failed"]  # the YAML's order, not the finish's
+    assert on_ray["metric.threads"].iloc[0] == 1  # the kernel has its task's one CPU
     same = [c for c in local.columns if c not in ("duration_s", "metric.threads")]
     assert on_ray[same].equals(local[same])
-    again = run_pipeline(yaml_path, runs_root=tmp_path / "ray", ray=True)
-    assert list(again["skipped"]) == [True, True, False]  # the failed run is retried
+    argv = ["pipeline", "run", str(yaml_path), "--runs-root", str(tmp_path / "ray"), "--ray"]
+    assert main(argv) == 1  # a run failed (again: it is retried, the ok one is skipped)
+    assert list(load_results(tmp_path / "ray" / "demo")["skipped"]) == [True, False]
+    assert main([*argv[:-1], "--jobs", "2", "--ray"]) == 2
+    assert "jobs=2 with ray=True" in capsys.readouterr().err
     assert ray.is_initialized()  # the module's Ray, reused and left up
     with pytest.raises(ValueError, match="jobs=2 with ray=True"):
         run_pipeline(yaml_path, runs_root=tmp_path / "other", ray=True, jobs=2)
     with pytest.raises(ValueError, match="are for Ray tasks"):
         run_pipeline(yaml_path, runs_root=tmp_path / "other", threads=2)
+    with pytest.raises(ValueError, match="threads=3: each run's task needs 3 CPUs on one node, "
+                                         "but the largest node of the local Ray instance has 2"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "other", ray=True, threads=3)
+    with pytest.raises(ConnectionError, match="no Ray cluster answers at '127.0.0.1:1'"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "other", ray=True, ray_address="127.0.0.1:1")
     assert not (tmp_path / "other").exists()
 
 

@@ -36,6 +36,12 @@ def ray_tasks(execute: Callable, address: str | None, threads: int):
 @contextmanager
 def _tasks(execute: Callable, address: str | None, threads: int):
     started = connect(address)
+    try:
+        _check_fits(threads, address)
+    except ValueError:
+        if started:
+            ray.shutdown()
+        raise
     task = ray.remote(num_cpus=threads)(_with_threads)
     submitted = []
 
@@ -51,6 +57,17 @@ def _tasks(execute: Callable, address: str | None, threads: int):
     finally:
         if started:
             ray.shutdown()
+
+
+def _check_fits(threads: int, address: str | None) -> None:
+    """Refuse, before any task is submitted, tasks of ``threads`` CPUs that no node of the
+    Ray holds (Ray would keep them pending for ever)."""
+    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]),
+                  default=0)
+    if largest < threads:
+        raise ValueError(f"threads={threads}: each run's task needs {threads} CPUs on one node, "
+                         f"but the largest node of {address or 'the local Ray instance'} has "
+                         f"{largest:g}; accepted: threads <= {largest:g}")
 
 
 def _with_threads(execute: Callable, threads: int, *args):

@@ -12,6 +12,7 @@ Amdahl prediction ``1 / ((1 - f) + f / s)``.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -249,8 +250,11 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     :class:`~workbench.rl.grpo.GRPO`'s) or a backend object: one backend serves every run, so
     that one Ray and one set of actors serve the whole ablation (the runs take turns, one step
     at a time): its workers hold a copy of the policy, and each run's weights go to them
-    before its step. A backend made from a name is closed at the end; an object stays the
-    caller's. The backend is checked before any run is built.
+    before its step. A backend object already started with ``grpo.rollout.workers`` workers
+    in other processes (Ray actors: copies no caller holds) is used as it is, so that several
+    ablations share its actors; any other is started here. A backend made from a name is
+    closed at the end; an object stays the caller's. The backend is checked before any run
+    is built.
     """
     for variant in variants:
         check_choice("variant", variant, tuple(VARIANTS))
@@ -306,7 +310,7 @@ class _Turns:
 
     def __init__(self, runs: dict, shared, workers: int, policy):
         self.runs, self.shared, self.last = runs, shared, None
-        if shared is not None and runs:
+        if shared is not None and runs and not _apart(shared, workers):
             holder = copy.deepcopy(policy)  # never a run's own: runs push their weights in
             next(iter(runs.values())).grpo.engine.start(workers, lambda w: holder)
 
@@ -316,6 +320,14 @@ class _Turns:
             engine.policy_changed()
         self.runs[key].step()
         self.last = key
+
+
+def _apart(backend, workers: int) -> bool:
+    """Whether ``backend`` runs ``workers`` workers, all in other processes than this one."""
+    if backend.num_workers != workers:
+        return False
+    here = os.getpid()
+    return all(pid != here for pid in backend.map(lambda w, _: os.getpid(), [None] * workers))
 
 
 def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,
