@@ -12,7 +12,6 @@ Amdahl prediction ``1 / ((1 - f) + f / s)``.
 from __future__ import annotations
 
 import copy
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,8 +250,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     that one Ray and one set of actors serve the whole ablation (the runs take turns, one step
     at a time): its workers hold a copy of the policy, and each run's weights go to them
     before its step. A backend object already started with ``grpo.rollout.workers`` workers
-    in other processes (Ray actors: copies no caller holds) is used as it is, so that several
-    ablations share its actors; any other is started here. A backend made from a name is
+    that run on copies (``runs_copies``: Ray actors, whose policies no caller holds) is used
+    as it is, so that several ablations share its actors; any other is started here. A backend made from a name is
     closed at the end; an object stays the caller's. The backend is checked before any run
     is built.
     """
@@ -323,11 +322,9 @@ class _Turns:
 
 
 def _apart(backend, workers: int) -> bool:
-    """Whether ``backend`` runs ``workers`` workers, all in other processes than this one."""
-    if backend.num_workers != workers:
-        return False
-    here = os.getpid()
-    return all(pid != here for pid in backend.map(lambda w, _: os.getpid(), [None] * workers))
+    """Whether ``backend`` runs ``workers`` workers on copies (``Backend.runs_copies``: in
+    other processes, holding copies of a policy that no caller holds)."""
+    return backend.runs_copies and backend.num_workers == workers
 
 
 def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,

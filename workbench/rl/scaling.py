@@ -125,8 +125,7 @@ def _run(name, policy, tokenizer, problems, reward, grpo, steps, backend, thread
             # 2) the update, then its weights out to the workers that hold copies
             trainer.update(rl)
             started = time.perf_counter()
-            if backend.runs_copies:
-                engine.update_weights(policy=model.state_dict())
+            engine.sync_policy()
             weights = time.perf_counter() - started
             rows.append({"system": name, "step": step, "workers": grpo.rollout.workers,
                          "clock": backend.clock, "start_s": start_s, "makespan_s": makespan, "wall_s": wall,

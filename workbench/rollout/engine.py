@@ -113,8 +113,17 @@ class RolloutEngine:
         """Say that this engine's model changed in place (a policy update, a checkpoint
         loaded, or another run's weights on workers several engines take turns on): workers
         that hold a copy of their own (Ray actors, or workers of a ``policy_factory``) get
-        its weights before the next rollout, once; workers sharing the model already see it."""
+        its weights before the next rollout, once (or at :meth:`sync_policy`); workers
+        sharing the model already see it."""
         self._policy_stale = True
+
+    def sync_policy(self) -> None:
+        """Send the changed model's weights (:meth:`policy_changed`) to the workers now,
+        rather than at the start of the next rollout (to time it apart); nothing to send
+        when the model did not change or the workers share it."""
+        if self._policy_stale and not self._shares_model and self.backend.num_workers:
+            self.backend.update_weights(policy=self.model.state_dict())
+        self._policy_stale = False
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load a new policy and/or drafter state dict into every worker."""
@@ -127,9 +136,7 @@ class RolloutEngine:
         elif self.backend.num_workers != n:
             raise ValueError(f"config.workers is {n}, but the backend was started with "
                              f"{self.backend.num_workers} workers; start it again with {n}")
-        if self._policy_stale and not self._shares_model:
-            self.backend.update_weights(policy=self.model.state_dict())
-        self._policy_stale = False
+        self.sync_policy()
 
     # ---- requests -----------------------------------------------------------------------
     def encode(self, prompts) -> list[list[int]]:
