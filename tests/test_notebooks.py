@@ -62,7 +62,7 @@ SMOKE = {
                               "accept_len_compressed_drafter", "speedup_compressed_drafter",
                               "saturation_batch", "lossless"]),
     "08_ray_scaling": ({"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 16,
-                        "steps": 1, "idle_workers": 2, "idle_steps": 1},
+                        "steps": 1, "workers": 1, "idle_workers": 2, "idle_steps": 1},
                        ["ray_makespan_s", "sim_makespan_s", "sim_error", "ray_overhead_s_per_step",
                         "drafter_steps_all_idle", "drafter_steps_first_finisher",
                         "tokens_equal"]),
