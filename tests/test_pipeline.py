@@ -343,19 +343,27 @@ notebooks:
     assert page.count("explorer: the last figure of the notebook") == len(explorers) == 2
 
 
+def write_threads_notebook(project: Path, name: str, first: str = "") -> Path:
+    """notebooks/<name>.ipynb: the toy notebook, then ``first`` and a cell adding the kernel's
+    ``OMP_NUM_THREADS`` (0 when unset) to its metrics as ``threads``."""
+    notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
+    notebook.cells.append(new_code_cell(
+        f"import os, time, json, pathlib\n{first}\n"
+        "m = pathlib.Path(out_dir, 'metrics.json')\n"
+        "m.write_text(json.dumps({**json.loads(m.read_text()), "
+        "'threads': int(os.environ.get('OMP_NUM_THREADS', '0'))}))"))
+    path = project / "notebooks" / f"{name}.ipynb"
+    nbformat.write(notebook, path)
+    return path
+
+
 def test_jobs_run_at_once_keep_the_yaml_order_and_split_the_cores(project, tmp_path, monkeypatch):
     """--jobs 2: two kernels at a time, each told to use its share of the cores (two kernels
     of all the cores each run several times slower than one after another); the table is in
     the YAML's order, whichever run finished first; the caller's environment is restored."""
     import os
     import time
-    notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
-    notebook.cells.append(new_code_cell(
-        "import os, time, json, pathlib\ntime.sleep(1.5 if x == 1 else 0.5)\n"
-        "m = pathlib.Path(out_dir, 'metrics.json')\n"
-        "m.write_text(json.dumps({**json.loads(m.read_text()), "
-        "'threads': int(os.environ.get('OMP_NUM_THREADS', '0'))}))"))
-    nbformat.write(notebook, project / "notebooks" / "slow.ipynb")
+    write_threads_notebook(project, "slow", "time.sleep(1.5 if x == 1 else 0.5)")
     yaml_path = write_pipeline(project, """
 notebooks:
   - notebook: notebooks/slow.ipynb

@@ -12,7 +12,6 @@ import papermill
 import pytest
 import ray
 import torch
-from nbformat.v4 import new_code_cell
 
 from workbench.cli import main
 from workbench.pipeline import load_results, run_pipeline
@@ -24,7 +23,7 @@ from workbench.rollout import RayBackend, RolloutEngine, make_backend
 
 from .conftest import tiny_model
 from .test_grpo import _letters_reward, _problems
-from .test_pipeline import project, write_pipeline  # noqa: F401 (a fixture)
+from .test_pipeline import project, write_pipeline, write_threads_notebook  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
@@ -140,12 +139,7 @@ def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, mo
 
 def test_a_pipeline_on_ray_gives_the_local_pipelines_table(project, tmp_path,  # noqa: F811
                                                              capsys):
-    notebook = nbformat.read(project / "notebooks" / "toy.ipynb", as_version=4)
-    notebook.cells.append(new_code_cell(
-        "import os, json, pathlib\nm = pathlib.Path(out_dir, 'metrics.json')\n"
-        "m.write_text(json.dumps({**json.loads(m.read_text()), "
-        "'threads': int(os.environ.get('OMP_NUM_THREADS', '0'))}))"))
-    nbformat.write(notebook, project / "notebooks" / "threads.ipynb")
+    write_threads_notebook(project, "threads")
     yaml_path = write_pipeline(project, """
 notebooks:
   - notebook: notebooks/threads.ipynb
