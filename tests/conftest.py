@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny random models built in the test, in float64 where equality matters."""
+"""Shared fixtures: tiny random models built in the test, in float64 where equality matters;
+the session's one local Ray and its 2 actors."""
+import copy
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,52 @@ def notebook_runs(tmp_path_factory):
     from .notebook_runs import run_all_notebooks
     from .test_notebooks import SMOKE
     return run_all_notebooks(tmp_path_factory.mktemp("notebooks"), SMOKE)
+
+
+@pytest.fixture(scope="session")
+def local_ray(tmp_path_factory) -> Path:
+    """One local Ray for the session's Ray tests (2 CPUs, loopback, its session folder under a
+    run folder whose path is long enough to matter): a start costs ~9 s, so every Ray test
+    reuses it; it shuts down at the session's end. Its log folder."""
+    import ray
+    from workbench.ray_cluster import connect
+    log_dir = tmp_path_factory.mktemp("a_run_folder_whose_path_is_long_enough_to_matter") / "ray"
+    assert connect(None, num_cpus=2, log_dir=log_dir)  # started here, not found running
+    yield log_dir
+    ray.shutdown()
+
+
+class SessionActors:
+    """The session's 2 Ray actors (an actor's start imports torch and transformers: seconds),
+    started at the first :meth:`backend` and again after :meth:`release`: each holds a copy of
+    ``tiny_model("llama")`` (seed 0) and its own EAGLE drafter. Tests that change the actors'
+    weights reset them first (an engine that finds running actors sends its model)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self._backend = tokenizer, None
+
+    def backend(self):
+        from workbench.rollout import RayBackend, RolloutEngine
+        from workbench.speculative import EagleDrafter, EagleHead
+        if self._backend is None or self._backend.num_workers != 2:
+            self._backend = self._backend or RayBackend()  # the session's Ray, reused
+            policy = tiny_model("llama", self.tokenizer, seed=0)
+            RolloutEngine(policy, self.tokenizer, backend=self._backend).start(
+                2, policy_factory=lambda w: copy.deepcopy(policy),
+                drafter_factory=lambda w, model: EagleDrafter(EagleHead(model), model))
+        return self._backend
+
+    def release(self) -> None:
+        """Kill the actors (they hold both CPUs of the session's Ray); Ray stays up."""
+        if self._backend is not None:
+            self._backend.close()
+
+
+@pytest.fixture(scope="session")
+def ray_actors(local_ray, tokenizer) -> SessionActors:
+    actors = SessionActors(tokenizer)
+    yield actors
+    actors.release()
 
 
 PROMPTS = ["a1 b2?", "a12 b33 c4 d5 e6 f7 g8 h9?", "x", "hello world, a longer prompt?",

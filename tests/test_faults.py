@@ -1,7 +1,7 @@
 """Faults: a worker lost mid-rollout has its shard re-run on a survivor, token for token, and
 the timeline marks both; a second failure raises; a worker lost while training the drafter
-takes only its copy with it, and a whole drafter serves. The local backend, then one local
-2-CPU Ray instance for the module whose actors really die (``os._exit``)."""
+takes only its copy with it, and a whole drafter serves. The local backend, then the session's
+local 2-CPU Ray instance (conftest.py), whose actors really die (``os._exit``)."""
 import copy
 import os
 import pickle
@@ -14,7 +14,7 @@ import torch
 
 from workbench.adapt import SpotConfig, SpotTrainer, spot as spot_module
 from workbench.adapt.local_sgd import merge_copies
-from workbench.rollout import RayBackend, RolloutConfig, RolloutEngine, WorkerFailed
+from workbench.rollout import RolloutConfig, RolloutEngine, WorkerFailed
 from workbench.rollout.schedule import PLAIN, PlainSchedule
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import EagleTrainer
@@ -184,13 +184,11 @@ def model(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def backend(model, tmp_path_factory):
-    """One Ray instance for the module (2 CPUs), 2 actors each with its own policy copy."""
-    backend = RayBackend(num_cpus=2, log_dir=tmp_path_factory.mktemp("faults") / "ray")
-    backend.start(lambda w: copy.deepcopy(model), num_workers=2)
-    yield backend
-    backend.close()
-    assert not ray.is_initialized()
+def backend(ray_actors, model):
+    """The session's 2 actors (conftest.py), each with its own copy of ``model``."""
+    backend = ray_actors.backend()
+    backend.update_weights(policy=model.state_dict())
+    return backend
 
 
 def test_ray_a_worker_killed_mid_step_is_rerun_on_worker_0_token_for_token(

@@ -1,8 +1,7 @@
-"""The Ray backend on one local 2-CPU Ray instance (for the whole module): the same tokens as the
-local backend on the wall clock, weights pushed to every actor through the object store, a
+"""The Ray backend on the session's local 2-CPU Ray instance and actors (conftest.py): the same
+tokens as the local backend on the wall clock, weights pushed to every actor through the object store, a
 killed actor named with its requests and replaced, a learning schedule's copies absorbed, clear
 errors before anything starts, and Ray on loopback only."""
-import copy
 import os
 import socket
 import time
@@ -11,10 +10,10 @@ import pytest
 import ray
 
 from workbench.rollout import (PlainSchedule, RayBackend, RolloutConfig, RolloutEngine,
-                               StaticSchedule, WorkerFailed)
+                               WorkerFailed)
 from workbench.rollout import ray_backend
 from workbench.rollout.worker import WorkerTask
-from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGramDrafter
+from workbench.speculative import AdaptiveSchedule, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model
 from .test_worker_backend import SleepJob
@@ -29,23 +28,12 @@ def models(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def log_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("a_run_folder_whose_path_is_long_enough_to_matter") / "ray"
-
-
-@pytest.fixture(scope="module")
-def backend(models, tokenizer, log_dir):
-    """One Ray instance for the module (2 CPUs, logs in ``log_dir``, shut down at its end),
-    and 2 actors started once (an actor's start imports torch and transformers: seconds),
-    each with its own copy of the old policy and its own EAGLE drafter."""
-    backend = RayBackend(num_cpus=2, log_dir=log_dir)
-    old = models[0]
-    RolloutEngine(old, tokenizer, backend=backend).start(
-        2, policy_factory=lambda w: copy.deepcopy(old),
-        drafter_factory=lambda w, policy: EagleDrafter(EagleHead(policy), policy))
-    yield backend
-    backend.close()
-    assert not ray.is_initialized()
+def backend(ray_actors, models):
+    """The session's 2 actors (conftest.py), each with its own copy of the old policy and its
+    own EAGLE drafter; the old policy's weights sent again, whatever ran before."""
+    backend = ray_actors.backend()
+    backend.update_weights(policy=models[0].state_dict())
+    return backend
 
 
 def _tokens(model, tokenizer, config, **kw):
@@ -179,11 +167,26 @@ def test_too_few_cpus_are_refused_before_any_actor_starts(backend, models):
     assert wide.num_workers == 0
 
 
-def test_ray_listens_on_loopback_only_and_logs_in_the_run_folder(backend, log_dir):
+def test_ray_listens_on_loopback_only_and_logs_in_the_run_folder(backend, local_ray):
     assert backend.num_workers == 2  # Ray is up
     assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
     assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
-    assert len(str(log_dir)) > 60 and (log_dir / "session_latest" / "logs" / "raylet.out").exists()
+    assert len(str(local_ray)) > 60
+    assert (local_ray / "session_latest" / "logs" / "raylet.out").exists()
+
+
+def test_close_undoes_only_the_ray_init_that_the_backend_made(backend, models, monkeypatch):
+    shutdowns = []
+    monkeypatch.setattr(ray_backend.ray, "shutdown", lambda: shutdowns.append(1))
+    for started_ray in (False, True):  # found the session's Ray running / started one
+        if started_ray:
+            monkeypatch.setattr(ray_backend, "connect", lambda *args: True)
+        other = RayBackend()
+        with pytest.raises(ValueError, match="need 3 CPUs"):  # connected, then refused
+            other.start(lambda w: models[0], num_workers=3)
+        other.close()
+        assert shutdowns == [1] * started_ray
+    assert backend.num_workers == 2
 
 
 def test_an_address_that_cannot_be_reached_is_named_within_seconds(monkeypatch):

@@ -1,4 +1,4 @@
-"""``backend="ray"`` where users pick it, on one local 2-CPU Ray for the module: GRPO takes the
+"""``backend="ray"`` where users pick it, on the session's local 2-CPU Ray (conftest.py): GRPO takes the
 same tokens and the same updates as on the local backend (new weights reach the actors before
 each rollout), the ablation's runs take turns on one set of actors, a bad name is refused
 before anything starts, ``run_pipeline(ray=True)`` gives the local pipeline's table, and the
@@ -15,7 +15,6 @@ import torch
 
 from workbench.cli import main
 from workbench.pipeline import load_results, run_pipeline
-from workbench.ray_cluster import connect
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl import ablation
 from workbench.rl.ablation import run_ablation
@@ -30,13 +29,7 @@ CONFIG = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_token
                          temperature=1.0, workers=2, seed=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    """One local Ray for the module (2 CPUs, 127.0.0.1): every backend and pipeline of the
-    tests reuses it and leaves it up; it shuts down at the module's end."""
-    assert connect(None, num_cpus=2)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # the session's (conftest.py)
 
 
 def _grpo_steps(tokenizer, backend, steps=2):
@@ -58,14 +51,10 @@ def _grpo_steps(tokenizer, backend, steps=2):
     return tokens, g, pushes
 
 
-@pytest.fixture(scope="class")
-def actors():
-    """The Ray backend whose 2 actors GRPO starts and the ablation reuses (an actor's start
-    imports torch and transformers: seconds); closed when its class ends, since its actors
-    hold both CPUs of the module's Ray, which the pipeline's tasks need."""
-    backend = make_backend("ray")
-    yield backend
-    backend.close()
+@pytest.fixture
+def actors(ray_actors):
+    """The session's 2 actors (conftest.py), which GRPO and the ablation find running."""
+    return ray_actors.backend()
 
 
 class TestOneSetOfActors:
@@ -79,14 +68,16 @@ class TestOneSetOfActors:
             assert torch.equal(a, b)
         assert [row["clock"] for row in on_ray.rows] == ["wall", "wall"]
         assert [row["clock"] for row in local.rows] == ["sim", "sim"]
-        assert [set(p) for p in pushes] == [{"policy"}]  # once, before the second rollout
+        # the policy, before each rollout: the first because the engine found the actors
+        # running with whatever their starter gave them, the second after the update
+        assert [set(p) for p in pushes] == [{"policy"}, {"policy"}]
         on_ray.close()  # a backend object stays its owner's
         assert actors.num_workers == 2
         by_name = GRPO(local.model, tokenizer, _problems(), _letters_reward, CONFIG,
                        backend="ray")
         assert isinstance(by_name.engine.backend, RayBackend)
         assert by_name.engine.backend is not actors
-        by_name.close()  # what it made (not started yet); the module's Ray stays up
+        by_name.close()  # what it made (not started yet); the session's Ray stays up
         assert ray.is_initialized()
 
     def test_ablation_runs_take_turns_on_one_set_of_actors(self, tokenizer, actors,
@@ -138,7 +129,8 @@ def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, mo
 
 
 def test_a_pipeline_on_ray_gives_the_local_pipelines_table(project, tmp_path,  # noqa: F811
-                                                             capsys):
+                                                             capsys, ray_actors):
+    ray_actors.release()  # the pipeline's tasks need the CPUs the actors hold
     write_threads_notebook(project, "threads")
     yaml_path = write_pipeline(project, """
 notebooks:
@@ -157,7 +149,7 @@ notebooks:
     assert list(load_results(tmp_path / "ray" / "demo")["skipped"]) == [True, False]
     assert main([*argv[:-1], "--jobs", "2", "--ray"]) == 2
     assert "jobs=2 with ray=True" in capsys.readouterr().err
-    assert ray.is_initialized()  # the module's Ray, reused and left up
+    assert ray.is_initialized()  # the session's Ray, reused and left up
     with pytest.raises(ValueError, match="jobs=2 with ray=True"):
         run_pipeline(yaml_path, runs_root=tmp_path / "other", ray=True, jobs=2)
     with pytest.raises(ValueError, match="are for Ray tasks"):

@@ -82,7 +82,10 @@ class RolloutEngine:
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._default_workers = False  # the engine started the backend with its own model
         self._shares_model = False  # every worker holds this very model (not a copy of it)
-        self._policy_stale = False  # model changed since the workers got its weights
+        # model changed since the workers got its weights. Workers of processes (Ray actors)
+        # that are already running hold whatever their starter gave them: an engine that
+        # finds them sends its model before its first rollout
+        self._policy_stale = bool(self.backend.runs_copies and self.backend.num_workers)
 
     @classmethod
     def from_pretrained(cls, name_or_path="default", device=None, dtype=torch.float32, **kw):
