@@ -334,6 +334,9 @@ class SlowedDrafter:
     everything else (``head``, ``module``, ``begin``...), are the wrapped drafter's."""
 
     def __init__(self, drafter, delay_s: float):
+        if getattr(drafter, "members", None) is not None:  # its members would draft unslowed
+            raise ValueError("SlowedDrafter wraps one drafter, not a DrafterSet; slow its "
+                             "members instead: DrafterSet({name: SlowedDrafter(d, delay_s)})")
         self.drafter, self.delay_s = drafter, self.check_delay(delay_s)
 
     @staticmethod
