@@ -23,7 +23,8 @@ memory      the latest ``max_per_prompt`` responses of each prompt from earlier 
 match       where a row's last ``n`` tokens occur in a reference (an :class:`NGramIndex`:
             each n-gram hashed to where it ends, grown as the references grow); the drafts
             are the ``k`` tokens that follow it. The match chosen: the longest ``n``
-            (``max_ngram`` down to ``min_ngram``) found in any reference; at that ``n``, the
+            (``max_ngram`` down to ``min_ngram``) found in any reference; at that ``n``,
+            among the ``NGramIndex.SCAN`` references added last that hold it, the
             occurrence nearest the row's own position (the aligned one first: an identical
             sibling's continuation is exactly right, and one that diverged a little is best
             followed where it stands), then the one with more tokens after it (up to ``k``),
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from itertools import islice
 
 import torch
 
@@ -55,6 +57,8 @@ class NGramIndex:
     indexed before, so keeping the index of a growing sequence costs ``max_n - min_n + 1``
     dictionary inserts per token.
     """
+
+    SCAN = 32  # sequences :meth:`nearest` looks at, the last added first
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
@@ -85,11 +89,12 @@ class NGramIndex:
 
     def nearest(self, gram: tuple[int, ...], pos: int, k: int, skip: int | None = None):
         """The occurrence of ``gram`` to continue a sequence whose own ``gram`` ends at
-        ``pos`` (the module's *match*, in this index; sequence ``skip`` left out):
-        ``(distance to pos, up to k tokens after it)``, or ``None`` when no occurrence has
-        a token after it."""
+        ``pos`` (the module's *match*, in this index; sequence ``skip`` left out), among the
+        ``SCAN`` sequences added last that hold it (so that a group of thousands of rows
+        costs what one of ``SCAN`` does): ``(distance to pos, up to k tokens after it)``, or
+        ``None`` when no occurrence has a token after it."""
         best, best_rank = None, None
-        for d, ends in self.ends.get(gram, {}).items():
+        for d, ends in islice(reversed(self.ends.get(gram, {}).items()), self.SCAN + 1):
             if d == skip:
                 continue
             i = bisect.bisect_left(ends, pos)
@@ -104,6 +109,11 @@ class NGramIndex:
 class SiblingDrafter(Drafter):
     """Drafts each row from its siblings and from its prompt's earlier responses (module
     docstring); model-free and deterministic (``logq`` one-hot).
+
+    Each round it reads every request the worker admitted (``DraftContext.admitted``), live
+    or finished, not only the live rows: a row that finished since the last round (or while
+    another member of a ``DrafterSet`` drafted) is read whole, to its last token. So it keeps
+    no per-row state, and ``keep_rows``/``add_rows`` have nothing to do.
 
     Args:
         max_ngram, min_ngram: the lengths of the row's last tokens matched, longest first.

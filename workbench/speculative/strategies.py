@@ -20,7 +20,7 @@ import re
 
 from ..rollout.schedule import PLAIN, StepPlan
 
-__all__ = ["parse_strategy", "strategy_name", "STRATEGY_FORMS", "PLAIN_ARM"]
+__all__ = ["parse_strategy", "strategy_name"]
 
 PLAIN_ARM = "plain"
 SIBLING = "sibling"  # the member name a "sibling:k=K" plan asks for
