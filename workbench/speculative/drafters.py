@@ -5,8 +5,9 @@ Every drafter implements the same calls, which the engine makes:
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
 - ``begin()`` at the start of each worker's rollout: forget all per-row state.
 - ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
-  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on
-  what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
+  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`; its
+  ``admitted`` holds every request of the worker's rollout, for a drafter that drafts from
+  other rows: ``speculative.sibling``), catch up on what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
   (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
   unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
 - ``draft_tree(ctx, k, branch) -> DraftTree`` (``rollout.tree``), only for drafters with
@@ -16,7 +17,8 @@ Every drafter implements the same calls, which the engine makes:
   rows join it at the bottom (continuous batching).
 
 ``module`` is the drafter's trainable ``nn.Module`` (``None`` for model-free drafters): what a
-backend's ``update_weights`` loads new weights into.
+backend's ``update_weights`` loads new weights into. Several drafters serve one rollout as a
+``speculative.DrafterSet``, whose plans pick the member that drafts (``StepPlan.drafter``).
 
 Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
 :class:`~workbench.rollout.batch.DecodeBatch`: each round first drops the speculative tail it
