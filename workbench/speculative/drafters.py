@@ -7,9 +7,10 @@ Every drafter implements the same calls, which the engine makes:
 - ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
   sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`; its
   ``admitted`` holds every request of the worker's rollout, for a drafter that drafts from
-  other rows: ``speculative.sibling``), catch up on what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
-  (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
-  unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
+  other rows: ``speculative.sibling``), catch up on what is new, and propose. ``logq`` is
+  the drafter's adjusted distribution at each draft (one-hot for deterministic drafters);
+  only speculative sampling reads it, so it is ``None`` unless ``ctx.needs_logq`` (greedy
+  and coupled verification compare tokens only).
 - ``draft_tree(ctx, k, branch) -> DraftTree`` (``rollout.tree``), only for drafters with
   ``supports_trees``: a tree of depth ``k`` grown EAGLE-2 style, ``branch`` candidates per
   node and per depth, ranked by cumulative ``ctx.tree_logprobs``.

@@ -26,8 +26,8 @@ from .sibling import SiblingDrafter
 __all__ = ["drafter_form", "auto_drafter", "resolve_drafter", "resolve_head", "comparison_names",
            "compared_drafters"]
 
-DRAFTER_FORMS = ("'auto'", "'ngram'", "'sibling'", "'none'", "a folder saved by EagleHead.save_pretrained",
-                 "a folder holding a small causal LM with the policy's tokenizer "
+DRAFTER_FORMS = ("'auto'", "'ngram'", "'sibling'", "'none'",
+                 "a folder saved by EagleHead.save_pretrained", "a folder holding a small causal LM with the policy's tokenizer "
                  "(save_pretrained)")
 KEYWORDS = ("auto", "ngram", "sibling", "none")
 MODEL_FREE = {"ngram": NGramDrafter, "sibling": SiblingDrafter}  # keyword -> drafter class
@@ -45,8 +45,8 @@ def _accepted(allow_none: bool) -> str:
 
 def drafter_form(spec, allow_none: bool = True) -> str:
     """What ``spec`` names: ``"auto"``, ``"ngram"``, ``"sibling"``, ``"none"``, ``"eagle"`` (a
-    head's folder) or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and the accepted
-    forms; ``allow_none=False`` where the caller cannot run without a drafter."""
+    head's folder) or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and
+    the accepted forms; ``allow_none=False`` where the caller cannot run without a drafter."""
     if isinstance(spec, str) and spec in KEYWORDS:
         if spec == "none" and not allow_none:
             raise ValueError(f"drafter 'none': this run needs a drafter; accepted here: "
