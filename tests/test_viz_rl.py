@@ -94,3 +94,12 @@ def test_paired_median_speedup_shrugs_off_one_stalled_step():
     assert m["e2e_speedup_tlt"] > 5                                # the sum carries the stall
     assert m["e2e_speedup_median_tlt"] == pytest.approx(2.5 / 1.4)  # the paired median does not
     assert m["e2e_speedup_q25_tlt"] == pytest.approx(2.5 / 1.4)
+
+
+def test_engine_label_says_where_the_adaptive_engine_may_speculate():
+    learned = rlviz.engine_label(4, None, 0.02)
+    assert learned == ("static k 4 | adaptive engine: learns where SD pays, exploring <= 2% of "
+                       "decode time")
+    capped = rlviz.engine_label(2, 8, 0.5, drafter_delay_s=0.002)
+    assert "no SD above batch 8" in capped and "exploring <= 50%" in capped
+    assert capped.endswith("hostile machine: +2 ms per drafted depth")

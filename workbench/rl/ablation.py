@@ -262,14 +262,9 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
         check_int("eval_every", eval_every, 1)
     shared = make_backend(backend, ray_address, run_dir=run_dir)
     shared = None if isinstance(backend, str) and backend == "local" else shared
-    runs = {}
-    for seed in seeds:
-        for v in variants:
-            cfg = TLTConfig.variant(v, grpo.updated(seed=seed), **tlt_kw)
-            runs[(v, seed)] = TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
-                                         cfg, drafter_head=drafter_head if cfg.speculative
-                                         else None,
-                                         backend=shared if shared is not None else "local")
+    runs = {(v, seed): _trainer(v, seed, policy, tokenizer, problems, reward, grpo,
+                                drafter_head, shared, tlt_kw)
+            for seed in seeds for v in variants}
     evals = []
 
     def evaluate(step):
@@ -301,6 +296,16 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
+
+
+def _trainer(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
+             tlt_kw) -> TLTTrainer:
+    """One run of the ablation: its own copy of ``policy`` (and of the head, where it
+    speculates), on the ``shared`` backend or a local one of its own."""
+    cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
+    return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
+                      drafter_head=drafter_head if cfg.speculative else None,
+                      backend=shared if shared is not None else "local")
 
 
 class _Turns:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from .timeline import _axes
 
-__all__ = ["rl_label", "step_time_breakdown", "makespan_per_step", "reward_curves",
+__all__ = ["rl_label", "engine_label", "step_time_breakdown", "makespan_per_step", "reward_curves",
            "heldout_accuracy", "acceptance_over_steps", "speedup_vs_amdahl", "bandit_choices",
            "timeline_before_after"]
 
@@ -29,6 +29,18 @@ def rl_label(grpo, steps: int) -> str:
             f"{rollout.max_new_tokens} tokens, lr {grpo.train.lr:g}, T={rollout.temperature:g}, "
             f"{steps} RL steps, N={rollout.workers} workers"
             + (f", KL coef {grpo.kl_coef:g}" if grpo.kl_coef else ""))
+
+
+def engine_label(spec_k: int, threshold: int | None, explore_budget: float,
+                 drafter_delay_s: float = 0.0) -> str:
+    """What the ablation's SD engines were told: the static chain's depth, where the adaptive
+    engine may speculate, what its exploring may cost, and the hostile machine's delay."""
+    where = ("learns where SD pays" if threshold is None
+             else f"no SD above batch {threshold}")
+    hostile = (f" | hostile machine: +{drafter_delay_s * 1e3:g} ms per drafted depth"
+               if drafter_delay_s else "")
+    return (f"static k {spec_k} | adaptive engine: {where}, exploring <= {explore_budget:.0%} "
+            f"of decode time{hostile}")
 
 
 def _color(variant: str):
