@@ -1,0 +1,101 @@
+"""What a staleness run answers once its steps are done: the by-product drafter, and the
+flat metrics of its tables.
+
+- :func:`byproduct`: the adaptive drafter after RL against the frozen one, with the final
+  policy on held-out prompts (``rl.export.probe_acceptance``: same prompts, engine and
+  draws, the rows differ in the drafter only).
+- :func:`tau_change`: how far a drafter's tau moved over the run, against the step-to-step
+  noise: the mean of the last ``window`` steps minus the mean of the first ``window``, with
+  a 95% interval from each window's spread over its steps (normal approximation).
+- :func:`staleness_metrics`: the flat scalars of ``metrics.json``, from the run's tables.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ..checks import check_int
+from .export import probe_acceptance
+
+__all__ = ["byproduct", "tau_change", "staleness_metrics"]
+
+
+def byproduct(run, prompts=None, temperatures=None, max_batch_size: int = 16) -> pd.DataFrame:
+    """tau of the ``frozen`` and ``adaptive`` drafters of ``run`` (a
+    :class:`~workbench.rl.staleness.StalenessRun`) with its policy as it is now, on
+    ``prompts`` (default: its held-out problems), at ``temperatures`` (default: greedy and
+    the run's); one row per drafter and temperature (``probe_acceptance``'s columns)."""
+    missing = [d for d in ("frozen", "adaptive") if d not in run.drafters]
+    if missing:
+        raise ValueError(f"the by-product compares the frozen and adaptive drafters; this run "
+                         f"measured {list(run.drafters)} (no {missing})")
+    if prompts is None:
+        if run.held_out is None:
+            raise ValueError("no held-out problems in this run: pass prompts")
+        prompts = [p.prompt for p in run.held_out]
+    rollout = run.config.grpo.rollout
+    temperatures = (0.0, rollout.temperature) if temperatures is None else temperatures
+    drafters = {name: run.drafters[name].drafter for name in ("frozen", "adaptive")}
+    return probe_acceptance(run.policy, run.tokenizer, drafters, prompts, k=run.config.spec_k,
+                            temperatures=tuple(dict.fromkeys(temperatures)),
+                            max_new_tokens=rollout.max_new_tokens,
+                            max_batch_size=max_batch_size, seed=rollout.seed)
+
+
+def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]:
+    """``(change, ci95)``: the mean of the last ``window`` values of ``tau`` (one per RL step)
+    minus the mean of the first ``window`` (default: a tenth of the steps, at least 1), and
+    the half-width of its 95% interval, ``1.96 * sqrt(s_first^2 / w + s_last^2 / w)`` with
+    each window's sample standard deviation (NaN for a window of one step)."""
+    tau = pd.Series(tau, dtype=float).reset_index(drop=True)
+    window = check_int("window", window, 1, optional=True) or max(1, len(tau) // 10)
+    window = min(window, len(tau))
+    first, last = tau.iloc[:window], tau.iloc[-window:]
+    change = float(last.mean() - first.mean())
+    if window < 2:
+        return change, float("nan")
+    return change, 1.96 * math.sqrt(first.var() / window + last.var() / window)
+
+
+def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
+                      byproduct_table: pd.DataFrame | None = None,
+                      temperature: float = 1.0) -> dict:
+    """The run's flat scalars: ``rl_steps``, ``kl_final``, ``kl_max``; per drafter ``d``
+    measured (a ``tau_<d>`` column): ``tau_<d>_first``, ``_final``, ``_mean``, ``_change``
+    and ``_change_ci95`` (:func:`tau_change`) and ``diverged_<d>`` (rows in all); the
+    adaptive drafter's ``adaptive_steps_mean``; the ceiling's ``ceiling_steps_mean`` and
+    ``ceiling_converged_share``; with ``evals``, ``accuracy_start`` and ``accuracy_final``;
+    with the by-product table, ``tau_byproduct_frozen``, ``tau_byproduct_adaptive`` and
+    ``byproduct_gain`` (adaptive minus frozen) at ``temperature``."""
+    if not len(history):
+        raise ValueError("the history is empty: run at least one RL step")
+    out = {"rl_steps": len(history), "kl_final": float(history["kl_start"].iloc[-1]),
+           "kl_max": float(history["kl_start"].max())}
+    for column in [c for c in history.columns if c.startswith("tau_")]:
+        tau = history[column]
+        change, ci = tau_change(tau)
+        out.update({f"{column}_first": float(tau.iloc[0]), f"{column}_final": float(tau.iloc[-1]),
+                    f"{column}_mean": float(tau.mean()), f"{column}_change": change,
+                    f"{column}_change_ci95": ci})
+        diverged = "diverged_" + column.removeprefix("tau_")
+        out[diverged] = int(history[diverged].sum()) if diverged in history else 0
+    if "adaptive_steps" in history:
+        out["adaptive_steps_mean"] = float(history["adaptive_steps"].mean())
+    if "ceiling_steps" in history:
+        out["ceiling_steps_mean"] = float(history["ceiling_steps"].mean())
+        out["ceiling_converged_share"] = float(history["ceiling_converged"].mean())
+    if evals is not None and len(evals):
+        out["accuracy_start"] = float(evals["accuracy"].iloc[0])
+        out["accuracy_final"] = float(evals["accuracy"].iloc[-1])
+    if byproduct_table is not None:
+        at = byproduct_table[byproduct_table["temperature"] == temperature]
+        tau = at.set_index("drafter")["acceptance_length"]
+        if not {"frozen", "adaptive"} <= set(tau.index):
+            raise ValueError(f"the by-product table has no frozen and adaptive rows at "
+                             f"temperature {temperature}; temperatures: "
+                             f"{sorted(byproduct_table['temperature'].unique())}")
+        out.update(tau_byproduct_frozen=float(tau["frozen"]),
+                   tau_byproduct_adaptive=float(tau["adaptive"]),
+                   byproduct_gain=float(tau["adaptive"] - tau["frozen"]))
+    return out
