@@ -235,3 +235,43 @@ def test_bad_arguments_are_refused_before_anything_runs(tokenizer, tmp_path, mon
         staleness_setup({"spec_k": 4})
     with pytest.raises(ValueError, match="task"):
         staleness_setup(_config(), task="no_such_task")
+
+
+def test_figures_draw_the_tables():
+    import matplotlib
+    matplotlib.use("Agg")
+    from workbench.viz import staleness as sviz
+    history = pd.DataFrame({"step": [0, 1, 2], "kl_start": [0.0, 0.1, 0.2],
+                            "tau_frozen": [4.0, 3.9, 3.8], "tau_adaptive": [4.0, 4.0, 4.1]})
+    evals = pd.DataFrame({"step": [0, 3], "accuracy": [0.4, 0.5]})
+    fig = sviz.tau_over_steps(history, evals, label="tiny", k=4)
+    assert len(fig.axes) == 3
+    assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[4.0, 3.9, 3.8],
+                                                                     [4.0, 4.0, 4.1]]
+    positions = pd.DataFrame({"step": [0, 0, 2, 2], "drafter": ["frozen"] * 4,
+                              "position": [0, 16, 0, 16], "verify_steps": [4, 2, 4, 4],
+                              "emitted": [16, 6, 12, 8]})
+    fig = sviz.tau_by_position(positions)
+    assert [list(ax.lines[0].get_ydata()) for ax in fig.axes] == [[4.0, 3.0], [3.0, 2.0]]
+    with pytest.raises(ValueError, match="no RL step 5"):
+        sviz.tau_by_position(positions, steps=[5])
+    probe = pd.DataFrame({"drafter": ["frozen", "adaptive"] * 2, "temperature": [0, 0, 1, 1],
+                          "acceptance_length": [4.2, 4.3, 4.0, 4.1]})
+    fig = sviz.byproduct_bars(probe)
+    assert [p.get_height() for p in fig.axes[0].patches] == [4.2, 4.0, 4.3, 4.1]
+
+
+def test_held_out_accuracy_and_the_byproduct_end_in_the_metrics(tokenizer):
+    from workbench.rl.staleness_report import FinalConfig, byproduct
+    run = _run(tokenizer, _config(drafters=["frozen", "adaptive"], eval_every=1),
+               held_out=_problems(3))
+    history = run.run_to(2, progress=False)
+    assert run.evals["step"].tolist() == [0, 1, 2]
+    table = byproduct(run, FinalConfig(probe_prompts=2, temperatures=[1.0]))
+    assert table["drafter"].tolist() == ["frozen", "adaptive"]
+    m = staleness_metrics(history, run.evals, table)
+    assert m["byproduct_gain"] == pytest.approx(m["tau_byproduct_adaptive"]
+                                                - m["tau_byproduct_frozen"])
+    assert m["accuracy_start"] == run.evals["accuracy"].iloc[0] and m["rl_steps"] == 2
+    with pytest.raises(ValueError, match="speedup_repeats"):
+        FinalConfig(speedup_repeats=2)

@@ -261,9 +261,10 @@ class StalenessRun:
                                      progress=False)
         self._evals.append({"step": self.rl_step, "accuracy": report.summary()["accuracy"]})
 
-    def run_to(self, steps: int, progress: bool = True) -> pd.DataFrame:
+    def run_to(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
         """Run until ``steps`` RL steps are done (a resumed run goes on from its checkpoint);
-        held-out accuracy before the first step and after the last; returns the history."""
+        held-out accuracy before the first step and after the last; ``on_step(row)`` after
+        each step (a log line). Returns the history."""
         check_int("steps", steps, 0)
         if steps < self.rl_step:
             raise ValueError(f"steps={steps}, but the checkpoint in "
@@ -271,7 +272,9 @@ class StalenessRun:
         if self.held_out is not None and not self._evals:
             self._evaluate()
         for _ in tqdm(range(steps - self.rl_step), desc="staleness", disable=not progress):
-            self.step()
+            row = self.step()
+            if on_step is not None:
+                on_step(row)
         done = [e["step"] for e in self._evals]
         if self.held_out is not None and (not done or done[-1] != self.rl_step):
             self._evaluate()

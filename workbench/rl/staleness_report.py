@@ -4,6 +4,8 @@ flat metrics of its tables.
 - :func:`byproduct`: the adaptive drafter after RL against the frozen one, with the final
   policy on held-out prompts (``rl.export.probe_acceptance``: same prompts, engine and
   draws, the rows differ in the drafter only).
+- :class:`FinalConfig`: the arguments of those end-of-run measures, checked when built (so a
+  notebook refuses a bad one before its run starts).
 - :func:`tau_change`: how far a drafter's tau moved over the run, against the step-to-step
   noise: the mean of the last ``window`` steps minus the mean of the first ``window``, with
   a 95% interval from each window's spread over its steps (normal approximation).
@@ -12,35 +14,73 @@ flat metrics of its tables.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pandas as pd
 
-from ..checks import check_int
+from ..checks import check_int, check_non_negative
 from .export import probe_acceptance
 
-__all__ = ["byproduct", "tau_change", "staleness_metrics"]
+__all__ = ["FinalConfig", "byproduct", "tau_change", "staleness_metrics"]
 
 
-def byproduct(run, prompts=None, temperatures=None, max_batch_size: int = 16) -> pd.DataFrame:
+@dataclass(frozen=True)
+class FinalConfig:
+    """The end-of-run measures' arguments.
+
+    Args:
+        probe_prompts: held-out prompts of the by-product (the run's first ones; all of them
+            when it has fewer).
+        temperatures: the by-product's temperatures (None: greedy and the run's).
+        max_batch_size: rows decoded together in the by-product.
+        speedup_groups: prompt groups (of G samples) of the sibling drafter's speedup.
+        speedup_batch_sizes: the batch sizes it is measured at.
+        speedup_repeats: its repeats (at least 3: the median of per-repeat ratios).
+    """
+
+    probe_prompts: int = 64
+    temperatures: tuple | None = None
+    max_batch_size: int = 16
+    speedup_groups: int = 2
+    speedup_batch_sizes: tuple = (1, 32)
+    speedup_repeats: int = 3
+
+    def __post_init__(self):
+        for name in ("probe_prompts", "max_batch_size", "speedup_groups"):
+            check_int(f"FinalConfig.{name}", getattr(self, name), 1)
+        check_int("FinalConfig.speedup_repeats", self.speedup_repeats, 3)
+        if self.temperatures is not None:
+            object.__setattr__(self, "temperatures", tuple(self.temperatures))
+            for t in self.temperatures:
+                check_non_negative("FinalConfig.temperatures[]", t)
+        object.__setattr__(self, "speedup_batch_sizes", tuple(self.speedup_batch_sizes))
+        if not self.speedup_batch_sizes:
+            raise ValueError("FinalConfig.speedup_batch_sizes is empty; accepted: a list of "
+                             "integers >= 1, e.g. [1, 32]")
+        for bs in self.speedup_batch_sizes:
+            check_int("FinalConfig.speedup_batch_sizes[]", bs, 1)
+
+
+def byproduct(run, final: FinalConfig | None = None) -> pd.DataFrame:
     """tau of the ``frozen`` and ``adaptive`` drafters of ``run`` (a
-    :class:`~workbench.rl.staleness.StalenessRun`) with its policy as it is now, on
-    ``prompts`` (default: its held-out problems), at ``temperatures`` (default: greedy and
-    the run's); one row per drafter and temperature (``probe_acceptance``'s columns)."""
+    :class:`~workbench.rl.staleness.StalenessRun`) with its policy as it is now, on the
+    first ``final.probe_prompts`` of its held-out problems, at ``final.temperatures``; one
+    row per drafter and temperature (``probe_acceptance``'s columns)."""
+    final = final if final is not None else FinalConfig()
     missing = [d for d in ("frozen", "adaptive") if d not in run.drafters]
     if missing:
         raise ValueError(f"the by-product compares the frozen and adaptive drafters; this run "
                          f"measured {list(run.drafters)} (no {missing})")
-    if prompts is None:
-        if run.held_out is None:
-            raise ValueError("no held-out problems in this run: pass prompts")
-        prompts = [p.prompt for p in run.held_out]
+    if run.held_out is None:
+        raise ValueError("the by-product is measured on held-out prompts; this run has none")
+    prompts = [p.prompt for p in run.held_out[:final.probe_prompts]]
     rollout = run.config.grpo.rollout
-    temperatures = (0.0, rollout.temperature) if temperatures is None else temperatures
+    temperatures = final.temperatures or (0.0, rollout.temperature)
     drafters = {name: run.drafters[name].drafter for name in ("frozen", "adaptive")}
     return probe_acceptance(run.policy, run.tokenizer, drafters, prompts, k=run.config.spec_k,
                             temperatures=tuple(dict.fromkeys(temperatures)),
                             max_new_tokens=rollout.max_new_tokens,
-                            max_batch_size=max_batch_size, seed=rollout.seed)
+                            max_batch_size=final.max_batch_size, seed=rollout.seed)
 
 
 def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]:
