@@ -10,7 +10,9 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 
 from workbench.zoo.tokenizer import build_char_tokenizer
 
-torch.set_num_threads(2)
+# one thread: the session's notebook runs (tests/notebook_runs.py) share the two cores with
+# these tests, and torch threads that outnumber free cores spin in their barriers (10x slower)
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -60,22 +62,45 @@ def tiny_gqa(request, tokenizer):
     return tiny_model(request.param, tokenizer)
 
 
+# the fixtures of the session's notebook runs (tests/notebook_runs.py): a test that reads them
+# runs at the end of the session, by which time the runs, started with the first test, are done
+SESSION_RUN_FIXTURES = {"quickstart_runs", "notebook_runs"}
+
+
+def _reads_session_runs(item) -> bool:
+    return bool(SESSION_RUN_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that read the session's notebook runs go last, in their order."""
+    items.sort(key=_reads_session_runs)  # stable: False (the rest) first
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_runs(request, tmp_path_factory):
+    """The session's notebook runs (``notebook_runs.SessionRuns``), started in the background
+    with the first test when a test of the session reads them; None when none does."""
+    if not any(_reads_session_runs(item) for item in request.session.items):
+        yield None
+        return
+    from .notebook_runs import SessionRuns, stop_cli
+    from .test_notebooks import SMOKE
+    yield SessionRuns(tmp_path_factory.mktemp("session_runs"), SMOKE).start()
+    stop_cli()  # nothing left once every test that reads them has run
+
+
 @pytest.fixture(scope="session")
-def quickstart_runs(tmp_path_factory) -> Path:
+def quickstart_runs(session_runs) -> Path:
     """The main job's pipeline (00 once, 01 over seeds 0 and 1) at the notebooks' smoke sizes,
     run once for the session: the notebooks' smoke tests read its 00 and 01 runs, the browser
-    test its report."""
-    from .notebook_runs import run_quickstart_at_smoke_size
-    from .test_notebooks import SMOKE
-    return run_quickstart_at_smoke_size(tmp_path_factory.mktemp("quickstart"), SMOKE)
+    test its report. Its folder of runs."""
+    return session_runs.quickstart()
 
 
 @pytest.fixture(scope="session")
-def notebook_runs(tmp_path_factory):
+def notebook_runs(session_runs):
     """Every other notebook run of the session, as one pipeline (tests/notebook_runs.py)."""
-    from .notebook_runs import run_all_notebooks
-    from .test_notebooks import SMOKE
-    return run_all_notebooks(tmp_path_factory.mktemp("notebooks"), SMOKE)
+    return session_runs.notebooks()
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,17 @@
-"""The notebooks' integration tests run as one pipeline for the session, two runs at a time.
+"""The notebooks' integration tests: every notebook run of the session, started in the
+background with the first test and read by tests that run last.
 
-A notebook run costs ~6 s before its first line of work (a kernel, torch, transformers, the
-model) and the suite has some twenty of them, so they are handed to
-``workbench.pipeline.run_pipeline(jobs=2)`` in one go (:func:`run_all_notebooks`, the
-``notebook_runs`` fixture of conftest.py), the longest first so that the last ones to finish
-are short: on two cores two kernels of one thread each finish the lot ~1.6x sooner than one
-after another (two kernels of two threads each would run 4x slower). The tests then read each
+A notebook run costs ~9 s before its first line of work (a kernel, torch, transformers, the
+model) and the suite has some twenty of them. They go to the command line as two pipelines, the
+quickstart (as the README's main job runs it: :func:`run_quickstart_at_smoke_size`) and then
+every other run (:func:`run_all_notebooks`), each ``--jobs 2``, the longest runs first so that
+the last ones to finish are short (two kernels of one thread each finish the lot ~1.6x sooner
+than one after another on two cores; two of two threads each would run 4x slower).
+:class:`SessionRuns` runs both in processes of their own while the rest of the suite goes on:
+the unit tests keep about one core busy, and the kernels take what they leave. conftest.py
+starts it with the first test and moves the tests that read the runs to the end of the session,
+where they wait for them (``quickstart_runs``, ``notebook_runs``). The tests then read each
 run's folder: the executed ``notebook.ipynb``, ``metrics.json``, figures and ``run.json``.
-Nothing else in the suite runs meanwhile, so the timing-sensitive tests elsewhere never share
-the cores with a kernel. The quickstart pipeline runs apart, through the command line, as the
-README's main job does (:func:`run_quickstart_at_smoke_size`).
 """
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from workbench.pipeline import run_pipeline
+from workbench.pipeline import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,36 +54,45 @@ class NotebookRun:
 def run_notebooks(folder: Path, entries: dict[str, tuple[str, dict]], *, jobs: int = 2,
                   env: dict[str, str] | None = None) -> dict[str, NotebookRun]:
     """Run ``entries`` (name -> (notebook stem under notebooks/, parameters)) as one pipeline
-    under ``folder``, ``jobs`` at a time, with ``env`` set for the kernels; name -> run."""
+    under ``folder`` through the command line, ``jobs`` at a time, from the project root (as a
+    user would), with ``env`` set for the kernels; name -> run."""
     spec = {"name": "tests", "notebooks": [
         {"notebook": str(ROOT / "notebooks" / f"{stem}.ipynb"), "name": name,
          "parameters": params} for name, (stem, params) in entries.items()]}
     path = folder / "tests.yaml"
     path.write_text(yaml.safe_dump(spec))
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    here = Path.cwd()
-    os.chdir(ROOT)  # the kernels' working directory: the project root, as for a user
-    try:
-        table = run_pipeline(path, runs_root=folder / "runs", jobs=jobs)
-    finally:
-        os.chdir(here)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    ran = workbench_cli("pipeline", "run", str(path), "--runs-root", str(folder / "runs"),
+                        "--jobs", str(jobs), cwd=ROOT, env=env)
+    assert ran.returncode in (0, 1), ran.stderr[-3000:]  # 1: a run failed (its test says why)
+    table = load_results(folder / "runs" / "tests")
     return {entry: NotebookRun(folder / "runs" / "tests" / run_name)
             for entry, run_name in zip(table["entry"], table["run_name"])}
 
 
+_RUNNING: set[subprocess.Popen] = set()  # workbench_cli's processes still running
+
+
 def workbench_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m workbench *args`` in a fresh process, as a user types it (``env`` on top of
-    this process's environment)."""
+    this process's environment); :func:`stop_cli` ends it early."""
     env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-m", "workbench", *args]
+    with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        _RUNNING.add(process)
+        try:
+            out, err = process.communicate(timeout=600)
+        finally:
+            _RUNNING.discard(process)
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+def stop_cli() -> None:
+    """Kill what :func:`workbench_cli` still runs (a session that ends before its notebook runs
+    do, e.g. stopped at its first failure)."""
+    for process in list(_RUNNING):
+        process.kill()
 
 
 def run_quickstart_at_smoke_size(folder: Path, smoke: dict) -> Path:
@@ -158,3 +170,53 @@ def run_all_notebooks(folder: Path, smoke: dict) -> NotebookSuite:
     entries["user_04_baseline_alone"] = ("04_tlt_rl", {**smoke["04_tlt_rl"][0],
                                                        **BASELINE_ALONE, **user})
     return NotebookSuite(run_notebooks(folder, entries, env=env), task)
+
+
+class SessionRuns:
+    """The quickstart's runs and every other notebook run (``smoke``: stem -> (parameters,
+    metric keys)), run one pipeline after the other under ``root`` in a background thread
+    whose work happens in processes of their own (module docstring). :meth:`quickstart` and
+    :meth:`notebooks` wait for theirs; an error in the background is raised there."""
+
+    def __init__(self, root: Path, smoke: dict):
+        self.root, self.smoke = root, smoke
+        self._quickstart: Path | None = None
+        self._suite: NotebookSuite | None = None
+        self._error: BaseException | None = None
+        self._quickstart_done, self._suite_done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="notebook-runs", daemon=True)
+
+    def start(self) -> "SessionRuns":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self._quickstart = run_quickstart_at_smoke_size(self._folder("quickstart"),
+                                                            self.smoke)
+            self._quickstart_done.set()
+            self._suite = run_all_notebooks(self._folder("notebooks"), self.smoke)
+        except BaseException as exc:  # raised again in the test that waits
+            self._error = exc
+        finally:
+            self._quickstart_done.set()
+            self._suite_done.set()
+
+    def _folder(self, name: str) -> Path:
+        folder = self.root / name
+        folder.mkdir(parents=True)
+        return folder
+
+    def _wait(self, done: threading.Event, value):
+        done.wait()
+        if value() is None:
+            raise RuntimeError("the session's notebook runs failed") from self._error
+        return value()
+
+    def quickstart(self) -> Path:
+        """The quickstart pipeline's folder of runs, once it has run."""
+        return self._wait(self._quickstart_done, lambda: self._quickstart)
+
+    def notebooks(self) -> NotebookSuite:
+        """Every other notebook run, once all have run."""
+        return self._wait(self._suite_done, lambda: self._suite)

@@ -1,11 +1,13 @@
-"""One way to name a drafter: 'auto', a saved folder, 'ngram', 'none'; bad names refused with
-the accepted forms before anything loads; RL needs no head when only the baseline runs."""
+"""One way to name a drafter: 'auto', a saved folder, 'ngram', 'sibling', 'none'; bad names
+refused with the accepted forms before anything loads; RL needs no head when only the baseline
+runs."""
 import pytest
 import torch
 
 from workbench.models import DEFAULT_EAGLE, load_model, save_model
 from workbench.rl.ablation import rl_setup
-from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
+from workbench.speculative import (EagleDrafter, EagleHead, LMDrafter, NGramDrafter,
+                                   SiblingDrafter)
 from workbench.speculative import resolve as resolve_mod
 from workbench.speculative.cache import CACHE_ENV
 from workbench.speculative.resolve import (compared_drafters, drafter_form, drafter_name,
@@ -37,16 +39,21 @@ def test_each_accepted_form(tokenizer, tmp_path, no_fitting):
     policy = tiny_model("llama", tokenizer)
     assert resolve_drafter("none", policy, tokenizer) is None
     assert isinstance(resolve_drafter("ngram", policy, tokenizer), NGramDrafter)
+    assert isinstance(resolve_drafter("sibling", policy, tokenizer), SiblingDrafter)
     head = resolve_drafter(saved_head(policy, tmp_path / "head"), policy, tokenizer)
     assert isinstance(head, EagleDrafter) and head.head.fc.weight.dtype == torch.float64
     save_model(tiny_model("llama", tokenizer, layers=1, seed=1), tokenizer, tmp_path / "lm")
     lm = resolve_drafter(str(tmp_path / "lm"), policy, tokenizer)
     assert isinstance(lm, LMDrafter) and lm.model.dtype == torch.float64
-    assert [drafter_form(s) for s in ("auto", "ngram", "none", tmp_path / "head",
-                                      tmp_path / "lm")] == ["auto", "ngram", "none", "eagle",
-                                                            "lm"]
-    assert [drafter_name(s) for s in ("auto", tmp_path / "head", tmp_path / "lm", "ngram")] \
-        == ["eagle", "eagle", "small_lm", "ngram"]
+    assert [drafter_form(s) for s in ("auto", "ngram", "sibling", "none", tmp_path / "head",
+                                      tmp_path / "lm")] == ["auto", "ngram", "sibling", "none",
+                                                            "eagle", "lm"]
+    assert [drafter_name(s) for s in ("auto", tmp_path / "head", tmp_path / "lm", "ngram",
+                                      "sibling")] == ["eagle", "eagle", "small_lm", "ngram",
+                                                      "sibling"]
+    compared = compared_drafters("ngram", policy, tokenizer, others=["sibling"])
+    assert list(compared) == ["ngram", "sibling"]
+    assert isinstance(compared["sibling"], SiblingDrafter)
     assert not no_fitting.exists()
 
 
@@ -62,7 +69,8 @@ def test_auto_on_the_default_policy_is_the_shipped_drafters(no_fitting):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("eagel", "'eagel' is not one of ['auto', 'ngram', 'none'], and as a path it does not exist"),
+    ("eagel", "'eagel' is not one of ['auto', 'ngram', 'sibling', 'none'], and as a path it "
+              "does not exist"),
     (42, "drafter 42 is not a name or a folder"),
     ("", "is not a name or a folder"),
     ("{tmp}/empty", "is a folder without eagle_config.json or config.json"),
@@ -75,14 +83,14 @@ def test_bad_names_are_refused_with_the_accepted_forms(spec, message, tmp_path, 
     with pytest.raises(ValueError) as raised:
         resolve_drafter(spec, None, None)  # refused before the (missing) policy is touched
     assert message in str(raised.value)
-    assert "accepted: 'auto', 'ngram', 'none', a folder saved by EagleHead.save_pretrained" \
+    assert "accepted: 'auto', 'ngram', 'sibling', 'none', a folder saved by EagleHead" \
         in str(raised.value)
 
 
 def test_where_a_drafter_is_needed_none_and_other_kinds_are_refused(tokenizer, tmp_path,
                                                                    no_fitting):
     with pytest.raises(ValueError, match="this run needs a drafter; accepted here: 'auto', "
-                                         "'ngram', a folder"):
+                                         "'ngram', 'sibling', a folder"):
         resolve_drafter("none", None, None, allow_none=False)
     with pytest.raises(ValueError, match="need an EAGLE head"):
         resolve_head("ngram", None, None)

@@ -18,7 +18,7 @@ from workbench.pipeline import load_results, run_pipeline
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl import ablation
 from workbench.rl.ablation import run_ablation
-from workbench.rollout import RayBackend, RolloutEngine, make_backend
+from workbench.rollout import LocalBackend, RayBackend, RolloutEngine, make_backend
 
 from .conftest import tiny_model
 from .test_grpo import _letters_reward, _problems
@@ -162,6 +162,15 @@ notebooks:
     assert not (tmp_path / "other").exists()
 
 
+def test_a_ray_backend_made_for_a_run_keeps_a_local_rays_logs_in_its_folder(tmp_path):
+    assert make_backend("ray", run_dir=tmp_path).log_dir == tmp_path.resolve() / "ray"
+    elsewhere = make_backend("ray", run_dir=tmp_path, log_dir=tmp_path / "logs")
+    assert elsewhere.log_dir == tmp_path.resolve() / "logs"  # log_dir, when given, wins
+    assert isinstance(make_backend("local", run_dir=tmp_path), LocalBackend)
+    with pytest.raises(ValueError, match="log_dir=.* given with backend='local'"):
+        make_backend("local", log_dir=tmp_path)
+
+
 @pytest.mark.parametrize("name", ["01_long_tail_rollout", "03_adaptive_drafter", "04_tlt_rl"])
 def test_the_rl_notebooks_take_backend_and_pass_it_on(name):
     path = ROOT / "notebooks" / f"{name}.ipynb"
@@ -172,8 +181,10 @@ def test_the_rl_notebooks_take_backend_and_pass_it_on(name):
                      if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", []))
     calls = [node for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Call)]
     given = [{kw.arg: ast.unparse(kw.value) for kw in call.keywords} for call in calls]
+    # ... with the run's folder, where a local Ray keeps its logs
     passed = [g for g in given if g.get("backend") == "backend"
-              and g.get("ray_address") == "ray_address"]
-    made = [call for call in calls if ast.unparse(call.func) == "make_backend"
-            and [ast.unparse(a) for a in call.args] == ["backend", "ray_address"]]
+              and g.get("ray_address") == "ray_address" and g.get("run_dir") == "out"]
+    made = [call for call, g in zip(calls, given) if ast.unparse(call.func) == "make_backend"
+            and [ast.unparse(a) for a in call.args] == ["backend", "ray_address"]
+            and g.get("run_dir") == "out"]
     assert passed or made

@@ -131,11 +131,13 @@ def _joint_3(model, prompt, vocab=5):
     return out
 
 
-def _sample_joint(policy, drafter_model, prompt, n, seed):
+def _sample_joint(policy, drafter, prompt, n, seed, **overrides):
+    """``n`` responses of 3 tokens to ``prompt`` by speculative sampling with ``drafter``
+    (config ``overrides`` on top): how often each came, and the drafts' acceptance rate."""
     engine = RolloutEngine(policy, _NoEosTokenizer())
-    res = engine.rollout([prompt], progress=False, drafter=LMDrafter(drafter_model),
-                         max_new_tokens=3, temperature=1.0, samples_per_prompt=n, seed=seed,
-                         spec_k=2, spec_mode="speculative")
+    res = engine.rollout([prompt], progress=False, drafter=drafter, max_new_tokens=3,
+                         temperature=1.0, samples_per_prompt=n, seed=seed, spec_k=2,
+                         spec_mode="speculative", **overrides)
     counts = {}
     for t in res.tokens:
         counts[tuple(t)] = counts.get(tuple(t), 0) + 1
@@ -147,7 +149,7 @@ def test_speculative_sampling_reproduces_the_policy_joint_distribution(monkeypat
     policy, poor_drafter = _peaky_llama(0), _peaky_llama(1)
     prompt = [1, 2, 3]
     probs = _joint_3(policy, prompt)
-    counts, acceptance = _sample_joint(policy, poor_drafter, prompt, 6000, seed=5)
+    counts, acceptance = _sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
     assert acceptance < 0.5  # the drafter is poor, so the rejection path is exercised
     stat, df = _chi_square(counts, probs)
     assert df >= 8 and stat < _chi2_quantile(df), (stat, df)
@@ -164,7 +166,7 @@ def test_speculative_sampling_reproduces_the_policy_joint_distribution(monkeypat
         return accepted, last.squeeze(-1).clamp(max=logp.shape[-1] - 1)
 
     monkeypatch.setattr(verify, "speculative_accept", resample_from_p)
-    counts, _ = _sample_joint(policy, poor_drafter, prompt, 6000, seed=5)
+    counts, _ = _sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
     stat, df = _chi_square(counts, probs)
     assert stat > _chi2_quantile(df), (stat, df)
 

@@ -44,7 +44,8 @@ def test_a_schedules_reasons_become_typed_columns_the_rollout_keeps(tokenizer, t
     assert tl.steps.loc[tl.steps["kind"] == "prefill", "phase"].isna().all()
     d = tl.decisions()
     assert list(d.columns) == ["worker", "decision", "plan_k", "plan_branch", "plan_budget",
-                               *tl.decision_columns, "rows", "tokens", "seconds"]
+                               "plan_drafter", *tl.decision_columns, "rows", "tokens",
+                               "seconds"]
     assert (d["rows_seen"] == d["rows"]).all() and len(d) == len(decode)
     # saved and loaded, and with idle-window rows added, the columns keep their types
     tl.save(tmp_path / "tl")

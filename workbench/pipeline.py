@@ -56,6 +56,7 @@ from .progress import tqdm
 
 from .atomic import atomic_file, write_text
 from .checks import check_bool, check_int
+from .environ import environ
 from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
                             load_pipeline)
 
@@ -138,16 +139,8 @@ def _kernel_threads(jobs: int):
         yield
         return
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    os.environ.update(dict.fromkeys(saved, threads))
-    try:
+    with environ(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _check_outputs(pipeline_dir: Path, runs: list[RunSpec]) -> None:

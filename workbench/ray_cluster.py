@@ -30,6 +30,8 @@ from pathlib import Path
 import ray
 from ray._private import ray_constants
 
+from .environ import environ
+
 __all__ = ["connect", "resolve_address", "LOOPBACK", "ADDRESS_FORMS"]
 
 LOOPBACK = "127.0.0.1"
@@ -69,7 +71,7 @@ def connect(address: str | None, num_cpus: int | None = None,
     # seconds (its first task: 5 s against 0.4 s here; an actor's start: 30% longer)
     path = os.pathsep.join(p for p in (os.getcwd(), *sys.path) if p and os.path.isdir(p))
     root = None if log_dir is None else _ray_root(Path(log_dir).resolve())
-    with _loopback_only(True), _environ(PYTHONPATH=path):
+    with _loopback_only(True), environ(PYTHONPATH=path):
         ray.init(num_cpus=num_cpus or os.cpu_count(), _node_ip_address=LOOPBACK,
                  include_dashboard=False, _temp_dir=root)
     addresses = {node["NodeManagerAddress"] for node in ray.nodes()}
@@ -117,22 +119,6 @@ def _check_reachable(address: str) -> None:
 
 
 @contextmanager
-def _environ(**values: str):
-    """``os.environ`` with ``values`` set while the block runs (what processes started in it
-    inherit), as it was afterwards."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextmanager
 def _loopback_only(active: bool):
     """Keep Ray from rewriting a loopback address to the machine's own while ``ray.init``
     runs (module docstring, "loopback"); the processes it starts inherit the setting."""
@@ -142,7 +128,7 @@ def _loopback_only(active: bool):
     saved = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        with _environ(**{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}):
+        with environ(**{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}):
             yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved

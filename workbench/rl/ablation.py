@@ -235,7 +235,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
                  eval_every: int | None = None, progress: bool = True, backend="local",
-                 ray_address: str | None = None, **tlt_kw) -> Ablation:
+                 ray_address: str | None = None, run_dir=None, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
@@ -251,15 +251,16 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     at a time): its workers hold a copy of the policy, and each run's weights go to them
     before its step. A backend object already started with ``grpo.rollout.workers`` workers
     that run on copies (``runs_copies``: Ray actors, whose policies no caller holds) is used
-    as it is, so that several ablations share its actors; any other is started here. A backend made from a name is
-    closed at the end; an object stays the caller's. The backend is checked before any run
-    is built.
+    as it is, so that several ablations share its actors; any other is started here. A
+    backend made from a name is closed at the end; an object stays the caller's. The backend
+    is checked before any run is built. ``run_dir``: the run's folder, where a local Ray
+    keeps its logs (``run_dir/ray``: ``rollout.backends.make_backend``).
     """
     for variant in variants:
         check_choice("variant", variant, tuple(VARIANTS))
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
-    shared = make_backend(backend, ray_address)
+    shared = make_backend(backend, ray_address, run_dir=run_dir)
     shared = None if isinstance(backend, str) and backend == "local" else shared
     runs = {}
     for seed in seeds:

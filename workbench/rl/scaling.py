@@ -80,27 +80,39 @@ class BackendComparison:
 
 def compare_backends(policy, tokenizer, problems, reward, grpo: GRPOConfig, steps: int,
                      actors=(1, 2), threads: int = 1, ray_address: str | None = None,
-                     progress: bool = True) -> BackendComparison:
+                     log_dir=None, progress: bool = True) -> BackendComparison:
     """Run ``steps`` GRPO steps of ``grpo`` (its ``workers`` on the local backend; ``k``
     actors for each k of ``actors`` on Ray) from copies of ``policy``, with coupled sampling
-    (``grpo``'s own sampling when greedy); every worker with ``threads`` torch threads."""
+    (``grpo``'s own sampling when greedy); every worker with ``threads`` torch threads. One
+    Ray serves every actor count: the cluster at ``ray_address``, or a local instance started
+    here, with its logs in ``log_dir`` (``workbench.ray_cluster.connect``), and shut down at
+    the end."""
+    import ray
+
+    from ..ray_cluster import connect, resolve_address
     from ..rollout.ray_backend import RayBackend
     steps = check_int("steps", steps, 1)
     threads = check_int("threads", threads, 1)
     actors = [check_int("actors", k, 1) for k in actors]
+    ray_address = resolve_address(ray_address)
     if grpo.rollout.temperature > 0 and grpo.rollout.spec_mode != "coupled":
         grpo = grpo.updated(spec_mode="coupled")  # the same tokens on every system
     systems = [("local", grpo.rollout.workers, lambda: LocalBackend())]
     systems += [(f"ray-{k}", k, lambda: RayBackend(ray_address, threads_per_worker=threads))
                 for k in actors]
+    started_ray = connect(ray_address, log_dir=log_dir)
     rows = []
-    for name, workers, make_backend in systems:
-        backend = make_backend()
-        try:
-            rows += _run(name, policy, tokenizer, problems, reward, grpo.updated(workers=workers),
-                         steps, backend, threads, progress)
-        finally:
-            backend.close()
+    try:
+        for name, workers, make_backend in systems:
+            backend = make_backend()
+            try:
+                rows += _run(name, policy, tokenizer, problems, reward,
+                             grpo.updated(workers=workers), steps, backend, threads, progress)
+            finally:
+                backend.close()  # its actors; the Ray stays for the next system
+    finally:
+        if started_ray:
+            ray.shutdown()
     return BackendComparison(pd.DataFrame(rows))
 
 

@@ -8,6 +8,9 @@ reaches no cluster and starts no actor (its ``start`` does).
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from .backend import Backend, LocalBackend
 
 __all__ = ["make_backend", "BACKENDS"]
@@ -17,15 +20,18 @@ PROTOCOL = ("start", "map", "update_weights", "run_idle", "close")  # a Backend 
 
 
 def make_backend(backend: str | Backend = "local", address: str | None = None,
-                 **ray_options) -> Backend:
+                 run_dir: str | os.PathLike | None = None, **ray_options) -> Backend:
     """The backend ``backend`` names, or ``backend`` itself when it is a backend object.
 
     ``"local"``: a :class:`~workbench.rollout.backend.LocalBackend` (workers one after another
     in this process, the sim clock). ``"ray"``: a ``RayBackend(address, **ray_options)``
     (actors really in parallel, the wall clock); ``address`` None means ``$RAY_ADDRESS``, and
     without it a local Ray on 127.0.0.1; ``ray_options`` are RayBackend's ``num_cpus``,
-    ``threads_per_worker`` and ``log_dir``. ``address`` and ``ray_options`` are refused with
-    any other choice (a ValueError names them), as is a name not in :data:`BACKENDS`.
+    ``threads_per_worker`` and ``log_dir``. ``run_dir``, the folder of the run the backend
+    serves, whatever the choice: a local Ray keeps its logs in ``run_dir/ray`` (unless
+    ``log_dir`` says otherwise), so that a notebook's run folder holds them. ``address`` and
+    ``ray_options`` are refused with any other choice (a ValueError names them), as is a name
+    not in :data:`BACKENDS`.
     """
     if not isinstance(backend, str):
         if not all(callable(getattr(backend, method, None)) for method in PROTOCOL):
@@ -41,6 +47,8 @@ def make_backend(backend: str | Backend = "local", address: str | None = None,
         _refuse_ray_arguments("backend='local'", address, ray_options)
         return LocalBackend()
     from .ray_backend import RayBackend  # importing Ray takes seconds: only when asked for
+    if run_dir is not None:
+        ray_options.setdefault("log_dir", Path(run_dir) / "ray")
     return RayBackend(address, **ray_options)
 
 

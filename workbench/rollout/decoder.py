@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .batch import DecodeBatch
-from .drafts import propose
+from .drafts import propose, serving_drafter
 from .forward import Forward
 from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
 from .schedule import StepPlan, StepReport
@@ -61,6 +61,18 @@ class DraftContext:
     @property
     def uids(self) -> list[int]:
         return [r.uid for r in self._rows()]
+
+    @property
+    def admitted(self) -> list:
+        """Every request admitted to this worker's rollout so far, live or finished, in
+        admission order (``RequestOutput``: ``prompt_ids``, ``tokens`` and ``finish`` grow as
+        it decodes; read, never write): what a drafter that drafts from other rows reads."""
+        return self.decoder.reqs
+
+    @property
+    def request_ids(self) -> list[int]:
+        """Each live row's index in :attr:`admitted` (read, never write)."""
+        return self.decoder.batch.request_ids
 
     def pending_hidden(self) -> list[torch.Tensor]:
         """Pop the unconsumed policy states of every row (a list of ``[n_r, H]`` tensors)."""
@@ -203,11 +215,11 @@ class BatchDecoder:
         """One decode step as ``plan`` says; what it did, for the schedule."""
         start, rows = self.rec.begin(), self.size
         if plan.speculative:
-            n, drafted, accepted, draft_s, fwd_s = self.spec_step(plan)
+            n, drafted, accepted, draft_s, fwd_s, name = self.spec_step(plan)
         else:
-            (n, fwd_s), drafted, accepted, draft_s = self.plain_step(), 0, 0, 0.0
+            (n, fwd_s), drafted, accepted, draft_s, name = self.plain_step(), 0, 0, 0.0, None
         return StepReport(worker, plan, rows, n, drafted, accepted, draft_s, fwd_s,
-                          self.rec.mark - start)
+                          self.rec.mark - start, name)
 
     def plain_step(self) -> tuple[int, float]:
         """Feed every row's last token, sample the next; ``(tokens emitted, forward s)``."""
@@ -226,20 +238,23 @@ class BatchDecoder:
 
         1. clip the depth so that every fed and emitted position fits the context (no room
            for a draft: the step is plain);
-        2. draft, timed as a ``draft`` row of its own;
+        2. draft with the drafter that serves the plan (``drafts.serving_drafter``: the
+           member of a drafter set the plan names), timed as a ``draft`` row of its own;
         3. feed ``[last_token] + drafts`` at their positions in one policy forward;
         4. the policy's verdict: per row the fed columns it keeps and the tokens it emits;
         5. rejected columns become holes, positions move past the kept ones;
         6. count drafted and accepted per request, then emit and finish as every step does.
 
-        Returns ``(tokens emitted, drafted, accepted, draft s, forward s)``.
+        Returns ``(tokens emitted, drafted, accepted, draft s, forward s, the drafter's
+        name)`` (no name for a step that ran plain).
         """
         b = self.batch
+        name, drafter = serving_drafter(self.drafter, plan.drafter)
         k = min(plan.k, int((self.forward.context - 2 - b.next_pos).min()))
         if k < 1:
             n, fwd_s = self.plain_step()
-            return n, 0, 0, 0.0, fwd_s
-        draft, draft_s = _timed(propose, self.drafter, DraftContext(self), plan, k)
+            return n, 0, 0, 0.0, fwd_s, None
+        draft, draft_s = _timed(propose, drafter, DraftContext(self), plan, k)
         self.rec.end("draft", b.size, 0, draft_s)
         width = b.width
         fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)
@@ -256,7 +271,7 @@ class BatchDecoder:
         rows = b.size
         n = self._finish_step(b, "verify", verdict.tokens, verdict.logprobs, verdict.states,
                               fwd_s)
-        return n, draft.size * rows, sum(verdict.accepted), draft_s, fwd_s
+        return n, draft.size * rows, sum(verdict.accepted), draft_s, fwd_s, name
 
     # ---- bookkeeping --------------------------------------------------------------------
     def _keep_hidden(self, i: int, h: torch.Tensor) -> None:

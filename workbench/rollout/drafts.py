@@ -45,13 +45,36 @@ from .sampling import Stream, adjusted_logprobs, choose_tokens
 from .schedule import StepPlan
 from .tree import DraftTree
 
-__all__ = ["ChainDraft", "TreeDraft", "Verdict", "propose", "check_tree_drafter",
-           "check_schedule_drafter"]
+__all__ = ["ChainDraft", "TreeDraft", "Verdict", "propose", "serving_drafter",
+           "check_tree_drafter", "check_schedule_drafter"]
 
 _RANK_STRIDE = 2**32  # accept-uniform position offset per sibling rank (module docstring)
 _TREE_DRAFTERS = ("trees need a drafter with draft_tree(ctx, k, branch) and supports_trees: "
                  "EagleDrafter ('eagle') or LMDrafter ('small_lm'); chains (branch=1, "
                  "verify_budget=None) work with any drafter")
+
+
+def serving_drafter(drafter, name: str | None, asker="a plan"):
+    """``(its name, the drafter)`` that drafts a step whose plan names ``name``
+    (``StepPlan.drafter``). A drafter with ``members`` (a dict of named drafters, and ``main``
+    one of its keys: ``speculative.DrafterSet``) serves a plan naming a member with that
+    member, and a plan naming none with its main one; a lone drafter serves plans naming
+    none or its own ``name``. Any other name is refused, naming what the drafter has
+    (``asker`` says who asked)."""
+    members = getattr(drafter, "members", None)
+    if members is None:
+        own = getattr(drafter, "name", "?")
+        if name is None or name == own:
+            return own, drafter
+        have = [own]
+    else:
+        key = drafter.main if name is None else name
+        if key in members:
+            return key, members[key]
+        have = list(members)
+    raise ValueError(f"{asker} names drafter {name!r}, but the rollout's drafter "
+                     f"({type(drafter).__name__}) has {have}; name one of those, or draft with "
+                     f"a DrafterSet that has a member {name!r} (workbench.speculative)")
 
 
 def check_tree_drafter(drafter, asker) -> None:
@@ -70,10 +93,13 @@ def check_tree_drafter(drafter, asker) -> None:
 
 def check_schedule_drafter(schedule, drafter) -> None:
     """Before a rollout's first forward: refuse a schedule that may plan trees
-    (``schedule.needs_trees``; a schedule without the attribute is checked step by step)
-    when ``drafter`` drafts chains only."""
+    (``schedule.needs_trees``) when ``drafter`` drafts chains only, or whose plans name a
+    drafter (``schedule.drafter_names``) that ``drafter`` does not have (a schedule without
+    these attributes is checked step by step)."""
     if getattr(schedule, "needs_trees", False):
         check_tree_drafter(drafter, schedule)
+    for name in sorted(getattr(schedule, "drafter_names", ())):
+        serving_drafter(drafter, name, f"the schedule {type(schedule).__name__}")
 
 
 @dataclass
@@ -95,8 +121,9 @@ class Verdict:
 
 
 def propose(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
-    """The drafter's proposal for one step of ``plan``, ``k`` deep (``k <= plan.k``, clipped
-    to the context): a chain, or a tree pruned to the plan's ``verify_budget``."""
+    """The proposal of ``drafter`` (the one that serves ``plan``: :func:`serving_drafter`) for
+    one step of ``plan``, ``k`` deep (``k <= plan.k``, clipped to the context): a chain, or a
+    tree pruned to the plan's ``verify_budget``."""
     if not plan.tree:
         return ChainDraft(*drafter.draft(ctx, k))
     check_tree_drafter(drafter, plan)

@@ -39,12 +39,16 @@ class StepPlan:
         verify_budget: tree nodes per row the policy verifies in one pass, the best by
             cumulative drafter logprob; ``None``: all (``branch * k``). A speculative plan
             with ``branch > 1`` or a budget drafts a tree (``rollout.drafts``).
+        drafter: which drafter drafts a speculative step: the name of a member of the
+            rollout's drafter set (``speculative.DrafterSet``; a lone drafter answers to its
+            own ``name``); ``None``: the rollout's main drafter (``drafts.serving_drafter``).
     """
 
     kind: str = "plain"
     k: int = 0
     branch: int = 1
     verify_budget: int | None = None
+    drafter: str | None = None
 
     def __post_init__(self):
         check_choice("StepPlan.kind", self.kind, PLAN_KINDS)
@@ -52,6 +56,11 @@ class StepPlan:
             check_int("StepPlan.k (the draft depth of a speculative step)", self.k, 1)
         check_int("StepPlan.branch (1: a chain)", self.branch, 1)
         check_int("StepPlan.verify_budget", self.verify_budget, 1, optional="all nodes")
+        if self.drafter is not None and (not isinstance(self.drafter, str) or not self.drafter
+                                         or self.kind != "speculative"):
+            raise ValueError(f"StepPlan.drafter must be None (the main drafter) or, on a "
+                             f"speculative plan, a drafter's name; got {self.drafter!r} on a "
+                             f"{self.kind} plan")
 
     @property
     def speculative(self) -> bool:
@@ -74,7 +83,8 @@ class StepReport:
     emitted over all rows (after cuts at EOS or the length cap); ``drafted``/``accepted`` the
     draft tokens proposed and kept over all rows (0 for a plain step); ``draft_s`` the
     drafter's seconds, ``forward_s`` the policy forward's, ``elapsed_s`` the whole step's
-    (drafting, verification and bookkeeping) on the worker's clock.
+    (drafting, verification and bookkeeping) on the worker's clock; ``drafter`` the name of
+    the drafter that drafted (``drafts.serving_drafter``; ``None`` when none did).
     """
 
     worker: int
@@ -86,6 +96,7 @@ class StepReport:
     draft_s: float
     forward_s: float
     elapsed_s: float
+    drafter: str | None = None
 
 
 class Schedule(Protocol):
@@ -115,6 +126,7 @@ class PlainSchedule:
 
     needs_drafter = False
     needs_trees = False  # whether any plan may draft a tree (the worker checks the drafter)
+    drafter_names: frozenset = frozenset()  # the drafters plans name (the worker checks them)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         return PLAIN
@@ -152,10 +164,12 @@ class ThresholdSchedule(StaticSchedule):
         return self.step if batch_size <= self.max_batch else PLAIN
 
 
-def plan_columns(plan: StepPlan, decision: int) -> dict:
-    """The steps-table columns of decode step number ``decision`` that ran ``plan``."""
+def plan_columns(plan: StepPlan, decision: int, drafter: str | None = None) -> dict:
+    """The steps-table columns of decode step number ``decision`` that ran ``plan``, drafted
+    by the drafter named ``drafter`` (``None``: none drafted)."""
     return {"decision": decision, "plan_k": plan.k if plan.speculative else 0,
-            "plan_branch": plan.branch, "plan_budget": plan.verify_budget}
+            "plan_branch": plan.branch, "plan_budget": plan.verify_budget,
+            "plan_drafter": drafter}
 
 
 def decision_of(schedule, worker: int) -> dict:

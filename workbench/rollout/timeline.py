@@ -9,14 +9,15 @@ steps     one row per engine call on a worker
           model's forward), clock; the plan of each decode step (schedule.py), NA on rows that
           no decode step wrote and in tables saved before them: decision (Int64, the decode
           step's index on its worker), plan_k (Int64, 0 for a plain step), plan_branch
-          (Int64), plan_budget (Int64, NA for a chain); preempted (boolean: a drafter training
-          step cut at the end of its idle window, its work discarded; NA elsewhere); rerun
-          (boolean: a rollout step re-running requests of a worker that failed; NA
-          elsewhere); and the
-          *decision columns*: whatever scalars the schedule gave as its reasons
-          (``Schedule.decision``), one column per key, typed by their values (boolean,
-          string, Int64 or Float64), which this layer keeps but never interprets (the
-          bandit's ``bucket``, ``arm``, ``explored`` are read by speculative/decisions.py)
+          (Int64), plan_budget (Int64, NA for a chain), plan_drafter (string: the name of
+          the drafter that drafted the step, ``drafts.serving_drafter``; NA when none did);
+          preempted (boolean: a drafter training step cut at the end of its idle window,
+          its work discarded; NA elsewhere); rerun (boolean: a rollout step re-running
+          requests of a worker that failed; NA elsewhere); and the *decision columns*:
+          whatever scalars the schedule gave as its reasons (``Schedule.decision``), one
+          column per key, typed by their values (boolean, string, Int64 or Float64), which
+          this layer keeps but never interprets (the bandit's ``bucket``, ``arm``,
+          ``explored`` are read by speculative/decisions.py)
 requests  one row per request
           worker, uid, prompt_id, sample_idx, start_s, end_s, prompt_tokens, response_tokens,
           finish (eos | length), verify_steps, drafted, accepted, emitted, reward (NaN until
@@ -57,7 +58,7 @@ STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tok
                 "forward_s", "clock"]
 # the steps table's plan columns and their dtypes (nullable: NA where nothing was decided)
 PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
-                "plan_budget": "Int64"}
+                "plan_budget": "Int64", "plan_drafter": "string"}
 # every optional steps column of this layer: the plans, the flag of a preempted drafter step,
 # and that of a step re-running a failed worker's requests
 OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean"}
@@ -268,13 +269,13 @@ class Timeline:
 
     def decisions(self) -> pd.DataFrame:
         """One row per decode step a schedule decided, from the steps table alone: worker,
-        decision, plan_k, plan_branch, plan_budget, every decision column (its value on the
-        step), rows (the live batch), tokens (emitted) and seconds (draft and verify
-        together: what the schedule observed)."""
+        decision, plan_k, plan_branch, plan_budget, plan_drafter, every decision column (its
+        value on the step), rows (the live batch), tokens (emitted) and seconds (draft and
+        verify together: what the schedule observed)."""
         s = self.steps[self.steps["decision"].notna()]
         s = s.assign(seconds=s["end_s"] - s["start_s"])
         firsts = {c: (c, "first") for c in ["plan_k", "plan_branch", "plan_budget",
-                                             *self.decision_columns]}
+                                             "plan_drafter", *self.decision_columns]}
         return s.groupby(["worker", "decision"], sort=False).agg(
             **firsts, rows=("batch_size", "max"), tokens=("tokens", "sum"),
             seconds=("seconds", "sum")).reset_index()

@@ -25,7 +25,7 @@ from .decoder import BatchDecoder
 from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .request import Request, RequestOutput
-from .schedule import Schedule, StepPlan, decision_of, plan_columns
+from .schedule import Schedule, StepReport, decision_of, plan_columns
 from .timeline import IdleWindow
 
 __all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock"]
@@ -64,10 +64,11 @@ class StepRecorder:
         self.mark = end
         return end
 
-    def label(self, first: int, plan: StepPlan, decision: dict) -> None:
-        """Write the plan of the decode step whose rows start at ``rows[first]``, and the
-        schedule's ``decision`` columns, onto those rows (timeline.py, the steps schema)."""
-        columns = {**plan_columns(plan, self.decisions), **decision}
+    def label(self, first: int, report: StepReport, decision: dict) -> None:
+        """Write the plan of the decode step whose rows start at ``rows[first]`` (what it did:
+        ``report``), and the schedule's ``decision`` columns, onto those rows (timeline.py,
+        the steps schema)."""
+        columns = {**plan_columns(report.plan, self.decisions, report.drafter), **decision}
         for row in self.rows[first:]:
             row.update(columns)
         self.decisions += 1
@@ -149,7 +150,7 @@ class Worker:
             raise ValueError(f"the schedule {type(schedule).__name__} speculates, but worker "
                              f"{self.index} has no drafter: pass drafter= or start the "
                              "workers with a drafter_factory")
-        check_schedule_drafter(schedule, drafter)  # tree plans need a tree drafter
+        check_schedule_drafter(schedule, drafter)  # trees need a tree drafter; names, members
         rec = self._recorder_for(task)
         first = len(rec.rows)
         outputs = [RequestOutput.of(q, self.index) for q in task.requests]
@@ -195,7 +196,7 @@ class Worker:
             raise ValueError(f"the schedule planned {plan} but declares needs_drafter=False")
         first = len(dec.rec.rows)
         report = dec.step(plan, self.index)
-        dec.rec.label(first, plan, decision_of(schedule, self.index))  # before observe moves on
+        dec.rec.label(first, report, decision_of(schedule, self.index))  # before observe moves on
         schedule.observe(report)
 
     def run_idle(self, job, window: IdleWindow) -> tuple[object, list[dict]]:

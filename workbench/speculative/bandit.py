@@ -37,15 +37,13 @@ budget      an exploring pull is made only if the worker's exploring cost so far
             explored arm did, so only the very first exploration's cost is unknown). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
             unspent for long cannot be spent in one burst.
 
-Strategies are written as strings: ``"plain"``; ``"chain:k=K"``, a chain of K draft tokens
-per row; ``"tree:k=K,b=B[,n=N]"``, a tree K deep, B tokens per node, N tokens verified per row
-(all when omitted).
+Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
+``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``.
 """
 from __future__ import annotations
 
 import bisect
 import random
-import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -54,42 +52,13 @@ import pandas as pd
 
 from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, StepPlan, StepReport
+from .strategies import PLAIN_ARM, STRATEGY_FORMS, parse_strategy, strategy_name
 
 __all__ = ["BucketedBandit", "AdaptiveSchedule", "parse_strategy", "strategy_name"]
 
-PLAIN_ARM = "plain"
 LEDGER_DECAY = 0.999  # per observation: a worker's budget remembers its last ~1000 steps
 DEFAULT_BUCKET_EDGES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_ARMS = ("chain:k=2", "chain:k=4", "chain:k=6", "tree:k=4,b=3,n=16")
-STRATEGY_FORMS = "'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1)"
-_CHAIN = re.compile(r"chain:k=(\d+)")
-_TREE = re.compile(r"tree:k=(\d+),b=(\d+)(?:,n=(\d+))?")
-
-
-def parse_strategy(strategy: str | StepPlan) -> StepPlan:
-    """The :class:`StepPlan` a strategy string names (a StepPlan passes through); ValueError
-    naming anything else and the accepted forms."""
-    if isinstance(strategy, StepPlan):
-        return strategy
-    text = strategy.replace(" ", "") if isinstance(strategy, str) else ""
-    if text == PLAIN_ARM:
-        return PLAIN
-    chain, tree = _CHAIN.fullmatch(text), _TREE.fullmatch(text)
-    k, b, n = (chain.group(1), "1", None) if chain else tree.groups() if tree else ("0", "1", None)
-    if int(k) < 1 or int(b) < 1 or (n is not None and int(n) < 1):  # no match reads as k=0
-        raise ValueError(f"unknown SD strategy {strategy!r}; accepted: {STRATEGY_FORMS}, "
-                         "or a StepPlan")
-    return StepPlan("speculative", int(k), int(b), None if n is None else int(n))
-
-
-def strategy_name(plan: StepPlan) -> str:
-    """The canonical string of a plan (what :func:`parse_strategy` reads back)."""
-    if not plan.speculative:
-        return PLAIN_ARM
-    if plan.branch == 1 and plan.verify_budget is None:
-        return f"chain:k={plan.k}"
-    budget = "" if plan.verify_budget is None else f",n={plan.verify_budget}"
-    return f"tree:k={plan.k},b={plan.branch}{budget}"
 
 
 def _bucket_labels(edges: tuple[int, ...]) -> list[str]:
@@ -284,9 +253,10 @@ class AdaptiveSchedule:
     picks plain decoding or an SD strategy, and the step's tokens per second are its reward.
 
     Args:
-        arms: the SD strategies (strings, module docstring, or speculative StepPlans);
-            ``"plain"`` is always an arm besides them (first: a bucket with nothing measured
-            decodes plain).
+        arms: the SD strategies (strings, ``speculative/strategies.py``, or speculative
+            StepPlans); ``"plain"`` is always an arm besides them (first: a bucket with
+            nothing measured decodes plain). Arms that name a drafter (``"sibling:k=4"``)
+            need a rollout drafter that has it (``speculative.DrafterSet``).
         threshold: ``None`` (the default): every bucket learns whether to speculate. An
             integer: the largest live batch that may speculate, plain above it (TLT's fixed
             rule, for studies).
@@ -318,6 +288,12 @@ class AdaptiveSchedule:
         """Whether an arm drafts a tree: the worker then refuses a chain-only drafter before
         the rollout's first forward, not when the bandit first pulls that arm."""
         return any(plan.tree for plan in self.plans.values())
+
+    @property
+    def drafter_names(self) -> frozenset:
+        """The drafters the arms name (``"sibling"``): the worker refuses a rollout's drafter
+        without them before the first forward."""
+        return frozenset(p.drafter for p in self.plans.values() if p.drafter is not None)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
         if self.threshold is not None and batch_size > self.threshold:

@@ -5,10 +5,12 @@ Every drafter implements the same calls, which the engine makes:
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
 - ``begin()`` at the start of each worker's rollout: forget all per-row state.
 - ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
-  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`), catch up on
-  what is new, and propose. ``logq`` is the drafter's adjusted distribution at each draft
-  (one-hot for deterministic drafters); only speculative sampling reads it, so it is ``None``
-  unless ``ctx.needs_logq`` (greedy and coupled verification compare tokens only).
+  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`; its
+  ``admitted`` holds every request of the worker's rollout, for a drafter that drafts from
+  other rows: ``speculative.sibling``), catch up on what is new, and propose. ``logq`` is
+  the drafter's adjusted distribution at each draft (one-hot for deterministic drafters);
+  only speculative sampling reads it, so it is ``None`` unless ``ctx.needs_logq`` (greedy
+  and coupled verification compare tokens only).
 - ``draft_tree(ctx, k, branch) -> DraftTree`` (``rollout.tree``), only for drafters with
   ``supports_trees``: a tree of depth ``k`` grown EAGLE-2 style, ``branch`` candidates per
   node and per depth, ranked by cumulative ``ctx.tree_logprobs``.
@@ -16,7 +18,8 @@ Every drafter implements the same calls, which the engine makes:
   rows join it at the bottom (continuous batching).
 
 ``module`` is the drafter's trainable ``nn.Module`` (``None`` for model-free drafters): what a
-backend's ``update_weights`` loads new weights into.
+backend's ``update_weights`` loads new weights into. Several drafters serve one rollout as a
+``speculative.DrafterSet``, whose plans pick the member that drafts (``StepPlan.drafter``).
 
 Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
 :class:`~workbench.rollout.batch.DecodeBatch`: each round first drops the speculative tail it
@@ -334,6 +337,9 @@ class SlowedDrafter:
     everything else (``head``, ``module``, ``begin``...), are the wrapped drafter's."""
 
     def __init__(self, drafter, delay_s: float):
+        if getattr(drafter, "members", None) is not None:  # its members would draft unslowed
+            raise ValueError("SlowedDrafter wraps one drafter, not a DrafterSet; slow its "
+                             "members instead: DrafterSet({name: SlowedDrafter(d, delay_s)})")
         self.drafter, self.delay_s = drafter, self.check_delay(delay_s)
 
     @staticmethod

@@ -4,8 +4,10 @@
 on the spot (``speculative.fit``) and cached under the model's fingerprint
 (``speculative.cache``), so the next run reuses it. A folder: an EAGLE head saved by
 ``EagleHead.save_pretrained``, or a small causal LM saved by ``save_pretrained`` with the
-policy's tokenizer. ``"ngram"``: prompt lookup, model-free. ``"none"``: no drafter, where the
-caller can run without SD. Every name is checked (:func:`drafter_form`) before anything runs.
+policy's tokenizer. ``"ngram"``: prompt lookup, model-free. ``"sibling"``: drafts from the
+other responses to the same prompt (``speculative.sibling``), model-free. ``"none"``: no
+drafter, where the caller can run without SD. Every name is checked (:func:`drafter_form`)
+before anything runs.
 """
 from __future__ import annotations
 
@@ -19,16 +21,21 @@ from .cache import fitted_dir, is_default_policy, model_fingerprint
 from .drafters import EagleDrafter, LMDrafter, NGramDrafter
 from .eagle import EagleHead
 from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
+from .sibling import SiblingDrafter
 
 __all__ = ["drafter_form", "auto_drafter", "resolve_drafter", "resolve_head", "comparison_names",
            "compared_drafters"]
 
-DRAFTER_FORMS = ("'auto'", "'ngram'", "'none'", "a folder saved by EagleHead.save_pretrained",
-                 "a folder holding a small causal LM with the policy's tokenizer "
+DRAFTER_FORMS = ("'auto'", "'ngram'", "'sibling'", "'none'",
+                 "a folder saved by EagleHead.save_pretrained", "a folder holding a small causal LM with the policy's tokenizer "
                  "(save_pretrained)")
-KEYWORDS = ("auto", "ngram", "none")
-OTHER_DRAFTERS = ("ngram", "small_lm")  # what a comparison may put beside the named drafter
-_NAMES = {"auto": "eagle", "eagle": "eagle", "lm": "small_lm", "ngram": "ngram"}
+KEYWORDS = ("auto", "ngram", "sibling", "none")
+MODEL_FREE = {"ngram": NGramDrafter, "sibling": SiblingDrafter}  # keyword -> drafter class
+# what a comparison may put beside the named drafter, and what it puts there unless told
+OTHER_DRAFTERS = ("ngram", "sibling", "small_lm")
+DEFAULT_OTHERS = ("ngram", "small_lm")
+_NAMES = {"auto": "eagle", "eagle": "eagle", "lm": "small_lm", "ngram": "ngram",
+          "sibling": "sibling"}
 
 
 def _accepted(allow_none: bool) -> str:
@@ -37,9 +44,9 @@ def _accepted(allow_none: bool) -> str:
 
 
 def drafter_form(spec, allow_none: bool = True) -> str:
-    """What ``spec`` names: ``"auto"``, ``"ngram"``, ``"none"``, ``"eagle"`` (a head's folder)
-    or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and the accepted
-    forms; ``allow_none=False`` where the caller cannot run without a drafter."""
+    """What ``spec`` names: ``"auto"``, ``"ngram"``, ``"sibling"``, ``"none"``, ``"eagle"`` (a
+    head's folder) or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and
+    the accepted forms; ``allow_none=False`` where the caller cannot run without a drafter."""
     if isinstance(spec, str) and spec in KEYWORDS:
         if spec == "none" and not allow_none:
             raise ValueError(f"drafter 'none': this run needs a drafter; accepted here: "
@@ -62,7 +69,7 @@ def drafter_form(spec, allow_none: bool = True) -> str:
 
 def drafter_name(spec) -> str:
     """The name a comparison gives the drafter ``spec`` names: ``"eagle"`` (``"auto"`` or a
-    head's folder), ``"small_lm"`` (a small LM's folder) or ``"ngram"``."""
+    head's folder), ``"small_lm"`` (a small LM's folder), ``"ngram"`` or ``"sibling"``."""
     form = drafter_form(spec, allow_none=False)
     return _NAMES[form]
 
@@ -110,8 +117,8 @@ def resolve_drafter(spec, policy, tokenizer, task="running_sum", *, kind: str = 
     check_choice("drafter kind", kind, FIT_KINDS)
     if form == "none":
         return None
-    if form == "ngram":
-        return NGramDrafter()
+    if form in MODEL_FREE:
+        return MODEL_FREE[form]()
     path = (auto_drafter(policy, tokenizer, task, kind, fit, cache_root, progress=progress)
             if form == "auto" else Path(spec).expanduser())
     return load_drafter(path, policy, tokenizer)
@@ -138,7 +145,7 @@ def resolve_head(spec, policy, tokenizer, task="running_sum", fit: FitConfig | N
     return EagleHead.from_pretrained(path, policy)
 
 
-def comparison_names(spec, others=OTHER_DRAFTERS) -> list[str]:
+def comparison_names(spec, others=DEFAULT_OTHERS) -> list[str]:
     """The names of a comparison's drafters, the one ``spec`` names first
     (:func:`drafter_name`), then each of ``others`` not already there; both checked before
     anything loads. ``"none"`` is refused: there is nothing to compare without a drafter."""
@@ -147,16 +154,16 @@ def comparison_names(spec, others=OTHER_DRAFTERS) -> list[str]:
     return list(dict.fromkeys([drafter_name(spec), *others]))
 
 
-def compared_drafters(spec, policy, tokenizer, task="running_sum", others=OTHER_DRAFTERS,
+def compared_drafters(spec, policy, tokenizer, task="running_sum", others=DEFAULT_OTHERS,
                       fit: FitConfig | None = None, cache_root=None,
                       progress: bool = True) -> dict:
     """``{name: drafter}`` of :func:`comparison_names`: the drafter ``spec`` names, then
-    ``"ngram"`` (prompt lookup) and ``"small_lm"`` (the ``"auto"`` small LM) as ``others``
-    asks."""
+    ``"ngram"`` (prompt lookup), ``"sibling"`` (siblings' responses) and ``"small_lm"`` (the
+    ``"auto"`` small LM) as ``others`` asks."""
     main, *rest = comparison_names(spec, others)
     common = dict(fit=fit, cache_root=cache_root, progress=progress)
     out = {main: resolve_drafter(spec, policy, tokenizer, task, allow_none=False, **common)}
     for name in rest:
-        out[name] = resolve_drafter("ngram" if name == "ngram" else "auto", policy, tokenizer,
+        out[name] = resolve_drafter(name if name in MODEL_FREE else "auto", policy, tokenizer,
                                     task, kind="lm", **common)
     return out
