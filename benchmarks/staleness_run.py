@@ -7,7 +7,8 @@ rollout (``--measure-groups`` groups decoded again, coupled, k ``--spec-k``). Pr
 line per step. Resumable: the run checkpoints into ``--out``/checkpoint every
 ``--checkpoint-every`` steps and goes on from there when started again with the same
 options. At the end ``--out`` holds history.csv, positions.csv, evals.csv, byproduct.csv
-(adaptive against frozen, final policy, ``--probe`` held-out prompts) and metrics.json.
+(adaptive against frozen, final policy, ``--probe`` held-out prompts), sibling_speedups.csv
+(batch 1 and 32, interleaved with plain decoding) and metrics.json.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_run.py --steps 400 --out runs/staleness
 """
@@ -25,7 +26,8 @@ from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
 from workbench.rl.staleness import StalenessConfig, staleness_setup
 from workbench.rl.staleness_drafters import CeilingConfig
-from workbench.rl.staleness_report import FinalConfig, byproduct, staleness_metrics
+from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
+                                           staleness_metrics)
 
 from common import command_line
 
@@ -51,12 +53,16 @@ def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--probe", type=int, default=64,
                     help="held-out prompts of the by-product measure")
+    ap.add_argument("--speedup-groups", type=int, default=2,
+                    help="the sibling drafter's speedup: prompt groups of the next step")
+    ap.add_argument("--repeats", type=int, default=3, help="the speedup's repeats (>= 3)")
     return ap, ap.parse_args()
 
 
 def main():
     ap, args = parse()
-    final = FinalConfig(probe_prompts=args.probe)  # checked before the model loads
+    final = FinalConfig(probe_prompts=args.probe, speedup_groups=args.speedup_groups,
+                        speedup_repeats=args.repeats)  # checked before the model loads
     out = prepare_out_dir(args.out)
     print(command_line(ap, args), flush=True)
     grpo = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
@@ -80,11 +86,12 @@ def main():
     history = run.run_to(args.steps, progress=False, on_step=log)
     print(json.dumps({"steps_run": run.rl_step - start,
                       "wall_s": time.perf_counter() - t0}), flush=True)
-    table = byproduct(run, final)
+    table, speedups = byproduct(run, final), sibling_speedups(run, final)
     for name, frame in (("history", history), ("positions", run.positions),
-                        ("evals", run.evals), ("byproduct", table)):
+                        ("evals", run.evals), ("byproduct", table),
+                        ("sibling_speedups", speedups)):
         write_table(frame, out / f"{name}.csv")
-    metrics = staleness_metrics(history, run.evals, table, grpo.rollout.temperature)
+    metrics = staleness_metrics(history, run.evals, table, speedups, grpo.rollout.temperature)
     write_metrics(out, {**metrics, "threads": torch.get_num_threads()})
     print(json.dumps(metrics), flush=True)
 

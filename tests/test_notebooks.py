@@ -72,7 +72,8 @@ SMOKE = {
                               "ceiling_max_steps": 4, "ceiling_check_every": 2,
                               "probe_prompts": 2, "checkpoint_every": 1},
                              ["tau_frozen_first", "tau_frozen_final", "tau_adaptive_final",
-                              "tau_ceiling_final", "kl_final", "byproduct_gain",
+                              "tau_ceiling_final", "tau_sibling_final", "kl_final",
+                              "byproduct_gain", "sibling_speedup_bs1", "sibling_speedup_bs32",
                               "accuracy_start", "accuracy_final"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide

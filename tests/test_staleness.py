@@ -24,8 +24,9 @@ from .conftest import PROMPTS, tiny_model
 
 # columns of a step's row that the sim clock and the run's logic decide (wall seconds aside)
 SAME = ["step", "reward", "kl_start", "tokens", "tau_frozen", "tau_adaptive", "tau_ceiling",
-        "diverged_frozen", "adaptive_steps", "adaptive_loss", "ceiling_steps",
-        "ceiling_kept_steps", "ceiling_loss"]
+        "tau_sibling", "diverged_frozen", "adaptive_steps", "adaptive_loss", "ceiling_steps",
+        "ceiling_kept_steps", "ceiling_loss", "sibling_prompts"]
+TAUS = ["tau_frozen", "tau_adaptive", "tau_ceiling", "tau_sibling"]
 
 
 def _reward(prompt, completion, answer):
@@ -101,11 +102,12 @@ def test_measuring_leaves_the_trajectory_unchanged(tokenizer, straight):
     history = straight.history
     assert history["reward"].tolist() == alone.history["reward"].tolist()
     # the drafters were measured and learned: every row checked, tau by position recorded
-    assert (history[["tau_frozen", "tau_adaptive", "tau_ceiling"]] >= 1).all().all()
+    assert (history[TAUS] >= 1).all().all()
     assert (history.filter(like="diverged_") == 0).all().all()
     assert history["ceiling_steps"].min() >= 1 and history["adaptive_steps"].min() >= 1
     pos = straight.positions
-    assert set(pos["drafter"]) == {"frozen", "adaptive", "ceiling"}
+    assert set(pos["drafter"]) == {"frozen", "adaptive", "ceiling", "sibling"}
+    assert history["sibling_prompts"].tolist() == [2, 4, 6]  # each step's 2 new prompts
     assert set(pos["step"]) == {0, 1, 2}
     assert (pos["position"] % 2 == 0).all() and (pos["emitted"] >= pos["verify_steps"]).all()
 
@@ -136,6 +138,8 @@ def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, str
         assert all(torch.equal(a, b) for a, b in zip(
             straight.drafters[name].drafter.head.state_dict().values(),
             resumed.drafters[name].drafter.head.state_dict().values()))
+    memory = {k: list(v) for k, v in straight.drafters["sibling"].drafter.memory.items()}
+    assert {k: list(v) for k, v in resumed.drafters["sibling"].drafter.memory.items()} == memory
 
 
 def test_a_checkpoint_is_refused_when_damaged_or_made_with_another_config(tokenizer,
@@ -275,3 +279,16 @@ def test_held_out_accuracy_and_the_byproduct_end_in_the_metrics(tokenizer):
     assert m["accuracy_start"] == run.evals["accuracy"].iloc[0] and m["rl_steps"] == 2
     with pytest.raises(ValueError, match="speedup_repeats"):
         FinalConfig(speedup_repeats=2)
+
+
+def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
+    from workbench.rl.staleness_report import FinalConfig, sibling_speedups
+    table = sibling_speedups(straight, FinalConfig(speedup_groups=1,
+                                                   speedup_batch_sizes=[1, 2]))
+    assert table["batch_size"].tolist() == [1, 2] and table["identical"].all()
+    assert (table["speedup_min"] <= table["speedup"]).all()
+    assert (table["speedup"] <= table["speedup_max"]).all() and (table["tau"] >= 1).all()
+    m = staleness_metrics(straight.history, speedups=table)
+    assert m["sibling_speedup_bs1"] == table["speedup"].iloc[0] and "sibling_tau_bs2" in m
+    with pytest.raises(ValueError, match="not the sibling drafter"):
+        sibling_speedups(_run(tokenizer, _config(drafters=["frozen"])))

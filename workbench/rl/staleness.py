@@ -6,8 +6,12 @@ serves every drafter, and each is measured on every step's own rollout
 drafter, coupled at the rollout's temperature, the tokens checked against the trajectory's).
 The drafters (:mod:`workbench.rl.staleness_drafters`) are ``frozen`` (the pre-RL EAGLE head),
 ``adaptive`` (TLT's spot trainer on every idle worker), ``ceiling`` (trained to convergence on
-each step's whole harvest). Each learns from a step after its tau on that step is measured,
-so it serves from the next step, as in TLT.
+each step's whole harvest) and ``sibling`` (model-free: the row's group on its worker, and its
+prompt's earlier responses). Each learns from a step after its tau on that step is measured,
+so it serves from the next step, as in TLT. Measured on one worker, every row of a measured
+group is there for the sibling drafter: the group-affine placement, not the trajectory's
+(requests are dealt round-robin to the workers, so with G = N a worker holds one row of each
+group, and no sibling).
 
 One RL step (:meth:`StalenessRun.step`):
 
@@ -46,11 +50,12 @@ from .acceptance import measure_tau
 from .checkpoint import has_state, load_state, save_state
 from .config import GRPOConfig
 from .grpo import GRPO
-from .staleness_drafters import AdaptiveDrafter, CeilingConfig, CeilingDrafter, FrozenDrafter
+from .staleness_drafters import (AdaptiveDrafter, CeilingConfig, CeilingDrafter, FrozenDrafter,
+                                 SiblingMemory)
 
 __all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo"]
 
-DRAFTERS = ("frozen", "adaptive", "ceiling")
+DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling")
 DIVERGENCE = ("auto", "raise", "count")
 STATE_FILE = "staleness_state.pt"
 
@@ -197,7 +202,8 @@ class StalenessRun:
         G = c.grpo.rollout.samples_per_prompt
         build = {"frozen": lambda: FrozenDrafter(drafter_head, policy),
                  "adaptive": lambda: AdaptiveDrafter(drafter_head, policy, c.spot),
-                 "ceiling": lambda: CeilingDrafter(drafter_head, policy, c.ceiling, G)}
+                 "ceiling": lambda: CeilingDrafter(drafter_head, policy, c.ceiling, G),
+                 "sibling": SiblingMemory}
         self.drafters = {name: build[name]() for name in c.drafters}
         self._positions: list[dict] = []
         self._evals: list[dict] = []

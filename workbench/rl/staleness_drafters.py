@@ -11,6 +11,9 @@ it serves from the next step, as TLT's drafter does; the dict joins the step's r
   (:class:`~workbench.adapt.spot.SpotTrainer`).
 - :class:`CeilingDrafter`: what an unlimited idle budget would buy: a copy trained on each
   step's whole harvest until it converges, warm-started from its previous state.
+- :class:`SiblingMemory`: the model-free
+  :class:`~workbench.speculative.sibling.SiblingDrafter`: a row drafts from its group's other
+  rows on the same worker, and remembers each step's responses for the steps after.
 
 Glossary:
 
@@ -31,9 +34,11 @@ from ..adapt import SpotConfig, SpotTrainer
 from ..checks import check_fraction, check_int
 from ..nested_config import NestedConfig
 from ..speculative.drafters import EagleDrafter
+from ..speculative.sibling import SiblingDrafter
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 
-__all__ = ["CeilingConfig", "FrozenDrafter", "AdaptiveDrafter", "CeilingDrafter"]
+__all__ = ["CeilingConfig", "FrozenDrafter", "AdaptiveDrafter", "CeilingDrafter",
+           "SiblingMemory"]
 
 
 def _spot_eagle() -> EagleTrainConfig:
@@ -180,3 +185,28 @@ class CeilingDrafter:
     def load_state_dict(self, state: dict) -> None:
         self.eagle.trainer.load_state_dict(state["trainer"])
         self.drafter.head.load_state_dict(state["serving"])
+
+
+class SiblingMemory:
+    """The sibling drafter (``SiblingDrafter(**kw)``): it drafts from the row's siblings on
+    its worker and from its prompt's responses in earlier steps, which it learns by
+    remembering every response of each step (the latest ``max_per_prompt`` per prompt)."""
+
+    def __init__(self, **kw):
+        self.drafter = SiblingDrafter(**kw)
+
+    def learn(self, rl, backend) -> dict:
+        """Remember every response of ``rl``; ``sibling_prompts``: prompts in memory."""
+        self.drafter.remember_result(rl.result)
+        return {"sibling_prompts": len(self.drafter.memory)}
+
+    def state_dict(self) -> dict:
+        return {"memory": [(key, list(responses))
+                           for key, responses in self.drafter.memory.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.memory.clear()
+        self.drafter.memory_index.clear()
+        for key, responses in state["memory"]:
+            for response in responses:
+                self.drafter.remember(key, response)

@@ -4,6 +4,8 @@ flat metrics of its tables.
 - :func:`byproduct`: the adaptive drafter after RL against the frozen one, with the final
   policy on held-out prompts (``rl.export.probe_acceptance``: same prompts, engine and
   draws, the rows differ in the drafter only).
+- :func:`sibling_speedups`: the sibling drafter's SD speedup at batch 1 and 32 on the next
+  step's prompt groups, measured as ``sd_sweep`` measures (``rl.acceptance.group_speedups``).
 - :class:`FinalConfig`: the arguments of those end-of-run measures, checked when built (so a
   notebook refuses a bad one before its run starts).
 - :func:`tau_change`: how far a drafter's tau moved over the run, against the step-to-step
@@ -19,9 +21,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..checks import check_int, check_non_negative
+from .acceptance import group_speedups
 from .export import probe_acceptance
 
-__all__ = ["FinalConfig", "byproduct", "tau_change", "staleness_metrics"]
+__all__ = ["FinalConfig", "byproduct", "sibling_speedups", "tau_change", "staleness_metrics"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,22 @@ def byproduct(run, final: FinalConfig | None = None) -> pd.DataFrame:
                             max_batch_size=final.max_batch_size, seed=rollout.seed)
 
 
+def sibling_speedups(run, final: FinalConfig | None = None) -> pd.DataFrame:
+    """The ``sibling`` drafter's SD speedup over plain decoding, one row per batch size of
+    ``final.speedup_batch_sizes`` (``rl.acceptance.group_speedups``'s columns): the next RL
+    step's first ``final.speedup_groups`` prompt groups, G samples each with that step's
+    coupled draws, the policy as it is now and the memory of every step run, on one worker
+    (so a row's siblings are there)."""
+    final = final if final is not None else FinalConfig()
+    if "sibling" not in run.drafters:
+        raise ValueError(f"this run measured {list(run.drafters)}, not the sibling drafter")
+    problems = run.grpo.problems_for(run.rl_step)[:final.speedup_groups]
+    return group_speedups(run.measurer, run.drafters["sibling"].drafter,
+                          [p.prompt for p in problems], run.grpo.rollout_config(run.rl_step),
+                          run.config.spec_k, final.speedup_batch_sizes,
+                          final.speedup_repeats)
+
+
 def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]:
     """``(change, ci95)``: the mean of the last ``window`` values of ``tau`` (one per RL step)
     minus the mean of the first ``window`` (default: a tenth of the steps, at least 1), and
@@ -100,14 +119,16 @@ def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]
 
 def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
                       byproduct_table: pd.DataFrame | None = None,
-                      temperature: float = 1.0) -> dict:
+                      speedups: pd.DataFrame | None = None, temperature: float = 1.0) -> dict:
     """The run's flat scalars: ``rl_steps``, ``kl_final``, ``kl_max``; per drafter ``d``
     measured (a ``tau_<d>`` column): ``tau_<d>_first``, ``_final``, ``_mean``, ``_change``
     and ``_change_ci95`` (:func:`tau_change`) and ``diverged_<d>`` (rows in all); the
     adaptive drafter's ``adaptive_steps_mean``; the ceiling's ``ceiling_steps_mean`` and
     ``ceiling_converged_share``; with ``evals``, ``accuracy_start`` and ``accuracy_final``;
     with the by-product table, ``tau_byproduct_frozen``, ``tau_byproduct_adaptive`` and
-    ``byproduct_gain`` (adaptive minus frozen) at ``temperature``."""
+    ``byproduct_gain`` (adaptive minus frozen) at ``temperature``; with the sibling drafter's
+    speedups (:func:`sibling_speedups`), per batch size ``b``: ``sibling_speedup_bs<b>`` (and
+    ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``."""
     if not len(history):
         raise ValueError("the history is empty: run at least one RL step")
     out = {"rl_steps": len(history), "kl_final": float(history["kl_start"].iloc[-1]),
@@ -138,4 +159,9 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
         out.update(tau_byproduct_frozen=float(tau["frozen"]),
                    tau_byproduct_adaptive=float(tau["adaptive"]),
                    byproduct_gain=float(tau["adaptive"] - tau["frozen"]))
+    for r in (speedups.itertuples() if speedups is not None else ()):
+        key = f"sibling_speedup_bs{r.batch_size}"
+        out.update({key: r.speedup, f"{key}_min": r.speedup_min, f"{key}_max": r.speedup_max,
+                    f"{key}_spread_wide": bool(r.spread_wide),
+                    f"sibling_tau_bs{r.batch_size}": r.tau})
     return out
