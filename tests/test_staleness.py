@@ -129,6 +129,8 @@ def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, str
     first.run_to(1, progress=False)
     resumed = _run(tokenizer, _config(checkpoint_every=1), checkpoint_dir=tmp_path / "ckpt")
     assert resumed.rl_step == 1
+    # the spot trainer's step-time estimate (which steps fit the next windows) comes back too
+    assert resumed.drafters["adaptive"].spot.step_s == first.drafters["adaptive"].spot.step_s > 0
     resumed.run_to(3, progress=False)
     pd.testing.assert_frame_equal(straight.history[SAME], resumed.history[SAME])
     pd.testing.assert_frame_equal(straight.positions, resumed.positions)
