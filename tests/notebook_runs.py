@@ -130,6 +130,7 @@ BASELINE_ALONE = {"variants": ["baseline"], "seeds": [0], "steps": 2, "eval_ever
                   "divergence_steps": 1}
 # the order runs start in: the longest first (measured at smoke size, seconds)
 LONGEST_FIRST = ("08_ray_scaling", "02_speculative_decoding", "04_tlt_rl", "05_pruning", "03_adaptive_drafter",
+                 "09_drafter_staleness",
                  "07_minitron_pipeline", "01_long_tail_rollout", "00_task_and_policy",
                  "06_distillation")
 

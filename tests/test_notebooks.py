@@ -66,6 +66,15 @@ SMOKE = {
                        ["ray_makespan_s", "sim_makespan_s", "sim_error", "ray_overhead_s_per_step",
                         "drafter_steps_all_idle", "drafter_steps_first_finisher",
                         "tokens_equal"]),
+    "09_drafter_staleness": ({"rl_problems": 32, "eval_problems": 4, "prompts_per_step": 2,
+                              "samples_per_prompt": 2, "max_new_tokens": 16, "workers": 2,
+                              "steps": 2, "eval_every": 1, "measure_groups": 1,
+                              "ceiling_max_steps": 4, "ceiling_check_every": 2,
+                              "probe_prompts": 2, "checkpoint_every": 1},
+                             ["tau_frozen_first", "tau_frozen_final", "tau_adaptive_final",
+                              "tau_ceiling_final", "tau_sibling_final", "kl_final",
+                              "byproduct_gain", "sibling_speedup_bs1", "sibling_speedup_bs32",
+                              "accuracy_start", "accuracy_final"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table

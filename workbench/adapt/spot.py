@@ -175,7 +175,7 @@ class SpotTrainer:
     # ---- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"trainer": self.eagle.trainer.state_dict(), "version": self.version,
-                "serving": self.serving.head.state_dict(),
+                "serving": self.serving.head.state_dict(), "step_s": self.step_s,
                 "carry": [(it.pair, it.end_s, it.response_tokens) for it in self.buffer.carry],
                 "history": [[(it.pair, it.end_s, it.response_tokens) for it in step]
                             for step in self.buffer.history]}
@@ -185,6 +185,8 @@ class SpotTrainer:
         self.eagle.trainer.load_state_dict(state["trainer"])
         self.serving.head.load_state_dict(state["serving"])
         self.version = int(state["version"])
+        # the step-time estimate decides which steps fit the next windows (older: none saved)
+        self.step_s = float(state.get("step_s", 0.0))
         self.buffer.current = []
         self.buffer.carry = [BufferItem(*it) for it in state["carry"]]
         self.buffer.history.clear()

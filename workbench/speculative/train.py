@@ -264,6 +264,27 @@ class EagleTrainer:
         before = len(self.trainer.history)
         return self.trainer.run(self._pairs(), steps, stop).iloc[before:].reset_index(drop=True)
 
+    def evaluate(self, pairs) -> float:
+        """The head's loss on ``pairs`` as training measures it, minus the input noise: a
+        held-out measure (e.g. to stop training once it stops falling). Batches of similar
+        length, their losses weighted by their sequences; no gradient, and the trainer's
+        generator untouched, so evaluating changes nothing the training would see."""
+        if not pairs:
+            raise ValueError("no pairs to evaluate on (harvest_pairs of a rollout run with "
+                             "harvest=True)")
+        c = self.config
+        weight = self.policy.get_output_embeddings().weight
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
+        total = 0.0
+        with torch.no_grad():
+            for s in range(0, len(order), c.batch_size):
+                group = [pairs[i] for i in order[s:s + c.batch_size]]
+                tokens, states, mask = _pad_batch(group, weight.device, weight.dtype)
+                loss, _ = eagle_loss(self.head, self.policy, tokens, states, mask, c.unroll,
+                                     0.0, c.state_units)
+                total += float(loss) * len(group)
+        return total / len(pairs)
+
     @property
     def steps_done(self) -> int:
         return self.trainer.steps_done

@@ -1,0 +1,100 @@
+"""Does a drafter go stale during RL? The staleness run at the lead GRPO setting (issue #22).
+
+One GRPO trajectory of the default policy on running sums (P 16 x G 16, 256 tokens, T 1,
+lr 5e-4, k3 KL 0.05 to the start, 16 workers, exact-match reward: BENCHMARKS.md, "Fifth
+session"), with every drafter of ``workbench.rl.staleness`` measured on each step's own
+rollout (``--measure-groups`` groups decoded again, coupled, k ``--spec-k``). Prints one JSON
+line per step. Resumable: the run checkpoints into ``--out``/checkpoint every
+``--checkpoint-every`` steps and goes on from there when started again with the same
+options. At the end ``--out`` holds history.csv, positions.csv, evals.csv, byproduct.csv
+(adaptive against frozen, final policy, ``--probe`` held-out prompts), sibling_speedups.csv
+(batch 1 and 32, interleaved with plain decoding) and metrics.json.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_run.py --steps 400 --out runs/staleness
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from workbench.adapt import SpotConfig
+from workbench.results import prepare_out_dir, write_metrics, write_table
+from workbench.rl import GRPOConfig
+from workbench.rl.staleness import StalenessConfig, staleness_setup
+from workbench.rl.staleness_drafters import CeilingConfig
+from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
+                                           staleness_metrics)
+
+from common import command_line
+
+
+def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--out", default="runs/staleness")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--kl", type=float, default=0.05)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spec-k", type=int, default=4)
+    ap.add_argument("--measure-groups", type=int, default=4)
+    ap.add_argument("--history-steps", type=int, default=4,
+                    help="the adaptive drafter's buffer: the last steps' whole harvests")
+    ap.add_argument("--ceiling-max-steps", type=int, default=400)
+    ap.add_argument("--eval", type=int, default=400, help="held-out problems")
+    ap.add_argument("--eval-every", type=int, default=40)
+    ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--probe", type=int, default=64,
+                    help="held-out prompts of the by-product measure")
+    ap.add_argument("--speedup-groups", type=int, default=2,
+                    help="the sibling drafter's speedup: prompt groups of the next step")
+    ap.add_argument("--repeats", type=int, default=3, help="the speedup's repeats (>= 3)")
+    return ap, ap.parse_args()
+
+
+def main():
+    ap, args = parse()
+    final = FinalConfig(probe_prompts=args.probe, speedup_groups=args.speedup_groups,
+                        speedup_repeats=args.repeats)  # checked before the model loads
+    out = prepare_out_dir(args.out)
+    print(command_line(ap, args), flush=True)
+    grpo = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
+                           max_new_tokens=args.max_new_tokens, temperature=1.0, lr=args.lr,
+                           kl_coef=args.kl, workers=args.workers, seed=args.seed)
+    config = StalenessConfig(grpo=grpo, spot=SpotConfig(history_steps=args.history_steps),
+                             ceiling=CeilingConfig(max_steps=args.ceiling_max_steps),
+                             spec_k=args.spec_k, measure_groups=args.measure_groups,
+                             eval_every=args.eval_every,
+                             checkpoint_every=args.checkpoint_every)
+    run = staleness_setup(config, eval_problems=args.eval,
+                          checkpoint_dir=Path(args.out) / "checkpoint")
+    start, t0 = run.rl_step, time.perf_counter()
+
+    def log(row):
+        keys = ["step", "reward", "kl_start", *[k for k in row if k.startswith("tau_")],
+                "adaptive_steps", "ceiling_steps", "measure_s", "learn_s"]
+        print(json.dumps({**{k: row[k] for k in keys if k in row},
+                          "wall_s": time.perf_counter() - t0}), flush=True)
+
+    history = run.run_to(args.steps, progress=False, on_step=log)
+    print(json.dumps({"steps_run": run.rl_step - start,
+                      "wall_s": time.perf_counter() - t0}), flush=True)
+    table, speedups = byproduct(run, final), sibling_speedups(run, final)
+    for name, frame in (("history", history), ("positions", run.positions),
+                        ("evals", run.evals), ("byproduct", table),
+                        ("sibling_speedups", speedups)):
+        write_table(frame, out / f"{name}.csv")
+    metrics = staleness_metrics(history, run.evals, table, speedups, grpo.rollout.temperature)
+    write_metrics(out, {**metrics, "threads": torch.get_num_threads()})
+    print(json.dumps(metrics), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""Does a drafter go stale during RL? One GRPO trajectory, several drafters measured on it.
+
+SD is lossless, so the policy's trajectory does not depend on the drafter: one plain GRPO run
+serves every drafter, and each is measured on every step's own rollout
+(:mod:`workbench.rl.acceptance`: a few of the step's prompt groups decoded again with the
+drafter, coupled at the rollout's temperature, the tokens checked against the trajectory's).
+The drafters (:mod:`workbench.rl.staleness_drafters`) are ``frozen`` (the pre-RL EAGLE head),
+``adaptive`` (TLT's spot trainer on every idle worker), ``ceiling`` (trained to convergence on
+each step's whole harvest) and ``sibling`` (model-free: the row's group on its worker, and its
+prompt's earlier responses). Each learns from a step after its tau on that step is measured,
+so it serves from the next step, as in TLT. Measured on one worker, every row of a measured
+group is there for the sibling drafter: the group-affine placement, not the trajectory's
+(requests are dealt round-robin to the workers, so with G = N a worker holds one row of each
+group, and no sibling).
+
+One RL step (:meth:`StalenessRun.step`):
+
+1. **rollout**: the trajectory's own plain rollout (coupled draws), harvested;
+2. **measure**: each drafter's tau on this step's rollout, and its tau by response position;
+3. **the drafters learn** from this step, on the policy that sampled it (TLT's drafter
+   trains in the rollout's idle windows, before the update);
+4. **update** the policy (GRPO), the step's row recorded with 2) and 3) in it;
+5. **record and checkpoint**: held-out greedy accuracy when due, the checkpoint every
+   ``checkpoint_every`` steps.
+
+Nothing in 2) and 3) changes the trajectory: they run with the global RNG seeded per step
+and put back after (``train.isolated_rng``), the drafters train on copies of their own and
+hold the policy frozen, and measuring decodes on an engine of its own.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..adapt import SpotConfig
+from ..checks import check_choice, check_int
+from ..evaluate import evaluate_policy
+from ..progress import tqdm
+from ..rollout import RolloutEngine
+from ..speculative.eagle import EagleHead
+from ..tasks import Problem, exact_match_reward
+from ..train import isolated_rng
+from .ablation import rl_setup
+from .acceptance import measure_tau
+from .checkpoint import has_state, load_state, save_state
+from .config import GRPOConfig
+from .grpo import GRPO
+from .staleness_drafters import (AdaptiveDrafter, CeilingConfig, CeilingDrafter, FrozenDrafter,
+                                 SiblingMemory)
+
+__all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo"]
+
+DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling")
+DIVERGENCE = ("auto", "raise", "count")
+STATE_FILE = "staleness_state.pt"
+
+
+def lead_grpo() -> GRPOConfig:
+    """The lead GRPO setting (BENCHMARKS.md, "Fifth session"): P 16 x G 16, 256 tokens,
+    T 1, lr 5e-4, k3 KL 0.05 to the start, 16 workers."""
+    return GRPOConfig.flat(prompts_per_step=16, samples_per_prompt=16, max_new_tokens=256,
+                           temperature=1.0, lr=5e-4, kl_coef=0.05, workers=16)
+
+
+def _spot() -> SpotConfig:
+    # the buffer of the last 4 steps' harvests: one step's alone is narrow enough that
+    # training on it cost acceptance on other prompts (BENCHMARKS.md, notebook 03)
+    return SpotConfig(history_steps=4)
+
+
+@dataclass
+class StalenessConfig:
+    """Arguments of a staleness run; checked when built.
+
+    Args:
+        grpo: the trajectory (default: the lead setting, :func:`lead_grpo`).
+        spot: the adaptive drafter's spot trainer (default: every idle worker, the last 4
+            steps' harvests in its buffer).
+        ceiling: the ceiling drafter's training to convergence.
+        drafters: which of :data:`DRAFTERS` to measure.
+        spec_k: draft tokens per speculative step, every drafter alike.
+        measure_groups: prompt groups of each step decoded again per drafter (the first ones;
+            the step's prompts are a seeded random draw).
+        position_bucket: response tokens per bucket of tau against position.
+        eval_every: held-out greedy accuracy every this many steps (also before the first
+            and after the last; None: those two only). Needs held-out problems.
+        checkpoint_every: steps between checkpoints (and one after the last step run).
+        divergence: what a measured row whose tokens differ from the trajectory's does:
+            ``"raise"`` (:class:`~workbench.rl.acceptance.NotLosslessError`), ``"count"``
+            (the row's ``diverged_<drafter>``), ``"auto"``: raise for a float64 policy, count
+            otherwise (docs/design.md: exact in float64; in float32 a verify pass may round
+            a near-tie differently).
+    """
+
+    grpo: GRPOConfig = field(default_factory=lead_grpo)
+    spot: SpotConfig = field(default_factory=_spot)
+    ceiling: CeilingConfig = field(default_factory=CeilingConfig)
+    drafters: tuple = DRAFTERS
+    spec_k: int = 4
+    measure_groups: int = 4
+    position_bucket: int = 16
+    eval_every: int | None = None
+    checkpoint_every: int = 10
+    divergence: str = "auto"
+
+    def __post_init__(self):
+        for name, cls in (("grpo", GRPOConfig), ("spot", SpotConfig),
+                          ("ceiling", CeilingConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"StalenessConfig.{name} must be a {cls.__name__}, got "
+                                 f"{type(getattr(self, name)).__name__}")
+        self.drafters = tuple(self.drafters) if isinstance(self.drafters, (list, tuple)) \
+            else self.drafters
+        if (not isinstance(self.drafters, tuple) or not self.drafters
+                or len(set(self.drafters)) != len(self.drafters)):
+            raise ValueError(f"StalenessConfig.drafters must be a non-empty list of distinct "
+                             f"names from {list(DRAFTERS)}, got {self.drafters!r}")
+        for name in self.drafters:
+            check_choice("StalenessConfig.drafters[]", name, DRAFTERS)
+        for name in ("spec_k", "position_bucket", "checkpoint_every"):
+            check_int(f"StalenessConfig.{name}", getattr(self, name), 1)
+        P = self.grpo.prompts_per_step
+        check_int(f"StalenessConfig.measure_groups (at most P = {P})", self.measure_groups, 1,
+                  P)
+        check_int("StalenessConfig.eval_every", self.eval_every, 1, optional=True)
+        check_choice("StalenessConfig.divergence", self.divergence, DIVERGENCE)
+        if "ceiling" in self.drafters and P < 2:
+            raise ValueError(f"the ceiling drafter holds back prompt groups: prompts_per_step "
+                             f"must be at least 2, got {P}")
+
+
+def _check_checkpoint_dir(checkpoint_dir) -> None:
+    if checkpoint_dir is not None and Path(checkpoint_dir).is_file():
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
+                         "must be a folder (created if missing)")
+
+
+def staleness_setup(config: StalenessConfig, model: str = "default",
+                    task: str = "running_sum", rl_problems: int = 4000,
+                    eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
+                    fit=None, checkpoint_dir: str | os.PathLike | None = None
+                    ) -> "StalenessRun":
+    """A :class:`StalenessRun` of ``config`` on ``model`` and ``task`` (``rl_setup``: the RL
+    pool, ``eval_problems`` held-out problems, the reward by name, the pre-RL head that
+    ``drafter`` names), resuming from ``checkpoint_dir`` when it holds a checkpoint. Every
+    argument is checked before the model loads."""
+    if not isinstance(config, StalenessConfig):
+        raise ValueError(f"config must be a StalenessConfig, got {type(config).__name__}")
+    _check_checkpoint_dir(checkpoint_dir)
+    check_int("eval_problems", eval_problems, 1)
+    s = rl_setup(model, task, rl_problems, eval_problems, reward, drafter=drafter,
+                 variants=["static_sd"], fit=fit)  # a speculative variant: the head
+    return StalenessRun(s.policy, s.tokenizer, s.pool, s.drafter_head, s.reward, config,
+                        held_out=s.held_out, checkpoint_dir=checkpoint_dir)
+
+
+def _rng_seed(config: StalenessConfig, step: int) -> int:
+    return (config.grpo.rollout.seed * 1_000_003 + step) % 2**63
+
+
+class StalenessRun:
+    """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring).
+
+    Args:
+        policy, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`'s.
+        drafter_head: the pre-RL EAGLE head for ``policy``; every drafter starts from a copy.
+        config: a :class:`StalenessConfig`.
+        held_out: problems of the held-out greedy accuracy (None: not measured).
+        checkpoint_dir: the run's checkpoint folder; a run resumes from it (it must have been
+            made with the same config).
+    """
+
+    def __init__(self, policy, tokenizer, problems: list[Problem], drafter_head,
+                 reward=exact_match_reward, config: StalenessConfig | None = None,
+                 held_out: list[Problem] | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None):
+        self.config = c = config if config is not None else StalenessConfig()
+        if not isinstance(c, StalenessConfig):
+            raise ValueError(f"config must be a StalenessConfig, got {type(c).__name__}")
+        if not isinstance(drafter_head, EagleHead):
+            raise ValueError(f"drafter_head must be the pre-RL EagleHead, got "
+                             f"{type(drafter_head).__name__} (rl_setup(...).drafter_head)")
+        drafter_head.config.check(policy.config)
+        if held_out is not None and (not held_out
+                                     or not all(isinstance(p, Problem) for p in held_out)):
+            raise ValueError("held_out must be a non-empty list of workbench.tasks.Problem "
+                             "or None")
+        if c.eval_every is not None and held_out is None:
+            raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
+        _check_checkpoint_dir(checkpoint_dir)
+        self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
+        self.tokenizer, self.held_out, self.checkpoint_dir = tokenizer, held_out, checkpoint_dir
+        self.measurer = RolloutEngine(policy, tokenizer)  # one worker, a backend of its own
+        dtype = policy.get_output_embeddings().weight.dtype
+        self.strict = c.divergence == "raise" or (c.divergence == "auto"
+                                                  and dtype == torch.float64)
+        G = c.grpo.rollout.samples_per_prompt
+        build = {"frozen": lambda: FrozenDrafter(drafter_head, policy),
+                 "adaptive": lambda: AdaptiveDrafter(drafter_head, policy, c.spot),
+                 "ceiling": lambda: CeilingDrafter(drafter_head, policy, c.ceiling, G),
+                 "sibling": SiblingMemory}
+        self.drafters = {name: build[name]() for name in c.drafters}
+        self._positions: list[dict] = []
+        self._evals: list[dict] = []
+        if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
+            self.load_checkpoint()
+
+    @property
+    def policy(self):
+        return self.grpo.model
+
+    @property
+    def rl_step(self) -> int:
+        return self.grpo.rl_step
+
+    # ---- one step -----------------------------------------------------------------------
+    def step(self) -> dict:
+        """One RL step (module docstring); returns its row."""
+        c, grpo = self.config, self.grpo
+        # 1) rollout: the trajectory's own, plain (coupled draws), harvested for the drafters
+        rl = grpo.rollout(harvest=True)
+        with isolated_rng(_rng_seed(c, rl.step)):  # nothing below touches GRPO's RNG
+            # 2) measure: each drafter's tau on this step's rollout
+            t0 = time.perf_counter()
+            extra = self._measure(rl)
+            # 3) the drafters learn from this step, on the policy that sampled it
+            t1 = time.perf_counter()
+            for drafter in self.drafters.values():
+                extra.update(drafter.learn(rl, grpo.engine.backend))
+            extra.update(measure_s=t1 - t0, learn_s=time.perf_counter() - t1)
+        # 4) update the policy; the step's row holds 2) and 3)
+        row = grpo.update(rl, extra)
+        # 5) record and checkpoint
+        if self.held_out is not None and c.eval_every and grpo.rl_step % c.eval_every == 0:
+            self._evaluate()
+        if self.checkpoint_dir is not None and grpo.rl_step % c.checkpoint_every == 0:
+            self.save_checkpoint()
+        return row
+
+    def _measure(self, rl) -> dict:
+        """``tau_<drafter>`` and ``diverged_<drafter>`` on the first ``measure_groups``
+        groups of ``rl``; tau by position into :attr:`positions`."""
+        c = self.config
+        groups = c.measure_groups
+        prompts = [p.prompt for p in rl.problems[:groups]]
+        reference = rl.result.requests[:groups * c.grpo.rollout.samples_per_prompt]
+        config = self.grpo.rollout_config(rl.step)
+        out = {}
+        for name, drafter in self.drafters.items():
+            tm = measure_tau(self.measurer, drafter.drafter, prompts, reference, config,
+                             c.spec_k, self.strict, name, c.position_bucket)
+            out[f"tau_{name}"], out[f"diverged_{name}"] = tm.tau, tm.diverged
+            self._positions += [{"step": rl.step, "drafter": name, **r}
+                                for r in tm.positions.to_dict("records")]
+        return out
+
+    def _evaluate(self) -> None:
+        """Held-out greedy accuracy of the policy as it is now (after ``rl_step`` steps)."""
+        with isolated_rng(_rng_seed(self.config, self.rl_step)):
+            report = evaluate_policy(self.policy, self.tokenizer, self.held_out,
+                                     max_new_tokens=self.config.grpo.rollout.max_new_tokens,
+                                     progress=False)
+        self._evals.append({"step": self.rl_step, "accuracy": report.summary()["accuracy"]})
+
+    def run_to(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
+        """Run until ``steps`` RL steps are done (a resumed run goes on from its checkpoint);
+        held-out accuracy before the first step and after the last; ``on_step(row)`` after
+        each step (a log line). Returns the history."""
+        check_int("steps", steps, 0)
+        if steps < self.rl_step:
+            raise ValueError(f"steps={steps}, but the checkpoint in "
+                             f"{str(self.checkpoint_dir)!r} already holds {self.rl_step} steps")
+        if self.held_out is not None and not self._evals:
+            self._evaluate()
+        for _ in tqdm(range(steps - self.rl_step), desc="staleness", disable=not progress):
+            row = self.step()
+            if on_step is not None:
+                on_step(row)
+        done = [e["step"] for e in self._evals]
+        if self.held_out is not None and (not done or done[-1] != self.rl_step):
+            self._evaluate()
+        if self.checkpoint_dir is not None:
+            self.save_checkpoint()
+        return self.history
+
+    # ---- tables -------------------------------------------------------------------------
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per RL step: GRPO's (reward, ``kl_start``, accuracy, lengths, times) with
+        ``tau_<drafter>``, ``diverged_<drafter>``, the adaptive drafter's ``adaptive_*``
+        and the ceiling's ``ceiling_*`` figures, ``measure_s`` and ``learn_s`` (wall)."""
+        return self.grpo.history
+
+    @property
+    def positions(self) -> pd.DataFrame:
+        """tau against response position: ``step``, ``drafter``, ``position`` (bucket
+        start), ``verify_steps``, ``emitted`` (tau of a bucket: emitted / verify_steps)."""
+        return pd.DataFrame(self._positions, columns=["step", "drafter", "position",
+                                                      "verify_steps", "emitted"])
+
+    @property
+    def evals(self) -> pd.DataFrame:
+        """Held-out greedy accuracy: ``step`` (RL steps done), ``accuracy``."""
+        return pd.DataFrame(self._evals, columns=["step", "accuracy"])
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write the whole run's state atomically (GRPO, every drafter, the tables so far)."""
+        state = {"config": repr(self.config), "grpo": self.grpo.state_dict(),
+                 "drafters": {n: d.state_dict() for n, d in self.drafters.items()},
+                 "positions": list(self._positions), "evals": list(self._evals)}
+        return save_state(self.checkpoint_dir, STATE_FILE, state)
+
+    def load_checkpoint(self) -> None:
+        """Resume from :attr:`checkpoint_dir`; refused when its config differs from this
+        run's (a damaged file is a ``DamagedFileError`` naming it)."""
+        state = load_state(self.checkpoint_dir, STATE_FILE)
+        if state["config"] != repr(self.config):
+            raise ValueError(f"the checkpoint in {str(self.checkpoint_dir)!r} was made with "
+                             f"another configuration:\n  {state['config']}\nthis run's:\n  "
+                             f"{self.config!r}\nrun with the same one, or delete the folder "
+                             "to start over")
+        self.grpo.load_state_dict(state["grpo"])
+        for name, drafter in self.drafters.items():
+            drafter.load_state_dict(state["drafters"][name])
+        self._positions, self._evals = list(state["positions"]), list(state["evals"])

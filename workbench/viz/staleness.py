@@ -1,0 +1,99 @@
+"""Figures of a drafter-staleness run, drawn from its tables (``workbench.rl.staleness``).
+
+``history``: one row per RL step, with ``tau_<drafter>`` and ``kl_start``; ``evals``: held-out
+greedy accuracy per ``step``; ``positions``: per step, drafter and response-position bucket,
+``verify_steps`` and ``emitted``; the by-product table: ``drafter``, ``temperature``,
+``acceptance_length``. tau is the acceptance length (tokens emitted per verify step, docs/
+design.md) on each step's own rollout at the run's temperature, coupled verification.
+``label`` is the RL configuration every figure states beside it.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+__all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "DRAFTER_COLORS"]
+
+DRAFTER_COLORS = {"frozen": "#1f78b4", "adaptive": "#33a02c", "ceiling": "#6a3d9a",
+                  "sibling": "#ff7f00"}
+
+
+def _drafters(history: pd.DataFrame) -> list[str]:
+    return [c.removeprefix("tau_") for c in history.columns if c.startswith("tau_")]
+
+
+def _caption(ax, label: str) -> None:
+    if label:
+        ax.set_title(label, fontsize=7, loc="left", color="#555555")
+
+
+def tau_over_steps(history: pd.DataFrame, evals: pd.DataFrame | None = None, label: str = "",
+                   k: int | None = None):
+    """tau of every drafter against the RL step, above the policy's KL to its start and
+    (with ``evals``) its held-out greedy accuracy, on one step axis."""
+    panels = 3 if evals is not None and len(evals) else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(7.0, 2.2 + 1.8 * panels), sharex=True,
+                             layout="constrained", height_ratios=[2] + [1] * (panels - 1))
+    ax = axes[0]
+    for name in _drafters(history):
+        ax.plot(history["step"], history[f"tau_{name}"], marker="o", ms=2.5, lw=1.2,
+                label=name, color=DRAFTER_COLORS.get(name))
+    ax.set_ylabel("tau (tokens per verify step)" + (f", k={k}" if k else ""))
+    ax.legend(fontsize=7, ncols=4, loc="lower left")
+    _caption(ax, label)
+    axes[1].plot(history["step"], history["kl_start"], color="#984ea3")
+    axes[1].set_ylabel("KL to the start (k3)")
+    if panels == 3:
+        axes[2].plot(evals["step"], evals["accuracy"], marker="o", color="#4d4d4d")
+        axes[2].set_ylabel("held-out accuracy\n(greedy)")
+    axes[-1].set_xlabel("RL step")
+    return fig
+
+
+def tau_by_position(positions: pd.DataFrame, steps=None, label: str = ""):
+    """tau against response position (bucket start) of every drafter, one panel per step of
+    ``steps`` (default: the first and the last step in the table)."""
+    if positions.empty:
+        raise ValueError("the positions table is empty: run at least one RL step")
+    steps = [int(positions["step"].min()), int(positions["step"].max())] if steps is None \
+        else list(steps)
+    steps = list(dict.fromkeys(steps))
+    fig, axes = plt.subplots(1, len(steps), figsize=(4.2 * len(steps), 3.4), sharey=True,
+                             layout="constrained", squeeze=False)
+    for ax, step in zip(axes[0], steps):
+        at = positions[positions["step"] == step]
+        if at.empty:
+            raise ValueError(f"no RL step {step} in the positions table; steps: "
+                             f"{sorted(positions['step'].unique())}")
+        for name, rows in at.groupby("drafter", sort=False):
+            ax.plot(rows["position"], rows["emitted"] / rows["verify_steps"], marker="o",
+                    ms=3, label=name, color=DRAFTER_COLORS.get(name))
+        ax.set_title(f"RL step {step}", fontsize=9)
+        ax.set_xlabel("response position (tokens, bucket start)")
+    axes[0][0].set_ylabel("tau (tokens per verify step)")
+    axes[0][0].legend(fontsize=7)
+    if label:
+        fig.suptitle(label, fontsize=7, color="#555555")
+    return fig
+
+
+def byproduct_bars(table: pd.DataFrame, label: str = ""):
+    """The by-product: tau of the frozen and the adaptive drafter with the final policy on
+    held-out prompts, a pair of bars per temperature, each bar labelled with its value."""
+    fig, ax = plt.subplots(figsize=(5.6, 3.6), layout="constrained")
+    temps = sorted(table["temperature"].unique())
+    names = list(dict.fromkeys(table["drafter"]))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        rows = table[table["drafter"] == name].set_index("temperature").reindex(temps)
+        xs = np.arange(len(temps)) + (j - (len(names) - 1) / 2) * width
+        ax.bar(xs, rows["acceptance_length"], width, label=name,
+               color=DRAFTER_COLORS.get(name))
+        for x, v in zip(xs, rows["acceptance_length"]):
+            ax.text(x, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(np.arange(len(temps)), [f"T={t:g}" for t in temps])
+    ax.set_ylabel("tau on held-out prompts, final policy")
+    ax.legend(fontsize=7, loc="lower right")
+    _caption(ax, label)
+    return fig
