@@ -63,17 +63,29 @@ def tiny_gqa(request, tokenizer):
 
 
 # the fixtures of the session's notebook runs (tests/notebook_runs.py): a test that reads them
-# runs at the end of the session, by which time the runs, started with the first test, are done
+# runs late in the session, by which time the runs, started with the first test, are done
 SESSION_RUN_FIXTURES = {"quickstart_runs", "notebook_runs"}
+# tests that want the cores to themselves run after those: a local Ray (its start gives its
+# node a fixed 30 s to register, which a machine busy with kernels can miss) and JupyterLab
+# in Chromium (a browser's waits)
+QUIET_FIXTURES = {"local_ray", "lab"}
 
 
 def _reads_session_runs(item) -> bool:
     return bool(SESSION_RUN_FIXTURES & set(getattr(item, "fixturenames", ())))
 
 
+def _place(item) -> int:
+    """0: runs beside the session's notebook runs; 1: reads them; 2: after them."""
+    if QUIET_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return 2
+    return int(_reads_session_runs(item))
+
+
 def pytest_collection_modifyitems(items):
-    """The tests that read the session's notebook runs go last, in their order."""
-    items.sort(key=_reads_session_runs)  # stable: False (the rest) first
+    """The tests that read the session's notebook runs go last but the ones that want a
+    quiet machine, in their order."""
+    items.sort(key=_place)  # stable
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,3 +1,4 @@
+import os
 import shutil
 import subprocess
 import sys
@@ -51,7 +52,10 @@ def test_saved_model_loads_in_a_fresh_process_with_the_same_logits(tmp_path, tok
     code = ("import torch; from transformers import AutoModelForCausalLM as M; "
             f"m = M.from_pretrained(r'{path}'); "
             f"print(m(torch.load(r'{tmp_path / 'ids.pt'}')).logits.detach().numpy().tobytes().hex())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # the same torch threads as here: a float32 sum split over other threads rounds otherwise
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
     assert out.stdout.strip() == expected.numpy().tobytes().hex()
 
 

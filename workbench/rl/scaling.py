@@ -100,7 +100,7 @@ def compare_backends(policy, tokenizer, problems, reward, grpo: GRPOConfig, step
     systems = [("local", grpo.rollout.workers, lambda: LocalBackend())]
     systems += [(f"ray-{k}", k, lambda: RayBackend(ray_address, threads_per_worker=threads))
                 for k in actors]
-    started_ray = connect(ray_address, log_dir=log_dir)
+    started_ray = bool(actors) and connect(ray_address, log_dir=log_dir)
     rows = []
     try:
         for name, workers, make_backend in systems:
