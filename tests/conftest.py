@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random models built in the test, in float64 where equality matters;
 the session's one local Ray and its 2 actors."""
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,12 @@ from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralF
 
 from workbench.zoo.tokenizer import build_char_tokenizer
 
-# one thread: the session's notebook runs (tests/notebook_runs.py) share the two cores with
-# these tests, and torch threads that outnumber free cores spin in their barriers (10x slower)
+# one thread, here and in every process the tests start (kernels, the command line, fresh
+# processes; a test may set its own): the session's notebook runs (tests/notebook_runs.py)
+# share the two cores with these tests, and torch threads that outnumber free cores spin in
+# their barriers (10x slower)
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

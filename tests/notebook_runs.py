@@ -4,13 +4,14 @@ background with the first test and read by tests that run last.
 A notebook run costs ~9 s before its first line of work (a kernel, torch, transformers, the
 model) and the suite has some twenty of them. They go to the command line as two pipelines, the
 quickstart (as the README's main job runs it: :func:`run_quickstart_at_smoke_size`) and then
-every other run (:func:`run_all_notebooks`), each ``--jobs 2``, the longest runs first so that
-the last ones to finish are short (two kernels of one thread each finish the lot ~1.6x sooner
+every other run (:func:`notebook_suite_entries`), each ``--jobs 2``, the longest runs first so
+that the last ones to finish are short (two kernels of one thread each finish the lot ~1.6x sooner
 than one after another on two cores; two of two threads each would run 4x slower).
 :class:`SessionRuns` runs both in processes of their own while the rest of the suite goes on:
-the unit tests keep about one core busy, and the kernels take what they leave. conftest.py
-starts it with the first test and moves the tests that read the runs to the end of the session,
-where they wait for them (``quickstart_runs``, ``notebook_runs``). The tests then read each
+the unit tests keep about one core busy, and the kernels take what they leave; every process
+of the session has one torch thread (conftest.py), since threads that outnumber free cores
+spin. conftest.py starts it with the first test and moves the tests that read the runs to the
+end of the session, where they wait for them (``quickstart_runs``, ``notebook_runs``). The tests then read each
 run's folder: the executed ``notebook.ipynb``, ``metrics.json``, figures and ``run.json``.
 """
 from __future__ import annotations
@@ -146,10 +147,10 @@ class NotebookSuite:
     user_task: Path
 
 
-def run_all_notebooks(folder: Path, smoke: dict) -> NotebookSuite:
-    """Build the user's model, task and CLI-fitted head under ``folder``, then run the default
-    model's smoke runs and the user's runs as one pipeline (``smoke``: stem -> (parameters,
-    metric keys))."""
+def notebook_suite_entries(folder: Path, smoke: dict) -> tuple[dict, dict, Path]:
+    """Build the user's model, task and CLI-fitted head under ``folder``; the pipeline
+    entries of the default model's smoke runs and the user's runs (``smoke``: stem ->
+    (parameters, metric keys)), the kernels' environment and the task's path."""
     from .user_model import save_user_model, word_problems
     model = save_user_model(folder / "model", "qwen2", num_hidden_layers=4)
     task = folder / "word_problems.jsonl"
@@ -170,13 +171,14 @@ def run_all_notebooks(folder: Path, smoke: dict) -> NotebookSuite:
     entries["user_02_speculative_decoding"][1]["drafter"] = str(head)
     entries["user_04_baseline_alone"] = ("04_tlt_rl", {**smoke["04_tlt_rl"][0],
                                                        **BASELINE_ALONE, **user})
-    return NotebookSuite(run_notebooks(folder, entries, env=env), task)
+    return entries, env, task
 
 
 class SessionRuns:
     """The quickstart's runs and every other notebook run (``smoke``: stem -> (parameters,
-    metric keys)), run one pipeline after the other under ``root`` in a background thread
-    whose work happens in processes of their own (module docstring). :meth:`quickstart` and
+    metric keys)), under ``root``, from a background thread whose work happens in processes
+    of their own (module docstring): the quickstart's pipeline beside the building of the
+    user's model and head, then the other pipeline. :meth:`quickstart` and
     :meth:`notebooks` wait for theirs; an error in the background is raised there."""
 
     def __init__(self, root: Path, smoke: dict):
@@ -192,16 +194,29 @@ class SessionRuns:
         return self
 
     def _run(self) -> None:
+        quickstart = threading.Thread(target=self._run_quickstart, name="quickstart")
+        quickstart.start()
         try:
-            self._quickstart = run_quickstart_at_smoke_size(self._folder("quickstart"),
-                                                            self.smoke)
-            self._quickstart_done.set()
-            self._suite = run_all_notebooks(self._folder("notebooks"), self.smoke)
+            # the user's model, task and head are built beside the quickstart's two kernels;
+            # the other runs wait for them to end: two kernels at a time, not four
+            folder = self._folder("notebooks")
+            entries, env, task = notebook_suite_entries(folder, self.smoke)
+            quickstart.join()
+            self._suite = NotebookSuite(run_notebooks(folder, entries, env=env), task)
         except BaseException as exc:  # raised again in the test that waits
             self._error = exc
         finally:
-            self._quickstart_done.set()
+            quickstart.join()
             self._suite_done.set()
+
+    def _run_quickstart(self) -> None:
+        try:
+            self._quickstart = run_quickstart_at_smoke_size(self._folder("quickstart"),
+                                                            self.smoke)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._quickstart_done.set()
 
     def _folder(self, name: str) -> Path:
         folder = self.root / name
