@@ -1,0 +1,204 @@
+"""The cluster simulator's core: one synchronous RL step on N virtual workers, replayed from
+response lengths and measured step costs, and read with ``rollout.timeline.Timeline``'s own
+measures (makespan, idle fraction, tail share, idle windows), never redefined here.
+
+A worker decodes its requests in one batch (no continuous batching): a ``prefill`` step if
+the costs have one (it emits each row's first token), then decode steps, each costing the
+StepCost at the live batch size. Under the threshold rule a step is speculative (``strategy``)
+while the live batch is below ``threshold`` B, plain otherwise (B = 0: always plain). A
+speculative step emits tau tokens per row, tau's *expected value*: a row of r tokens left
+needs ceil(r / tau) such steps (the spread of accepted lengths is not drawn).
+
+Event-driven: between two events (a row finishing on a worker) a worker's live batch, and so
+its step kind, cost and tau, stay fixed, so the steps up to its next event are counted at
+once; each event loop turn advances every worker together (numpy over workers), at most one
+turn per request slot. The steps table gets one row per such run of identical steps (a
+*segment*: ``batch_size`` its live batch, ``tokens`` the tokens it emitted), which is all
+the Timeline measures need.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..checks import check_int, check_non_negative, check_positive
+from ..rollout.timeline import Timeline
+from .cost import StepCost
+from .trace import Trace
+
+__all__ = ["Layout", "layout", "simulate_rollout", "simulate", "Prediction"]
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Requests laid out on workers: ``response`` and ``prompt`` token counts, both
+    [N workers, R slots] int64; a slot with response 0 holds no request."""
+
+    response: np.ndarray
+    prompt: np.ndarray
+
+    @property
+    def workers(self) -> int:
+        return self.response.shape[0]
+
+
+def _as_trace_layout(trace: Trace) -> Layout:
+    r = trace.requests
+    n, slots = int(r["worker"].max()) + 1, int(r.groupby("worker").size().max())
+    slot = r.groupby("worker").cumcount().to_numpy()
+    response, prompt = np.zeros((n, slots), np.int64), np.zeros((n, slots), np.int64)
+    response[r["worker"], slot] = r["response_tokens"]
+    prompt[r["worker"], slot] = r["prompt_tokens"]
+    return Layout(response, prompt)
+
+
+def layout(trace: Trace, workers: int | None = None, per_worker: int | None = None,
+           seed: int = 0) -> Layout:
+    """The requests of one RL step on ``workers`` x ``per_worker`` slots. Without
+    ``workers``: the trace's own (its ``worker`` column, replayed as recorded). With them:
+    whole groups drawn from the trace with replacement (seeded) until there are enough
+    requests, dealt round-robin like the engine's sharding (request i to worker i mod N)."""
+    if workers is None:
+        if not trace.has_workers:
+            raise ValueError("this trace names no worker per request: give workers= and "
+                             "per_worker= to lay its requests out")
+        return _as_trace_layout(trace)
+    n = check_int("workers", workers, 1)
+    per = check_int("per_worker", per_worker, 1)
+    groups = [g for _, g in trace.requests.groupby("group", sort=True)]
+    rng = np.random.default_rng(seed)
+    mean = np.mean([len(g) for g in groups])
+    picks = rng.integers(0, len(groups), int(np.ceil(n * per / mean)) + len(groups))
+    drawn = pd.concat([groups[i] for i in picks], ignore_index=True).iloc[:n * per]
+    while len(drawn) < n * per:  # the expected count fell short: draw more
+        drawn = pd.concat([drawn, groups[rng.integers(len(groups))]], ignore_index=True)
+    deal = lambda col: drawn[col].to_numpy(np.int64)[:n * per].reshape(per, n).T.copy()
+    return Layout(deal("response_tokens"), deal("prompt_tokens"))
+
+
+def _segments(lay: Layout, cost: StepCost, threshold: int, strategy: str | None):
+    """Run the event loop: (segment columns, each request's end time [N, R])."""
+    n = lay.workers
+    rem = lay.response.astype(float)
+    live = lay.response > 0
+    t, end = np.zeros(n), np.full(rem.shape, np.nan)
+    cols = {k: [] for k in ("worker", "kind", "start_s", "end_s", "batch_size", "tokens")}
+
+    def record(mask, kind, start, stop, batch, tokens):
+        idx = np.flatnonzero(mask)
+        for name, v in (("worker", idx), ("start_s", start[idx]), ("end_s", stop[idx]),
+                        ("batch_size", batch[idx]), ("tokens", tokens[idx])):
+            cols[name].append(v)
+        cols["kind"].append(np.where(kind[idx], "verify", "decode") if kind is not None
+                            else np.full(len(idx), "prefill"))
+
+    if cost.has("prefill"):
+        b = live.sum(1)
+        t = np.where(b > 0, cost.seconds("prefill", b), 0.0)
+        record(b > 0, None, np.zeros(n), t, b, b.astype(float))
+        rem = rem - live
+    end[live & (rem <= _EPS)] = np.broadcast_to(t[:, None], rem.shape)[live & (rem <= _EPS)]
+    live &= rem > _EPS
+    while live.any():
+        b = live.sum(1)
+        active = b > 0
+        sd = active & (b < threshold) if strategy else np.zeros(n, bool)
+        sec = np.where(sd, cost.seconds(strategy, b) if strategy else 0, cost.seconds("plain", b))
+        tau = np.where(sd, cost.tau(strategy, b) if strategy else 1, 1.0)
+        steps = np.where(active, np.ceil(np.where(live, rem, np.inf).min(1) / tau - _EPS), 0)
+        stop = t + steps * sec
+        emitted = np.where(live, np.minimum(rem, (steps * tau)[:, None]), 0.0)
+        record(active, sd, t, stop, b, emitted.sum(1))
+        rem = rem - emitted
+        done = live & (rem <= _EPS)
+        end[done] = np.broadcast_to(stop[:, None], rem.shape)[done]
+        live &= ~done
+        t = np.where(active, stop, t)
+    return {k: np.concatenate(v) if v else np.array([]) for k, v in cols.items()}, end
+
+
+def simulate_rollout(lay: Layout, cost: StepCost, threshold: int = 0,
+                     strategy: str | None = None) -> Timeline:
+    """One simulated rollout step as a Timeline on the *sim* clock (steps rows are segments,
+    see the module docstring). ``threshold`` B: speculative ``strategy`` below batch B."""
+    threshold = check_int("threshold", threshold, 0)
+    if threshold > 0 and strategy is None:
+        raise ValueError(f"threshold {threshold} needs a strategy (a speculative kind of the "
+                         f"step costs: {[k for k in cost.kinds if k not in ('plain', 'prefill')]})")
+    cost.seconds("plain", [1])  # names the missing kind before anything runs
+    if strategy is not None:
+        cost.seconds(strategy, [1])
+    seg, end = _segments(lay, cost, threshold, strategy)
+    steps = pd.DataFrame({**seg, "step": pd.Series(seg["worker"]).groupby(seg["worker"])
+                          .cumcount().to_numpy(), "forward_s": seg["end_s"] - seg["start_s"],
+                          "clock": "sim"})
+    steps = steps.astype({"worker": int, "batch_size": int})
+    steps["tokens"] = np.round(steps["tokens"]).astype(int)
+    w, s = np.nonzero(lay.response > 0)
+    zeros = np.zeros(len(w), np.int64)
+    requests = pd.DataFrame({
+        "worker": w, "uid": np.arange(len(w), dtype=np.int64), "prompt_id": s,
+        "sample_idx": zeros, "start_s": 0.0, "end_s": end[w, s],
+        "prompt_tokens": lay.prompt[w, s], "response_tokens": lay.response[w, s],
+        "finish": "eos", "verify_steps": zeros, "drafted": zeros, "accepted": zeros,
+        "emitted": lay.response[w, s], "reward": np.nan})
+    return Timeline(steps, requests, lay.workers, "sim")
+
+
+@dataclass
+class Prediction:
+    """One synchronous RL step predicted both ways: ``plain`` (every decode step plain, no
+    drafter) and ``tlt`` (the threshold rule's speculative steps, the drafter trained in the
+    idle windows), each followed by the policy update of ``update_s`` on every worker."""
+
+    plain: Timeline
+    tlt: Timeline
+    update_s: float
+    drafter_step_s: float | None
+
+    @property
+    def drafter_steps(self) -> int:
+        """Drafter training steps the TLT rollout's idle windows hold (all-idle rule: every
+        finished worker trains until the last one ends; each window holds floor(window /
+        drafter step time) steps). 0 without a drafter step time."""
+        if self.drafter_step_s is None:
+            return 0
+        return int(sum(np.floor(w.seconds / self.drafter_step_s + _EPS)
+                       for w in self.tlt.idle_windows()))
+
+    def gpu_hours(self, timeline: Timeline) -> float:
+        """GPU-hours of one RL step: N workers held for the rollout's makespan and the update."""
+        return timeline.num_workers * (timeline.makespan_s + self.update_s) / 3600.0
+
+    def summary(self) -> dict[str, float]:
+        """The step's predicted scalars (the Timeline measures of both rollouts)."""
+        plain, tlt = self.plain, self.tlt
+        return {
+            "workers": plain.num_workers, "requests": int(len(plain.requests)),
+            "makespan_plain_s": plain.makespan_s, "makespan_tlt_s": tlt.makespan_s,
+            "idle_fraction_plain": plain.idle_fraction(), "idle_fraction_tlt": tlt.idle_fraction(),
+            "tail_share_plain": plain.tail_share(), "tail_share_tlt": tlt.tail_share(),
+            "sd_speedup": plain.makespan_s / tlt.makespan_s if tlt.makespan_s > 0 else 1.0,
+            "step_s_plain": plain.makespan_s + self.update_s,
+            "step_s_tlt": tlt.makespan_s + self.update_s,
+            "drafter_steps": self.drafter_steps,
+            "gpu_hours_plain": self.gpu_hours(plain), "gpu_hours_tlt": self.gpu_hours(tlt)}
+
+
+def simulate(trace: Trace | Layout, cost: StepCost, workers: int | None = None,
+             per_worker: int | None = None, threshold: int = 0, strategy: str | None = None,
+             update_s: float = 0.0, drafter_step_s: float | None = None,
+             seed: int = 0) -> Prediction:
+    """Predict one RL step: the trace's requests laid out (``layout``; a Layout passes
+    through) on ``workers`` x ``per_worker``, rolled out plain and under the threshold rule
+    (speculative ``strategy`` below batch ``threshold``), then ``update_s`` of policy update.
+    Deterministic under ``seed`` (it draws only the layout)."""
+    update_s = check_non_negative("update_s", update_s)
+    drafter_step_s = check_positive("drafter_step_s", drafter_step_s, optional="no drafter")
+    lay = trace if isinstance(trace, Layout) else layout(trace, workers, per_worker, seed)
+    return Prediction(simulate_rollout(lay, cost), simulate_rollout(lay, cost, threshold, strategy),
+                      update_s, drafter_step_s)
