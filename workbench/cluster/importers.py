@@ -59,7 +59,8 @@ def trace_from_run(folder: str | os.PathLike) -> Trace:
     r = timeline.requests
     requests = pd.DataFrame({"prompt_tokens": r["prompt_tokens"].astype(int),
                              "response_tokens": r["response_tokens"].astype(int),
-                             "group": r["prompt_id"].astype(str), "worker": r["worker"].astype(int)})
+                             "group": r["prompt_id"].astype(str),
+                             "worker": r["worker"].astype(int)})
     return Trace(requests, _step_rows(timeline), source=f"run folder {str(Path(folder))!r}")
 
 

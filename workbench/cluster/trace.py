@@ -68,7 +68,7 @@ class Trace:
     source: str = field(default="in memory", compare=False)
 
     def __post_init__(self):
-        steps = self.steps if self.steps is not None else None
+        steps = self.steps
         raise_problems(trace_problems(
             self.requests, steps, [f"request row {i}" for i in range(len(self.requests))],
             [f"step row {i}" for i in range(0 if steps is None else len(steps))]), self.source)

@@ -60,7 +60,8 @@ def _integers(table, name, low, where, problems, optional=False):
     if optional:
         bad &= ~empty
     for i in np.flatnonzero(bad):
-        problems.append(f"{where[i]}: {name} {_show(table[name].iloc[i])} is not an integer >= {low}")
+        shown = _show(table[name].iloc[i])
+        problems.append(f"{where[i]}: {name} {shown} is not an integer >= {low}")
 
 
 def _reals(table, name, low, low_open, where, problems, optional=False):

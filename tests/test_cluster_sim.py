@@ -1,0 +1,126 @@
+"""The cluster simulator: a hand-computed toy step, a recorded rollout replayed from its own
+measured costs, the threshold rule's B = 0 as plain, determinism under a seed, and 1024
+workers x 64 requests within its time budget."""
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench.cluster import (Layout, StepCost, Trace, layout, simulate, simulate_rollout,
+                               trace_from_run)
+from workbench.rollout import RolloutEngine
+
+from .conftest import tiny_model
+from .test_engine import MANY
+
+# plain step: 0.5 + 0.5 x batch seconds (1.0 s at 1, 1.5 at 2, 2.0 at 3); a chain:k=2 step
+# costs 1.5 s at batch 1 and emits tau = 2 tokens per row
+COSTS = pd.DataFrame({"batch_size": [1, 2, 3, 1], "kind": ["plain"] * 3 + ["chain:k=2"],
+                      "seconds": [1.0, 1.5, 2.0, 1.5], "tau": [1.0, 1.0, 1.0, 2.0]})
+# worker 0: responses of 2 and 4 tokens; worker 1: 3; worker 2: 1, 1 and 5
+TOY = Trace(pd.DataFrame({"prompt_tokens": [4] * 6, "response_tokens": [2, 4, 3, 1, 1, 5],
+                          "group": list("aabccc"), "worker": [0, 0, 1, 2, 2, 2]}))
+
+
+def test_the_toy_step_matches_the_hand_computed_makespan():
+    p = simulate(TOY, StepCost(COSTS), threshold=2, strategy="chain:k=2", update_s=1.0,
+                 drafter_step_s=0.4)
+    # plain: w0 2 steps at batch 2 (2 x 1.5 = 3.0), then 2 at batch 1 (2.0): 5.0;
+    # w1 3 steps at batch 1: 3.0; w2 1 step at batch 3 (2.0), then 4 at batch 1 (4.0): 6.0
+    assert p.plain.worker_summary()["last_end_s"].tolist() == [5.0, 3.0, 6.0]
+    assert p.plain.makespan_s == 6.0
+    assert p.plain.idle_fraction() == pytest.approx((1.0 + 3.0 + 0.0) / (3 * 6.0))
+    # SD below batch 2: w0 2 plain steps at batch 2 (3.0), then its 2 left tokens in one
+    # chain step (1.5): 4.5; w1 3 tokens in ceil(3/2) = 2 chain steps: 3.0; w2 1 plain step
+    # at batch 3 (2.0), then 4 tokens in 2 chain steps (3.0): 5.0
+    assert p.tlt.worker_summary()["last_end_s"].tolist() == [4.5, 3.0, 5.0]
+    s = p.summary()
+    assert s["makespan_tlt_s"] == 5.0 and s["sd_speedup"] == pytest.approx(6.0 / 5.0)
+    # idle windows 0.5, 2.0 and 0 s hold floor(w / 0.4) = 1 + 5 + 0 drafter steps
+    assert s["drafter_steps"] == 6
+    # 3 GPUs for (makespan + 1 s of update)
+    assert s["gpu_hours_plain"] == pytest.approx(3 * 7.0 / 3600)
+    assert s["gpu_hours_tlt"] == pytest.approx(3 * 6.0 / 3600)
+    # the tail share is the Timeline's: requests end at 2, 2, 3, 3, 5 and 6 s; q = 0.9 takes
+    # the ceil(0.9 x 6) = 6th end (6.0: no tail), q = 0.5 the 3rd (3.0: half the makespan)
+    assert s["tail_share_plain"] == p.plain.tail_share() == 0.0
+    assert p.plain.tail_share(0.5) == 0.5
+
+
+def test_a_prefill_emits_the_first_token_at_its_cost():
+    costs = pd.concat([COSTS, pd.DataFrame({"batch_size": [1, 3], "kind": ["prefill"] * 2,
+                                            "seconds": [0.2, 0.6], "tau": [1.0, 1.0]})])
+    tl = simulate_rollout(layout(TOY), StepCost(costs))
+    # prefill at batch 2 interpolates to 0.4 s (w0), 0.2 s at 1 (w1), 0.6 s at 3 (w2); then
+    # w0: 1 step at 2 + 2 at 1 = 3.5; w1: 2 steps at 1 = 2.0; w2: the 1-token rows end with
+    # the prefill, 4 steps at 1 = 4.0
+    assert tl.worker_summary()["last_end_s"].tolist() == pytest.approx([3.9, 2.2, 4.6])
+    r = tl.requests
+    assert r.loc[r["response_tokens"] == 1, "end_s"].tolist() == pytest.approx([0.6, 0.6])
+
+
+def test_the_threshold_rule_at_zero_is_plain():
+    p = simulate(TOY, StepCost(COSTS), threshold=0, strategy="chain:k=2")
+    pd.testing.assert_frame_equal(p.tlt.steps, p.plain.steps)
+    pd.testing.assert_frame_equal(p.tlt.requests, p.plain.requests)
+
+
+def test_bad_inputs_are_named_before_anything_runs():
+    with pytest.raises(ValueError, match=r"threshold 2 needs a strategy"):
+        simulate(TOY, StepCost(COSTS), threshold=2)
+    with pytest.raises(ValueError, match=r"no step costs for kind 'chain:k=4'; measured kinds"):
+        simulate(TOY, StepCost(COSTS), threshold=2, strategy="chain:k=4")
+    with pytest.raises(ValueError, match=r"cost row 0: seconds -1.0 is not a finite number > 0"):
+        StepCost(COSTS.assign(seconds=[-1, 1.0, 1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"names no worker per request: give workers="):
+        layout(Trace(TOY.requests.drop(columns="worker")))
+
+
+def lognormal_trace(n=2000, seed=0) -> Trace:
+    rng = np.random.default_rng(seed)
+    return Trace(pd.DataFrame({"prompt_tokens": rng.integers(10, 100, n),
+                               "response_tokens": rng.lognormal(5, 1, n).astype(int) + 1,
+                               "group": (np.arange(n) // 8).astype(str)}))
+
+
+def test_a_seed_determines_the_prediction():
+    trace, cost = lognormal_trace(), StepCost(COSTS)
+    run = lambda seed: simulate(trace, cost, workers=16, per_worker=8, threshold=2,
+                                strategy="chain:k=2", seed=seed).summary()
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+    lay = layout(trace, 16, 8, seed=3)
+    assert lay.response.shape == (16, 8) and (lay.response > 0).all()
+
+
+def test_1024_workers_of_64_requests_run_within_10_s():
+    trace = lognormal_trace()
+    cost = StepCost(pd.DataFrame({"batch_size": [1, 64, 1, 64], "kind": ["plain"] * 2 +
+                                  ["chain:k=4"] * 2, "seconds": [0.02, 0.03, 0.03, 0.07],
+                                  "tau": [1.0, 1.0, 3.0, 3.0]}))
+    start = time.perf_counter()
+    p = simulate(trace, cost, workers=1024, per_worker=64, threshold=16, strategy="chain:k=4",
+                 drafter_step_s=0.1)
+    s = p.summary()
+    assert time.perf_counter() - start < 10
+    assert s["requests"] == 1024 * 64 and s["sd_speedup"] > 1
+
+
+def test_a_recorded_rollout_replays_to_its_own_makespan(tokenizer, tmp_path):
+    """The trace of a real rollout, fed its own measured step costs, gives the simulator the
+    timeline's makespan within 15%: not equal, because a StepCost is the *mean* cost at each
+    batch size (over workers and steps) while each recorded step carries its own timer noise
+    (steps of a tiny model last about a millisecond). The step counts are exact: the same
+    tokens at the same live batch sizes, so each worker's decode tokens agree."""
+    engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
+    engine.rollout(MANY[:4], max_new_tokens=4, progress=False)  # warm-up: first calls are slow
+    res = engine.rollout(MANY[:12], max_new_tokens=24, workers=3, progress=False)
+    res.timeline.save(tmp_path / "timeline")
+    trace = trace_from_run(tmp_path)
+    sim = simulate_rollout(layout(trace), StepCost.from_trace(trace))
+    recorded = res.timeline
+    assert sim.makespan_s == pytest.approx(recorded.makespan_s, rel=0.15)
+    tokens = lambda tl: tl.steps.groupby("worker")["tokens"].sum().tolist()
+    assert tokens(sim) == tokens(recorded)
+    assert sim.requests["end_s"].notna().all()
