@@ -94,6 +94,15 @@ def test_a_seed_determines_the_prediction():
     assert lay.response.shape == (16, 8) and (lay.response > 0).all()
 
 
+def test_a_layout_draws_whole_groups_and_deals_them_round_robin():
+    # group g holds responses 10g + 1 and 10g + 2: a drawn group is a consecutive pair
+    trace = Trace(pd.DataFrame({"prompt_tokens": 1, "group": np.repeat(np.arange(5), 2).astype(str),
+                                "response_tokens": np.repeat(10 * np.arange(5), 2) + [1, 2] * 5}))
+    lay = layout(trace, workers=3, per_worker=4, seed=0)
+    dealt = lay.response.T.ravel()  # request i sits on worker i mod 3, slot i // 3
+    assert (dealt[0::2] % 10 == 1).all() and (dealt[1::2] == dealt[0::2] + 1).all()
+
+
 def test_1024_workers_of_64_requests_run_within_10_s():
     trace = lognormal_trace()
     cost = StepCost(pd.DataFrame({"batch_size": [1, 64, 1, 64], "kind": ["plain"] * 2 +

@@ -2,9 +2,11 @@
 per-step costs) on N virtual workers and predict a synchronous RL step's makespan, idle
 fraction, tail share, SD benefit, drafter steps and GPU-hours (docs/trace_format.md)."""
 from .cost import StepCost
+from .fit import LengthModel, fit_lengths, layout_from_model
 from .importers import trace_from_csv, trace_from_run
 from .simulate import Layout, Prediction, layout, simulate, simulate_rollout
 from .trace import Trace, load_trace
 
 __all__ = ["Trace", "load_trace", "trace_from_run", "trace_from_csv", "StepCost", "Layout",
-           "layout", "simulate_rollout", "simulate", "Prediction"]
+           "layout", "simulate_rollout", "simulate", "Prediction", "LengthModel", "fit_lengths",
+           "layout_from_model"]

@@ -69,14 +69,17 @@ def layout(trace: Trace, workers: int | None = None, per_worker: int | None = No
         return _as_trace_layout(trace)
     n = check_int("workers", workers, 1)
     per = check_int("per_worker", per_worker, 1)
-    groups = [g for _, g in trace.requests.groupby("group", sort=True)]
+    r = trace.requests.sort_values("group", kind="stable")
+    _, first, sizes = np.unique(r["group"].to_numpy(str), return_index=True, return_counts=True)
     rng = np.random.default_rng(seed)
-    mean = np.mean([len(g) for g in groups])
-    picks = rng.integers(0, len(groups), int(np.ceil(n * per / mean)) + len(groups))
-    drawn = pd.concat([groups[i] for i in picks], ignore_index=True).iloc[:n * per]
-    while len(drawn) < n * per:  # the expected count fell short: draw more
-        drawn = pd.concat([drawn, groups[rng.integers(len(groups))]], ignore_index=True)
-    deal = lambda col: drawn[col].to_numpy(np.int64)[:n * per].reshape(per, n).T.copy()
+    picks = rng.integers(0, len(sizes), int(np.ceil(n * per / sizes.mean())) + len(sizes))
+    while sizes[picks].sum() < n * per:  # the expected count fell short: draw more
+        picks = np.concatenate([picks, rng.integers(0, len(sizes), len(sizes))])
+    # the rows of each picked group, in order: its first row's index plus 0..size-1
+    counts = sizes[picks]
+    rows = np.repeat(first[picks] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+    rows = rows[:n * per]
+    deal = lambda col: r[col].to_numpy(np.int64)[rows].reshape(per, n).T.copy()
     return Layout(deal("response_tokens"), deal("prompt_tokens"))
 
 
