@@ -5,7 +5,11 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import Trace, load_trace, trace_from_csv, trace_from_run
+from workbench.cluster.importers import _strategy
+from workbench.cluster.validate import SPECULATIVE
 from workbench.rollout import RolloutEngine
+from workbench.speculative import EagleDrafter, EagleHead
+from workbench.speculative.strategies import parse_strategy, strategy_name
 
 from .conftest import tiny_model
 from .test_engine import MANY
@@ -101,3 +105,30 @@ def test_the_run_importer_reads_a_saved_timeline(tokenizer, tmp_path):
     assert sorted(s.loc[s["kind"] == "prefill", "batch_size"]) == [2, 3]  # one per worker
     decode = res.timeline.steps[res.timeline.steps["kind"] == "decode"]
     assert (s["kind"] == "plain").sum() == len(decode)
+
+
+@pytest.mark.parametrize("arm", ["plain", "chain:k=3", "tree:k=2,b=2", "tree:k=3,b=2,n=4",
+                                 "sibling:k=2"])
+def test_step_kinds_are_the_schedules_strategy_names(arm):
+    """The run importer names a step's plan, and the validator accepts it, as the schedule's
+    own strategy strings do (the cluster layer sits below speculative, so it matches them by
+    itself: this keeps the two in step)."""
+    plan = parse_strategy(arm)
+    drafter = "sibling" if plan.drafter == "sibling" else "eagle"
+    assert _strategy(plan.k, plan.branch, pd.NA if plan.verify_budget is None
+                     else plan.verify_budget, drafter) == strategy_name(plan) == arm
+    assert arm == "plain" or SPECULATIVE.fullmatch(arm)
+
+
+def test_the_run_importer_reads_speculative_steps_with_their_tau(tokenizer, tmp_path):
+    model = tiny_model("llama", tokenizer, seed=4)
+    res = RolloutEngine(model, tokenizer).rollout(
+        MANY[:4], max_new_tokens=12, workers=2, spec_k=3, progress=False,
+        drafter=EagleDrafter(EagleHead(model), model))
+    res.timeline.save(tmp_path / "timeline")
+    s = trace_from_run(tmp_path).steps
+    assert set(s["kind"]) == {"prefill", "chain:k=3"}
+    spec = s[s["kind"] == "chain:k=3"]
+    assert spec["tau"].between(1, 4).all()  # k = 3 drafts and the policy's own token
+    d = res.timeline.decisions()
+    assert spec["tau"].tolist() == pytest.approx((d["tokens"] / d["rows"]).tolist())
