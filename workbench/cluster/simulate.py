@@ -127,7 +127,9 @@ def _segments(lay: Layout, cost: StepCost, threshold: int, strategy: str | None)
 def simulate_rollout(lay: Layout, cost: StepCost, threshold: int = 0,
                      strategy: str | None = None) -> Timeline:
     """One simulated rollout step as a Timeline on the *sim* clock (steps rows are segments,
-    see the module docstring). ``threshold`` B: speculative ``strategy`` below batch B."""
+    see the module docstring). ``threshold`` B: speculative ``strategy`` below batch B. The
+    requests table's ``prompt_id`` is the request's slot on its worker (lengths alone carry
+    no prompt), and every request starts at 0 (one batch per worker)."""
     threshold = check_int("threshold", threshold, 0)
     if threshold > 0 and strategy is None:
         raise ValueError(f"threshold {threshold} needs a strategy (a speculative kind of the "
