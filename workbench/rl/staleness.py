@@ -30,7 +30,6 @@ hold the policy frozen, and measuring decodes on an engine of its own.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,12 +45,11 @@ from ..speculative.eagle import EagleHead
 from ..tasks import Problem, exact_match_reward
 from ..train import isolated_rng
 from .ablation import rl_setup
-from .acceptance import measure_tau
 from .checkpoint import has_state, load_state, save_state
 from .config import GRPOConfig
 from .grpo import GRPO
-from .staleness_drafters import (AdaptiveDrafter, CeilingConfig, CeilingDrafter, FrozenDrafter,
-                                 SiblingMemory)
+from .staleness_drafters import CeilingConfig
+from .staleness_observer import StalenessObserver, rng_seed
 
 __all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo"]
 
@@ -159,10 +157,6 @@ def staleness_setup(config: StalenessConfig, model: str = "default",
                         held_out=s.held_out, checkpoint_dir=checkpoint_dir)
 
 
-def _rng_seed(config: StalenessConfig, step: int) -> int:
-    return (config.grpo.rollout.seed * 1_000_003 + step) % 2**63
-
-
 class StalenessRun:
     """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring).
 
@@ -195,17 +189,7 @@ class StalenessRun:
         _check_checkpoint_dir(checkpoint_dir)
         self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
         self.tokenizer, self.held_out, self.checkpoint_dir = tokenizer, held_out, checkpoint_dir
-        self.measurer = RolloutEngine(policy, tokenizer)  # one worker, a backend of its own
-        dtype = policy.get_output_embeddings().weight.dtype
-        self.strict = c.divergence == "raise" or (c.divergence == "auto"
-                                                  and dtype == torch.float64)
-        G = c.grpo.rollout.samples_per_prompt
-        build = {"frozen": lambda: FrozenDrafter(drafter_head, policy),
-                 "adaptive": lambda: AdaptiveDrafter(drafter_head, policy, c.spot),
-                 "ceiling": lambda: CeilingDrafter(drafter_head, policy, c.ceiling, G),
-                 "sibling": SiblingMemory}
-        self.drafters = {name: build[name]() for name in c.drafters}
-        self._positions: list[dict] = []
+        self.observer = StalenessObserver(policy, tokenizer, drafter_head, c)
         self._evals: list[dict] = []
         if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
             self.load_checkpoint()
@@ -224,15 +208,8 @@ class StalenessRun:
         c, grpo = self.config, self.grpo
         # 1) rollout: the trajectory's own, plain (coupled draws), harvested for the drafters
         rl = grpo.rollout(harvest=True)
-        with isolated_rng(_rng_seed(c, rl.step)):  # nothing below touches GRPO's RNG
-            # 2) measure: each drafter's tau on this step's rollout
-            t0 = time.perf_counter()
-            extra = self._measure(rl)
-            # 3) the drafters learn from this step, on the policy that sampled it
-            t1 = time.perf_counter()
-            for drafter in self.drafters.values():
-                extra.update(drafter.learn(rl, grpo.engine.backend))
-            extra.update(measure_s=t1 - t0, learn_s=time.perf_counter() - t1)
+        # 2) measure each drafter on this step's rollout, 3) the drafters learn from it
+        extra = self.observer.observe(rl, grpo.engine.backend, grpo.rollout_config(rl.step))
         # 4) update the policy; the step's row holds 2) and 3)
         row = grpo.update(rl, extra)
         # 5) record and checkpoint
@@ -242,26 +219,9 @@ class StalenessRun:
             self.save_checkpoint()
         return row
 
-    def _measure(self, rl) -> dict:
-        """``tau_<drafter>`` and ``diverged_<drafter>`` on the first ``measure_groups``
-        groups of ``rl``; tau by position into :attr:`positions`."""
-        c = self.config
-        groups = c.measure_groups
-        prompts = [p.prompt for p in rl.problems[:groups]]
-        reference = rl.result.requests[:groups * c.grpo.rollout.samples_per_prompt]
-        config = self.grpo.rollout_config(rl.step)
-        out = {}
-        for name, drafter in self.drafters.items():
-            tm = measure_tau(self.measurer, drafter.drafter, prompts, reference, config,
-                             c.spec_k, self.strict, name, c.position_bucket)
-            out[f"tau_{name}"], out[f"diverged_{name}"] = tm.tau, tm.diverged
-            self._positions += [{"step": rl.step, "drafter": name, **r}
-                                for r in tm.positions.to_dict("records")]
-        return out
-
     def _evaluate(self) -> None:
         """Held-out greedy accuracy of the policy as it is now (after ``rl_step`` steps)."""
-        with isolated_rng(_rng_seed(self.config, self.rl_step)):
+        with isolated_rng(rng_seed(self.config, self.rl_step)):
             report = evaluate_policy(self.policy, self.tokenizer, self.held_out,
                                      max_new_tokens=self.config.grpo.rollout.max_new_tokens,
                                      progress=False)
@@ -297,11 +257,19 @@ class StalenessRun:
         return self.grpo.history
 
     @property
+    def drafters(self) -> dict:
+        """The measured drafters by name (:class:`StalenessObserver`'s)."""
+        return self.observer.drafters
+
+    @property
+    def measurer(self) -> RolloutEngine:
+        """The engine that measures the drafters (one worker, on the policy)."""
+        return self.observer.measurer
+
+    @property
     def positions(self) -> pd.DataFrame:
-        """tau against response position: ``step``, ``drafter``, ``position`` (bucket
-        start), ``verify_steps``, ``emitted`` (tau of a bucket: emitted / verify_steps)."""
-        return pd.DataFrame(self._positions, columns=["step", "drafter", "position",
-                                                      "verify_steps", "emitted"])
+        """tau against response position (:attr:`StalenessObserver.positions`)."""
+        return self.observer.positions
 
     @property
     def evals(self) -> pd.DataFrame:
@@ -312,8 +280,7 @@ class StalenessRun:
     def save_checkpoint(self) -> Path:
         """Write the whole run's state atomically (GRPO, every drafter, the tables so far)."""
         state = {"config": repr(self.config), "grpo": self.grpo.state_dict(),
-                 "drafters": {n: d.state_dict() for n, d in self.drafters.items()},
-                 "positions": list(self._positions), "evals": list(self._evals)}
+                 **self.observer.state_dict(), "evals": list(self._evals)}
         return save_state(self.checkpoint_dir, STATE_FILE, state)
 
     def load_checkpoint(self) -> None:
@@ -326,6 +293,5 @@ class StalenessRun:
                              f"{self.config!r}\nrun with the same one, or delete the folder "
                              "to start over")
         self.grpo.load_state_dict(state["grpo"])
-        for name, drafter in self.drafters.items():
-            drafter.load_state_dict(state["drafters"][name])
-        self._positions, self._evals = list(state["positions"]), list(state["evals"])
+        self.observer.load_state_dict(state)
+        self._evals = list(state["evals"])

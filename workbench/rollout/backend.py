@@ -240,6 +240,22 @@ class LocalBackend:
                 runs.append(failed)
         return idle_run(timeline, windows, runs)
 
+    @property
+    def recorders(self) -> list:
+        """Each worker's step recorder of its latest rollout (None before one): the clocks
+        an idle-window job resumes, which another process can replay
+        (:meth:`replay_recorders`)."""
+        return [worker.recorder for worker in self._workers]
+
+    def replay_recorders(self, recorders: Sequence) -> None:
+        """Give the workers the ``recorders`` of another backend's latest rollout (one per
+        worker), so that ``run_idle`` after it runs on that rollout's clocks here."""
+        if len(recorders) != self.num_workers:
+            raise ValueError(f"{len(recorders)} recorders for {self.num_workers} workers; "
+                             "start the backend with one worker per recorder")
+        for worker, recorder in zip(self._workers, recorders):
+            worker.recorder = recorder
+
     def close(self) -> None:
         self._workers = []
 
