@@ -294,3 +294,71 @@ def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
     assert m["sibling_speedup_bs1"] == table["speedup"].iloc[0] and "sibling_tau_bs2" in m
     with pytest.raises(ValueError, match="not the sibling drafter"):
         sibling_speedups(_run(tokenizer, _config(drafters=["frozen"])))
+
+
+def _split(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
+    """The two processes of a two-core run, in this process (each with its own model)."""
+    from workbench.rl.staleness_split import SplitObserver, StalenessTrajectory
+    from workbench.rl.staleness_spool import Spool
+    spool = Spool(tmp_path / "spool", max_ahead, wait_s=wait_s, poll_s=0.01)
+    folder = (lambda name: tmp_path / name) if checkpoints else (lambda name: None)
+    trajectory = StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(),
+                                     spool, _reward, config,
+                                     checkpoint_dir=folder("trajectory"))
+    model = tiny_model("llama", tokenizer)
+    torch.manual_seed(1)
+    observer = SplitObserver(model, tokenizer, EagleHead(model), config, spool,
+                             checkpoint_dir=folder("observer"))
+    return trajectory, observer
+
+
+def _assert_same_as_straight(straight, trajectory, observer):
+    from workbench.rl.staleness_split import split_history
+    history = split_history(trajectory.rows, observer.rows)
+    assert list(history.columns) == list(straight.history.columns)
+    same = SAME + ["idle_fraction", "wasted_fraction", "accuracy", "loss", "grad_norm",
+                   "adaptive_pairs", "ceiling_converged"]
+    pd.testing.assert_frame_equal(straight.history[same], history[same])
+    pd.testing.assert_frame_equal(straight.positions, observer.positions)
+    for a, b in zip(straight.policy.state_dict().values(),
+                    trajectory.grpo.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for name in ("adaptive", "ceiling"):
+        assert all(torch.equal(a, b) for a, b in zip(
+            straight.drafters[name].drafter.head.state_dict().values(),
+            observer.observer.drafters[name].drafter.head.state_dict().values()))
+
+
+def test_the_two_process_run_gives_the_one_process_rows(tokenizer, tmp_path, straight,
+                                                        steady_clock):
+    trajectory, observer = _split(tokenizer, tmp_path, _config())
+    trajectory.run_to(3)
+    assert trajectory.spool.steps() == [0, 1, 2]
+    observer.run_to(3)
+    assert trajectory.spool.steps() == []  # each observation deleted once consumed
+    _assert_same_as_straight(straight, trajectory, observer)
+
+
+def test_the_trajectory_waits_when_max_ahead_observations_are_pending(tokenizer, tmp_path):
+    trajectory, observer = _split(tokenizer, tmp_path, _config(drafters=["frozen"]),
+                                  max_ahead=2, wait_s=0.05)
+    with pytest.raises(TimeoutError, match="2 pending observations"):
+        trajectory.run_to(3)
+    assert trajectory.rl_step == 2 and trajectory.spool.pending() == [0, 1]
+    observer.step()
+    trajectory.run_to(3)
+    assert trajectory.spool.pending() == [1, 2]
+
+
+def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, steady_clock):
+    config = _config(checkpoint_every=2)
+    trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
+    for _ in range(3):  # checkpointed after step 2; step 2's observation written
+        trajectory.step()
+    observer.step()  # step 0 observed, not checkpointed: the observation stays
+    assert trajectory.spool.steps() == [0, 1, 2] and trajectory.spool.pending() == [1, 2]
+    trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
+    assert (trajectory.rl_step, observer.rl_step) == (2, 0)
+    trajectory.run_to(3)
+    observer.run_to(3)
+    _assert_same_as_straight(straight, trajectory, observer)

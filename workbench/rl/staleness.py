@@ -157,6 +157,25 @@ def staleness_setup(config: StalenessConfig, model: str = "default",
                         held_out=s.held_out, checkpoint_dir=checkpoint_dir)
 
 
+def check_same_config(state: dict, config: StalenessConfig, checkpoint_dir) -> None:
+    """Refuse a checkpoint ``state`` made with another configuration than ``config``."""
+    if state["config"] != repr(config):
+        raise ValueError(f"the checkpoint in {str(checkpoint_dir)!r} was made with another "
+                         f"configuration:\n  {state['config']}\nthis run's:\n  {config!r}\n"
+                         "run with the same one, or delete the folder to start over")
+
+
+def held_out_accuracy(policy, tokenizer, held_out: list[Problem], config: StalenessConfig,
+                      step: int) -> dict:
+    """``{"step", "accuracy"}``: held-out greedy accuracy of ``policy`` after ``step`` RL
+    steps, with the global RNG seeded for that step and put back after."""
+    with isolated_rng(rng_seed(config, step)):
+        report = evaluate_policy(policy, tokenizer, held_out,
+                                 max_new_tokens=config.grpo.rollout.max_new_tokens,
+                                 progress=False)
+    return {"step": step, "accuracy": report.summary()["accuracy"]}
+
+
 class StalenessRun:
     """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring).
 
@@ -221,11 +240,8 @@ class StalenessRun:
 
     def _evaluate(self) -> None:
         """Held-out greedy accuracy of the policy as it is now (after ``rl_step`` steps)."""
-        with isolated_rng(rng_seed(self.config, self.rl_step)):
-            report = evaluate_policy(self.policy, self.tokenizer, self.held_out,
-                                     max_new_tokens=self.config.grpo.rollout.max_new_tokens,
-                                     progress=False)
-        self._evals.append({"step": self.rl_step, "accuracy": report.summary()["accuracy"]})
+        self._evals.append(held_out_accuracy(self.policy, self.tokenizer, self.held_out,
+                                             self.config, self.rl_step))
 
     def run_to(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
         """Run until ``steps`` RL steps are done (a resumed run goes on from its checkpoint);
@@ -287,11 +303,7 @@ class StalenessRun:
         """Resume from :attr:`checkpoint_dir`; refused when its config differs from this
         run's (a damaged file is a ``DamagedFileError`` naming it)."""
         state = load_state(self.checkpoint_dir, STATE_FILE)
-        if state["config"] != repr(self.config):
-            raise ValueError(f"the checkpoint in {str(self.checkpoint_dir)!r} was made with "
-                             f"another configuration:\n  {state['config']}\nthis run's:\n  "
-                             f"{self.config!r}\nrun with the same one, or delete the folder "
-                             "to start over")
+        check_same_config(state, self.config, self.checkpoint_dir)
         self.grpo.load_state_dict(state["grpo"])
         self.observer.load_state_dict(state)
         self._evals = list(state["evals"])

@@ -1,0 +1,206 @@
+"""A staleness run on two cores: the trajectory in one process, the drafters in another.
+
+On one core a lead-setting step costs ~22 s of GRPO and ~14 s of measuring and training the
+drafters (BENCHMARKS.md); the two halves only meet through the step's rollout, so they can run
+side by side. :class:`StalenessTrajectory` runs GRPO (rollout with harvest, update) and, after
+each rollout, puts the step's observation on the spool (:mod:`workbench.rl.staleness_spool`);
+:class:`SplitObserver` takes them in step order and runs steps 2) and 3) of
+:meth:`~workbench.rl.staleness.StalenessRun.step` on them with the same
+:class:`~workbench.rl.staleness_observer.StalenessObserver`, on its own copy of the policy.
+:func:`split_history` joins the two processes' rows by step: the one-process run's history,
+row for row (wall seconds aside).
+
+Each process checkpoints its own state into its own folder; a resumed pair goes on from its
+checkpoints and the spool. The observer deletes an observation only once its checkpoint
+covers it, so a resumed observer finds every step after its checkpoint on the spool (or
+written again by the resumed trajectory, identically: the trajectory is deterministic).
+"""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from ..checks import check_int
+from ..tasks import Problem, exact_match_reward
+from .checkpoint import has_state, load_state, save_state
+from .grpo import GRPO
+from .staleness import StalenessConfig, check_same_config, held_out_accuracy
+from .staleness_observer import StalenessObserver
+from .staleness_spool import Observation, Spool, replay_backend
+
+__all__ = ["StalenessTrajectory", "SplitObserver", "split_history"]
+
+TRAJECTORY_FILE, OBSERVER_FILE = "trajectory_state.pt", "observer_state.pt"
+
+
+def _detached(policy) -> dict:
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+class StalenessTrajectory:
+    """The trajectory process: GRPO on ``config.grpo``, each step's observation on ``spool``
+    before its update, held-out accuracy as ``StalenessRun``'s (``config.eval_every``).
+
+    Args:
+        policy, tokenizer, problems, reward, held_out: as ``StalenessRun``'s.
+        config: a ``StalenessConfig`` (the observer's must be the same).
+        spool: the :class:`~workbench.rl.staleness_spool.Spool` it writes.
+        checkpoint_dir: its own checkpoint folder (not the observer's); resumed from.
+    """
+
+    def __init__(self, policy, tokenizer, problems: list[Problem], spool: Spool,
+                 reward=exact_match_reward, config: StalenessConfig | None = None,
+                 held_out: list[Problem] | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None):
+        self.config = c = config if config is not None else StalenessConfig()
+        if not isinstance(c, StalenessConfig):
+            raise ValueError(f"config must be a StalenessConfig, got {type(c).__name__}")
+        if c.eval_every is not None and held_out is None:
+            raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
+        self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
+        self.tokenizer, self.held_out, self.spool = tokenizer, held_out, spool
+        self.checkpoint_dir = checkpoint_dir
+        self._evals: list[dict] = []
+        if checkpoint_dir is not None and has_state(checkpoint_dir, TRAJECTORY_FILE):
+            state = load_state(checkpoint_dir, TRAJECTORY_FILE)
+            check_same_config(state, c, checkpoint_dir)
+            self.grpo.load_state_dict(state["grpo"])
+            self._evals = list(state["evals"])
+
+    @property
+    def rl_step(self) -> int:
+        return self.grpo.rl_step
+
+    def step(self) -> dict:
+        """One RL step: wait for room on the spool, rollout, observation, update; its GRPO
+        row (the observer's figures join it in :func:`split_history`)."""
+        c, grpo = self.config, self.grpo
+        self.spool.wait_for_room(grpo.rl_step)
+        weights = _detached(grpo.model)  # as they sample this step
+        rl = grpo.rollout(harvest=True)
+        self.spool.put(Observation(rl.step, weights, rl, grpo.rollout_config(rl.step),
+                                   grpo.engine.backend.recorders))
+        row = grpo.update(rl)
+        if self.held_out is not None and c.eval_every and grpo.rl_step % c.eval_every == 0:
+            self._evaluate()
+        if self.checkpoint_dir is not None and grpo.rl_step % c.checkpoint_every == 0:
+            self.save_checkpoint()
+        return row
+
+    def _evaluate(self) -> None:
+        self._evals.append(held_out_accuracy(self.grpo.model, self.tokenizer, self.held_out,
+                                             self.config, self.rl_step))
+
+    def run_to(self, steps: int, on_step=None) -> pd.DataFrame:
+        """Run until ``steps`` RL steps are done, as ``StalenessRun.run_to``; GRPO's rows."""
+        check_int("steps", steps, 0)
+        if self.held_out is not None and not self._evals:
+            self._evaluate()
+        while self.rl_step < steps:
+            row = self.step()
+            if on_step is not None:
+                on_step(row)
+        done = [e["step"] for e in self._evals]
+        if self.held_out is not None and (not done or done[-1] != self.rl_step):
+            self._evaluate()
+        if self.checkpoint_dir is not None:
+            self.save_checkpoint()
+        return self.grpo.history
+
+    @property
+    def rows(self) -> list[dict]:
+        """GRPO's row of each step done."""
+        return self.grpo.rows
+
+    @property
+    def evals(self) -> pd.DataFrame:
+        """Held-out greedy accuracy: ``step`` (RL steps done), ``accuracy``."""
+        return pd.DataFrame(self._evals, columns=["step", "accuracy"])
+
+    def save_checkpoint(self):
+        state = {"config": repr(self.config), "grpo": self.grpo.state_dict(),
+                 "evals": list(self._evals)}
+        return save_state(self.checkpoint_dir, TRAJECTORY_FILE, state)
+
+
+class SplitObserver:
+    """The observer process: ``config.drafters`` on its own ``policy`` (any weights: each
+    observation's are loaded into it in place), steps 2) and 3) of every observation on
+    ``spool`` in step order.
+
+    Args:
+        policy, tokenizer, drafter_head, config: as ``StalenessRun``'s (the same config as
+            the trajectory's).
+        spool: the :class:`~workbench.rl.staleness_spool.Spool` it reads.
+        checkpoint_dir: its own checkpoint folder (not the trajectory's); resumed from.
+    """
+
+    def __init__(self, policy, tokenizer, drafter_head, config: StalenessConfig, spool: Spool,
+                 checkpoint_dir: str | os.PathLike | None = None):
+        if not isinstance(config, StalenessConfig):
+            raise ValueError(f"config must be a StalenessConfig, got {type(config).__name__}")
+        self.config, self.policy, self.spool = config, policy, spool
+        self.checkpoint_dir = checkpoint_dir
+        self.observer = StalenessObserver(policy, tokenizer, drafter_head, config)
+        self.rows: list[dict] = []
+        self.rl_step = 0  # the next step to observe
+        if checkpoint_dir is not None and has_state(checkpoint_dir, OBSERVER_FILE):
+            state = load_state(checkpoint_dir, OBSERVER_FILE)
+            check_same_config(state, config, checkpoint_dir)
+            self.observer.load_state_dict(state)
+            self.rows, self.rl_step = list(state["rows"]), int(state["rl_step"])
+        spool.mark_consumed(self.rl_step)  # back to the checkpoint: later steps again
+
+    def step(self) -> dict:
+        """Observe the next step: its weights into the policy, then steps 2) and 3); its row."""
+        obs = self.spool.take(self.rl_step)
+        self.policy.load_state_dict(obs.policy)  # in place: the drafters stay bound to it
+        backend = replay_backend(self.policy, obs.recorders)
+        row = {"step": obs.step, **self.observer.observe(obs.rl, backend, obs.config)}
+        self.rows.append(row)
+        self.rl_step += 1
+        self.spool.mark_consumed(self.rl_step)
+        if self.checkpoint_dir is None:
+            self.spool.drop_before(self.rl_step)
+        elif self.rl_step % self.config.checkpoint_every == 0:
+            self.save_checkpoint()
+        return row
+
+    def run_to(self, steps: int, on_step=None) -> pd.DataFrame:
+        """Observe until ``steps`` steps are done; the observer's rows."""
+        check_int("steps", steps, 0)
+        while self.rl_step < steps:
+            row = self.step()
+            if on_step is not None:
+                on_step(row)
+        if self.checkpoint_dir is not None:
+            self.save_checkpoint()
+        return pd.DataFrame(self.rows)
+
+    @property
+    def positions(self) -> pd.DataFrame:
+        return self.observer.positions
+
+    def save_checkpoint(self):
+        """Write the observer's state, then delete the observations it covers."""
+        state = {"config": repr(self.config), "rl_step": self.rl_step, "rows": list(self.rows),
+                 **self.observer.state_dict()}
+        path = save_state(self.checkpoint_dir, OBSERVER_FILE, state)
+        self.spool.drop_before(self.rl_step)
+        return path
+
+
+def split_history(trajectory_rows: list[dict], observer_rows: list[dict]) -> pd.DataFrame:
+    """The one-process history: each GRPO row (:attr:`StalenessTrajectory.rows`) with the
+    observer's row of its step (:attr:`SplitObserver.rows`) over it, whose
+    ``idle_fraction`` and ``wasted_fraction`` count the drafters' training."""
+    by_step = {row["step"]: row for row in observer_rows}
+    missing = [row["step"] for row in trajectory_rows if row["step"] not in by_step]
+    if missing:
+        raise ValueError(f"the observer has no row of steps {missing}: run it to the "
+                         "trajectory's step")
+    rows = []
+    for row in trajectory_rows:
+        rows.append({**row, **{k: v for k, v in by_step[row["step"]].items() if k != "step"}})
+    return pd.DataFrame(rows)
