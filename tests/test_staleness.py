@@ -362,3 +362,10 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     trajectory.run_to(3)
     observer.run_to(3)
     _assert_same_as_straight(straight, trajectory, observer)
+    # the pair's checkpoints make one one-process run's state: its history, its drafters
+    from workbench.rl.staleness_split import split_state
+    joined = _run(tokenizer, config)
+    joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
+    pd.testing.assert_frame_equal(joined.history[SAME], straight.history[SAME])
+    pd.testing.assert_frame_equal(joined.positions, straight.positions)
+    assert joined.rl_step == 3 and joined.drafters["adaptive"].spot.step_s > 0

@@ -302,8 +302,12 @@ class StalenessRun:
     def load_checkpoint(self) -> None:
         """Resume from :attr:`checkpoint_dir`; refused when its config differs from this
         run's (a damaged file is a ``DamagedFileError`` naming it)."""
-        state = load_state(self.checkpoint_dir, STATE_FILE)
-        check_same_config(state, self.config, self.checkpoint_dir)
+        self.load_state_dict(load_state(self.checkpoint_dir, STATE_FILE), self.checkpoint_dir)
+
+    def load_state_dict(self, state: dict, source="the state") -> None:
+        """Take a checkpoint's ``state`` (:meth:`save_checkpoint`'s, or a two-core run's
+        joined: ``staleness_split.split_state``), made with this run's config."""
+        check_same_config(state, self.config, source)
         self.grpo.load_state_dict(state["grpo"])
         self.observer.load_state_dict(state)
         self._evals = list(state["evals"])

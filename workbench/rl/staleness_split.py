@@ -21,15 +21,17 @@ import os
 
 import pandas as pd
 
-from ..checks import check_int
+from ..checks import check_choice, check_int
 from ..tasks import Problem, exact_match_reward
+from .ablation import rl_setup
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
 from .staleness import StalenessConfig, check_same_config, held_out_accuracy
 from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
-__all__ = ["StalenessTrajectory", "SplitObserver", "split_history"]
+__all__ = ["StalenessTrajectory", "SplitObserver", "joined_rows", "split_history",
+           "split_setup", "split_state"]
 
 TRAJECTORY_FILE, OBSERVER_FILE = "trajectory_state.pt", "observer_state.pt"
 
@@ -191,8 +193,8 @@ class SplitObserver:
         return path
 
 
-def split_history(trajectory_rows: list[dict], observer_rows: list[dict]) -> pd.DataFrame:
-    """The one-process history: each GRPO row (:attr:`StalenessTrajectory.rows`) with the
+def joined_rows(trajectory_rows: list[dict], observer_rows: list[dict]) -> list[dict]:
+    """The one-process rows: each GRPO row (:attr:`StalenessTrajectory.rows`) with the
     observer's row of its step (:attr:`SplitObserver.rows`) over it, whose
     ``idle_fraction`` and ``wasted_fraction`` count the drafters' training."""
     by_step = {row["step"]: row for row in observer_rows}
@@ -200,7 +202,45 @@ def split_history(trajectory_rows: list[dict], observer_rows: list[dict]) -> pd.
     if missing:
         raise ValueError(f"the observer has no row of steps {missing}: run it to the "
                          "trajectory's step")
-    rows = []
-    for row in trajectory_rows:
-        rows.append({**row, **{k: v for k, v in by_step[row["step"]].items() if k != "step"}})
-    return pd.DataFrame(rows)
+    return [{**row, **{k: v for k, v in by_step[row["step"]].items() if k != "step"}}
+            for row in trajectory_rows]
+
+
+def split_history(trajectory_rows: list[dict], observer_rows: list[dict]) -> pd.DataFrame:
+    """The one-process history of a pair's rows (:func:`joined_rows`)."""
+    return pd.DataFrame(joined_rows(trajectory_rows, observer_rows))
+
+
+def split_state(trajectory_dir: str | os.PathLike, observer_dir: str | os.PathLike) -> dict:
+    """A one-process ``StalenessRun`` checkpoint state from a finished pair's checkpoints
+    (``StalenessRun.load_state_dict``): the trajectory's GRPO and held-out accuracy, the
+    observer's drafters and tau by position, the rows joined (:func:`split_history`)."""
+    trajectory = load_state(trajectory_dir, TRAJECTORY_FILE)
+    observer = load_state(observer_dir, OBSERVER_FILE)
+    if trajectory["config"] != observer["config"]:
+        raise ValueError(f"the checkpoints in {str(trajectory_dir)!r} and "
+                         f"{str(observer_dir)!r} were made with different configurations")
+    grpo = dict(trajectory["grpo"])
+    grpo["rows"] = joined_rows(grpo["rows"], observer["rows"])
+    return {"config": trajectory["config"], "grpo": grpo, "drafters": observer["drafters"],
+            "positions": observer["positions"], "evals": trajectory["evals"]}
+
+
+def split_setup(role: str, config: StalenessConfig, spool: Spool,
+                checkpoint_dir: str | os.PathLike | None = None, model: str = "default",
+                task: str = "running_sum", rl_problems: int = 4000, eval_problems: int = 200,
+                reward: str = "exact", *, drafter="auto", fit=None):
+    """The ``role`` (``"trajectory"`` or ``"observer"``) process of a two-core run, as
+    ``staleness_setup`` makes a one-process one (the same ``rl_setup``: the observer's
+    policy is loaded too, then overwritten by each observation's weights)."""
+    check_choice("role", role, ("trajectory", "observer"))
+    if not isinstance(config, StalenessConfig):
+        raise ValueError(f"config must be a StalenessConfig, got {type(config).__name__}")
+    variants = ["static_sd"] if role == "observer" else ["baseline"]  # the head, or none
+    s = rl_setup(model, task, rl_problems, eval_problems, reward, drafter=drafter,
+                 variants=variants, fit=fit)
+    if role == "observer":
+        return SplitObserver(s.policy, s.tokenizer, s.drafter_head, config, spool,
+                             checkpoint_dir)
+    return StalenessTrajectory(s.policy, s.tokenizer, s.pool, spool, s.reward, config,
+                               s.held_out, checkpoint_dir)
