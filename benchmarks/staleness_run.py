@@ -10,7 +10,15 @@ options. At the end ``--out`` holds history.csv, positions.csv, evals.csv, bypro
 (adaptive against frozen, final policy, ``--probe`` held-out prompts), sibling_speedups.csv
 (batch 1 and 32, interleaved with plain decoding) and metrics.json.
 
+``--split`` runs it on two cores (``workbench.rl.staleness_split``): the trajectory (GRPO) in
+one process and the drafters' measuring and training in another, each on one thread, side by
+side, the trajectory at most ``--max-ahead`` steps ahead (its observations spooled in
+``--out``/spool); each checkpoints into ``--out``/trajectory and ``--out``/observer and
+resumes from there. Its outputs are the one-process run's (the same rows, wall seconds aside);
+a failure of either process stops both.
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_run.py --steps 400 --out runs/staleness
+    .venv/bin/python benchmarks/staleness_run.py --split --steps 400 --out runs/staleness
 """
 from __future__ import annotations
 
@@ -26,6 +34,8 @@ from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
 from workbench.rl.staleness import StalenessConfig, staleness_setup
 from workbench.rl.staleness_drafters import CeilingConfig
+from workbench.rl.staleness_split import run_side_by_side, split_setup, split_state
+from workbench.rl.staleness_spool import Spool
 from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
                                            staleness_metrics)
 
@@ -56,7 +66,42 @@ def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap.add_argument("--speedup-groups", type=int, default=2,
                     help="the sibling drafter's speedup: prompt groups of the next step")
     ap.add_argument("--repeats", type=int, default=3, help="the speedup's repeats (>= 3)")
+    ap.add_argument("--split", action="store_true",
+                    help="two processes on two cores: the trajectory and the drafters")
+    ap.add_argument("--max-ahead", type=int, default=2,
+                    help="--split: steps the trajectory may run ahead of the drafters")
     return ap, ap.parse_args()
+
+
+def logger(t0: float, process: str | None = None):
+    """One JSON line per step's row (of ``process``, under --split)."""
+    def log(row):
+        keys = ["step", "reward", "kl_start", *[k for k in row if k.startswith("tau_")],
+                "adaptive_steps", "ceiling_steps", "measure_s", "learn_s"]
+        tag = {} if process is None else {"process": process}
+        print(json.dumps({**tag, **{k: row[k] for k in keys if k in row},
+                          "wall_s": time.perf_counter() - t0}), flush=True)
+    return log
+
+
+def split_process(role: str, args: argparse.Namespace, config: StalenessConfig) -> None:
+    """The ``role`` process of --split, on one thread (spawned: ``run_side_by_side``)."""
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    process = split_setup(role, config, Spool(out / "spool", args.max_ahead), out / role,
+                          eval_problems=args.eval)
+    process.run_to(args.steps, on_step=logger(time.perf_counter(), role))
+
+
+def run_split(args: argparse.Namespace, config: StalenessConfig):
+    """--split: both processes side by side, then the one-process run they make."""
+    Spool(Path(args.out) / "spool", args.max_ahead)  # --max-ahead checked before they start
+    run_side_by_side({role: (split_process, (role, args, config))
+                      for role in ("trajectory", "observer")})
+    run = staleness_setup(config, eval_problems=args.eval)
+    out = Path(args.out)
+    run.load_state_dict(split_state(out / "trajectory", out / "observer"), str(out))
+    return run
 
 
 def main():
@@ -73,18 +118,16 @@ def main():
                              spec_k=args.spec_k, measure_groups=args.measure_groups,
                              eval_every=args.eval_every,
                              checkpoint_every=args.checkpoint_every)
-    run = staleness_setup(config, eval_problems=args.eval,
-                          checkpoint_dir=Path(args.out) / "checkpoint")
-    start, t0 = run.rl_step, time.perf_counter()
-
-    def log(row):
-        keys = ["step", "reward", "kl_start", *[k for k in row if k.startswith("tau_")],
-                "adaptive_steps", "ceiling_steps", "measure_s", "learn_s"]
-        print(json.dumps({**{k: row[k] for k in keys if k in row},
-                          "wall_s": time.perf_counter() - t0}), flush=True)
-
-    history = run.run_to(args.steps, progress=False, on_step=log)
-    print(json.dumps({"steps_run": run.rl_step - start,
+    t0 = time.perf_counter()
+    if args.split:
+        run = run_split(args, config)
+        history, start = run.history, None
+    else:
+        run = staleness_setup(config, eval_problems=args.eval,
+                              checkpoint_dir=Path(args.out) / "checkpoint")
+        start = run.rl_step
+        history = run.run_to(args.steps, progress=False, on_step=logger(t0))
+    print(json.dumps({"steps_run": None if start is None else run.rl_step - start,
                       "wall_s": time.perf_counter() - t0}), flush=True)
     table, speedups = byproduct(run, final), sibling_speedups(run, final)
     for name, frame in (("history", history), ("positions", run.positions),
@@ -92,7 +135,8 @@ def main():
                         ("sibling_speedups", speedups)):
         write_table(frame, out / f"{name}.csv")
     metrics = staleness_metrics(history, run.evals, table, speedups, grpo.rollout.temperature)
-    write_metrics(out, {**metrics, "threads": torch.get_num_threads()})
+    write_metrics(out, {**metrics, "threads": torch.get_num_threads(),
+                        "processes": 2 if args.split else 1})
     print(json.dumps(metrics), flush=True)
 
 

@@ -296,20 +296,39 @@ def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
         sibling_speedups(_run(tokenizer, _config(drafters=["frozen"])))
 
 
-def _split(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
-    """The two processes of a two-core run, in this process (each with its own model)."""
-    from workbench.rl.staleness_split import SplitObserver, StalenessTrajectory
+def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
+    """The trajectory process of a two-core run (here: in this process)."""
+    from workbench.rl.staleness_split import StalenessTrajectory
     from workbench.rl.staleness_spool import Spool
     spool = Spool(tmp_path / "spool", max_ahead, wait_s=wait_s, poll_s=0.01)
-    folder = (lambda name: tmp_path / name) if checkpoints else (lambda name: None)
-    trajectory = StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(),
-                                     spool, _reward, config,
-                                     checkpoint_dir=folder("trajectory"))
+    return StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(), spool,
+                               _reward, config,
+                               checkpoint_dir=tmp_path / "trajectory" if checkpoints else None)
+
+
+def _observer(tokenizer, tmp_path, config, checkpoints=False):
+    """The observer process of a two-core run, with a model of its own."""
+    from workbench.rl.staleness_split import SplitObserver
+    from workbench.rl.staleness_spool import Spool
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(1)
-    observer = SplitObserver(model, tokenizer, EagleHead(model), config, spool,
-                             checkpoint_dir=folder("observer"))
-    return trajectory, observer
+    return SplitObserver(model, tokenizer, EagleHead(model), config,
+                         Spool(tmp_path / "spool", poll_s=0.01),
+                         checkpoint_dir=tmp_path / "observer" if checkpoints else None)
+
+
+def _split(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
+    return (_trajectory(tokenizer, tmp_path, config, max_ahead, wait_s, checkpoints),
+            _observer(tokenizer, tmp_path, config, checkpoints))
+
+
+def _pair_process(role, tmp_path, steps):
+    """One process of a real two-process run (spawned), on the steady clock."""
+    from .conftest import build_char_tokenizer
+    _steady_clock(pytest.MonkeyPatch())
+    make = _trajectory if role == "trajectory" else _observer
+    kw = {"max_ahead": 1} if role == "trajectory" else {}
+    make(build_char_tokenizer(), tmp_path, _config(), checkpoints=True, **kw).run_to(steps)
 
 
 def _assert_same_as_straight(straight, trajectory, observer):
@@ -369,3 +388,29 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     pd.testing.assert_frame_equal(joined.history[SAME], straight.history[SAME])
     pd.testing.assert_frame_equal(joined.positions, straight.positions)
     assert joined.rl_step == 3 and joined.drafters["adaptive"].spot.step_s > 0
+
+
+def test_side_by_side_processes_stop_together_when_one_fails():
+    import sys
+    import time
+
+    from workbench.rl.staleness_split import run_side_by_side
+    run_side_by_side({"a": (time.sleep, (0,)), "b": (time.sleep, (0,))}, poll_s=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the observer process failed \(exit code 3.*"
+                                           r"\['trajectory'\]\) were stopped"):
+        run_side_by_side({"trajectory": (time.sleep, (60,)), "observer": (sys.exit, (3,))},
+                         poll_s=0.05)
+    assert time.monotonic() - t0 < 30
+
+
+def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tmp_path,
+                                                                   straight):
+    from workbench.rl.staleness_split import run_side_by_side, split_state
+    run_side_by_side({role: (_pair_process, (role, tmp_path, 3))
+                      for role in ("trajectory", "observer")}, poll_s=0.05)
+    joined = _run(tokenizer)
+    joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
+    same = SAME + ["idle_fraction", "wasted_fraction"]
+    pd.testing.assert_frame_equal(joined.history[same], straight.history[same])
+    pd.testing.assert_frame_equal(joined.positions, straight.positions)

@@ -17,7 +17,10 @@ written again by the resumed trajectory, identically: the trajectory is determin
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
+from typing import Callable
 
 import pandas as pd
 
@@ -31,7 +34,7 @@ from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
 __all__ = ["StalenessTrajectory", "SplitObserver", "joined_rows", "split_history",
-           "split_setup", "split_state"]
+           "split_setup", "split_state", "run_side_by_side"]
 
 TRAJECTORY_FILE, OBSERVER_FILE = "trajectory_state.pt", "observer_state.pt"
 
@@ -244,3 +247,40 @@ def split_setup(role: str, config: StalenessConfig, spool: Spool,
                              checkpoint_dir)
     return StalenessTrajectory(s.policy, s.tokenizer, s.pool, spool, s.reward, config,
                                s.held_out, checkpoint_dir)
+
+
+def run_side_by_side(targets: dict[str, tuple[Callable, tuple]], threads: int = 1,
+                     poll_s: float = 0.5) -> None:
+    """Run each ``name: (fn, args)`` of ``targets`` as a process of its own (the spawn
+    method, ``OMP_NUM_THREADS=threads``) and wait for all. When one fails (its traceback is
+    on stderr), the others are stopped and a ``RuntimeError`` names it and its exit code."""
+    check_int("threads", threads, 1)
+    context = multiprocessing.get_context("spawn")
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # what a spawned child starts with
+    try:
+        procs = {name: context.Process(target=fn, args=args, name=name)
+                 for name, (fn, args) in targets.items()}
+        for proc in procs.values():
+            proc.start()
+    finally:
+        if old is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+    try:
+        while any(proc.is_alive() for proc in procs.values()):
+            failed = [n for n, p in procs.items() if p.exitcode not in (None, 0)]
+            if failed:
+                break
+            time.sleep(poll_s)
+        failed = [n for n, p in procs.items() if p.exitcode not in (None, 0)]
+    finally:
+        for proc in procs.values():  # a failure, or an interrupt of this process
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+    if failed:
+        raise RuntimeError(f"the {failed[0]} process failed (exit code "
+                           f"{procs[failed[0]].exitcode}; its error is above); the others "
+                           f"({[n for n in procs if n != failed[0]]}) were stopped")
