@@ -23,9 +23,12 @@ One RL step (:meth:`StalenessRun.step`):
 5. **record and checkpoint**: held-out greedy accuracy when due, the checkpoint every
    ``checkpoint_every`` steps.
 
-Nothing in 2) and 3) changes the trajectory: they run with the global RNG seeded per step
-and put back after (``train.isolated_rng``), the drafters train on copies of their own and
-hold the policy frozen, and measuring decodes on an engine of its own.
+Steps 2) and 3) are :meth:`~workbench.rl.staleness_observer.StalenessObserver.observe`.
+Nothing in them changes the trajectory: they run with the global RNG seeded per step and put
+back after (``train.isolated_rng``), the drafters train on copies of their own and hold the
+policy frozen, and measuring decodes on an engine of its own. So the two halves can also run
+side by side on two cores, with the same rows (:mod:`workbench.rl.staleness_split`: the
+trajectory in one process, the observer in another, joined by step).
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ from .grpo import GRPO
 from .staleness_drafters import CeilingConfig
 from .staleness_observer import StalenessObserver, rng_seed
 
-__all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo"]
+__all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo",
+           "held_out_accuracy", "check_same_config"]
 
 DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling")
 DIVERGENCE = ("auto", "raise", "count")

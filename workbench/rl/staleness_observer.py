@@ -26,7 +26,7 @@ from .acceptance import measure_tau
 from .staleness_drafters import (AdaptiveDrafter, CeilingDrafter, FrozenDrafter,
                                  SiblingMemory)
 
-__all__ = ["StalenessObserver", "rng_seed", "POSITION_COLUMNS"]
+__all__ = ["StalenessObserver", "rng_seed"]
 
 POSITION_COLUMNS = ["step", "drafter", "position", "verify_steps", "emitted"]
 
