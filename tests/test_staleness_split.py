@@ -1,0 +1,133 @@
+"""The staleness run on two cores: the trajectory and the observer processes, over a spool,
+give the one-process run's rows, step for step (float64: equal), whether run one after the
+other, resumed after an interruption, or as two real processes side by side; the trajectory
+waits for the observer when ``max_ahead`` observations are pending."""
+import pandas as pd
+import pytest
+import torch
+
+from workbench.speculative import EagleHead
+
+from .conftest import tiny_model
+from .test_staleness import (SAME, _config, _problems, _reward, _run,  # noqa: F401
+                             _steady_clock, steady_clock, straight)
+
+
+def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
+    """The trajectory process of a two-core run (here: in this process)."""
+    from workbench.rl.staleness_split import StalenessTrajectory
+    from workbench.rl.staleness_spool import Spool
+    spool = Spool(tmp_path / "spool", max_ahead, wait_s=wait_s, poll_s=0.01)
+    return StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(), spool,
+                               _reward, config,
+                               checkpoint_dir=tmp_path / "trajectory" if checkpoints else None)
+
+
+def _observer(tokenizer, tmp_path, config, checkpoints=False):
+    """The observer process of a two-core run, with a model of its own."""
+    from workbench.rl.staleness_split import SplitObserver
+    from workbench.rl.staleness_spool import Spool
+    model = tiny_model("llama", tokenizer)
+    torch.manual_seed(1)
+    return SplitObserver(model, tokenizer, EagleHead(model), config,
+                         Spool(tmp_path / "spool", poll_s=0.01),
+                         checkpoint_dir=tmp_path / "observer" if checkpoints else None)
+
+
+def _split(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
+    return (_trajectory(tokenizer, tmp_path, config, max_ahead, wait_s, checkpoints),
+            _observer(tokenizer, tmp_path, config, checkpoints))
+
+
+def _pair_process(role, tmp_path, steps):
+    """One process of a real two-process run (spawned), on the steady clock."""
+    from .conftest import build_char_tokenizer
+    _steady_clock(pytest.MonkeyPatch())
+    make = _trajectory if role == "trajectory" else _observer
+    kw = {"max_ahead": 1} if role == "trajectory" else {}
+    make(build_char_tokenizer(), tmp_path, _config(), checkpoints=True, **kw).run_to(steps)
+
+
+def _assert_same_as_straight(straight, trajectory, observer):
+    from workbench.rl.staleness_split import split_history
+    history = split_history(trajectory.rows, observer.rows)
+    assert list(history.columns) == list(straight.history.columns)
+    same = SAME + ["idle_fraction", "wasted_fraction", "accuracy", "loss", "grad_norm",
+                   "adaptive_pairs", "ceiling_converged"]
+    pd.testing.assert_frame_equal(straight.history[same], history[same])
+    pd.testing.assert_frame_equal(straight.positions, observer.positions)
+    for a, b in zip(straight.policy.state_dict().values(),
+                    trajectory.grpo.model.state_dict().values()):
+        assert torch.equal(a, b)
+    for name in ("adaptive", "ceiling"):
+        assert all(torch.equal(a, b) for a, b in zip(
+            straight.drafters[name].drafter.head.state_dict().values(),
+            observer.observer.drafters[name].drafter.head.state_dict().values()))
+
+
+def test_the_two_process_run_gives_the_one_process_rows(tokenizer, tmp_path, straight,
+                                                        steady_clock):
+    trajectory, observer = _split(tokenizer, tmp_path, _config())
+    trajectory.run_to(3)
+    assert trajectory.spool.steps() == [0, 1, 2]
+    observer.run_to(3)
+    assert trajectory.spool.steps() == []  # each observation deleted once consumed
+    _assert_same_as_straight(straight, trajectory, observer)
+
+
+def test_the_trajectory_waits_when_max_ahead_observations_are_pending(tokenizer, tmp_path):
+    trajectory, observer = _split(tokenizer, tmp_path, _config(drafters=["frozen"]),
+                                  max_ahead=2, wait_s=0.05)
+    with pytest.raises(TimeoutError, match="2 pending observations"):
+        trajectory.run_to(3)
+    assert trajectory.rl_step == 2 and trajectory.spool.pending() == [0, 1]
+    observer.step()
+    trajectory.run_to(3)
+    assert trajectory.spool.pending() == [1, 2]
+
+
+def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, steady_clock):
+    config = _config(checkpoint_every=2)
+    trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
+    for _ in range(3):  # checkpointed after step 2; step 2's observation written
+        trajectory.step()
+    observer.step()  # step 0 observed, not checkpointed: the observation stays
+    assert trajectory.spool.steps() == [0, 1, 2] and trajectory.spool.pending() == [1, 2]
+    trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
+    assert (trajectory.rl_step, observer.rl_step) == (2, 0)
+    trajectory.run_to(3)
+    observer.run_to(3)
+    _assert_same_as_straight(straight, trajectory, observer)
+    # the pair's checkpoints make one one-process run's state: its history, its drafters
+    from workbench.rl.staleness_split import split_state
+    joined = _run(tokenizer, config)
+    joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
+    pd.testing.assert_frame_equal(joined.history[SAME], straight.history[SAME])
+    pd.testing.assert_frame_equal(joined.positions, straight.positions)
+    assert joined.rl_step == 3 and joined.drafters["adaptive"].spot.step_s > 0
+
+
+def test_side_by_side_processes_stop_together_when_one_fails():
+    import sys
+    import time
+
+    from workbench.rl.staleness_split import run_side_by_side
+    run_side_by_side({"a": (time.sleep, (0,)), "b": (time.sleep, (0,))}, poll_s=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the observer process failed \(exit code 3.*"
+                                           r"\['trajectory'\]\) were stopped"):
+        run_side_by_side({"trajectory": (time.sleep, (60,)), "observer": (sys.exit, (3,))},
+                         poll_s=0.05)
+    assert time.monotonic() - t0 < 30
+
+
+def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tmp_path,
+                                                                   straight):
+    from workbench.rl.staleness_split import run_side_by_side, split_state
+    run_side_by_side({role: (_pair_process, (role, tmp_path, 3))
+                      for role in ("trajectory", "observer")}, poll_s=0.05)
+    joined = _run(tokenizer)
+    joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
+    same = SAME + ["idle_fraction", "wasted_fraction"]
+    pd.testing.assert_frame_equal(joined.history[same], straight.history[same])
+    pd.testing.assert_frame_equal(joined.positions, straight.positions)
