@@ -131,3 +131,22 @@ def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tm
     same = SAME + ["idle_fraction", "wasted_fraction"]
     pd.testing.assert_frame_equal(joined.history[same], straight.history[same])
     pd.testing.assert_frame_equal(joined.positions, straight.positions)
+
+
+def test_bad_arguments_of_a_split_run_are_refused_before_anything_runs(tmp_path, monkeypatch):
+    import workbench.models as models
+    from workbench.rl.staleness_split import split_setup
+    from workbench.rl.staleness_spool import Spool
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    spool = Spool(tmp_path / "spool")
+    with pytest.raises(ValueError, match="role.*'both'"):
+        split_setup("both", _config(), spool)
+    with pytest.raises(ValueError, match="config must be a StalenessConfig"):
+        split_setup("observer", {"spec_k": 4}, spool)
+    with pytest.raises(ValueError, match="max_ahead"):
+        Spool(tmp_path / "other", max_ahead=0)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="existing file"):
+        Spool(tmp_path / "file")
+    with pytest.raises(ValueError, match="existing file"):
+        split_setup("trajectory", _config(), spool, checkpoint_dir=tmp_path / "file")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
@@ -239,6 +240,9 @@ def split_setup(role: str, config: StalenessConfig, spool: Spool,
     check_choice("role", role, ("trajectory", "observer"))
     if not isinstance(config, StalenessConfig):
         raise ValueError(f"config must be a StalenessConfig, got {type(config).__name__}")
+    if checkpoint_dir is not None and Path(checkpoint_dir).is_file():
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
+                         "must be a folder (created if missing)")
     variants = ["static_sd"] if role == "observer" else ["baseline"]  # the head, or none
     s = rl_setup(model, task, rl_problems, eval_problems, reward, drafter=drafter,
                  variants=variants, fit=fit)
