@@ -180,6 +180,25 @@ def held_out_accuracy(policy, tokenizer, held_out: list[Problem], config: Stalen
     return {"step": step, "accuracy": report.summary()["accuracy"]}
 
 
+def run_steps(run, steps: int, progress: bool = False, on_step=None) -> None:
+    """``run.step()`` until ``run`` has done ``steps`` RL steps (``on_step(row)`` after each),
+    with held-out accuracy before the first step and after the last, and a checkpoint at the
+    end: the loop of a one-process run and of the two-process run's trajectory alike (``run``
+    has ``step``, ``rl_step``, ``held_out``, ``_evals``, ``_evaluate``, ``checkpoint_dir``
+    and ``save_checkpoint``)."""
+    if run.held_out is not None and not run._evals:
+        run._evaluate()
+    for _ in tqdm(range(steps - run.rl_step), desc="staleness", disable=not progress):
+        row = run.step()
+        if on_step is not None:
+            on_step(row)
+    done = [e["step"] for e in run._evals]
+    if run.held_out is not None and (not done or done[-1] != run.rl_step):
+        run._evaluate()
+    if run.checkpoint_dir is not None:
+        run.save_checkpoint()
+
+
 class StalenessRun:
     """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring).
 
@@ -255,17 +274,7 @@ class StalenessRun:
         if steps < self.rl_step:
             raise ValueError(f"steps={steps}, but the checkpoint in "
                              f"{str(self.checkpoint_dir)!r} already holds {self.rl_step} steps")
-        if self.held_out is not None and not self._evals:
-            self._evaluate()
-        for _ in tqdm(range(steps - self.rl_step), desc="staleness", disable=not progress):
-            row = self.step()
-            if on_step is not None:
-                on_step(row)
-        done = [e["step"] for e in self._evals]
-        if self.held_out is not None and (not done or done[-1] != self.rl_step):
-            self._evaluate()
-        if self.checkpoint_dir is not None:
-            self.save_checkpoint()
+        run_steps(self, steps, progress, on_step)
         return self.history
 
     # ---- tables -------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ..tasks import Problem, exact_match_reward
 from .ablation import rl_setup
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
-from .staleness import StalenessConfig, check_same_config, held_out_accuracy
+from .staleness import StalenessConfig, check_same_config, held_out_accuracy, run_steps
 from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
@@ -100,18 +100,7 @@ class StalenessTrajectory:
 
     def run_to(self, steps: int, on_step=None) -> pd.DataFrame:
         """Run until ``steps`` RL steps are done, as ``StalenessRun.run_to``; GRPO's rows."""
-        check_int("steps", steps, 0)
-        if self.held_out is not None and not self._evals:
-            self._evaluate()
-        while self.rl_step < steps:
-            row = self.step()
-            if on_step is not None:
-                on_step(row)
-        done = [e["step"] for e in self._evals]
-        if self.held_out is not None and (not done or done[-1] != self.rl_step):
-            self._evaluate()
-        if self.checkpoint_dir is not None:
-            self.save_checkpoint()
+        run_steps(self, check_int("steps", steps, 0), on_step=on_step)
         return self.grpo.history
 
     @property
