@@ -180,6 +180,17 @@ def held_out_accuracy(policy, tokenizer, held_out: list[Problem], config: Stalen
     return {"step": step, "accuracy": report.summary()["accuracy"]}
 
 
+def record_step(run) -> None:
+    """After a step's update: held-out accuracy and the checkpoint when they are due
+    (``config.eval_every``, ``config.checkpoint_every``), for a one-process run and the
+    two-process run's trajectory alike."""
+    c, done = run.config, run.rl_step
+    if run.held_out is not None and c.eval_every and done % c.eval_every == 0:
+        run._evaluate()
+    if run.checkpoint_dir is not None and done % c.checkpoint_every == 0:
+        run.save_checkpoint()
+
+
 def run_steps(run, steps: int, progress: bool = False, on_step=None) -> None:
     """``run.step()`` until ``run`` has done ``steps`` RL steps (``on_step(row)`` after each),
     with held-out accuracy before the first step and after the last, and a checkpoint at the
@@ -247,7 +258,7 @@ class StalenessRun:
     # ---- one step -----------------------------------------------------------------------
     def step(self) -> dict:
         """One RL step (module docstring); returns its row."""
-        c, grpo = self.config, self.grpo
+        grpo = self.grpo
         # 1) rollout: the trajectory's own, plain (coupled draws), harvested for the drafters
         rl = grpo.rollout(harvest=True)
         # 2) measure each drafter on this step's rollout, 3) the drafters learn from it
@@ -255,10 +266,7 @@ class StalenessRun:
         # 4) update the policy; the step's row holds 2) and 3)
         row = grpo.update(rl, extra)
         # 5) record and checkpoint
-        if self.held_out is not None and c.eval_every and grpo.rl_step % c.eval_every == 0:
-            self._evaluate()
-        if self.checkpoint_dir is not None and grpo.rl_step % c.checkpoint_every == 0:
-            self.save_checkpoint()
+        record_step(self)
         return row
 
     def _evaluate(self) -> None:

@@ -30,7 +30,8 @@ from ..tasks import Problem, exact_match_reward
 from .ablation import rl_setup
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
-from .staleness import StalenessConfig, check_same_config, held_out_accuracy, run_steps
+from .staleness import (StalenessConfig, check_same_config, held_out_accuracy, record_step,
+                        run_steps)
 from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
@@ -81,17 +82,14 @@ class StalenessTrajectory:
     def step(self) -> dict:
         """One RL step: wait for room on the spool, rollout, observation, update; its GRPO
         row (the observer's figures join it in :func:`split_history`)."""
-        c, grpo = self.config, self.grpo
+        grpo = self.grpo
         self.spool.wait_for_room(grpo.rl_step)
         weights = _detached(grpo.model)  # as they sample this step
         rl = grpo.rollout(harvest=True)
         self.spool.put(Observation(rl.step, weights, rl, grpo.rollout_config(rl.step),
                                    grpo.engine.backend.recorders))
         row = grpo.update(rl)
-        if self.held_out is not None and c.eval_every and grpo.rl_step % c.eval_every == 0:
-            self._evaluate()
-        if self.checkpoint_dir is not None and grpo.rl_step % c.checkpoint_every == 0:
-            self.save_checkpoint()
+        record_step(self)
         return row
 
     def _evaluate(self) -> None:
