@@ -116,9 +116,12 @@ def assert_reads_well(executed) -> None:
 
 @pytest.fixture(scope="module")
 def smoke_runs(notebook_runs, quickstart_runs):
-    """Every notebook at its smoke parameters on the embedded default model: 00 and 01 (seed
-    0) from the quickstart pipeline, the others from the session's notebook runs (conftest.py)."""
-    runs = {name: notebook_runs.runs[name] for name in SMOKE if name in notebook_runs.runs}
+    """Every notebook at its smoke parameters: 00 and 01 (seed 0) from the quickstart pipeline
+    on the embedded default model, the others from the session's notebook runs
+    (conftest.py): on the default model, or, for those the session runs on the user's model
+    alone (``notebook_runs.DEFAULT_COVERED_BY_USER``), on the user's."""
+    runs = {name: notebook_runs.runs.get(name, notebook_runs.runs.get("user_" + name))
+            for name in SMOKE}
     for folder in quickstart_runs.iterdir():
         record = folder / "run.json"
         if record.is_file():
