@@ -142,6 +142,22 @@ def _check_checkpoint_dir(checkpoint_dir) -> None:
                          "must be a folder (created if missing)")
 
 
+def check_run_inputs(config, held_out, checkpoint_dir) -> StalenessConfig:
+    """``config`` (None: the default) once it, ``held_out`` and ``checkpoint_dir`` are what a
+    run of the trajectory takes (one process's ``StalenessRun``, or the two-process run's
+    trajectory); each bad one named before anything is built."""
+    c = config if config is not None else StalenessConfig()
+    if not isinstance(c, StalenessConfig):
+        raise ValueError(f"config must be a StalenessConfig, got {type(c).__name__}")
+    if held_out is not None and (not held_out
+                                 or not all(isinstance(p, Problem) for p in held_out)):
+        raise ValueError("held_out must be a non-empty list of workbench.tasks.Problem or None")
+    if c.eval_every is not None and held_out is None:
+        raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
+    _check_checkpoint_dir(checkpoint_dir)
+    return c
+
+
 def staleness_setup(config: StalenessConfig, model: str = "default",
                     task: str = "running_sum", rl_problems: int = 4000,
                     eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
@@ -226,20 +242,11 @@ class StalenessRun:
                  reward=exact_match_reward, config: StalenessConfig | None = None,
                  held_out: list[Problem] | None = None,
                  checkpoint_dir: str | os.PathLike | None = None):
-        self.config = c = config if config is not None else StalenessConfig()
-        if not isinstance(c, StalenessConfig):
-            raise ValueError(f"config must be a StalenessConfig, got {type(c).__name__}")
+        self.config = c = check_run_inputs(config, held_out, checkpoint_dir)
         if not isinstance(drafter_head, EagleHead):
             raise ValueError(f"drafter_head must be the pre-RL EagleHead, got "
                              f"{type(drafter_head).__name__} (rl_setup(...).drafter_head)")
         drafter_head.config.check(policy.config)
-        if held_out is not None and (not held_out
-                                     or not all(isinstance(p, Problem) for p in held_out)):
-            raise ValueError("held_out must be a non-empty list of workbench.tasks.Problem "
-                             "or None")
-        if c.eval_every is not None and held_out is None:
-            raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
-        _check_checkpoint_dir(checkpoint_dir)
         self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
         self.tokenizer, self.held_out, self.checkpoint_dir = tokenizer, held_out, checkpoint_dir
         self.observer = StalenessObserver(policy, tokenizer, drafter_head, c)

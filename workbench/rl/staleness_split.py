@@ -30,8 +30,8 @@ from ..tasks import Problem, exact_match_reward
 from .ablation import rl_setup
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
-from .staleness import (StalenessConfig, check_same_config, held_out_accuracy, record_step,
-                        run_steps)
+from .staleness import (StalenessConfig, check_run_inputs, check_same_config,
+                        held_out_accuracy, record_step, run_steps)
 from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
@@ -60,11 +60,7 @@ class StalenessTrajectory:
                  reward=exact_match_reward, config: StalenessConfig | None = None,
                  held_out: list[Problem] | None = None,
                  checkpoint_dir: str | os.PathLike | None = None):
-        self.config = c = config if config is not None else StalenessConfig()
-        if not isinstance(c, StalenessConfig):
-            raise ValueError(f"config must be a StalenessConfig, got {type(c).__name__}")
-        if c.eval_every is not None and held_out is None:
-            raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
+        self.config = c = check_run_inputs(config, held_out, checkpoint_dir)
         self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
         self.tokenizer, self.held_out, self.spool = tokenizer, held_out, spool
         self.checkpoint_dir = checkpoint_dir
