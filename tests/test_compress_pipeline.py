@@ -141,6 +141,7 @@ def test_retraining_study_runs_every_retraining_on_equal_tokens(setup):
     assert list(models) == list(RETRAININGS)
     final = curves[curves["step"] == 4].set_index("run")["tokens"]
     assert final.nunique() == 1 and final.iloc[0] == budget_tokens(train, 4)
+    assert (curves.groupby("run")["best"].sum() == 1).all()  # the evaluation each model keeps
     assert not any(torch.equal(a, b) for a, b in zip(models[RETRAININGS[0]].parameters(),
                                                      models[RETRAININGS[2]].parameters()))
 

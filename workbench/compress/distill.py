@@ -7,14 +7,19 @@ fine-tunes a copy of the teacher on the distillation data. The student and its p
 as one module (:class:`DistillModule`), so the harness's atomic checkpoint holds both and an
 interrupted run resumes to bitwise the same weights. Batches are ``(ids, mask)`` pairs, or
 ``(ids, mask, scored)`` whose third tensor marks the tokens the losses count (a task's
-responses, ``compress.data.distill_data``).
+responses and stop tokens, ``compress.data.distill_data``).
+
+A retraining cannot hurt a good student: the learning rate warms up then decays by a cosine
+(the default), and with held-out batches the weights of the best evaluation by held-out LM
+loss, the starting point included, are kept and restored when the run reaches its horizon
+(:mod:`.best`), so a student ends no worse on that set than it started.
 """
 from __future__ import annotations
 
 import copy
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -23,100 +28,14 @@ import torch
 from torch import nn
 
 from ..models import save_model
-from ..nested_config import NestedConfig
-from ..train import TrainConfig, Trainer, batch_source, isolated_rng, train_state_dir
-from ..checks import check_choice, check_int, check_non_negative, check_positive
+from ..train import Trainer, batch_source, isolated_rng, train_state_dir
+from .best import BestWeights
 from .data import distill_data, lm_loss
+from .distill_config import DistillConfig, check_layer_pairs
 from .kd_loss import forward_kl, kd_loss, token_ce
 
 __all__ = ["DistillConfig", "Distiller", "correct_teacher", "scratch_like", "spread_layer_pairs",
            "distill"]
-
-MODES = ("kd", "ce")
-
-
-def _default_train() -> TrainConfig:
-    """Distillation's optimisation: AdamW (betas 0.9, 0.95) for 200 steps, 10 of warm-up then
-    a constant LR, clipping at 1.0, a checkpoint every 50 steps."""
-    return TrainConfig(horizon=200, lr=1e-3, warmup=10, betas=(0.9, 0.95), checkpoint_every=50)
-
-
-@dataclass
-class DistillConfig(NestedConfig):
-    """How :class:`Distiller` retrains a student; every field is checked when the config is
-    built (layer pairs against the models when the distiller is built). Flat:
-    ``DistillConfig.flat(horizon=200, batch_size=16, lr=1e-3, temperature=1.0, seed=0)``.
-
-    Args:
-        mode: ``"kd"``: distil from the teacher; ``"ce"``: cross-entropy on the data alone
-            (the CE baseline, or training from scratch with a :func:`scratch_like` student).
-        temperature: softens both distributions of the KL (> 0); Minitron uses 1.
-        ce_weight: weight of the data's cross-entropy added to the KD loss (>= 0; 0: pure KD).
-        layer_pairs: ``(student index, teacher index)`` hidden states compared by a cosine
-            loss through a learned projection; indices into HF ``hidden_states`` (0:
-            embeddings, i: after decoder layer i, the last after the final norm). Empty (the
-            default): logit-only KD, Minitron's choice unless depth was cut a lot.
-        batch_size: sequences per step (:func:`distill`).
-        eval_every: evaluate every this many steps (0: only before training and at the
-            horizon).
-        train: the harness's optimizer: ``horizon`` (the steps of a run), ``lr``,
-            ``schedule``, ``warmup``, ``weight_decay``, ``clip_norm``, ``seed`` (it also draws
-            the projections and the batch order), ``checkpoint_every``, ``max_minutes`` (the
-            run stops and checkpoints when reached), ``progress``. Its ``checkpoint_dir`` is
-            the distiller's.
-    """
-
-    mode: str = "kd"
-    temperature: float = 1.0
-    ce_weight: float = 0.0
-    layer_pairs: Sequence[tuple[int, int]] = ()
-    batch_size: int = 16
-    eval_every: int = 50
-    train: TrainConfig = field(default_factory=_default_train)
-
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field, its value and what is accepted
-        (the optimizer's fields are the held ``TrainConfig``'s, checked when it is built)."""
-        check_choice("DistillConfig.mode", self.mode, MODES)
-        check_positive("DistillConfig.temperature", self.temperature)
-        check_non_negative("DistillConfig.ce_weight", self.ce_weight)
-        check_int("DistillConfig.batch_size", self.batch_size, 1)
-        check_int("DistillConfig.eval_every", self.eval_every, 0)
-        self.layer_pairs = _normalized_pairs(self.layer_pairs)
-        if self.mode == "ce" and self.layer_pairs:
-            raise ValueError(f"DistillConfig.layer_pairs={self.layer_pairs!r} needs "
-                             "mode='kd' (mode='ce' has no teacher to compare with)")
-        if not isinstance(self.train, TrainConfig):
-            raise ValueError(f"DistillConfig.train must be a TrainConfig, got "
-                             f"{type(self.train).__name__} (DistillConfig.flat takes flat "
-                             "parameters)")
-
-
-def _normalized_pairs(pairs) -> tuple[tuple[int, int], ...]:
-    """``pairs`` as a tuple of ``(int, int)``; ``ValueError`` naming the first malformed one."""
-    normalized = []
-    for pair in pairs:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
-            raise ValueError(f"DistillConfig.layer_pairs: {pair!r} is not a pair of layer "
-                             "indices; accepted: (student index, teacher index), integers >= 0")
-        normalized.append(tuple(check_int(f"DistillConfig.layer_pairs {tuple(pair)!r}: the "
-                                          f"{who} index", index, 0)
-                                for who, index in zip(("student", "teacher"), pair)))
-    return tuple(normalized)
-
-
-def check_layer_pairs(pairs, student, teacher) -> None:
-    """``ValueError`` naming the first pair whose index is past its model's hidden states."""
-    for pair in pairs:
-        for who, index, model in (("student", pair[0], student), ("teacher", pair[1], teacher)):
-            last = model.config.num_hidden_layers
-            if not 0 <= index <= last:
-                raise ValueError(f"layer pair {tuple(pair)}: {who} index {index} is out of "
-                                 f"range; the {who} has hidden states 0..{last} (0: embeddings, "
-                                 f"i: after decoder layer i)")
 
 
 def spread_layer_pairs(student, teacher, count: int = 3) -> tuple[tuple[int, int], ...]:
@@ -159,19 +78,22 @@ def _projections(student, teacher, pairs, seed: int) -> nn.ModuleList:
 
 
 class DistillModule(nn.Module):
-    """What the harness optimizes and checkpoints: the student, its projections, and the
-    evaluation rows (extra state), so a resumed run also keeps the rows written before."""
+    """What the harness optimizes and checkpoints: the student, its projections, and as extra
+    state the evaluation rows and the best evaluated weights, so a resumed run also keeps the
+    rows written and the best weights seen before."""
 
     def __init__(self, student: nn.Module, projections: nn.ModuleList):
         super().__init__()
         self.student, self.projections = student, projections
         self.evals: list[dict] = []
+        self.best = BestWeights()
 
     def get_extra_state(self) -> dict:
-        return {"evals": list(self.evals)}
+        return {"evals": list(self.evals), "best": self.best.state()}
 
     def set_extra_state(self, state: dict) -> None:
         self.evals = list(state["evals"])
+        self.best.load(state.get("best"))
 
 
 def _device(model) -> torch.device:
@@ -228,7 +150,11 @@ class Distiller:
             batch``, as :class:`workbench.train.Trainer` takes them.
         config: a :class:`DistillConfig`.
         eval_batches: held-out ``(ids, mask)`` batches for :meth:`evaluate`, run before
-            training, every ``eval_every`` steps and at the horizon; empty: no evaluation.
+            training, every ``eval_every`` steps and at the horizon; with
+            ``config.keep_best`` the weights of the evaluation with the lowest LM loss are
+            restored at the horizon (:attr:`restored` says which step; the ``best`` column
+            of :attr:`evals` marks it). Empty: no evaluation, and the student ends with its
+            last weights.
         checkpoint_dir: the harness's checkpoint folder; a run resumes from it when it holds one.
         desc: the progress bar's label.
     """
@@ -280,6 +206,28 @@ class Distiller:
         done = trainer.steps_done
         if done == self.config.train.horizon or (every and done % every == 0):
             self.evaluate()
+        if done == self.config.train.horizon:
+            self._restore_best()
+
+    def _restore_best(self) -> None:
+        """Put back the best evaluated weights (the run is over), and say so when they are
+        not the last ones."""
+        best = self.module.best
+        if best.restore(self.module) is None or best.step == self.trainer.steps_done:
+            return
+        if self.config.train.progress:
+            last = self.module.evals[-1]
+            print(f"{self.trainer.config.desc}: kept the step-{best.step} weights (held-out LM "
+                  f"loss {best.loss:.4f}), the best of {len(self.module.evals)} evaluations; "
+                  f"step {last['step']} had {last['eval_loss']:.4f}", flush=True)
+
+    @property
+    def restored(self) -> int | None:
+        """The step whose weights the student holds after a finished run (the best evaluation
+        by held-out LM loss); None before the horizon or without held-out batches."""
+        if self.trainer.steps_done != self.config.train.horizon:
+            return None
+        return self.module.best.step
 
     def evaluate(self) -> dict | None:
         """Measure the student on the held-out batches now (LM loss; in KD also its KL to the
@@ -292,6 +240,8 @@ class Distiller:
             if self.teacher is not None:
                 row["eval_kl"] = kl_to_teacher(self.student, self.teacher, self.eval_batches)
         self.module.evals.append(row)
+        if self.config.keep_best:
+            self.module.best.offer(self.module, row["step"], row["eval_loss"])
         return row
 
     def _tokens_seen(self) -> int:
@@ -317,10 +267,14 @@ class Distiller:
 
     @property
     def evals(self) -> pd.DataFrame:
-        """One row per evaluation: step, tokens_seen, eval_loss (nats/token), eval_kl in KD."""
+        """One row per evaluation: step, tokens_seen, eval_loss (nats/token), eval_kl in KD,
+        and ``best``: True on the evaluation with the lowest eval_loss so far, whose weights
+        a finished run ends with."""
         columns = ["step", "tokens_seen", "eval_loss"]
         columns += ["eval_kl"] if self.teacher is not None else []
-        return pd.DataFrame(self.module.evals, columns=columns)
+        table = pd.DataFrame(self.module.evals, columns=columns)
+        table["best"] = table["step"] == self.module.best.step
+        return table
 
 
 def correct_teacher(teacher, batches, steps: int = 20, lr: float = 1e-4,

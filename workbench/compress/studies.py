@@ -134,8 +134,9 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
     """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
     :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), every run on the
     same ``train`` batches for ``config.train.horizon`` steps, so at an equal token budget. ``curves``:
-    one row per (run, evaluation) with ``step``, ``tokens`` (training tokens seen) and
-    ``lm_loss`` on ``held_out``."""
+    one row per (run, evaluation) with ``step``, ``tokens`` (training tokens seen), ``lm_loss``
+    on ``held_out`` and ``best`` (the evaluation whose weights the run's model ends with:
+    :class:`~.distill.Distiller` restores its best at the horizon)."""
     kd, ce = config.updated(mode="kd", layer_pairs=()), config.updated(mode="ce", layer_pairs=())
     runs = {RETRAININGS[0]: (copy.deepcopy(student), teacher, kd),
             RETRAININGS[1]: (copy.deepcopy(student), teacher,
@@ -151,7 +152,8 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
         distiller.run()
         ev = distiller.evals
         curves.append(pd.DataFrame({"run": name, "step": ev["step"],
-                                    "tokens": ev["tokens_seen"], "lm_loss": ev["eval_loss"]}))
+                                    "tokens": ev["tokens_seen"], "lm_loss": ev["eval_loss"],
+                                    "best": ev["best"]}))
         models[name] = model
     return pd.concat(curves, ignore_index=True), models
 
@@ -173,7 +175,8 @@ def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
 
 def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, held_out,
                        problems, max_new_tokens: int = 256) -> pd.DataFrame:
-    """Per retraining run and for the teacher: training tokens, final held-out LM loss, the
+    """Per retraining run and for the teacher: training tokens, the held-out LM loss of the
+    weights the run ends with (its ``best`` evaluation when it kept one, else its last), the
     tokens the run needed to reach the from-scratch run's final loss, and greedy accuracy on
     ``problems``."""
     from ..evaluate import evaluate_policy
@@ -184,6 +187,9 @@ def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, h
 
     scratch_final = curves[curves["run"] == RETRAININGS[3]]["lm_loss"].iloc[-1]
     finals = curves.groupby("run", sort=False).last()[["tokens", "lm_loss"]]
+    if "best" in curves:
+        kept = curves[curves["best"].astype(bool)].groupby("run", sort=False)["lm_loss"].last()
+        finals["lm_loss"] = kept.reindex(finals.index).fillna(finals["lm_loss"])
     finals["tokens_to_scratch_final"] = [tokens_to_reach(curves, r, scratch_final)
                                          for r in finals.index]
     finals["accuracy"] = [accuracy(models[r]) for r in finals.index]
