@@ -69,6 +69,7 @@ def _removal_losses(model, batches, blocks: list[range], desc: str,
 def layer_removal(model, batches, progress: bool = True) -> pd.DataFrame:
     """One row per layer: ``layer``, ``lm_loss`` without it, ``increase`` over the full
     model's loss (nats per token; higher = the layer matters more)."""
+    check_supported(model)
     num_layers = model.config.num_hidden_layers
     full, losses = _removal_losses(model, batches, [range(i, i + 1) for i in range(num_layers)],
                                    "layer removal", progress)
@@ -84,6 +85,7 @@ def _check_block_length(length, num_layers: int) -> None:
 def block_removal_scan(model, batches, length: int, progress: bool = True) -> pd.DataFrame:
     """Every contiguous block of ``length`` layers removed in turn: one row per start with
     ``start``, ``length``, ``lm_loss`` and ``increase`` over the full model."""
+    check_supported(model)
     num_layers = model.config.num_hidden_layers
     _check_block_length(length, num_layers)
     starts = range(num_layers - length + 1)
@@ -131,5 +133,6 @@ def block_importance(model, batches, progress: bool = True) -> pd.DataFrame:
 def depth_scores(model, batches, progress: bool = True) -> pd.DataFrame:
     """Both per-layer measures side by side: ``layer``, ``lm_loss``, ``increase``,
     ``block_importance``."""
+    check_supported(model)
     removal = layer_removal(model, batches, progress)
     return removal.merge(block_importance(model, batches, progress), on="layer")

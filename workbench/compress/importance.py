@@ -20,7 +20,7 @@ from ..checks import check_choice
 from ..progress import tqdm
 
 from .data import CALIBRATION_SEED, pad_id, sequences_from, token_batches
-from .plan import SUPPORTED_MODEL_TYPES
+from .plan import check_model_type
 from .scores import UnitScores
 
 __all__ = ["Aggregation", "Importance", "calibration_batches", "importance_from_batches",
@@ -31,11 +31,9 @@ AGGREGATIONS = ("mean", "l2", "var")
 
 def check_supported(model) -> None:
     """Refuse models whose decoder layers are not reached as ``model.model.layers[i]`` with
-    ``self_attn.o_proj`` / ``mlp.down_proj`` / two RMSNorms: the hooks would silently miss."""
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported architecture: model_type {model_type!r}; accepted: "
-                         f"{list(SUPPORTED_MODEL_TYPES)}")
+    ``self_attn.o_proj`` / ``mlp.down_proj`` / two RMSNorms: the hooks would silently miss
+    (:func:`~.plan.check_model_type`, the one family check of ``compress``)."""
+    check_model_type(model)
 
 
 def check_batches(batches) -> list:

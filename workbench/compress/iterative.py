@@ -19,7 +19,7 @@ from .data import lm_loss
 from .depth import layer_removal
 from .distill import DistillConfig, Distiller
 from .importance import Aggregation, importance_from_batches
-from .plan import PrunePlan, param_count
+from .plan import PrunePlan, check_model_type, param_count
 from .prune import prune
 from .search import KINDS, nearest_plan, plan_kind, snap_note
 
@@ -63,6 +63,7 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
     LM-loss increase of removing each layer for depth), prune it to the feasible ``kind``
     plan nearest ``target`` (:func:`pick_plan`; or to ``plan`` when given), then distill the
     student from ``teacher`` on ``train`` batches, evaluating on ``held_out``."""
+    check_model_type(teacher)
     check_choice("kind", kind, KINDS)  # before the layer-removal scores are worked out
     if plan is None:
         layer_scores = (layer_removal(teacher, calibration, progress=progress)["increase"]
@@ -90,6 +91,7 @@ def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), cali
     """Stages that cut ``teacher`` to each of ``targets`` (fractions of the teacher's own
     parameters, largest first), each pruned from and distilled by the previous stage's model.
     With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume)."""
+    check_model_type(teacher)
     fractions = [check_fraction(f"targets[{i}] (a share of the teacher's parameters)", f,
                                 low_open=True, high_open=True) for i, f in enumerate(targets)]
     if fractions != sorted(fractions, reverse=True):

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from ..checks import check_positive
-from .plan import LABEL_KEY, PrunePlan, flops_per_token, param_count, plan_label
+from .plan import LABEL_KEY, PrunePlan, check_model_type, flops_per_token, param_count, plan_label
 from .prune import kept_units
 from .scores import UnitScores
 from .search import plan_kind
@@ -110,6 +110,7 @@ def plan_table(model, scores: UnitScores, plans, layer_scores: Sequence[float] |
 
     ``plans``: a sequence of :class:`PrunePlan` (labels from :func:`plan_label`) or a
     ``{label: plan}`` dict."""
+    check_model_type(model)
     config = getattr(model, "config", model)
     tok_s = _check_tok_s(teacher_tok_s)
     if not isinstance(scores, UnitScores):

@@ -5,7 +5,12 @@ retrained.
 
 Candidates vary width (hidden size, MLP size, query heads per KV group) and depth (how many
 layers stay; which ones come from per-layer scores, or else a contiguous block is dropped).
-Counts come from :mod:`.plan` alone, so pricing a candidate builds no model.
+The grid reaches every shape that loads: every multiple of 8 of each width (and the source's
+own), every head count a KV group can keep, every layer count, less only the hidden sizes
+transformers' ``LlamaConfig`` refuses. Counts come from :mod:`.plan`'s formulas, applied to
+the whole grid at once, so pricing tens of thousands of candidates takes milliseconds and
+builds no model. Every entry refuses a model family other than the Llama family by name
+(:func:`~.plan.check_model_type`) before reading the config.
 
 A target is a wish, not a promise: a small model has few plans (4 layers give depth plans at 4
 sizes only), so :func:`nearest_plan` snaps a target to the feasible plan nearest to it, and
@@ -15,28 +20,36 @@ with the range the feasible plans span.
 """
 from __future__ import annotations
 
-import itertools
 import numbers
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from ..checks import check_int, check_positive
-from .plan import PrunePlan, flops_per_token, param_count
+from .plan import (PrunePlan, attention_spans, check_model_type, flops_per_token, llama_refuses,
+                   param_count, shape_flops, shape_params)
 
 __all__ = ["feasible_plans", "enumerate_plans", "nearest_plan", "snap_note"]
 
 KINDS = ("width", "depth", "both")
 
+# the most candidates one grid may hold (a few hundred MB of columns): a larger model passes
+# ``steps`` for a coarser grid
+MAX_CANDIDATES = 2_000_000
+
 COLUMNS = ["plan", "kind", "num_layers", "hidden_size", "intermediate_size", "heads_per_group",
            "params", "params_ratio", "flops_ratio"]
 
 
-def width_grid(size: int, multiple: int = 16, steps: int = 16) -> list[int]:
-    """About ``steps`` candidate widths up to ``size``, all multiples of ``multiple`` but
-    ``size`` itself: CPU (and GPU) matmul kernels run fastest on widths that are multiples of
-    8 or 16, so odd widths save parameters without saving time."""
-    step = max(multiple, -(-size // (steps * multiple)) * multiple)
+def width_grid(size: int, multiple: int = 8, steps: int | None = None) -> list[int]:
+    """Candidate widths up to ``size``: every multiple of ``multiple`` below it and ``size``
+    itself (CPU and GPU matmul kernels run fastest on widths that are multiples of 8 or 16, so
+    odd widths save parameters without saving time); with ``steps``, about that many of them,
+    evenly spaced (a coarser grid for a large model)."""
+    check_int("multiple", multiple, 1)
+    check_int("steps", steps, 1, optional="every multiple")
+    step = multiple if steps is None else max(multiple, -(-size // (steps * multiple)) * multiple)
     return list(range(step, size, step)) + [size]
 
 
@@ -69,6 +82,7 @@ def _target_params(config, target: float | int) -> int:
 
 def plan_kind(config, plan: PrunePlan) -> str | None:
     """``width``, ``depth``, ``both``, or None for the plan that keeps everything."""
+    check_model_type(config)
     full = PrunePlan.full(config)
     narrower = (plan.hidden_size, plan.intermediate_size, plan.heads_per_group) != \
         (full.hidden_size, full.intermediate_size, full.heads_per_group)
@@ -77,33 +91,40 @@ def plan_kind(config, plan: PrunePlan) -> str | None:
         (narrower, shallower))
 
 
-def _candidates(config, layer_scores, multiple: int, steps: int):
-    """Every plan on the grid that transformers can load, the full one included."""
+def _grid(config, multiple: int, steps: int | None) -> dict[str, np.ndarray]:
+    """Every (hidden, MLP, query heads per group, layers kept) on the grid that transformers
+    loads, the full shape included, as columns in the grid's order (layers fastest)."""
     group = config.num_attention_heads // config.num_key_value_heads
     n = config.num_hidden_layers
-    layer_sets = [depth_layers(k, n, layer_scores) for k in range(1, n + 1)]
-    for hidden, mlp, heads, layers in itertools.product(
-            width_grid(config.hidden_size, multiple, steps),
+    axes = [width_grid(config.hidden_size, multiple, steps),
             width_grid(config.intermediate_size, multiple, steps), range(1, group + 1),
-            layer_sets):
-        plan = PrunePlan(layers, hidden, mlp, heads)
-        if plan.format_problem(config) is None:  # only plans that load in transformers
-            yield plan
+            range(1, n + 1)]
+    size = int(np.prod([len(axis) for axis in axes]))
+    if size > MAX_CANDIDATES:
+        raise ValueError(f"the grid of multiples of {multiple} holds {size:,} candidates "
+                         f"(widths {config.hidden_size} x {config.intermediate_size}, {group} "
+                         f"head counts, {n} depths); accepted: at most {MAX_CANDIDATES:,}: pass "
+                         f"steps (widths per axis) for a coarser grid, or a larger multiple")
+    columns = dict(zip(("hidden", "mlp", "per_group", "depth"),
+                       (c.ravel() for c in np.meshgrid(*map(np.array, axes), indexing="ij"))))
+    loads = ~llama_refuses(config, columns["hidden"],
+                           columns["per_group"] * config.num_key_value_heads)
+    return {name: column[loads] for name, column in columns.items()}
+
+
+def _kinds(config, grid: dict[str, np.ndarray]) -> np.ndarray:
+    """:func:`plan_kind` of every grid row ("" for the full shape)."""
+    narrower = ((grid["hidden"] != config.hidden_size)
+                | (grid["mlp"] != config.intermediate_size)
+                | (grid["per_group"] != config.num_attention_heads // config.num_key_value_heads))
+    shallower = grid["depth"] < config.num_hidden_layers
+    return np.select([narrower & shallower, narrower, shallower], ["both", "width", "depth"], "")
 
 
 def _check_layer_scores(config, layer_scores) -> None:
     if layer_scores is not None and len(layer_scores) != config.num_hidden_layers:
         raise ValueError(f"layer_scores has {len(layer_scores)} entries; the model has "
                          f"{config.num_hidden_layers} layers, one score each")
-
-
-def _row(config, plan: PrunePlan, params: int, context: int, source: tuple[int, int]) -> dict:
-    """One table row; ``source`` is the unpruned (parameters, FLOPs per token)."""
-    return {"plan": plan, "kind": plan_kind(config, plan), "num_layers": len(plan.layers),
-            "hidden_size": plan.hidden_size, "intermediate_size": plan.intermediate_size,
-            "heads_per_group": plan.heads_per_group, "params": params,
-            "params_ratio": params / source[0],
-            "flops_ratio": flops_per_token(config, plan, context) / source[1]}
 
 
 def _check_kinds(kinds) -> tuple[str, ...]:
@@ -115,22 +136,39 @@ def _check_kinds(kinds) -> tuple[str, ...]:
 
 
 def feasible_plans(config, kinds=KINDS, layer_scores: Sequence[float] | None = None,
-                   max_flops_ratio: float | None = None, multiple: int = 16, steps: int = 16,
-                   context: int = 512) -> pd.DataFrame:
+                   max_flops_ratio: float | None = None, multiple: int = 8,
+                   steps: int | None = None, context: int = 512) -> pd.DataFrame:
     """Every plan of ``kinds`` on the grid (:func:`width_grid`, :func:`depth_layers`) that
     transformers can load, the plan that keeps everything left out; with ``max_flops_ratio``
     only those whose FLOPs per token at ``context`` are at most that share of the source's.
-    One row per plan (columns :data:`COLUMNS`), in the grid's order."""
+    One row per plan (columns :data:`COLUMNS`), in the grid's order. A grid of more than
+    :data:`MAX_CANDIDATES` candidates is refused, naming its size: pass ``steps``."""
+    check_model_type(config)
     _check_layer_scores(config, layer_scores)
     kinds = _check_kinds(kinds)
-    source = param_count(config), flops_per_token(config, None, context)
-    rows = [_row(config, plan, param_count(config, plan), context, source)
-            for plan in _candidates(config, layer_scores, multiple, steps)
-            if plan_kind(config, plan) in kinds]
-    table = pd.DataFrame(rows, columns=COLUMNS)
+    grid = _grid(config, multiple, steps)
+    kind = _kinds(config, grid)
+    n, kv = config.num_hidden_layers, config.num_key_value_heads
+    layer_sets = [depth_layers(k, n, layer_scores) for k in range(1, n + 1)]
+    spans = attention_spans(config, context)
+    span_sums = np.array([sum(spans[i] for i in layers) for layers in layer_sets])
+    heads = grid["per_group"] * kv
+    params = shape_params(config, grid["hidden"], grid["mlp"], heads, grid["depth"])
+    flops = shape_flops(config, grid["hidden"], grid["mlp"], heads, grid["depth"],
+                        span_sums[grid["depth"] - 1])
+    flops_ratio = flops / flops_per_token(config, None, context)
+    keep = np.isin(kind, kinds)
     if max_flops_ratio is not None:
-        table = table[table["flops_ratio"] <= max_flops_ratio].reset_index(drop=True)
-    return table
+        keep &= flops_ratio <= max_flops_ratio
+    rows = np.flatnonzero(keep)
+    plans = [PrunePlan(layer_sets[grid["depth"][r] - 1], int(grid["hidden"][r]),
+                       int(grid["mlp"][r]), int(grid["per_group"][r])) for r in rows]
+    return pd.DataFrame({
+        "plan": pd.Series(plans, dtype=object), "kind": kind[rows],
+        "num_layers": grid["depth"][rows], "hidden_size": grid["hidden"][rows],
+        "intermediate_size": grid["mlp"][rows], "heads_per_group": grid["per_group"][rows],
+        "params": params[rows], "params_ratio": params[rows] / param_count(config),
+        "flops_ratio": flops_ratio[rows]}, columns=COLUMNS)
 
 
 def _nearest_first(table: pd.DataFrame, goal: int) -> pd.DataFrame:
@@ -139,17 +177,18 @@ def _nearest_first(table: pd.DataFrame, goal: int) -> pd.DataFrame:
 
 
 def enumerate_plans(config, target: float | int, tolerance: float = 0.05,
-                    layer_scores: Sequence[float] | None = None, multiple: int = 16,
-                    steps: int = 16, context: int = 512) -> pd.DataFrame:
+                    layer_scores: Sequence[float] | None = None, multiple: int = 8,
+                    steps: int | None = None, context: int = 512) -> pd.DataFrame:
     """Pruned architectures of ``config`` whose parameter count is within ``tolerance``
     (relative) of ``target``: a fraction of the source's parameters (float) or a count (int).
 
-    Width values are multiples of ``multiple`` (:func:`width_grid`: CPU matmul kernels prefer
-    multiples of 8/16); depth keeps 1..all layers (:func:`depth_layers`). One row per plan
+    Width values are every multiple of ``multiple`` (:func:`width_grid`: CPU matmul kernels
+    prefer multiples of 8/16; ``steps`` makes the grid coarser); depth keeps 1..all layers (:func:`depth_layers`). One row per plan
     (columns :data:`COLUMNS`; ``kind`` is width, depth or both; ``flops_ratio`` is forward
     FLOPs per token at ``context`` over the source's), nearest to the target first. Raises
     ``ValueError`` for a target larger than the source or one no plan reaches, naming the
     nearest counts there are."""
+    check_model_type(config)
     _check_layer_scores(config, layer_scores)
     goal = _target_params(config, target)
     table = _nearest_first(feasible_plans(config, KINDS, layer_scores, None, multiple, steps,
@@ -183,12 +222,13 @@ def _feasible_range(config, kinds, table: pd.DataFrame, max_flops_ratio) -> str:
 
 def nearest_plan(config, target: float | int, kinds=KINDS,
                  layer_scores: Sequence[float] | None = None,
-                 max_flops_ratio: float | None = None, multiple: int = 16,
-                 steps: int = 16) -> pd.Series:
+                 max_flops_ratio: float | None = None, multiple: int = 8,
+                 steps: int | None = None) -> pd.Series:
     """The row (:func:`feasible_plans`) of the plan of ``kinds`` whose parameter count is
     nearest ``target`` (a fraction of the source's parameters, or a count), however far:
     :func:`snap_note` says how far. A target outside (0, 1) of the source, or a selection
     with no plan at all, raises ``ValueError`` naming the range the feasible plans span."""
+    check_model_type(config)
     kinds = _check_kinds(kinds)
     table = feasible_plans(config, kinds, layer_scores, max_flops_ratio, multiple, steps)
     source = param_count(config)
@@ -208,6 +248,7 @@ def snap_note(config, target: float | int, row: pd.Series) -> str:
     """One line: the target asked, the plan got (its share of the parameters, layers kept of
     the source's, widths), e.g. ``depth plan: asked 0.5 of the parameters, got 0.46 (2 of 4
     layers, hidden 64, MLP 128, 2 of 2 query heads per KV group)``."""
+    check_model_type(config)
     source = param_count(config)
     asked = (f"{target:,} parameters ({target / source:.2f})"
              if isinstance(target, numbers.Integral) else f"{target:g} of the parameters")

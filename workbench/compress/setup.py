@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .data import distill_data, lm_loss
 from .importance import calibration_batches
-from .plan import param_count
+from .plan import check_model_type, param_count
 
 __all__ = ["compress_setup"]
 
@@ -38,6 +38,7 @@ def compress_setup(model: str | os.PathLike = "default", source: str | os.PathLi
     task name, a JSONL task or a text file."""
     from ..models import load_model
     teacher, tokenizer = load_model(model)
+    check_model_type(teacher)  # before any data is drawn
     calibration = calibration_batches(tokenizer, source, calibration_size, max_len=max_len)
     train, held_out = distill_data(tokenizer, source, train_size, eval_size, batch_size, seed,
                                    max_len)

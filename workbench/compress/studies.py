@@ -24,7 +24,7 @@ from .distill import DistillConfig, Distiller, scratch_like
 from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
     random_scores
 from .iterative import compress_step
-from .plan import param_count
+from .plan import check_model_type, param_count
 from .prune import prune
 from .search import feasible_plans, nearest_plan, rank_candidates, snap_note
 
@@ -42,6 +42,7 @@ def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
     """LM loss on ``held_out`` right after pruning ``teacher`` to ``plan`` with the units each
     ranking keeps: activation importance under every (batch, sequence) aggregation (the
     default L2/mean first), weight magnitude, and a random draw; best first."""
+    check_model_type(teacher)
     rankings = {}
     combos = [("l2", "mean")] + [(b, s) for b in AGGREGATIONS for s in SEQUENCE_AGGREGATIONS
                                  if (b, s) != ("l2", "mean")]
@@ -85,7 +86,9 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
     ``max_flops_ratio``: only plans whose FLOPs per token are at most this share of the
     teacher's (a speed budget beside the parameter target: at equal parameters, a plan that
     keeps every attention head keeps most of the attention FLOPs); ``candidates``: how many of
-    them, nearest the target first (None: all)."""
+    them, nearest the target first (None: all). Both rankings are LM losses on the one
+    ``held_out`` set the caller passes."""
+    check_model_type(teacher)
     table = _search_table(teacher.config, target, kinds, max_flops_ratio, candidates)
     if scores is None:
         scores = importance_from_batches(teacher, calibration, progress=False).scores
@@ -116,6 +119,7 @@ def width_against_depth(teacher, target, calibration, train, held_out,
     nearest ``target`` (:func:`~workbench.compress.iterative.pick_plan` prints what it got:
     a 4-layer model's depth plans keep 1 to 3 layers, so "about the same size" may be 0.46
     against 0.5)."""
+    check_model_type(teacher)
     plans = {"width": width_plan, "depth": None}
     stages = {kind: compress_step(teacher, target, train, held_out, calibration, kind, config,
                                   name=kind, plan=plan, progress=progress)
