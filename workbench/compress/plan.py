@@ -111,6 +111,7 @@ class PrunePlan:
     @classmethod
     def full(cls, config) -> "PrunePlan":
         """The plan that keeps everything of ``config``."""
+        check_model_type(config)
         return cls(tuple(range(config.num_hidden_layers)), config.hidden_size,
                    config.intermediate_size, _group_size(config))
 
