@@ -250,7 +250,7 @@ def param_count(config, plan: PrunePlan | None = None) -> int:
     ``sum(p.numel() for p in model.parameters())`` gives, tied embeddings counted once."""
     plan, heads = _shape(config, plan)
     return int(shape_params(config, plan.hidden_size, plan.intermediate_size, heads,
-                       len(plan.layers)))
+                            len(plan.layers)))
 
 
 def shape_params(config, hidden, mlp, heads, num_layers):
@@ -300,7 +300,7 @@ def flops_per_token(config, plan: PrunePlan | None = None, context: int = 512) -
     plan, heads = _shape(config, plan)
     span_sum = sum(attention_spans(config, context)[i] for i in plan.layers)
     return int(shape_flops(config, plan.hidden_size, plan.intermediate_size, heads,
-                                len(plan.layers), span_sum))
+                           len(plan.layers), span_sum))
 
 
 def shape_flops(config, hidden, mlp, heads, num_layers, span_sum):

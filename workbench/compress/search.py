@@ -8,8 +8,8 @@ layers stay; which ones come from per-layer scores, or else a contiguous block i
 The grid reaches every shape that loads: every multiple of 8 of each width (and the source's
 own), every head count a KV group can keep, every layer count, less only the hidden sizes
 transformers' ``LlamaConfig`` refuses. Counts come from :mod:`.plan`'s formulas, applied to
-the whole grid at once, so pricing tens of thousands of candidates takes milliseconds and
-builds no model. Every entry refuses a model family other than the Llama family by name
+the whole grid at once as arrays, so pricing a candidate builds no model (the default model's
+~40,000 candidates are priced and tabled in about half a second). Every entry refuses a model family other than the Llama family by name
 (:func:`~.plan.check_model_type`) before reading the config.
 
 A target is a wish, not a promise: a small model has few plans (4 layers give depth plans at 4
@@ -34,9 +34,9 @@ __all__ = ["feasible_plans", "enumerate_plans", "nearest_plan", "snap_note"]
 
 KINDS = ("width", "depth", "both")
 
-# the most candidates one grid may hold (a few hundred MB of columns): a larger model passes
-# ``steps`` for a coarser grid
-MAX_CANDIDATES = 2_000_000
+# the most candidates one grid may hold: each row holds a PrunePlan (the default model's
+# ~40,000 take about half a second); a larger model passes ``steps`` for a coarser grid
+MAX_CANDIDATES = 250_000
 
 COLUMNS = ["plan", "kind", "num_layers", "hidden_size", "intermediate_size", "heads_per_group",
            "params", "params_ratio", "flops_ratio"]
