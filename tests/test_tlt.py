@@ -12,7 +12,8 @@ from workbench.rl import GRPOConfig
 from workbench.rl.ablation import RLSetup, coupled_first_divergence, run_ablation
 from workbench.rl.grpo import GRPO
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
-from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout import LocalBackend, RolloutConfig, RolloutEngine
+from workbench.rollout.worker import WorkerResult
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import harvest_pairs
 from workbench.tasks import Problem
@@ -70,12 +71,34 @@ def _longer_tail(result, seconds=60.0):
     return result
 
 
+def lengthen_slowest(workers, values, seconds=60.0) -> None:
+    """``_longer_tail`` inside a map, before its idle jobs run: of ``workers`` (those that
+    ran the map's rollout ``values``, its ``WorkerResult`` s), the one whose last step ended
+    last decoded ``seconds`` more (one more decode row in its recorder and its result)."""
+    if not all(isinstance(value, WorkerResult) for value in values):
+        return  # not a rollout
+    slowest = max(workers[:len(values)], key=lambda w: (w.rollout_end_s, -w.index))
+    rec = slowest.recorder
+    row = {"worker": slowest.index, "step": len(rec.rows), "kind": "decode",
+           "start_s": rec.mark, "end_s": rec.mark + seconds, "batch_size": 1, "tokens": 1,
+           "forward_s": seconds, "clock": rec.clock}
+    rec.rows.append(row)
+    rec.mark = row["end_s"]
+    next(v for v in values if v.worker == slowest.index).steps.append(row)
+
+
 @pytest.fixture
 def long_tails(monkeypatch):
-    """Every RL step's rollout gets a 60 s longer tail (sim clock) before the spot trainer runs."""
-    train = SpotTrainer.train_in_idle
-    monkeypatch.setattr(SpotTrainer, "train_in_idle",
-                        lambda self, result, backend: train(self, _longer_tail(result), backend))
+    """Every RL step's rollout on the local backend gets a 60 s longer tail (sim clock)
+    before the idle jobs run (``lengthen_slowest``)."""
+    real = LocalBackend.map
+
+    def lengthened(self, fn, items, progress=None, workers=None):
+        values = real(self, fn, items, progress, workers)
+        if workers is None:  # a rollout's map, not a re-run's
+            lengthen_slowest(self._workers, values)
+        return values
+    monkeypatch.setattr(LocalBackend, "map", lengthened)
 
 
 def _spot(tokenizer, tmp_path, **kw):

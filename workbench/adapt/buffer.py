@@ -73,10 +73,12 @@ class DrafterBuffer:
             self.history.appendleft(self.current)  # newest first
         self.carry, self.current = longest[:n], []
 
-    def pairs(self, until_s: float = math.inf) -> list:
-        """Pairs to train on at time ``until_s`` of this step: the sequences finished by then,
-        the carry, and the history's other sequences."""
-        ready = [it for it in self.current if it.end_s <= until_s]
+    def pairs(self, until_s: float = math.inf, harvest: list[BufferItem] | None = None) -> list:
+        """Pairs to train on at time ``until_s`` of this step: the sequences of its harvest
+        finished by then (``harvest``: as far as it has come back, in request order; default
+        the whole step's, ``add_step``'s), the carry, and the history's other sequences."""
+        harvest = self.current if harvest is None else harvest
+        ready = [it for it in harvest if it.end_s <= until_s]
         # the carry is part of the newest history step; pairs keep their identity through a
         # checkpoint (one pickled graph), items do not
         carried = {id(it.pair) for it in self.carry}

@@ -5,25 +5,38 @@ response does. TLT puts those idle windows to work: every worker that finishes t
 drafter on the harvest buffer (:class:`~workbench.adapt.buffer.DrafterBuffer`) until the
 step's last worker finishes, and is then preempted (``SpotConfig.idle_workers="all"``; the
 seeds' coordinator likewise trains on every free rank; ``"first"``: the first worker to finish
-alone). The training is a :class:`DrafterJob` that the rollout's backend runs in each window
-(``Backend.run_idle``): its steps are measured for real and recorded by the backend as
-``drafter_train`` rows on that worker's clock, right after its last rollout step, and what
-each worker learned comes back as a :class:`DrafterOutcome`. The workers' copies are merged by
-local SGD at the step's end (:mod:`workbench.adapt.local_sgd`: each copy starts from the
-published state, trains on its own batches of the pairs ready when its window opened, and
-counts in the average by its whole steps). The job carries the published trainer state, the
-training's config and the pairs, never a policy: each copy trains a head built on the policy
-of the worker it runs on (a Ray actor's own; on the local backend, whose workers share the
-spot trainer's policy, the spot trainer's own trainer trains: nothing is built). A worker
-lost in its window (the job raised, or the worker died) takes its copy with it: the other
-copies merge as usual, or, when none is left, the previous drafter keeps serving
-(``drafter_failed_workers`` counts the lost windows).
+alone). One RL step, as the TLT trainer runs it:
+
+1. :meth:`SpotTrainer.tail` gives the step's drafter jobs
+   (:class:`~workbench.adapt.drafter_job.DrafterTail`), which the rollout hands to its backend
+   (``Backend.map_tail``): each worker whose shard comes back trains a copy of the published
+   state on the pairs ready then, until the last shard comes back. On Ray (the wall clock)
+   this really happens while the other actors still decode, and the step in flight when the
+   last shard comes back is cut at its end; on the local backend (the sim clock) the jobs run
+   after the shards, each charged in its window. Their steps are ``drafter_train`` rows on
+   that worker's clock, and what each copy learned comes back as a ``DrafterOutcome``.
+2. :meth:`SpotTrainer.merge` merges the copies by local SGD at the step's end
+   (:mod:`workbench.adapt.local_sgd`: each copy counts in the average by its whole steps),
+   publishes the merge, and ends the buffer's step.
+
+:meth:`SpotTrainer.train_in_idle` does both after the fact, for a rollout that is over (on
+the sim clock: ``LocalBackend.run_idle``, which the staleness observer replays).
+
+The jobs carry the published trainer state, the training's config and the pairs, never a
+policy: each copy trains a head built on the policy of the worker it runs on (a Ray actor's
+own; on the local backend, whose workers share the spot trainer's policy, the spot trainer's
+own trainer trains: nothing is built). A worker lost in its window (the job raised, or the
+worker died) takes its copy with it: the other copies merge as usual, or, when none is left,
+the previous drafter keeps serving (``drafter_failed_workers`` counts the lost windows).
 A step is started only when the running estimate of a step's time still fits the window, and
-a step that would cross the window's end is **preempted** there: on the sim clock its row is
-cut at the end of the window and flagged ``preempted``, its seconds count as wasted, and its
-update is discarded (the trainer's weights, optimizer and generator go back to where the last
-whole step left them). Drafter work therefore never stretches the RL step: the step's time is
-the rollout's time plus the update's (``drafter_overrun_s`` is 0 by construction).
+a step that would cross the window's end is **preempted** there: its row is cut at the end of
+the window and flagged ``preempted``, its seconds count as wasted, and its update is
+discarded (the trainer's weights, optimizer and generator go back to where the last whole step
+left them). Drafter work therefore never stretches the RL step: the step's time is the
+rollout's time plus the update's (``drafter_overrun_s`` is 0 by construction, on Ray unless a
+stop came later than the steps a job can undo: ``drafter_job``'s "undo").
+``drafter_stop_wait_s``: how long the driver waited for the jobs once the last shard was back
+(on Ray at most the step in flight; 0 on the sim clock).
 
 The drafter that serves rollouts is never the one being trained: training runs on a copy, and
 :meth:`SpotTrainer.publish` saves it atomically (the previous files stay whole until the new
@@ -39,13 +52,12 @@ from dataclasses import dataclass, field
 
 from ..checks import check_choice, check_fraction, check_int
 from ..nested_config import NestedConfig
-from ..speculative.eagle import EagleHead
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
-from ..train import isolated_rng
 from .buffer import DrafterBuffer
+from .drafter_job import DrafterOutcome, DrafterTail, trainer_snapshot
 from .local_sgd import merge_copies
 
-__all__ = ["SpotConfig", "SpotTrainer", "DrafterJob", "DrafterOutcome"]
+__all__ = ["SpotConfig", "SpotTrainer"]
 
 
 IDLE_WORKERS = ("all", "first")
@@ -119,50 +131,61 @@ class SpotTrainer:
         self.version = 0
         self.step_s = 0.0  # running estimate of one drafter step's seconds (0: none yet)
 
-    def train_in_idle(self, result, backend) -> dict:
-        """Train in the idle windows of ``result`` (every worker's, or the first to finish's:
-        ``config.idle_workers``) through ``backend`` (the one that ran the rollout:
-        ``Backend.run_idle``); ``result.timeline`` becomes the backend's, with the
-        ``drafter_train`` rows. Returns the step's drafter figures."""
-        # 1) this step's harvest joins the buffer; the windows that train, and their pairs:
-        #    those ready when each window opens
-        self.buffer.add_step(result, harvest_pairs(result))
-        rollout_end = result.timeline.makespan_s
-        windows = [w for w in result.timeline.idle_windows() if w.seconds > 0]
-        windows = windows[:1] if self.config.idle_workers == "first" else windows
-        pairs = {w.worker: self.buffer.pairs(until_s=w.start_s) for w in windows}
-        # 2) the backend runs the job in each window, on that worker's clock: a copy of the
-        #    published state trains on its own batches and records its steps
+    def tail(self, workers: int) -> DrafterTail:
+        """The drafter jobs of the next rollout, on ``workers`` workers (``Backend.map_tail``;
+        module docstring, step 1): copies of the published state, one per worker whose shard
+        comes back (``idle_workers="all"``, every worker but the last) or the first's."""
         c = self.config
-        start = _snapshot(self.eagle.trainer)
-        job = DrafterJob(c.eagle, start, pairs, c.eagle.batch_size, c.max_steps, self.step_s,
-                         local=self.eagle)
-        run = backend.run_idle(job, result.timeline, windows)
-        result.timeline = run.timeline
+        copies = 1 if c.idle_workers == "first" else max(1, workers - 1)
+        return DrafterTail(c.eagle, trainer_snapshot(self.eagle.trainer), self.buffer, copies,
+                           c.max_steps, self.step_s, self.eagle)
+
+    def merge(self, result, tail: DrafterTail) -> dict:
+        """Merge what ``tail``'s jobs handed back in ``result.idle`` (the rollout they ran
+        in, harvested) by local SGD, publish the merge, and end the buffer's step (module
+        docstring, step 2). Returns the step's drafter figures."""
+        run = result.idle
+        self.buffer.add_step(result, harvest_pairs(result))  # the step's harvest, for the carry
         outcomes = [o for o in run.outcomes if o is not None]  # a lost window's copy is lost
-        # 3) the copies merge at the step's end (local SGD); the merge serves from the next step
         self.step_s = _fold_estimates(outcomes, self.step_s)
-        merged = merge_copies(start, [o.state for o in outcomes],
+        merged = merge_copies(tail.start, [o.state for o in outcomes],
                               [len(o.losses) for o in outcomes])
-        self.eagle.trainer.load_state_dict(merged if merged is not None else start)
+        self.eagle.trainer.load_state_dict(merged if merged is not None else tail.start)
         if merged is not None:
             self.publish()
         buffered = self.buffer.state()
-        self.buffer.end_step()  # 4) this step's longest sequences are the next step's carry
-        new = result.timeline
+        self.buffer.end_step()  # this step's longest sequences are the next step's carry
+        steps = result.timeline.steps
+        rollout_end = float(steps.loc[steps["kind"] != "drafter_train", "end_s"].max())
         losses = [loss for o in outcomes for loss in o.losses]
         return {"drafter_steps": len(losses),
                 "drafter_workers": sum(1 for o in outcomes if o.losses),
-                "drafter_worker": windows[0].worker if windows else -1,
-                "drafter_window_s": sum(w.seconds for w in windows),
-                "drafter_train_s": float(new.busy_s(("drafter_train",), False).sum()),
+                "drafter_worker": run.windows[0].worker if run.windows else -1,
+                "drafter_window_s": sum(w.seconds for w in run.windows),
+                "drafter_train_s": float(result.timeline.busy_s(("drafter_train",),
+                                                                False).sum()),
                 "drafter_preempted": sum(o.preempted for o in outcomes),
                 "drafter_wasted_s": sum(o.wasted_s for o in outcomes),
                 "drafter_failed_workers": len(run.failed),
-                "drafter_overrun_s": new.makespan_s - rollout_end,
+                "drafter_overrun_s": result.timeline.makespan_s - rollout_end,
+                "drafter_stop_wait_s": run.stop_wait_s,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
-                "drafter_pairs": len(pairs[windows[0].worker]) if windows else 0,
+                "drafter_pairs": next(iter(tail.pairs.values()), 0),
                 "drafter_version": self.version, **buffered}
+
+    def train_in_idle(self, result, backend) -> dict:
+        """Train in the idle windows of ``result``, a rollout that is over, on the sim clock:
+        ``backend`` is the local one that ran it (or replays its clocks:
+        ``LocalBackend.run_idle``); ``result.timeline`` gains the ``drafter_train`` rows.
+        A rollout on the wall clock trains during itself instead (:meth:`tail`)."""
+        if backend.clock != "sim":
+            raise ValueError(f"train_in_idle trains after a rollout on the sim clock; the "
+                             f"{backend.name!r} backend's clock is {backend.clock!r}: pass "
+                             "spot.tail(workers) to its rollout (TLTTrainer.step does)")
+        tail = self.tail(result.config.workers)
+        result.idle = backend.run_idle(tail, result.timeline, [result])
+        result.timeline = result.idle.on(result.timeline)
+        return self.merge(result, tail)
 
     def publish(self) -> None:
         """Save the trained head (atomic folder swap) and load it into the serving drafter."""
@@ -194,108 +217,6 @@ class SpotTrainer:
                                    for step in state.get("history", []))
 
 
-@dataclass
-class DrafterOutcome:
-    """What a :class:`DrafterJob` hands back from one idle window.
-
-    ``losses``: one per whole drafter step; ``preempted`` (0 or 1): a step crossed the
-    window's end and was discarded, ``wasted_s`` its seconds; ``step_s``: the running estimate
-    of a step's seconds after the window; ``state``: the trainer's state after the last whole
-    step (weights, optimizer, generator, history), ``None`` when no step was whole.
-    """
-
-    losses: list[float] = field(default_factory=list)
-    preempted: int = 0
-    wasted_s: float = 0.0
-    step_s: float = 0.0
-    state: dict | None = None
-
-
-class DrafterJob:
-    """Drafter training as an idle-window job (``rollout.backend.IdleJob``): in every window
-    it runs in, a copy of ``start`` trains on that window's pairs (module docstring).
-
-    Args:
-        config: the drafter's training (``EagleTrainConfig``).
-        start: the trainer state every window starts from (the published one).
-        pairs: worker -> the buffer's pairs ready when its window opens.
-        batch_size: sequences per step (the row's ``batch_size``; fewer when fewer pairs).
-        max_steps: cap on whole steps in one window.
-        step_s: the running estimate of one step's seconds (0: none yet).
-        local: the spot trainer's own ``EagleTrainer``, which trains in a window whose
-            worker's policy is its policy (reset to ``start`` at each window). It never
-            travels: a copy of the job (another process's) holds none and builds one.
-    """
-
-    def __init__(self, config: EagleTrainConfig, start: dict, pairs: dict[int, list],
-                 batch_size: int, max_steps: int, step_s: float,
-                 local: EagleTrainer | None = None):
-        self.config, self.start, self.pairs = config, start, pairs
-        self.batch_size, self.max_steps, self.step_s = batch_size, max_steps, step_s
-        self.ranks = {worker: rank for rank, worker in enumerate(pairs)}
-        self.local = local
-        self._built: dict[int, EagleTrainer] = {}  # id(policy) -> a trainer built on it
-
-    def __getstate__(self) -> dict:
-        # what travels: the state, config and pairs; the local trainer holds the policy
-        return {**self.__dict__, "local": None, "_built": {}}
-
-    def trainer_on(self, policy) -> EagleTrainer:
-        """The trainer of a copy on ``policy`` (the window's worker's): the local one when
-        that is its policy, else one built here once, its head's weights to come from
-        ``start``."""
-        if self.local is not None and self.local.policy is policy:
-            return self.local
-        built = self._built.get(id(policy))
-        if built is None or built.policy is not policy:
-            with isolated_rng(self.config.train.seed):  # the caller's RNG untouched
-                head = EagleHead(policy)
-            built = self._built[id(policy)] = EagleTrainer(policy, head, self.config)
-        return built
-
-    def run(self, window, clock) -> DrafterOutcome:
-        """Train step after step while the estimate still fits ``window``; a step that
-        crosses its end is preempted there and its update discarded."""
-        out = DrafterOutcome(step_s=self.step_s)
-        pairs = self.pairs.get(window.worker, [])
-        if not pairs:
-            return out
-        eagle = self.trainer_on(clock.policy)
-        # the copies' batches are disjoint: copy r of k takes batches first + r, + r + k, ...
-        rank, copies = self.ranks[window.worker], len(self.ranks)
-        first = self.start["step"]
-        # a deep copy: AdamW's load_state_dict keeps the tensors it is given, and steps update
-        # them in place, which would change the start of the next window
-        eagle.trainer.load_state_dict(copy.deepcopy(self.start))
-        eagle.set_pairs(pairs)
-        batch_size = min(self.batch_size, len(pairs))
-        with eagle.training():  # flags set once for the window, restored after it
-            while len(out.losses) < self.max_steps and clock.now() + out.step_s < window.end_s:
-                # 1) one drafter step on the worker's clock, from a copy of the last whole state
-                kept = _snapshot(eagle.trainer)
-                batch = first + rank + copies * len(out.losses)
-                trained, row = clock.timed("drafter_train", lambda: eagle.step(batch),
-                                           batch_size=batch_size)
-                out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it took
-                # 2) it crossed the window's end: preempted, its update discarded
-                if row.get("preempted"):
-                    eagle.trainer.load_state_dict(kept)
-                    out.preempted, out.wasted_s = 1, row["end_s"] - row["start_s"]
-                    break
-                out.losses.append(trained["loss"])
-        if out.losses:
-            out.state = _snapshot(eagle.trainer)  # the next window resets the trainer
-        return out
-
-
-def _snapshot(trainer) -> dict:
-    """The trainer's state as it is now, to go back to if the next step is preempted:
-    weights, optimizer and generator copied; the history list (its rows are never changed in
-    place) shared, since it grows with the whole run."""
-    state = trainer.state_dict()
-    return {k: v if k == "history" else copy.deepcopy(v) for k, v in state.items()}
-
-
 def _fold_estimates(outcomes: list[DrafterOutcome], step_s: float) -> float:
     """The estimate the next RL step starts from: the one of the window that took the most
     whole steps (the best informed; a window that took one slow first step alone would hold
@@ -310,11 +231,3 @@ def _fold_estimates(outcomes: list[DrafterOutcome], step_s: float) -> float:
     # moment) cannot stop drafter training for good; a step that is still too slow is cut
     # at its window's end, which costs idle time only
     return 0.5 * step_s
-
-
-def _next_estimate(step_s: float, seconds: float) -> float:
-    """The running estimate of a drafter step's time after one that took ``seconds`` (what
-    decides whether the next step still fits the idle window): up at once to a slower step,
-    down slowly after faster ones, since a step started on too low an estimate is work
-    thrown away."""
-    return max(seconds, 0.8 * step_s + 0.2 * seconds)

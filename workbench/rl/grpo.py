@@ -140,12 +140,15 @@ class GRPO:
         return replace(self.config.rollout, rl_step=step, **overrides)
 
     # ---- one step -----------------------------------------------------------------------
-    def rollout(self, schedule=None, drafter=None, harvest: bool = False) -> RLStep:
-        """Sample this step's groups and score them (the policy is not changed)."""
+    def rollout(self, schedule=None, drafter=None, harvest: bool = False,
+                tail=None) -> RLStep:
+        """Sample this step's groups and score them (the policy is not changed); ``tail``:
+        jobs for the idle windows of the rollout (``RolloutEngine.rollout``)."""
         problems = self.problems_for(self.rl_step)
         result = self.engine.rollout([p.prompt for p in problems],
                                      self.rollout_config(self.rl_step, harvest=harvest),
-                                     progress=False, drafter=drafter, schedule=schedule)
+                                     progress=False, drafter=drafter, schedule=schedule,
+                                     tail=tail)
         rewards = score_rollout(result, problems, self.reward)
         return RLStep(self.rl_step, result, problems, rewards, {})
 

@@ -178,14 +178,20 @@ class TLTTrainer:
         return self.grpo.rl_step
 
     def step(self) -> dict:
-        """One RL step: rollout (SD as configured), drafter training in the idle window,
-        policy update. Returns the step's metrics row."""
-        rl = self.grpo.rollout(self.schedule, self.drafter, harvest=self.spot is not None)
+        """One RL step; returns the step's metrics row."""
+        spot = self.spot
+        # 1) rollout (SD as configured); the drafter trains on every worker whose shard came
+        #    back, each a copy of the published state, until the last shard comes back
+        tail = spot.tail(self.grpo.config.rollout.workers) if spot is not None else None
+        rl = self.grpo.rollout(self.schedule, self.drafter, harvest=spot is not None, tail=tail)
         extra = {"accept_len": acceptance_length(rl.result),
                  "tokens_digest": tokens_digest(rl.result)}
-        if self.spot is not None:
-            extra.update(self.spot.train_in_idle(rl.result, self.grpo.engine.backend))
+        # 2) the copies merge by local SGD and the merge is published: it serves from the
+        #    next step's rollout
+        if spot is not None:
+            extra.update(spot.merge(rl.result, tail))
         self.timelines[rl.step] = rl.result.timeline
+        # 3) the policy update
         return self.grpo.update(rl, extra)
 
     def run(self, steps: int, progress: bool = True, desc: str = "RL") -> pd.DataFrame:

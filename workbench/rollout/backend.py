@@ -3,8 +3,9 @@
 A backend holds N workers (``rollout.worker``), each with its own policy, forward and drafter,
 and is all that the engine, GRPO, TLT and the spot trainer see of them. Its protocol,
 :class:`Backend`, has five jobs: start the workers from factories, map a function over them,
-push new weights to them, run an *idle-window job* on the workers that finished their shard
-early, and close. Nothing above the rollout layer reads a worker, its recorder or its clock.
+map a rollout whose workers each run an *idle-window job* once their shard is done
+(``map_tail``), push new weights to them, and close. Nothing above the rollout layer reads a
+worker, its recorder or its clock.
 
 Glossary:
 
@@ -14,16 +15,37 @@ clock        ``"sim"``: each worker's measured time laid side by side, as if the
              actors). Never mix the two in one comparison.
 idle window  a worker's time from its last rollout step to the end of the step's last one on
              any worker (``Timeline.idle_windows()``, ``IdleWindow``).
-idle job     an object with ``run(window, clock) -> outcome`` (:class:`IdleJob`). The backend
-             calls it once per window on that window's worker, with an ``IdleClock``:
-             ``clock.timed(kind, fn, batch_size) -> (value, row)`` runs one step of the job
-             right after the worker's last step, on the worker's clock, preempted at the
-             window's end (the row flagged ``preempted``; the job discards that step's work);
-             ``clock.policy`` is that worker's policy, for a job that needs one (the drafter's
-             training builds its trainer on it: a job never ships a policy of its own).
-             Whatever the caller needs comes back in the outcome (losses, new weights, ...):
-             a backend of processes runs a *copy* of the job, so changes the job makes to
-             itself are not seen by the caller. The local backend runs the caller's object.
+tail jobs    what ``map_tail(fn, items, tail)`` runs in the idle windows of its map: an object
+             with ``job(window, returned) -> IdleJob | None`` (:class:`TailJobs`). As each
+             worker's value comes back, the backend asks it for that worker's job (``window``
+             starts at the worker's last step, its end not yet known on the wall clock;
+             ``returned``: the values that came back so far, that worker's included) and runs
+             the job on that worker. When the map's last value comes back, the window closes
+             at that worker's last step: the jobs still running stop there, and the backend
+             hands back their outcomes (:class:`IdleRun`). *Sim*: every shard has run before
+             any job starts, so ``returned`` holds every value and each window's end is known
+             from the start; the jobs run after the map, one after another, each charged
+             right after its worker's last step. *Wall*: a job starts on its worker as soon
+             as its shard is back, while the others still decode, and the driver's stop
+             reaches it from beside the work (the one step in flight then finishes, and is
+             cut at the window's end); waiting for the stopped jobs is ``stop_wait_s``.
+             A map that loses a worker runs no job to its end: the local backend runs none,
+             Ray stops those already running and drops their outcomes (the survivors' actors
+             must be free to re-run the lost shard, and a step that lost a worker is rare
+             enough that its drafter steps are not worth a second rule).
+idle job     an object with ``run(window, clock) -> outcome`` (:class:`IdleJob`), run once on
+             its window's worker with an ``IdleClock``: ``clock.fits(seconds)`` says whether
+             a step that long still ends inside the window; ``clock.timed(kind, fn,
+             batch_size) -> (value, row)`` runs one step on the worker's clock (sim: right
+             after its last step; wall: at its real time), preempted at the window's end (the
+             row flagged ``preempted``; the job discards that step's work);
+             ``clock.settle(undoable)`` waits for an open window's end and says how many of
+             the job's latest steps ended past it (to discard); ``clock.policy`` is that
+             worker's policy, for a job that needs one (the drafter's training builds its
+             trainer on it: a job never ships a policy of its own). Whatever the caller needs
+             comes back in the outcome (losses, new weights, ...): a backend of processes
+             runs a *copy* of the job, so changes the job makes to itself are not seen by the
+             caller. The local backend runs the caller's object.
 progress     ``map(fn, items, progress)``: a callback of the driver's (a progress bar's
              ``update``) that takes a number of finished requests. It never leaves the
              driver's process: the local backend hands it to its workers (live, as requests
@@ -31,18 +53,18 @@ progress     ``map(fn, items, progress)``: a callback of the driver's (a progres
              with the number of requests that worker's item held.
 worker fault a worker that raised while running a function or a job, or died. Every worker of
              the call runs its part to the end whatever another does; then ``map`` (and
-             ``start``, ``update_weights``) raises :class:`WorkerFailed` for the lowest failed
-             worker (its index, the cause, the requests it held, the seconds until it
-             failed), from the cause, holding every failure of the call (``failures``) and the
-             values of the workers that finished (``results``), so that a caller re-runs only
-             what was lost (``rollout.recovery``). ``run_idle`` does not raise for a lost
-             window: its outcome is ``None``, its failure is in ``IdleRun.failed``, and a
-             ``failed`` row marks it in the timeline (idle work is optional, like a preempted
-             step). The backend stays started: the caller may resubmit the requests elsewhere
-             or start the backend again. Two kinds of exception pass through as they are: a
-             ``ValueError`` is bad input (a plan the drafter cannot serve, a schedule's bad
-             decision), the caller's to fix, which any worker would raise alike; and an
-             interrupt (``KeyboardInterrupt``), which is not the worker's doing.
+             ``map_tail``, ``start``, ``update_weights``) raises :class:`WorkerFailed` for the
+             lowest failed worker (its index, the cause, the requests it held, the seconds
+             until it failed), from the cause, holding every failure of the call
+             (``failures``) and the values of the workers that finished (``results``), so
+             that a caller re-runs only what was lost (``rollout.recovery``). A lost idle job
+             does not raise: its outcome is ``None``, its failure is in ``IdleRun.failed``,
+             and a ``failed`` row marks it in the timeline (idle work is optional, like a
+             preempted step). The backend stays started: the caller may resubmit the requests
+             elsewhere or start the backend again. Two kinds of exception pass through as
+             they are: a ``ValueError`` is bad input (a plan the drafter cannot serve, a
+             schedule's bad decision), the caller's to fix, which any worker would raise
+             alike; and an interrupt (``KeyboardInterrupt``), which is not the worker's doing.
 """
 from __future__ import annotations
 
@@ -55,7 +77,7 @@ from .request import Request
 from .timeline import IdleWindow, Timeline
 from .worker import IdleClock, Worker
 
-__all__ = ["Backend", "LocalBackend", "IdleJob", "IdleRun", "WorkerFailed"]
+__all__ = ["Backend", "LocalBackend", "IdleJob", "TailJobs", "IdleRun", "WorkerFailed"]
 
 
 class WorkerFailed(RuntimeError):
@@ -100,40 +122,56 @@ def failure_row(failed: WorkerFailed, step: int, start_s: float = 0.0,
 
 
 class IdleJob(Protocol):
-    """Work for idle windows (module docstring, "idle job")."""
+    """Work for an idle window (module docstring, "idle job")."""
 
     def run(self, window: IdleWindow, clock: IdleClock) -> object:
         """Work in ``window`` through ``clock``; the outcome the caller folds in."""
         ...
 
 
+class TailJobs(Protocol):
+    """The idle-window jobs of one map (module docstring, "tail jobs")."""
+
+    def job(self, window: IdleWindow, returned: list) -> IdleJob | None:
+        """The job for ``window``'s worker, whose value just came back (``returned``: the
+        values back so far, its own included); ``None``: that worker stays idle."""
+        ...
+
+
 @dataclass
 class IdleRun:
-    """What :meth:`Backend.run_idle` hands back: the job's outcome of each window (in the
-    windows' order; ``None`` for a window whose worker failed), the step's timeline with the
-    rows the job's steps recorded (and a ``failed`` row per lost window), and the failures."""
+    """What the idle jobs of a map (or of a finished rollout: ``LocalBackend.run_idle``)
+    hand back: the windows they ran in (closed: each ends where the step's last shard did),
+    each one's outcome (``None`` where its worker failed), the steps rows the jobs recorded,
+    the failures, and how long the driver waited for the jobs once it had stopped them
+    (0 on the sim clock, where nothing waits)."""
 
-    outcomes: list
-    timeline: Timeline
+    windows: list[IdleWindow] = field(default_factory=list)
+    outcomes: list = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
     failed: list[WorkerFailed] = field(default_factory=list)
+    stop_wait_s: float = 0.0
 
+    @classmethod
+    def of(cls, windows: Sequence[IdleWindow], runs: list, stop_wait_s: float = 0.0) -> "IdleRun":
+        """``runs[i]``: window i's ``(outcome, rows)``, or the :class:`WorkerFailed` of its
+        worker."""
+        lost = [isinstance(run, WorkerFailed) for run in runs]
+        return cls(list(windows), [None if gone else run[0] for gone, run in zip(lost, runs)],
+                   [row for gone, run in zip(lost, runs) if not gone for row in run[1]],
+                   [run for gone, run in zip(lost, runs) if gone], stop_wait_s)
 
-def idle_run(timeline: Timeline, windows: Sequence[IdleWindow], runs: list) -> IdleRun:
-    """The :class:`IdleRun` of ``windows``: ``runs[i]`` is window i's ``(outcome, rows)``, or
-    the :class:`WorkerFailed` of its worker (the outcome ``None``, a ``failed`` row from the
-    window's start, within it, numbered after the worker's rows in ``timeline``)."""
-    outcomes, rows, failed = [], [], []
-    for window, run in zip(windows, runs):
-        if isinstance(run, WorkerFailed):
-            steps = timeline.steps.loc[timeline.steps["worker"] == window.worker, "step"]
-            step = int(steps.max()) + 1 if len(steps) else 0
-            rows.append(failure_row(run, step, window.start_s, window.end_s))
-            outcomes.append(None)
-            failed.append(run)
-        else:
-            outcomes.append(run[0])
-            rows += run[1]
-    return IdleRun(outcomes, timeline.with_steps(rows), failed)
+    def on(self, timeline: Timeline) -> Timeline:
+        """``timeline`` (the map's rollout) with the jobs' rows and a ``failed`` row per lost
+        job (from its window's start, within it, numbered after its worker's rows)."""
+        rows = list(self.rows)
+        for failed in self.failed:
+            window = next(w for w in self.windows if w.worker == failed.worker)
+            steps = [r["step"] for r in rows if r["worker"] == failed.worker] + \
+                timeline.steps.loc[timeline.steps["worker"] == failed.worker, "step"].tolist()
+            rows.append(failure_row(failed, max(steps, default=-1) + 1, window.start_s,
+                                    window.end_s))
+        return timeline.with_steps(rows)
 
 
 class Backend(Protocol):
@@ -168,14 +206,14 @@ class Backend(Protocol):
         """Load new policy and/or drafter weights into every worker."""
         ...
 
-    def run_idle(self, job: IdleJob, timeline: Timeline,
-                 windows: Sequence[IdleWindow]) -> IdleRun:
-        """Run ``job`` in each of ``windows`` (of ``timeline``, the latest rollout's:
-        ``timeline.idle_windows()`` or some of them) on the window's worker, after its last
-        rollout step and on its clock, and hand back the outcomes and ``timeline`` with the
-        rows the job recorded. No step ends past its window, so the step's makespan stays.
-        A window whose worker fails is reported in ``IdleRun.failed``, not raised (module
-        docstring, "worker fault")."""
+    def map_tail(self, fn: Callable[[Worker, object], object], items: list, tail: TailJobs,
+                 progress: Callable[[int], None] | None = None) -> tuple[list, IdleRun]:
+        """``map(fn, items, progress)`` (item i on worker i) whose workers, as each one's
+        value comes back, run ``tail``'s job for them in their idle window until the map's
+        last value comes back (module docstring, "tail jobs"): the values, and the jobs'
+        :class:`IdleRun`. No job step ends past its window, so the step's makespan stays. A
+        worker lost in the map raises as ``map`` does (its jobs' outcomes dropped); one lost
+        in its job is reported in ``IdleRun.failed``."""
         ...
 
     def close(self) -> None: ...
@@ -226,19 +264,40 @@ class LocalBackend:
                                 drafter if id(module) not in loaded else None)
             loaded |= {id(worker.model), id(module)}
 
-    def run_idle(self, job, timeline, windows) -> IdleRun:
-        windows = check_windows(windows, self.num_workers)
+    def map_tail(self, fn, items, tail, progress=None):
+        values = self.map(fn, items, progress)  # a lost worker raises here: no job runs
+        ends = {w: self._workers[w].rollout_end_s for w in range(len(items))}
+        last = max(ends.values(), default=0.0)
+        windows = sorted((IdleWindow(w, start, last) for w, start in ends.items()),
+                         key=lambda window: (window.start_s, window.worker))
+        return values, self._run_windows(tail, windows, values)
+
+    def run_idle(self, tail: TailJobs, timeline: Timeline, returned: list) -> IdleRun:
+        """``tail``'s jobs in the idle windows of ``timeline``, a rollout that is over (its
+        values ``returned``), on its workers' clocks (the recorders of that rollout, this
+        backend's own or replayed: :meth:`replay_recorders`): what ``map_tail`` runs after
+        its map, for a caller that trains after the fact (the staleness observer)."""
+        if timeline.num_workers != self.num_workers:
+            raise ValueError(f"a timeline of {timeline.num_workers} workers for a backend of "
+                             f"{self.num_workers}; accepted: the timeline of this backend's "
+                             "latest rollout (or of the recorders it replays)")
+        return self._run_windows(tail, timeline.idle_windows(), returned)
+
+    def _run_windows(self, tail: TailJobs, windows: list[IdleWindow], returned: list) -> IdleRun:
+        """Each job ``tail`` gives for ``windows`` (the first to open first; a window of no
+        time has none), run on its worker in turn, its end known from the start."""
+        used, runs = [], []
         for window in windows:
-            if self._workers[window.worker].recorder is None:
-                raise ValueError(f"worker {window.worker} has no rollout to idle after")
-        runs = []
-        for window in windows:
+            job = tail.job(window, returned) if window.seconds > 0 else None
+            if job is None:
+                continue
             worker = self._workers[window.worker]
             try:
                 runs.append(_on(window.worker, lambda: worker.run_idle(job, window)))
             except WorkerFailed as failed:
                 runs.append(failed)
-        return idle_run(timeline, windows, runs)
+            used.append(window)
+        return IdleRun.of(used, runs)
 
     @property
     def recorders(self) -> list:
@@ -274,17 +333,6 @@ def check_placement(items: list, workers: Sequence[int] | None, num_workers: int
         raise ValueError(f"workers must be one distinct worker of 0..{num_workers - 1} per "
                          f"item ({len(items)} items), got {workers!r}")
     return workers
-
-
-def check_windows(windows: Sequence[IdleWindow], num_workers: int) -> list[IdleWindow]:
-    """``windows`` as a list, each an :class:`IdleWindow` of one of ``num_workers`` workers
-    (a ValueError names the first that is not)."""
-    windows = list(windows)
-    for window in windows:
-        if not isinstance(window, IdleWindow) or not 0 <= window.worker < num_workers:
-            raise ValueError(f"windows must be IdleWindows of workers 0..{num_workers - 1}"
-                             f" (timeline.idle_windows()), got {window!r}")
-    return windows
 
 
 def _on(worker: int, call: Callable[[], object], requests: Sequence[Request] = ()):

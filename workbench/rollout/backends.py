@@ -16,7 +16,7 @@ from .backend import Backend, LocalBackend
 __all__ = ["make_backend", "BACKENDS"]
 
 BACKENDS = ("local", "ray")
-PROTOCOL = ("start", "map", "update_weights", "run_idle", "close")  # a Backend object's methods
+PROTOCOL = ("start", "map", "map_tail", "update_weights", "close")  # a Backend object's methods
 
 
 def make_backend(backend: str | Backend = "local", address: str | None = None,

@@ -11,12 +11,12 @@ complete, and the timeline marks the failure and the re-run.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from ..progress import tqdm
 
-from .backend import Backend, LocalBackend
+from .backend import Backend, IdleRun, LocalBackend, TailJobs
 from .config import RolloutConfig
 from .recovery import run_shards
 from .request import Request, RequestOutput
@@ -29,11 +29,13 @@ __all__ = ["RolloutConfig", "RequestOutput", "RolloutResult", "RolloutEngine"]
 
 @dataclass
 class RolloutResult:
-    """Requests in (prompt_id, sample_idx) order, and the step's timeline."""
+    """Requests in (prompt_id, sample_idx) order, the step's timeline (the idle jobs' rows
+    included), and what the idle jobs of a rollout with a ``tail`` handed back."""
 
     requests: list[RequestOutput]
     timeline: Timeline
     config: RolloutConfig
+    idle: IdleRun = field(default_factory=IdleRun)
 
     @property
     def texts(self) -> list[str]:
@@ -170,7 +172,8 @@ class RolloutEngine:
 
     # ---- the rollout step ---------------------------------------------------------------
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
-                drafter=None, schedule: Schedule | None = None, **overrides) -> RolloutResult:
+                drafter=None, schedule: Schedule | None = None, tail: TailJobs | None = None,
+                **overrides) -> RolloutResult:
         """Generate responses for ``prompts`` (strings or token-id lists).
 
         Keyword overrides replace fields of ``config``, e.g. ``rollout(p, temperature=1.0)``.
@@ -179,7 +182,9 @@ class RolloutEngine:
         drafter serves every worker in turn; without one, speculative steps use each worker's
         own (``start(drafter_factory=...)``). SD is lossless: greedy gives identical tokens,
         coupled sampling the plain coupled rollout's, speculative sampling the policy's
-        distribution.
+        distribution. ``tail``: jobs that each worker runs in its idle window once its shard
+        is done, until the last shard is (``Backend.map_tail``); their rows join the
+        timeline and their outcomes come back in ``RolloutResult.idle``.
         """
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
@@ -197,7 +202,7 @@ class RolloutEngine:
         try:
             shards = run_shards(  # the bar stays here: the backend reports progress
                 self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
-                tasks, bar.update)
+                tasks, bar.update, tail)
         finally:
             bar.close()
         by_uid = {r.uid: r for res in shards.results for r in res.requests}
@@ -210,4 +215,4 @@ class RolloutEngine:
         timeline = Timeline.from_records(steps, records, n, self.backend.clock)
         if self.backend.runs_copies and hasattr(schedule, "absorb"):
             schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
-        return RolloutResult(outputs, timeline, config)
+        return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle)

@@ -15,6 +15,14 @@ actor        a Ray actor process holding one :class:`~workbench.rollout.worker.W
 object store Ray's shared memory: a function, an idle job or a state dict goes in once per
              call (``ray.put``) and every actor reads it from there; nothing is pickled per
              actor. The start's factories go in once too, for a restarted actor to reuse.
+tail         ``map_tail`` (backend.py, "tail jobs"): as each actor's shard comes back, the
+             driver asks the tail for its job and submits it to that actor, which starts
+             training while the other actors still decode; when the last shard is back, the
+             driver sends every running job ``stop`` with the window's end (that shard's last
+             step, on the step's wall clock), and collects the outcomes (``stop_wait_s``: at
+             most the step in flight). An actor runs its work methods one at a time (its
+             default concurrency group), and ``stop`` beside them (the ``control`` group, a
+             thread of its own), so a stop reaches a job mid-step.
 copies       whatever ``fn`` or an idle job holds travels as a copy: changes an actor makes
              to it never reach the driver (``runs_copies``). A *learning schedule* (the
              adaptive bandit, ``speculative.bandit.AdaptiveSchedule``) therefore learns, on
@@ -28,6 +36,7 @@ loopback     a Ray this backend starts listens on 127.0.0.1 only (``workbench.ra
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -38,16 +47,16 @@ import torch
 
 from ..checks import check_int
 from ..ray_cluster import connect, resolve_address
-from .backend import (IdleRun, WorkerFailed, check_placement, check_windows, first_failure,
-                      idle_run)
-from .timeline import IdleWindow, Timeline
-from .worker import Worker
+from .backend import IdleRun, TailJobs, WorkerFailed, check_placement, first_failure
+from .timeline import IdleWindow
+from .worker import WindowEnd, Worker
 
 __all__ = ["RayBackend"]
 
 
 class WorkerHost:
-    """An actor's body: one :class:`Worker` on the wall clock, built inside the actor."""
+    """An actor's body: one :class:`Worker` on the wall clock, built inside the actor. Its
+    work methods run one at a time; :meth:`stop` runs beside them (module docstring, "tail")."""
 
     def __init__(self, index: int, factories: tuple, threads: int):
         torch.set_num_threads(threads)
@@ -55,21 +64,29 @@ class WorkerHost:
         model = policy_factory(index)
         drafter = drafter_factory(index, model) if drafter_factory is not None else None
         self.worker = Worker(index, model, drafter, "wall")
+        self.window_end = WindowEnd()
 
     def ready(self) -> int:
         """The worker's index, once the factories have run (their failure raises here)."""
         return self.worker.index
 
-    def call(self, fn: Callable, item, origin: float):
-        """``fn(worker, item)`` with the worker's clock counting from ``origin``."""
+    def call(self, fn: Callable, item, origin: float) -> tuple[object, float | None]:
+        """``fn(worker, item)`` with the worker's clock counting from ``origin``; its value,
+        and where the worker's idle window after it starts (``Worker.rollout_end_s``)."""
         self.worker.origin = origin
-        return fn(self.worker, item)
+        self.window_end = WindowEnd()  # the window after this call: open until its stop
+        return fn(self.worker, item), self.worker.rollout_end_s
 
     def load_weights(self, policy: dict | None, drafter: dict | None) -> None:
         self.worker.load_weights(policy, drafter)
 
     def run_idle(self, job, window: IdleWindow) -> tuple[object, list[dict]]:
-        return self.worker.run_idle(job, window)
+        return self.worker.run_idle(job, window, self.window_end)
+
+    @ray.method(concurrency_group="control")
+    def stop(self, end_s: float) -> None:
+        """Close the idle window of the latest call at ``end_s`` (its job settles there)."""
+        self.window_end.close(end_s)
 
 
 class RayBackend:
@@ -157,11 +174,39 @@ class RayBackend:
                 for w, item in zip(workers, items)]
         held = [list(getattr(item, "requests", ())) for item in items]
         values, failures = self._collect(refs, workers, origin, held, progress)
+        values = [None if value is None else value[0] for value in values]
         if failures:
             raise first_failure(list(failures.values()),
                                 {w: v for i, (w, v) in enumerate(zip(workers, values))
                                  if i not in failures})
         return values
+
+    def map_tail(self, fn, items, tail: TailJobs, progress=None):
+        workers = check_placement(items, None, self.num_workers)
+        origin = time.time()
+        fn_ref = ray.put(fn)
+        refs = [self._actors[w].call.remote(fn_ref, item, origin)
+                for w, item in zip(workers, items)]
+        held = [list(getattr(item, "requests", ())) for item in items]
+        values, starts, failures, jobs = [None] * len(refs), {}, {}, {}
+        for i, arrived in self._arrivals(refs, workers, origin, held, progress):
+            if isinstance(arrived, Exception):
+                failures[i] = arrived
+                continue
+            values[i], starts[workers[i]] = arrived
+            if len(starts) + len(failures) < len(refs) and not failures:
+                window = IdleWindow(workers[i], starts[workers[i]], math.inf)
+                job = tail.job(window, [value for value in values if value is not None])
+                if job is not None:  # on its actor now, while the others still decode
+                    jobs[window.worker] = self._actors[window.worker].run_idle.remote(job, window)
+        end = max(starts.values(), default=0.0)  # the last shard's last step
+        run = self._stop(jobs, starts, end)
+        self._settle(failures, workers)
+        if failures:  # the jobs' outcomes are dropped (backend.py, "tail jobs")
+            raise first_failure(list(failures.values()),
+                                {w: v for i, (w, v) in enumerate(zip(workers, values))
+                                 if i not in failures})
+        return values, run
 
     def update_weights(self, policy=None, drafter=None) -> None:
         refs = tuple(None if state is None else ray.put(state) for state in (policy, drafter))
@@ -170,14 +215,6 @@ class RayBackend:
                               for new, old in zip(refs, self._weights))
         self._gather([actor.load_weights.remote(*refs) for actor in self._actors],
                      range(self.num_workers))
-
-    def run_idle(self, job, timeline: Timeline, windows: Sequence[IdleWindow]) -> IdleRun:
-        windows = check_windows(windows, self.num_workers)
-        since, job_ref = time.time(), ray.put(job)
-        refs = [self._actors[window.worker].run_idle.remote(job_ref, window)
-                for window in windows]
-        done, failures = self._collect(refs, [window.worker for window in windows], since)
-        return idle_run(timeline, windows, [failures.get(i, run) for i, run in enumerate(done)])
 
     # ---- helpers ------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -215,8 +252,8 @@ class RayBackend:
         return refs
 
     def _spawn(self, worker: int):
-        host = ray.remote(WorkerHost).options(num_cpus=self.threads_per_worker,
-                                              num_gpus=self._gpus)
+        host = ray.remote(concurrency_groups={"control": 1})(WorkerHost).options(
+            num_cpus=self.threads_per_worker, num_gpus=self._gpus)
         return host.remote(worker, self._factories, self.threads_per_worker)
 
     def _kill_actors(self) -> None:
@@ -234,26 +271,45 @@ class RayBackend:
 
     def _collect(self, refs: list, workers: Sequence[int], since: float,
                  held: list | None = None, progress: Callable[[int], None] | None = None,
-                 revive: bool = True) -> tuple[list, dict[int, WorkerFailed]]:
+                 revive: bool = True) -> tuple[list, dict[int, Exception]]:
         """The values of ``refs`` (``refs[i]`` ran on worker ``workers[i]`` holding the
         requests ``held[i]``) once all are done, ``None`` where one failed, and the failures
-        by position (:func:`_failure`, their ``at_s`` counted from the wall time ``since``);
-        ``progress`` is told each worker's request count as its value arrives. An actor
-        that died is revived (unless ``revive`` is false: its start is what failed); a
-        ValueError (bad input) is raised, the lowest worker's."""
+        by position (:meth:`_arrivals`), settled (:meth:`_settle`)."""
+        values, failures = [None] * len(refs), {}
+        for i, arrived in self._arrivals(refs, workers, since, held, progress):
+            if isinstance(arrived, Exception):
+                failures[i] = arrived
+            else:
+                values[i] = arrived
+        self._settle(failures, workers, revive)
+        return values, failures
+
+    @staticmethod
+    def _arrivals(refs: list, workers: Sequence[int], since: float, held: list | None = None,
+                  progress: Callable[[int], None] | None = None):
+        """``(i, value)`` for each of ``refs`` as it is done, the first done first, or ``(i,
+        failure)`` (:func:`_failure`, its ``at_s`` counted from the wall time ``since``);
+        ``progress`` is told each worker's request count as its value arrives."""
         position = {ref: i for i, ref in enumerate(refs)}
-        values, failures, pending = [None] * len(refs), {}, list(refs)
+        pending = list(refs)
         while pending:
             (ref,), pending = ray.wait(pending, num_returns=1)
             i = position[ref]
             try:
-                values[i] = ray.get(ref)
+                value = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                failures[i] = _failure(workers[i], exc, held[i] if held is not None else (),
-                                       time.time() - since)
+                yield i, _failure(workers[i], exc, held[i] if held is not None else (),
+                                  time.time() - since)
                 continue
             if progress is not None and held is not None:
                 progress(len(held[i]))
+            yield i, value
+
+    def _settle(self, failures: dict[int, Exception], workers: Sequence[int],
+                revive: bool = True) -> None:
+        """After a call's ``failures`` (by position): an actor that died is revived (unless
+        ``revive`` is false: its start is what failed); a ValueError (bad input) is raised,
+        the lowest worker's."""
         order = sorted(failures, key=lambda i: workers[i])
         dead = {workers[i] for i in order if isinstance(failures[i], WorkerFailed)
                 and isinstance(failures[i].cause, ray.exceptions.RayActorError)}
@@ -262,7 +318,17 @@ class RayBackend:
         bad = [failures[i] for i in order if isinstance(failures[i], ValueError)]
         if bad:
             raise bad[0]
-        return values, failures
+
+    def _stop(self, jobs: dict, starts: dict[int, float], end_s: float) -> IdleRun:
+        """Stop the running ``jobs`` (worker -> the ref of its job) at ``end_s`` on the step's
+        clock and collect them: their :class:`IdleRun`, in the order they started, with the
+        seconds waited for them (a job that died is a failure of its window)."""
+        since, workers = time.time(), list(jobs)
+        stops = [self._actors[w].stop.remote(end_s) for w in workers]
+        runs, failures = self._collect(list(jobs.values()) + stops, workers + workers, since)
+        windows = [IdleWindow(w, starts[w], end_s) for w in workers]
+        return IdleRun.of(windows, [failures.get(i, runs[i]) for i in range(len(workers))],
+                          time.time() - since)
 
 
 def _failure(worker: int, exc: Exception, requests: Sequence, at_s: float) -> Exception:

@@ -18,6 +18,10 @@ Token for token: coupled draws depend only on (seed, uid, position) and greedy d
 the policy alone (``rollout.sampling``), so a request re-run on another worker with the same
 weights has the tokens it would have had on its own.
 
+Idle jobs (``tail``, ``Backend.map_tail``) run in the first map only: a map that loses a
+worker hands back no job outcome (backend.py, "tail jobs"), and the re-run runs none, so the
+step's drafter keeps serving the next one.
+
 No second chance: a failure during the re-run raises its ``WorkerFailed`` (it names the
 survivor and the requests it was re-running). With no survivor, the first failure is raised.
 
@@ -29,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .backend import Backend, WorkerFailed, failure_row
+from .backend import Backend, IdleRun, TailJobs, WorkerFailed, failure_row
 from .worker import WorkerResult, WorkerTask
 
 __all__ = ["Shards", "run_shards"]
@@ -38,20 +42,27 @@ __all__ = ["Shards", "run_shards"]
 @dataclass
 class Shards:
     """What the workers gave back for one rollout step: every request's ``WorkerResult``
-    (the survivors', then the re-runs'), the ``failed`` steps rows of the lost workers, and
-    uid -> the worker that failed holding it, for each re-run request."""
+    (the survivors', then the re-runs'), the ``failed`` steps rows of the lost workers,
+    uid -> the worker that failed holding it, for each re-run request, and what the idle
+    jobs handed back (none without a ``tail``, or after a lost worker)."""
 
     results: list[WorkerResult]
     failed_rows: list[dict] = field(default_factory=list)
     failed_worker: dict[int, int] = field(default_factory=dict)
+    idle: IdleRun = field(default_factory=IdleRun)
 
 
 def run_shards(backend: Backend, fn: Callable, tasks: list[WorkerTask],
-               progress: Callable[[int], None] | None = None) -> Shards:
-    """``backend.map(fn, tasks, progress)`` (task i on worker i), with each failed worker's
-    shard re-run on a survivor (module docstring)."""
+               progress: Callable[[int], None] | None = None,
+               tail: TailJobs | None = None) -> Shards:
+    """``backend.map(fn, tasks, progress)`` (task i on worker i), or with ``tail``'s jobs in
+    the idle windows (``backend.map_tail``), with each failed worker's shard re-run on a
+    survivor (module docstring)."""
     try:
-        return Shards(backend.map(fn, tasks, progress))
+        if tail is None:
+            return Shards(backend.map(fn, tasks, progress))
+        results, idle = backend.map_tail(fn, tasks, tail, progress)
+        return Shards(results, idle=idle)
     except WorkerFailed as failed:
         return _rerun(backend, fn, {task.worker: task for task in tasks}, failed, progress)
 

@@ -5,13 +5,18 @@ its latest rollout. It is pure in what it returns: it receives a :class:`WorkerT
 requests, the config, the token ids it needs) and gives back a :class:`WorkerResult` (its
 requests' outputs and its steps-table rows); the engine reassembles results by uid. Its
 recorder stays open after the last decode step, so that an idle-window job
-(:meth:`Worker.run_idle`) adds rows on the same clock, right after the worker's last step.
+(:meth:`Worker.run_idle`) adds rows on the same clock: on the sim clock right after the
+worker's last step, on the wall clock at their real times. The window's end is a
+:class:`WindowEnd`: known when the job starts (sim: every shard has run), or set later, while
+the job runs, by the backend's stop (wall: the job starts while other workers still decode).
 
 Workers are a backend's to hold (``rollout.backend``): callers above the rollout layer reach
 them only through the backend's methods, never directly.
 """
 from __future__ import annotations
 
+import math
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -28,7 +33,7 @@ from .request import Request, RequestOutput
 from .schedule import Schedule, StepReport, decision_of, plan_columns
 from .timeline import IdleWindow
 
-__all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock"]
+__all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock", "WindowEnd"]
 IDLE_KINDS = ("drafter_train", "train")  # work an idle window runs
 
 
@@ -82,21 +87,15 @@ class StepRecorder:
         self.t0 = time.perf_counter() - start
         self.mark = start
 
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
-              deadline: float | None = None):
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
         """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
         where the last one ended: work done later in the same rollout step (after the
-        worker's last decode step, in its idle window) is charged where it would have run.
-        A step that would end past ``deadline`` is preempted there: its row ends at the
-        deadline with ``preempted`` set (``forward_s`` keeps the seconds it really took), and
-        the caller discards its work."""
+        worker's last decode step, in its idle window) is charged where it would have run
+        (a wall-clock caller :meth:`resume` s first, to record it at its real time)."""
         self.t0 = time.perf_counter() - self.mark  # the clock resumes at the last mark
         t = time.perf_counter()
         out = fn()
         self.end(kind, batch_size, tokens, time.perf_counter() - t)
-        if deadline is not None and self.mark > deadline:
-            self.rows[-1].update(end_s=max(deadline, self.rows[-1]["start_s"]), preempted=True)
-            self.mark = self.rows[-1]["end_s"]
         return out
 
 
@@ -199,14 +198,22 @@ class Worker:
         dec.rec.label(first, report, decision_of(schedule, self.index))  # before observe moves on
         schedule.observe(report)
 
-    def run_idle(self, job, window: IdleWindow) -> tuple[object, list[dict]]:
+    @property
+    def rollout_end_s(self) -> float | None:
+        """Where this worker's idle window starts after its latest rollout: the end of its
+        last step on the step's clock (``None`` before a rollout)."""
+        return None if self.recorder is None else self.recorder.mark
+
+    def run_idle(self, job, window: IdleWindow,
+                 end: "WindowEnd | None" = None) -> tuple[object, list[dict]]:
         """Run ``job`` (``rollout.backend.IdleJob``) in ``window``, this worker's idle window
-        after its latest rollout; ``(the job's outcome, the steps rows it recorded)``."""
+        after its latest rollout, which ends at ``end`` (default: ``window.end_s``, known
+        now); ``(the job's outcome, the steps rows it recorded)``."""
         if window.worker != self.index:
             raise ValueError(f"worker {self.index} was given worker {window.worker}'s window")
         if self.recorder is None:
             raise ValueError(f"worker {self.index} has no rollout to idle after: run one first")
-        clock = IdleClock(self.recorder, window, self.model)
+        clock = IdleClock(self.recorder, window, self.model, end)
         outcome = job.run(window, clock)
         return outcome, clock.rows
 
@@ -220,31 +227,104 @@ class Worker:
             self.drafter.module.load_state_dict(drafter)
 
 
+class WindowEnd:
+    """The end of an idle window on the step's clock: known from the start (the sim clock,
+    where every shard has run before any job does) or set later by :meth:`close`, from
+    another thread (the wall clock: the backend's stop, when the step's last shard comes back,
+    while the job runs). ``end_s`` is ``inf`` while the window is open."""
+
+    def __init__(self, end_s: float = math.inf):
+        self.end_s, self._known = math.inf, threading.Event()
+        if end_s != math.inf:
+            self.close(end_s)
+
+    def close(self, end_s: float) -> None:
+        self.end_s = float(end_s)
+        self._known.set()
+
+    @property
+    def open(self) -> bool:
+        return not self._known.is_set()
+
+    def wait(self) -> float:
+        """The end, once it is known."""
+        self._known.wait()
+        return self.end_s
+
+
 class IdleClock:
     """What an idle-window job is handed: its window, its worker's clock, and its worker's
     ``policy`` (a job that trains against the policy uses the one where it runs).
 
     ``timed(kind, fn)`` runs ``fn()`` as the worker's next step of ``kind`` (one of
-    :data:`IDLE_KINDS`), starting where the previous one ended, and returns ``(value, row)``
-    (the step's steps-table row, a copy). A step that would end past ``deadline`` (default,
-    and at the latest: the window's end) is preempted there: its row ends at the deadline
-    with ``preempted`` set, and the job discards its work. ``now()`` is where the next step
-    would start.
+    :data:`IDLE_KINDS`) and returns ``(value, row)`` (the step's steps-table row, a copy): on
+    the sim clock the step starts where the previous one ended, on the wall clock when it
+    really starts. ``fits(seconds)``: whether a step of ``seconds`` starting now would end by
+    the window's end (``end``, a :class:`WindowEnd`; always, while it is open). A step that
+    ends past a known end is **preempted** there: its row ends at the end with ``preempted``
+    set (``forward_s`` keeps the seconds it really took), and the job discards its work.
+
+    An open window's end comes while the job runs, so steps may have ended past it before it
+    was known: :meth:`settle` waits for the end and says how many of the job's latest whole
+    steps did, for the job to discard (their rows cut as a preempted one).
     """
 
-    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy):
+    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy,
+                 end: WindowEnd | None = None):
         self.window, self._rec, self._first = window, recorder, len(recorder.rows)
         self.policy = policy
+        self.end = end if end is not None else WindowEnd(window.end_s)
+
+    @property
+    def open(self) -> bool:
+        """Whether the window's end is still unknown."""
+        return self.end.open
 
     def now(self) -> float:
-        return self._rec.mark
+        """Where the next step would start on the step's clock."""
+        return self._rec.now() if self._rec.clock == "wall" else self._rec.mark
 
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0,
-              deadline: float | None = None) -> tuple[object, dict]:
+    def fits(self, seconds: float) -> bool:
+        return self.now() + seconds < self.end.end_s
+
+    def timed(self, kind: str, fn: Callable, batch_size: int = 0,
+              tokens: int = 0) -> tuple[object, dict]:
         check_choice("an idle-window step's kind", kind, IDLE_KINDS)
-        end = self.window.end_s if deadline is None else min(deadline, self.window.end_s)
-        value = self._rec.timed(kind, fn, batch_size, tokens, end)
+        if self._rec.clock == "wall":
+            self._rec.resume(0.0)  # the step starts now, on the step's clock
+        value = self._rec.timed(kind, fn, batch_size, tokens)
+        end = self.end.end_s  # read after the step: an open window may have closed meanwhile
+        if self._rec.mark > end:
+            self._cut(len(self._rec.rows) - 1, end)
         return value, dict(self._rec.rows[-1])
+
+    def settle(self, undoable: int) -> int:
+        """Wait for the window's end; the number of this window's latest whole steps, at most
+        ``undoable`` (as many as the job can undo), that ended past it: the first of them is
+        cut at the end and flagged ``preempted``, the rows after it are dropped (they began
+        after the step's last shard ended), and the job discards their work. Steps past the
+        end that the job cannot undo keep their rows (``drafter_overrun_s`` then shows them).
+        0 on a window whose end was known from the start (``timed`` preempted there)."""
+        end = self.end.wait()
+        rows = self._rec.rows
+        late = [i for i in range(self._first, len(rows))
+                if rows[i]["end_s"] > end and not rows[i].get("preempted")]
+        late = late[len(late) - undoable:] if undoable else []
+        if late:
+            self._cut(late[0], end)
+            del rows[late[0] + 1:]
+            self._rec.mark = rows[-1]["end_s"]
+        return len(late)
+
+    def wasted_s(self) -> float:
+        """Seconds of this window's preempted steps, whose work was discarded."""
+        return sum(row["end_s"] - row["start_s"] for row in self._rec.rows[self._first:]
+                   if row.get("preempted"))
+
+    def _cut(self, i: int, end: float) -> None:
+        row = self._rec.rows[i]
+        row.update(end_s=max(end, row["start_s"]), preempted=True)
+        self._rec.mark = row["end_s"]
 
     @property
     def rows(self) -> list[dict]:
