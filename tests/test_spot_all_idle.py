@@ -133,3 +133,47 @@ def test_the_two_rules_on_the_same_rollouts_differ_in_drafter_steps_alone(tokeni
     assert wide["drafter_steps"]["first"].tolist() == [2, 2]
     assert wide["drafter_steps"]["all"].tolist() == [6, 6]
     assert wide["drafter_workers"]["all"].tolist() == [3, 3]
+
+
+# main's figures before the drafter trained during the rollout (the spot trainer then ran
+# after it, on the same sim clock): same seeds, same clock ticks, same numbers
+MAIN_FIGURES = {
+    2: {"drafter_steps": [3, 3, 3], "drafter_workers": [1, 1, 1], "drafter_pairs": [7, 15, 15],
+        "drafter_loss": [6.721175314627363, 6.38473803338744, 5.804206326208884]},
+    4: {"drafter_steps": [9, 9, 9], "drafter_workers": [3, 3, 3], "drafter_pairs": [6, 12, 13],
+        "drafter_loss": [6.759747871605336, 6.350690783304194, 5.993578592701015]},
+}
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_tails,
+                                                              monkeypatch, workers):
+    """The tail jobs on the sim clock train what the spot trainer trained after the rollout:
+    on a clock that ticks 1/1024 s per reading (so that which requests finished before each
+    window is fixed, ties included: every time is exact in binary), three steps of the static-chain variant take main's drafter steps,
+    pairs and losses, on 2 workers (the first finisher alone) and on 4 (three copies)."""
+    import itertools
+    import time
+
+    from workbench.rl import GRPOConfig
+    from workbench.rl.tlt import TLTConfig, TLTTrainer
+
+    from .test_tlt import _problems, _reward
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
+    model = tiny_model("llama", tokenizer)
+    torch.manual_seed(3)
+    head = EagleHead(model).to(torch.float64)
+    grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
+                           workers=workers, max_batch_size=3, temperature=1.0,
+                           spec_mode="coupled")
+    cfg = TLTConfig.variant("adaptive_drafter", grpo, spec_k=3,
+                            spot=SpotConfig.flat(batch_size=4, max_steps=3, history_steps=1))
+    tlt = TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head)
+    history = tlt.run(3, progress=False)
+    expected = MAIN_FIGURES[workers]
+    for column in ("drafter_steps", "drafter_workers", "drafter_pairs"):
+        assert history[column].tolist() == expected[column], column
+    assert history["drafter_loss"].tolist() == pytest.approx(expected["drafter_loss"],
+                                                             rel=1e-12)
+    assert (history["drafter_stop_wait_s"] == 0).all()  # nothing waits on the sim clock

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from workbench.rl.tlt import first_divergence
 from workbench.rollout.backend import IdleRun
+from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.worker import Worker
 
-from .test_tlt import _same, _state, _trainer, long_tails  # noqa: F401 (a fixture)
+from .test_tlt import _same, _state, _trainer, lengthen_slowest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,27 +53,34 @@ class ApartBackend:
         for worker in self._workers:
             worker.load_weights(policy, drafter)
 
-    def run_idle(self, job, timeline, windows):
-        self.calls.append("run_idle")
-        outcomes, rows = [], []
-        for window in windows:
-            outcome, recorded = self._workers[window.worker].run_idle(copy.deepcopy(job), window)
-            outcomes.append(outcome)
-            rows += recorded
-        return IdleRun(outcomes, timeline.with_steps(rows))
+    def map_tail(self, fn, items, tail, progress=None):
+        """``map``, then each worker but the last to finish runs a deep copy of its job, in
+        the order they finished, its window's end known (sim clock)."""
+        self.calls.append("map_tail")
+        values = self.map(fn, items, progress)
+        lengthen_slowest(self._workers, values)  # a 60 s tail, as ``long_tails`` lays
+        ends = sorted((w.rollout_end_s, w.index) for w in self._workers[:len(items)])
+        windows, runs = [], []
+        for start, w in ends[:-1]:
+            window = IdleWindow(w, start, ends[-1][0])
+            job = tail.job(window, values)
+            if job is not None:
+                windows.append(window)
+                runs.append(self._workers[w].run_idle(copy.deepcopy(job), window))
+        return values, IdleRun.of(windows, runs)
 
     def close(self):
         self._workers = []
 
 
-def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer, long_tails):
+def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer):
     apart = ApartBackend()
     tlt = _trainer(tokenizer, "tlt", backend=apart)
     base = _trainer(tokenizer, "baseline")
     head0 = _state(tlt.drafter.head)
     ht, hb = tlt.run(2, progress=False), base.run(2, progress=False)
     assert first_divergence(hb, ht) == -1  # SD stays lossless on any backend
-    assert {"start", "map", "run_idle"} <= set(apart.calls)
+    assert {"start", "map", "map_tail"} <= set(apart.calls)
     # the job trained a copy; what it handed back became the driver's trainer and drafter (how
     # many steps fit a later window depends on this machine's measured step time)
     assert ht["drafter_steps"].iloc[0] >= 1, ht.filter(like="drafter").to_dict("list")

@@ -1,6 +1,8 @@
-"""Workers behind the backend protocol: start, map, weights, idle-window jobs on each worker's
-clock (preempted at the window's end), and how a failing worker is reported."""
+"""Workers behind the backend protocol: start, map, weights, a rollout's tail jobs on each
+worker's clock (preempted at the window's end, known at once or late), and how a failing
+worker is reported."""
 import copy
+import math
 import time
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
                                StaticSchedule, WorkerFailed)
 from workbench.rollout.timeline import IdleWindow
-from workbench.rollout.worker import WorkerTask
+from workbench.rollout.worker import IdleClock, StepRecorder, WindowEnd, WorkerTask
 from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model
@@ -76,7 +78,20 @@ class SleepJob:
             if row.get("preempted"):
                 return {"worker": window.worker, "done": done, "cut": row}
             done.append(value)
+        clock.settle(0)
         return {"worker": window.worker, "done": done, "cut": None}
+
+
+class Tail:
+    """Tail jobs (``rollout.backend.TailJobs``): ``job`` for every window (or for the
+    ``first`` ones), each call recorded as (window, the workers whose values were back)."""
+
+    def __init__(self, job, first: int | None = None):
+        self.job_, self.first, self.asked = job, first, []
+
+    def job(self, window, returned):
+        self.asked.append((window, [getattr(value, "worker", None) for value in returned]))
+        return self.job_ if self.first is None or len(self.asked) <= self.first else None
 
 
 def _two_worker_rollout(tokenizer):
@@ -84,55 +99,93 @@ def _two_worker_rollout(tokenizer):
     return engine, engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
 
 
-def test_an_idle_job_runs_after_each_workers_last_step_on_its_clock(tokenizer):
-    engine, res = _two_worker_rollout(tokenizer)
-    tl = res.timeline
-    windows = tl.idle_windows()
-    last = tl.steps.groupby("worker")["end_s"].max()
-    assert [w.worker for w in windows] == list(last.sort_values().index)  # first to finish first
-    assert [w.start_s for w in windows] == sorted(last) and {w.end_s for w in windows} == \
-        {tl.makespan_s}
-    early = windows[0]
-    assert early.seconds > 0
-    run = engine.backend.run_idle(SleepJob(2, 0.0), tl, [early])
-    assert run.outcomes == [{"worker": early.worker, "done": [0, 1], "cut": None}]
-    new = run.timeline.steps[run.timeline.steps["kind"] == "drafter_train"]
-    assert set(new["worker"]) == {early.worker} and len(new) == 2
-    assert new["start_s"].iloc[0] == early.start_s  # right after its shard, on its clock
+def test_a_rollouts_tail_jobs_run_after_each_workers_last_step_on_its_clock(tokenizer):
+    engine = RolloutEngine(tiny_model("llama", tokenizer, seed=0), tokenizer)
+    ref = engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
+    tail = Tail(SleepJob(2, 0.0))
+    res = engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False, tail=tail)
+    assert res.tokens == ref.tokens
+    steps = res.timeline.steps
+    rollout = steps[steps["kind"] != "drafter_train"]
+    last = rollout.groupby("worker")["end_s"].max()
+    early = int(last.idxmin())
+    (window, returned), = tail.asked  # the last to finish has no window: no job is asked for
+    assert window.worker == early and window.start_s == last[early]
+    assert window.end_s == last.max() and sorted(returned) == [0, 1]  # sim: every shard is back
+    assert res.idle.windows == [window] and res.idle.stop_wait_s == 0
+    assert res.idle.outcomes == [{"worker": early, "done": [0, 1], "cut": None}]
+    new = steps[steps["kind"] == "drafter_train"]
+    assert set(new["worker"]) == {early} and len(new) == 2
+    assert new["start_s"].iloc[0] == window.start_s  # right after its shard, on its clock
     assert (new["batch_size"] == 3).all() and new["preempted"].isna().all()
-    assert run.timeline.makespan_s == tl.makespan_s and len(tl.steps) == len(run.timeline.steps) - 2
-    assert run.timeline.wasted_fraction() < run.timeline.idle_fraction() == tl.idle_fraction()
+    assert res.timeline.makespan_s == last.max()
+    tl = res.timeline
+    assert tl.wasted_fraction() < tl.idle_fraction()
     with pytest.raises(ValueError, match="already in the timeline"):
-        run.timeline.with_steps(new.to_dict("records"))
+        tl.with_steps(new.to_dict("records"))
 
 
-def test_an_idle_step_that_would_cross_its_window_is_preempted_at_the_windows_end(tokenizer):
+def test_a_finished_rollouts_windows_run_tail_jobs_after_the_fact(tokenizer):
+    """``LocalBackend.run_idle``: the same jobs in the windows of a rollout that is over (the
+    staleness observer's replay); a step that would cross its window is preempted at the
+    window's end."""
     engine, res = _two_worker_rollout(tokenizer)
     window = res.timeline.idle_windows()[0]
-    run = engine.backend.run_idle(SleepJob(1, window.seconds + 0.05), res.timeline, [window])
+    tail = Tail(SleepJob(1, window.seconds + 0.05))
+    run = engine.backend.run_idle(tail, res.timeline, [res])
+    assert tail.asked == [(window, [None])]  # the rollout's result, as the caller gave it
     out = run.outcomes[0]
     assert out["done"] == [] and out["cut"]["preempted"] is True
     assert out["cut"]["end_s"] == window.end_s and out["cut"]["forward_s"] > window.seconds
-    tl = run.timeline
+    tl = run.on(res.timeline)
     assert tl.makespan_s == res.timeline.makespan_s
     assert tl.wasted_fraction() == pytest.approx(tl.idle_fraction())  # its seconds are wasted
 
 
 def test_bad_idle_input_is_refused_before_any_work(tokenizer):
     engine, res = _two_worker_rollout(tokenizer)
-    with pytest.raises(ValueError, match=r"IdleWindows of workers 0\.\.1"):
-        engine.backend.run_idle(SleepJob(1, 0.0), res.timeline, [IdleWindow(5, 0.0, 1.0)])
 
     class Training:
         def run(self, window, clock):
             return clock.timed("decode", lambda: None)
     with pytest.raises(ValueError, match=r"kind must be one of 'drafter_train', 'train', "
                                          r"got 'decode'"):
-        engine.backend.run_idle(Training(), res.timeline, res.timeline.idle_windows())
+        engine.backend.run_idle(Tail(Training()), res.timeline, [res])
     fresh = LocalBackend()
+    fresh.start(lambda w: tiny_model("llama", tokenizer), num_workers=2)
+    with pytest.raises(ValueError, match=r"worker \d has no rollout to idle after"):
+        fresh.run_idle(Tail(SleepJob(1, 0.0)), res.timeline, [res])
     fresh.start(lambda w: tiny_model("llama", tokenizer), num_workers=1)
-    with pytest.raises(ValueError, match="worker 0 has no rollout to idle after"):
-        fresh.run_idle(SleepJob(1, 0.0), res.timeline, [IdleWindow(0, 0.0, 1.0)])
+    with pytest.raises(ValueError, match="a timeline of 2 workers for a backend of 1"):
+        fresh.run_idle(Tail(SleepJob(1, 0.0)), res.timeline, [res])
+
+
+def test_an_open_windows_steps_past_its_late_end_are_cut_and_undone(tokenizer):
+    """Wall clock: the window's end arrives while the job runs (``WindowEnd.close``, the
+    backend's stop). ``settle`` cuts the first step that ended past it, drops the ones after
+    it, and says how many whole steps the job must undo; a step that began after the end
+    leaves no row."""
+    rec = StepRecorder(0, "wall")
+    rec.timed("decode", lambda: time.sleep(0.01), 1, 1)
+    window = IdleWindow(0, rec.mark, math.inf)
+    end = WindowEnd()
+    clock = IdleClock(rec, window, policy=None, end=end)
+    assert clock.open and clock.fits(1e9)
+    for _ in range(3):
+        clock.timed("drafter_train", lambda: time.sleep(0.01))
+    rows = clock.rows
+    end.close(rows[0]["end_s"] + 0.001)  # late: the second step ended past it
+    assert not clock.fits(0.0)
+    assert clock.settle(undoable=4) == 2
+    kept = clock.rows
+    assert len(kept) == 2 and kept[0] == rows[0]
+    assert kept[1]["preempted"] and kept[1]["end_s"] == end.end_s
+    assert clock.wasted_s() == pytest.approx(end.end_s - rows[1]["start_s"])
+    # a step that starts after the end (the stop not yet there) leaves no row at all
+    late = IdleClock(rec, IdleWindow(0, rec.mark, math.inf), None, WindowEnd())
+    late.end.close(rec.now() - 0.001)
+    value, row = late.timed("drafter_train", lambda: 7)
+    assert value == 7 and row["preempted"] and late.rows == [] and late.wasted_s() == 0
 
 
 class BrokenDrafter(NGramDrafter):

@@ -293,10 +293,11 @@ class IdleClock:
         if self._rec.clock == "wall":
             self._rec.resume(0.0)  # the step starts now, on the step's clock
         value = self._rec.timed(kind, fn, batch_size, tokens)
+        row = self._rec.rows[-1]
         end = self.end.end_s  # read after the step: an open window may have closed meanwhile
-        if self._rec.mark > end:
+        if row["end_s"] > end:
             self._cut(len(self._rec.rows) - 1, end)
-        return value, dict(self._rec.rows[-1])
+        return value, dict(row)
 
     def settle(self, undoable: int) -> int:
         """Wait for the window's end; the number of this window's latest whole steps, at most
@@ -312,19 +313,21 @@ class IdleClock:
         late = late[len(late) - undoable:] if undoable else []
         if late:
             self._cut(late[0], end)
-            del rows[late[0] + 1:]
-            self._rec.mark = rows[-1]["end_s"]
         return len(late)
 
     def wasted_s(self) -> float:
         """Seconds of this window's preempted steps, whose work was discarded."""
-        return sum(row["end_s"] - row["start_s"] for row in self._rec.rows[self._first:]
-                   if row.get("preempted"))
+        return float(sum(row["end_s"] - row["start_s"] for row in self._rec.rows[self._first:]
+                         if row.get("preempted")))
 
     def _cut(self, i: int, end: float) -> None:
-        row = self._rec.rows[i]
-        row.update(end_s=max(end, row["start_s"]), preempted=True)
-        self._rec.mark = row["end_s"]
+        """Preempt the window's step ``i`` at ``end``: its row ends there, flagged; the rows
+        after it go, and so does its own when it began at or after the end (a wall-clock step
+        started before the stop arrived): no row lies past the window's end."""
+        rows = self._rec.rows
+        rows[i].update(end_s=max(end, rows[i]["start_s"]), preempted=True)
+        del rows[i + (rows[i]["start_s"] < end):]
+        self._rec.mark = rows[-1]["end_s"] if rows else end
 
     @property
     def rows(self) -> list[dict]:
