@@ -6,17 +6,22 @@ import os
 import socket
 import time
 
+from dataclasses import replace
+
 import pytest
 import ray
+import torch
 
+from workbench.adapt import SpotConfig, SpotTrainer
 from workbench.rollout import (PlainSchedule, RayBackend, RolloutConfig, RolloutEngine,
                                WorkerFailed)
 from workbench.rollout import ray_backend
+from workbench.rollout.schedule import PLAIN
 from workbench.rollout.worker import WorkerTask
-from workbench.speculative import AdaptiveSchedule, EagleHead, NGramDrafter
+from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model
-from .test_worker_backend import SleepJob
+from .test_worker_backend import SleepJob, Tail
 
 GREEDY = RolloutConfig(max_new_tokens=24, workers=2)
 COUPLED = RolloutConfig(max_new_tokens=24, workers=2, temperature=1.0, seed=3)
@@ -82,23 +87,81 @@ def test_an_exception_in_fn_is_the_workers_failure_and_bad_input_passes(backend)
     assert backend.map(lambda worker, x: (worker.index, x), [10, 20]) == [(0, 10), (1, 20)]
 
 
-def test_idle_jobs_run_on_each_windows_actor_with_the_local_idle_clock(backend, models, tokenizer):
-    engine = RolloutEngine(models[0], tokenizer, backend=backend)
-    res = engine.rollout(PROMPTS, max_new_tokens=40, workers=2, progress=False)
-    windows = res.timeline.idle_windows()
-    early, last = windows
-    assert early.seconds > 0 and last.seconds == 0
-    job = SleepJob(2, 0.0)
-    run = backend.run_idle(job, res.timeline, windows)
-    assert [o["worker"] for o in run.outcomes] == [early.worker, last.worker]
-    assert run.outcomes[0]["done"] == [0, 1]  # the same IdleClock as the local backend's:
-    assert run.outcomes[1]["cut"]["preempted"]  # the last to finish has no time to spare
-    new = run.timeline.steps[run.timeline.steps["kind"] == "drafter_train"]
-    first = new.groupby("worker")["start_s"].min()
-    assert all(first[w.worker] == w.start_s for w in windows)  # right after its last step
-    assert run.timeline.makespan_s == res.timeline.makespan_s
-    with pytest.raises(ValueError, match=r"IdleWindows of workers 0\.\.1"):
-        backend.run_idle(job, res.timeline, ["not a window"])
+class SlowOn(PlainSchedule):
+    """Plain decoding; worker ``worker`` sleeps ``nap_s`` before each decode step (a long
+    shard: the other worker's idle window is long). Tokens are plain decoding's."""
+
+    def __init__(self, worker: int, nap_s: float = 0.02):
+        self.worker, self.nap_s = worker, nap_s
+
+    def plan(self, batch_size, worker):
+        if worker == self.worker:
+            time.sleep(self.nap_s)
+        return PLAIN
+
+
+def _check_tail_rows(timeline, runs_on: int, long: int):
+    """The drafter rows of ``timeline`` (on worker ``runs_on``) begin while worker ``long``
+    still decodes and none ends past the window's end (the long shard's last step) but a
+    preempted one cut at it; the seconds of drafter work inside the tail."""
+    steps = timeline.steps
+    trained = steps[steps["kind"] == "drafter_train"]
+    decoded = steps[(steps["kind"] != "drafter_train") & (steps["worker"] == long)]
+    end = decoded["end_s"].max()
+    assert set(trained["worker"]) == {runs_on} and len(trained) >= 2
+    assert trained["start_s"].min() < decoded["end_s"].max()  # real overlap, on the wall clock
+    assert trained["start_s"].min() >= steps[steps["worker"] == runs_on].query(
+        "kind != 'drafter_train'")["end_s"].max()  # after its own shard
+    cut = trained["preempted"].fillna(False).astype(bool)
+    assert (trained.loc[~cut, "end_s"] <= end).all() and (trained.loc[cut, "end_s"] == end).all()
+    assert cut.sum() <= 1 and timeline.makespan_s == end
+    return float((trained["end_s"] - trained["start_s"]).sum())
+
+
+def test_a_tail_job_runs_on_the_early_actor_while_the_long_shard_decodes(backend, models,
+                                                                        tokenizer):
+    old, _ = models
+    engine = RolloutEngine(old, tokenizer, backend=backend)
+    tail = Tail(SleepJob(10_000, 0.01))
+    res = engine.rollout(PROMPTS, GREEDY, schedule=SlowOn(1), tail=tail, progress=False)
+    assert res.tokens == _tokens(old, tokenizer, GREEDY)
+    (window, returned), = tail.asked  # asked once: when worker 0's shard came back alone
+    assert window.worker == 0 and returned == [0] and window.end_s == float("inf")
+    run = res.idle
+    assert [w.worker for w in run.windows] == [0] and run.windows[0].start_s == window.start_s
+    assert run.windows[0].end_s == res.timeline.makespan_s  # closed at the long shard's end
+    assert len(run.outcomes[0]["done"]) >= 2
+    assert _check_tail_rows(res.timeline, runs_on=0, long=1) > 0
+    assert 0 < run.stop_wait_s < 1.0  # the step in flight, not the job's 10 000 naps
+
+
+def test_the_drafter_trains_on_the_early_actor_while_the_long_shard_decodes(backend, models,
+                                                                           tokenizer):
+    """issue 21: the spot trainer's copy starts on actor 0 as soon as its shard is back and
+    stops when actor 1's is; the tokens are the local backend's (greedy and coupled); the one
+    copy is the merge, published whole: it drafts, losslessly."""
+    old, _ = models
+    engine = RolloutEngine(old, tokenizer, backend=backend)
+    torch.manual_seed(1)
+    drafter = EagleDrafter(EagleHead(old).eval(), old)
+    spot = SpotTrainer(old, drafter, SpotConfig.flat(batch_size=4, max_steps=400))
+    for config in (GREEDY, COUPLED):
+        tail = spot.tail(2)
+        res = engine.rollout(PROMPTS, replace(config, harvest=True), schedule=SlowOn(1),
+                             tail=tail, progress=False)
+        assert res.tokens == _tokens(old, tokenizer, config)
+        inside = _check_tail_rows(res.timeline, runs_on=0, long=1)
+        (trained,) = res.idle.outcomes
+        out = spot.merge(res, tail)
+        assert out["drafter_steps"] == len(trained.losses) >= 2 and out["drafter_workers"] == 1
+        assert out["drafter_train_s"] <= inside and out["drafter_overrun_s"] == 0
+        assert 0 < out["drafter_stop_wait_s"] < 1.0
+        served = drafter.head.state_dict()  # one copy: the merge is that copy
+        assert all(torch.equal(served[k], trained.state["model"][k]) for k in served)
+    assert spot.version == 2
+    sd = engine.rollout(PROMPTS, COUPLED, drafter=drafter, progress=False)
+    assert sd.tokens == _tokens(old, tokenizer, COUPLED)
+    assert sd.timeline.requests["drafted"].sum() > 0
 
 
 def test_a_learning_schedule_learns_what_every_actors_copy_saw(backend, models, tokenizer):

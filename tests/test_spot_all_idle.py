@@ -177,3 +177,53 @@ def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_t
     assert history["drafter_loss"].tolist() == pytest.approx(expected["drafter_loss"],
                                                              rel=1e-12)
     assert (history["drafter_stop_wait_s"] == 0).all()  # nothing waits on the sim clock
+
+
+def test_a_job_stopped_mid_step_keeps_its_last_whole_step_before_the_end(tokenizer, tmp_path):
+    """Wall clock, an open window: the stop comes while the job's 4th step runs, with the
+    end inside the 3rd. The 3rd (whole, but past the end) is undone and its row cut at the
+    end, the 4th (in flight, begun after the end) discarded without a row; the copy is the
+    one two steps give."""
+    import math
+    import threading
+    import time
+
+    from workbench.rollout.timeline import IdleWindow
+    from workbench.rollout.worker import StepRecorder, WindowEnd, Worker
+    from workbench.speculative.train import EagleTrainer
+    engine, result, spot = _spot(tokenizer, tmp_path, workers=2, max_steps=50)
+    tail = spot.tail(2)
+    window = IdleWindow(0, result.timeline.makespan_s, math.inf)  # every request is ready
+    job = tail.job(window, [result])
+    worker = Worker(0, spot.eagle.policy, clock="wall")
+    worker.recorder = StepRecorder(0, "wall")
+    started, real_step = [], spot.eagle.step
+
+    def slow_step(batch):
+        started.append(time.perf_counter())
+        time.sleep(0.05)
+        return real_step(batch)
+    spot.eagle.step = slow_step
+    end, done = WindowEnd(), []
+    thread = threading.Thread(target=lambda: done.append(worker.run_idle(job, window, end)))
+    thread.start()
+    while len(started) < 4:
+        time.sleep(0.005)
+    rows = [r for r in worker.recorder.rows if r["kind"] == "drafter_train"]
+    end.close(rows[2]["start_s"] + 0.02)  # the driver's stop, late
+    thread.join(10)
+    (outcome, recorded), = done
+    assert len(outcome.losses) == 2 and outcome.preempted == 1
+    assert [r.get("preempted", False) for r in recorded] == [False, False, True]
+    assert recorded[-1]["end_s"] == end.end_s and outcome.wasted_s == pytest.approx(
+        end.end_s - recorded[-1]["start_s"])
+    here = EagleTrainer(spot.eagle.policy, EagleHead(spot.eagle.policy), job.config)
+    here.trainer.load_state_dict(copy.deepcopy(job.start))
+    here.set_pairs(job.pairs)
+    with here.training():
+        for batch in range(2):
+            here.step(job.start["step"] + batch)
+    expected = here.trainer.state_dict()
+    assert all(torch.equal(outcome.state["model"][k], expected["model"][k])
+               for k in expected["model"])
+    assert outcome.state["step"] == job.start["step"] + 2

@@ -65,7 +65,9 @@ def test_workers_return_results_without_touching_the_requests_they_were_given(to
 
 
 class SleepJob:
-    """An idle job: ``naps`` steps of ``nap_s`` seconds each; its outcome is what it did."""
+    """An idle job: ``naps`` steps of ``nap_s`` seconds each, until one is preempted; steps
+    that ended past an open window's late end are undone (``clock.settle``). Its outcome is
+    what it did, and its preempted row, if any."""
 
     def __init__(self, naps: int, nap_s: float):
         self.naps, self.nap_s = naps, nap_s
@@ -76,10 +78,11 @@ class SleepJob:
             value, row = clock.timed("drafter_train", lambda: time.sleep(self.nap_s) or i,
                                      batch_size=3)
             if row.get("preempted"):
-                return {"worker": window.worker, "done": done, "cut": row}
+                break
             done.append(value)
-        clock.settle(0)
-        return {"worker": window.worker, "done": done, "cut": None}
+        late = clock.settle(len(done))
+        cut = next((row for row in clock.rows if row.get("preempted")), None)
+        return {"worker": window.worker, "done": done[:len(done) - late], "cut": cut}
 
 
 class Tail:
