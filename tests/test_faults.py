@@ -12,7 +12,7 @@ import pytest
 import ray
 import torch
 
-from workbench.adapt import SpotConfig, SpotTrainer, spot as spot_module
+from workbench.adapt import SpotConfig, SpotTrainer, drafter_job
 from workbench.adapt.local_sgd import merge_copies
 from workbench.rollout import RolloutConfig, RolloutEngine, WorkerFailed
 from workbench.rollout.schedule import PLAIN, PlainSchedule
@@ -20,6 +20,7 @@ from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import EagleTrainer
 
 from .conftest import PROMPTS, tiny_model
+from .test_ray_backend import SlowOn
 from .test_worker_backend import BrokenDrafter
 
 COUPLED = RolloutConfig(max_new_tokens=24, workers=2, temperature=1.0, seed=3)
@@ -46,7 +47,7 @@ class FailingSchedule(PlainSchedule):
         return PLAIN
 
 
-class LostJob(spot_module.DrafterJob):
+class LostJob(drafter_job.DrafterJob):
     """The drafter job, lost on worker 1: a Ray actor's process exits, a local worker
     raises."""
 
@@ -145,12 +146,12 @@ def _spot(model, tokenizer, engine, tmp_path, config):
 
 
 def _recorded(backend, monkeypatch) -> list:
-    """Every (job, windows, IdleRun) of ``backend.run_idle`` from now on."""
+    """Every (tail, IdleRun) of ``backend.run_idle`` from now on."""
     calls, real = [], backend.run_idle
 
-    def run_idle(job, timeline, windows):
-        calls.append((job, windows, real(job, timeline, windows)))
-        return calls[-1][2]
+    def run_idle(tail, timeline, returned):
+        calls.append((tail, real(tail, timeline, returned)))
+        return calls[-1][1]
     monkeypatch.setattr(backend, "run_idle", run_idle)
     return calls
 
@@ -160,16 +161,17 @@ def test_a_job_lost_in_one_window_leaves_the_merge_of_the_other_copies(tokenizer
     model = tiny_model("llama", tokenizer)
     engine = RolloutEngine(model, tokenizer)
     spot, result = _spot(model, tokenizer, engine, tmp_path, replace(COUPLED, workers=4))
-    monkeypatch.setattr(spot_module, "DrafterJob", LostJob)
+    monkeypatch.setattr(drafter_job, "DrafterJob", LostJob)
     calls = _recorded(engine.backend, monkeypatch)
     out = spot.train_in_idle(result, engine.backend)
-    (job, windows, run), = calls
+    (tail, run), = calls
+    windows = run.windows
     assert [w.worker for w in windows] != [1] and 1 in [w.worker for w in windows]
     outcomes = dict(zip([w.worker for w in windows], run.outcomes))
     assert [f.worker for f in run.failed] == [1] and outcomes[1] is None
     assert out["drafter_failed_workers"] == 1 and out["drafter_workers"] == len(windows) - 1
     kept = [o for o in run.outcomes if o is not None]
-    merged = merge_copies(job.start, [o.state for o in kept], [len(o.losses) for o in kept])
+    merged = merge_copies(tail.start, [o.state for o in kept], [len(o.losses) for o in kept])
     served = spot.serving.head.state_dict()
     assert spot.version == 1 and all(torch.equal(served[k], merged["model"][k]) for k in served)
     lost = result.timeline.steps.query("kind == 'failed'")  # from its window's start
@@ -205,30 +207,65 @@ def test_ray_a_worker_killed_mid_step_is_rerun_on_worker_0_token_for_token(
     assert set(again.timeline.requests["worker"]) == {0, 1}
 
 
+def _ray_spot(model, tmp_path):
+    torch.manual_seed(1)
+    drafter = EagleDrafter(EagleHead(model).eval(), model)
+    return SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, max_steps=2),
+                       tmp_path / "head")
+
+
+def test_ray_a_worker_lost_mid_rollout_drops_the_steps_drafter_jobs(backend, model, tokenizer,
+                                                                    tmp_path):
+    """backend.py, "tail jobs": the map that lost worker 1 hands back no job outcome (worker
+    0's, if it had started, was stopped and dropped); the re-run is token for token and the
+    previous drafter serves on."""
+    ref = RolloutEngine(model, tokenizer).rollout(PROMPTS, COUPLED, progress=False).tokens
+    engine = RolloutEngine(model, tokenizer, backend=backend)
+    spot = _ray_spot(model, tmp_path)
+    before = copy.deepcopy(spot.serving.head.state_dict())
+    tail = spot.tail(2)
+    res = engine.rollout(PROMPTS, replace(COUPLED, harvest=True), tail=tail, progress=False,
+                         schedule=FailingSchedule(tmp_path, exit=True))
+    assert res.tokens == ref
+    _rerun_marked(res, {1: 0})
+    assert res.idle.outcomes == [] and "drafter_train" not in set(res.timeline.steps["kind"])
+    out = spot.merge(res, tail)
+    assert out["drafter_steps"] == 0 and spot.version == 0
+    served = spot.serving.head.state_dict()
+    assert all(torch.equal(served[k], before[k]) for k in before)
+
+
 def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_serving(
         backend, model, tokenizer, tmp_path, monkeypatch):
     engine = RolloutEngine(model, tokenizer, backend=backend)
-    spot, result = _spot(model, tokenizer, engine, tmp_path, COUPLED)  # worker 1's window
+    config = replace(COUPLED, harvest=True)
+    spot = _ray_spot(model, tmp_path)
     before = copy.deepcopy(spot.serving.head.state_dict())
-    with monkeypatch.context() as patch:
-        patch.setattr(spot_module, "DrafterJob", LostJob)
-        out = spot.train_in_idle(result, backend)
+    with monkeypatch.context() as patch:  # worker 1 finishes first and dies in its job
+        patch.setattr(drafter_job, "DrafterJob", LostJob)
+        tail = spot.tail(2)
+        res = engine.rollout(PROMPTS, config, schedule=SlowOn(0), tail=tail, progress=False)
+    out = spot.merge(res, tail)
     assert out["drafter_failed_workers"] == 1 and out["drafter_steps"] == 0
     assert spot.version == 0 and not (tmp_path / "head").exists()  # nothing published
     served = spot.serving.head.state_dict()
     assert all(torch.equal(served[k], before[k]) for k in before)
-    assert result.timeline.steps.query("kind == 'failed'")["worker"].tolist() == [1]
+    assert res.timeline.steps.query("kind == 'failed'")["worker"].tolist() == [1]
     # the next step: the replaced actor trains a copy on its own policy, which the job
     # never carried; the copy is the one the same training gives here
-    calls = _recorded(backend, monkeypatch)
-    spot, result = _spot(model, tokenizer, engine, tmp_path, COUPLED)
-    out = spot.train_in_idle(result, backend)
-    (job, _, run), = calls
+    jobs, real_job = [], drafter_job.DrafterTail.job
+    monkeypatch.setattr(drafter_job.DrafterTail, "job",
+                        lambda self, w, returned: jobs.append(real_job(self, w, returned))
+                        or jobs[-1])
+    tail = spot.tail(2)
+    res = engine.rollout(PROMPTS, config, schedule=SlowOn(0), tail=tail, progress=False)
+    out = spot.merge(res, tail)
+    (job,) = jobs
     assert out["drafter_steps"] == 2 and out["drafter_failed_workers"] == 0 and spot.version == 1
     assert job.local is spot.eagle and b"LlamaForCausalLM" not in pickle.dumps(job)
     here = EagleTrainer(model, EagleHead(model), job.config)
     here.trainer.load_state_dict(copy.deepcopy(job.start))
-    here.set_pairs(job.pairs[1])
+    here.set_pairs(job.pairs)
     with here.training():
         for batch in range(2):
             here.step(job.start["step"] + batch)
