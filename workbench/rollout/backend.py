@@ -202,10 +202,6 @@ class Backend(Protocol):
         them for ``progress`` (module docstring)."""
         ...
 
-    def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
-        """Load new policy and/or drafter weights into every worker."""
-        ...
-
     def map_tail(self, fn: Callable[[Worker, object], object], items: list, tail: TailJobs,
                  progress: Callable[[int], None] | None = None) -> tuple[list, IdleRun]:
         """``map(fn, items, progress)`` (item i on worker i) whose workers, as each one's
@@ -214,6 +210,10 @@ class Backend(Protocol):
         :class:`IdleRun`. No job step ends past its window, so the step's makespan stays. A
         worker lost in the map raises as ``map`` does (its jobs' outcomes dropped); one lost
         in its job is reported in ``IdleRun.failed``."""
+        ...
+
+    def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
+        """Load new policy and/or drafter weights into every worker."""
         ...
 
     def close(self) -> None: ...

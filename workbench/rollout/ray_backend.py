@@ -110,8 +110,8 @@ class RayBackend:
     it has GPUs, where it has any) before any actor starts. A worker that dies or raises
     makes the call raise ``WorkerFailed`` naming it, with the other workers' results (a
     ValueError, bad input, passes through); the other workers finish their part first, so the
-    backend is idle after the raise (``run_idle`` reports a lost window instead: backend.py,
-    "worker fault"). An actor that died is replaced at once, in the background (its
+    backend is idle after the raise (a job lost in its idle window is reported in
+    ``IdleRun.failed`` instead: backend.py, "worker fault"). An actor that died is replaced at once, in the background (its
     factories run again and the latest weights are queued behind them), so the next call
     finds it alive; :meth:`restart` does the same and waits. ``close`` kills the actors and
     undoes this backend's ``ray.init``: a local instance it started shuts down, a cluster it

@@ -26,7 +26,7 @@ requests  one row per request
           worker that failed holding the request, which ``worker`` then re-ran; NA for a
           request run once)
 
-A lost worker (``rollout.recovery``, ``Backend.run_idle``) leaves one ``failed`` row: from
+A lost worker (``rollout.recovery``, ``Backend.map_tail``) leaves one ``failed`` row: from
 where its lost work began (0 in a rollout, its window's start in an idle job) for its time
 until the failure (0 long when unknown), ``batch_size`` the requests it held, ``tokens`` 0.
 Its seconds are no work (idle, wasted), and a worker with a ``failed`` row has no idle window.
@@ -106,7 +106,7 @@ def _typed(table: pd.DataFrame, values: dict[str, list]) -> pd.DataFrame:
 class IdleWindow:
     """A worker's idle window in one rollout step: from the end of its last rollout step
     (``start_s``) to the end of the step's last one on any worker (``end_s``), on the
-    timeline's clock. Work run there (``Backend.run_idle``) never stretches the step."""
+    timeline's clock. Work run there (``Backend.map_tail``) never stretches the step."""
 
     worker: int
     start_s: float
@@ -170,7 +170,7 @@ class Timeline:
 
     def with_steps(self, rows: list[dict]) -> "Timeline":
         """This timeline with more steps-table rows (e.g. drafter training that a worker ran
-        in its idle window: what ``Backend.run_idle`` recorded on the same clock)."""
+        in its idle window: what ``Backend.map_tail`` recorded on the same clock)."""
         if not rows:
             return Timeline(self.steps, self.requests, self.num_workers, self.clock)
         columns = list(self.steps.columns)
