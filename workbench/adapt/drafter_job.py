@@ -145,7 +145,7 @@ class DrafterJob:
         that ended past an open window's end before it was known (module docstring,
         "undo")."""
         out = DrafterOutcome(step_s=self.step_s)
-        if not self.pairs:
+        if not self.pairs or not clock.fits(out.step_s):  # nothing to train, or no time left
             return out
         eagle = self.trainer_on(clock.policy)
         # a deep copy: AdamW's load_state_dict keeps the tensors it is given, and steps update
