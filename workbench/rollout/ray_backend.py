@@ -168,26 +168,15 @@ class RayBackend:
     # ---- work ---------------------------------------------------------------------------
     def map(self, fn, items, progress=None, workers=None):
         workers = check_placement(items, workers, self.num_workers)
-        origin = time.time()  # every worker's 0: the wall makespan includes shipping
-        fn_ref = ray.put(fn)
-        refs = [self._actors[w].call.remote(fn_ref, item, origin)
-                for w, item in zip(workers, items)]
-        held = [list(getattr(item, "requests", ())) for item in items]
+        refs, origin, held = self._submit(fn, items, workers)
         values, failures = self._collect(refs, workers, origin, held, progress)
-        values = [None if value is None else value[0] for value in values]
-        if failures:
-            raise first_failure(list(failures.values()),
-                                {w: v for i, (w, v) in enumerate(zip(workers, values))
-                                 if i not in failures})
+        values = [None if value is None else value[0] for value in values]  # (value, start)
+        _raise_failures(failures, workers, values)
         return values
 
     def map_tail(self, fn, items, tail: TailJobs, progress=None):
         workers = check_placement(items, None, self.num_workers)
-        origin = time.time()
-        fn_ref = ray.put(fn)
-        refs = [self._actors[w].call.remote(fn_ref, item, origin)
-                for w, item in zip(workers, items)]
-        held = [list(getattr(item, "requests", ())) for item in items]
+        refs, origin, held = self._submit(fn, items, workers)
         values, starts, failures, jobs = [None] * len(refs), {}, {}, {}
         for i, arrived in self._arrivals(refs, workers, origin, held, progress):
             if isinstance(arrived, Exception):
@@ -199,13 +188,9 @@ class RayBackend:
                 job = tail.job(window, [value for value in values if value is not None])
                 if job is not None:  # on its actor now, while the others still decode
                     jobs[window.worker] = self._actors[window.worker].run_idle.remote(job, window)
-        end = max(starts.values(), default=0.0)  # the last shard's last step
-        run = self._stop(jobs, starts, end)
+        run = self._stop(jobs, starts, max(starts.values(), default=0.0))  # the last shard's end
         self._settle(failures, workers)
-        if failures:  # the jobs' outcomes are dropped (backend.py, "tail jobs")
-            raise first_failure(list(failures.values()),
-                                {w: v for i, (w, v) in enumerate(zip(workers, values))
-                                 if i not in failures})
+        _raise_failures(failures, workers, values)  # the jobs' outcomes dropped (backend.py)
         return values, run
 
     def update_weights(self, policy=None, drafter=None) -> None:
@@ -217,6 +202,16 @@ class RayBackend:
                      range(self.num_workers))
 
     # ---- helpers ------------------------------------------------------------------------
+    def _submit(self, fn, items: list, workers: list[int]) -> tuple[list, float, list]:
+        """``fn`` over ``items`` on ``workers``' actors (``fn`` put once): the refs, the wall
+        time that is every worker's 0 (the wall makespan includes shipping), and the requests
+        each item holds."""
+        origin = time.time()
+        fn_ref = ray.put(fn)
+        refs = [self._actors[w].call.remote(fn_ref, item, origin)
+                for w, item in zip(workers, items)]
+        return refs, origin, [list(getattr(item, "requests", ())) for item in items]
+
     def _connect(self) -> None:
         """Attach to ``address``, reuse this process's Ray, or start one on loopback
         (``workbench.ray_cluster.connect``)."""
@@ -322,13 +317,25 @@ class RayBackend:
     def _stop(self, jobs: dict, starts: dict[int, float], end_s: float) -> IdleRun:
         """Stop the running ``jobs`` (worker -> the ref of its job) at ``end_s`` on the step's
         clock and collect them: their :class:`IdleRun`, in the order they started, with the
-        seconds waited for them (a job that died is a failure of its window)."""
+        seconds waited for them (a job that died is a failure of its window, its ``failed``
+        row 0 long: the driver sees it only now)."""
         since, workers = time.time(), list(jobs)
         stops = [self._actors[w].stop.remote(end_s) for w in workers]
         runs, failures = self._collect(list(jobs.values()) + stops, workers + workers, since)
+        for failed in failures.values():
+            failed.at_s = None  # seen only now: when in its window it failed is unknown
         windows = [IdleWindow(w, starts[w], end_s) for w in workers]
         return IdleRun.of(windows, [failures.get(i, runs[i]) for i in range(len(workers))],
                           time.time() - since)
+
+
+def _raise_failures(failures: dict[int, Exception], workers: list[int], values: list) -> None:
+    """Raise the lowest failed worker's :class:`WorkerFailed` of a map whose ``failures`` (by
+    position) are settled, with the finished workers' ``values``; nothing when none failed."""
+    if failures:
+        raise first_failure(list(failures.values()),
+                            {w: v for i, (w, v) in enumerate(zip(workers, values))
+                             if i not in failures})
 
 
 def _failure(worker: int, exc: Exception, requests: Sequence, at_s: float) -> Exception:
