@@ -178,17 +178,20 @@ class RayBackend:
         workers = check_placement(items, None, self.num_workers)
         refs, origin, held = self._submit(fn, items, workers)
         values, starts, failures, jobs = [None] * len(refs), {}, {}, {}
-        for i, arrived in self._arrivals(refs, workers, origin, held, progress):
-            if isinstance(arrived, Exception):
-                failures[i] = arrived
-                continue
-            values[i], starts[workers[i]] = arrived
-            if len(starts) + len(failures) < len(refs) and not failures:
-                window = IdleWindow(workers[i], starts[workers[i]], math.inf)
-                job = tail.job(window, [value for value in values if value is not None])
-                if job is not None:  # on its actor now, while the others still decode
-                    jobs[window.worker] = self._actors[window.worker].run_idle.remote(job, window)
-        run = self._stop(jobs, starts, max(starts.values(), default=0.0))  # the last shard's end
+        try:
+            for i, arrived in self._arrivals(refs, workers, origin, held, progress):
+                if isinstance(arrived, Exception):
+                    failures[i] = arrived
+                    continue
+                values[i], starts[workers[i]] = arrived
+                if len(starts) + len(failures) < len(refs) and not failures:
+                    window = IdleWindow(workers[i], starts[workers[i]], math.inf)
+                    job = tail.job(window, [value for value in values if value is not None])
+                    if job is not None:  # on its actor now, while the others still decode
+                        jobs[window.worker] = self._actors[window.worker].run_idle.remote(
+                            job, window)
+        finally:  # whatever happens to the map, no job waits for a stop that never comes
+            run = self._stop(jobs, starts, max(starts.values(), default=0.0))  # last shard's end
         self._settle(failures, workers)
         _raise_failures(failures, workers, values)  # the jobs' outcomes dropped (backend.py)
         return values, run
