@@ -164,6 +164,21 @@ def test_the_drafter_trains_on_the_early_actor_while_the_long_shard_decodes(back
     assert sd.timeline.requests["drafted"].sum() > 0
 
 
+def test_tlt_on_ray_trains_the_drafter_in_the_tail_with_the_local_tokens(backend, tokenizer):
+    """``TLTTrainer.step`` on the actors: the drafter's jobs go into the rollout, the merge
+    after it; the tokens are the local backend's, and no drafter step stretches a step."""
+    from workbench.rl.tlt import first_divergence
+
+    from .test_tlt import _trainer
+    on_ray = _trainer(tokenizer, "adaptive_drafter", backend=backend)
+    here = _trainer(tokenizer, "adaptive_drafter")
+    hr, hl = on_ray.run(2, progress=False), here.run(2, progress=False)
+    assert first_divergence(hl, hr) == -1
+    assert (hr["drafter_overrun_s"] == 0).all() and (hr["drafter_stop_wait_s"] >= 0).all()
+    assert hr["drafter_version"].tolist() == (hr["drafter_steps"] > 0).cumsum().tolist()
+    assert on_ray.timelines[1].clock == "wall"
+
+
 def test_a_learning_schedule_learns_what_every_actors_copy_saw(backend, models, tokenizer):
     """ray_backend's docstring, "copies": each actor plans with a copy of the schedule; the
     engine replays the decisions the steps table brought back (``AdaptiveSchedule.absorb``),
