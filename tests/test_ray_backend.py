@@ -89,9 +89,10 @@ def test_an_exception_in_fn_is_the_workers_failure_and_bad_input_passes(backend)
 
 class SlowOn(PlainSchedule):
     """Plain decoding; worker ``worker`` sleeps ``nap_s`` before each decode step (a long
-    shard: the other worker's idle window is long). Tokens are plain decoding's."""
+    shard: the other worker's idle window is long, ~1 s at 24 tokens, enough for the other
+    shard to come back first on a busy machine). Tokens are plain decoding's."""
 
-    def __init__(self, worker: int, nap_s: float = 0.02):
+    def __init__(self, worker: int, nap_s: float = 0.05):
         self.worker, self.nap_s = worker, nap_s
 
     def plan(self, batch_size, worker):

@@ -29,6 +29,7 @@ undo      an open window (wall clock) gets its end while its job runs: the steps
 from __future__ import annotations
 
 import copy
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ from .buffer import BufferItem, DrafterBuffer
 __all__ = ["DrafterTail", "DrafterJob", "DrafterOutcome"]
 
 UNDO_STEPS = 4  # whole steps an open window's job can discard once its end is known
+# policy -> the trainer a copy built on it in this process: every window resets the trainer to
+# its job's start (weights, optimizer, generator), so a worker builds a head and an optimizer
+# once, at its first window, not in every RL step's tail (what the local trainer does already)
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -132,12 +137,16 @@ class DrafterJob:
 
     def trainer_on(self, policy) -> EagleTrainer:
         """The copy's trainer on ``policy`` (the window's worker's): the local one when that
-        is its policy, else one built here, its head's weights to come from ``start``."""
+        is its policy, else the one built here on it (once per policy and config: ``_BUILT``),
+        its head's weights to come from ``start``."""
         if self.local is not None and self.local.policy is policy:
             return self.local
-        with isolated_rng(self.config.train.seed):  # the caller's RNG untouched
-            head = EagleHead(policy)
-        return EagleTrainer(policy, head, self.config)
+        built = _BUILT.get(policy)
+        if built is None or built.config != self.config:
+            with isolated_rng(self.config.train.seed):  # the caller's RNG untouched
+                head = EagleHead(policy)
+            built = _BUILT[policy] = EagleTrainer(policy, head, self.config)
+        return built
 
     def run(self, window, clock) -> DrafterOutcome:
         """Train step after step while the estimate still fits the window; a step that
