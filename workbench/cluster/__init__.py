@@ -3,10 +3,10 @@ per-step costs) on N virtual workers and predict a synchronous RL step's makespa
 fraction, tail share, SD benefit, drafter steps and GPU-hours (docs/trace_format.md)."""
 from .cost import StepCost, UpdateCost
 from .fit import LengthModel, fit_lengths, layout_from_model
-from .importers import trace_from_csv, trace_from_run
+from .importers import trace_from_csv, trace_from_run, trace_from_timeline
 from .simulate import Layout, Prediction, layout, simulate, simulate_rollout
 from .trace import Trace, load_trace
 
-__all__ = ["Trace", "load_trace", "trace_from_run", "trace_from_csv", "StepCost", "UpdateCost", "Layout",
+__all__ = ["Trace", "load_trace", "trace_from_run", "trace_from_timeline", "trace_from_csv", "StepCost", "UpdateCost", "Layout",
            "layout", "simulate_rollout", "simulate", "Prediction", "LengthModel", "fit_lengths",
            "layout_from_model"]

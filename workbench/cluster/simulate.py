@@ -30,7 +30,8 @@ from ..rollout.timeline import Timeline
 from .cost import StepCost, UpdateCost
 from .trace import Trace
 
-__all__ = ["Layout", "layout", "simulate_rollout", "simulate", "Prediction", "RULES"]
+__all__ = ["Layout", "layout", "simulate_rollout", "simulate", "Prediction", "RULES",
+           "worker_speeds"]
 
 _EPS = 1e-9
 RULES = ("threshold", "bandit")
@@ -108,9 +109,17 @@ def _bandit_plan(cost: StepCost):
     return plan
 
 
-def _segments(lay: Layout, cost: StepCost, plan):
+def worker_speeds(workers: int, spread: float, seed: int) -> np.ndarray:
+    """Each worker's step-time factor [N]: exp(spread z - spread^2 / 2), z standard normal
+    (seeded), so factors have mean 1 and log-spread ``spread`` (0: every worker alike)."""
+    z = np.random.default_rng(seed).standard_normal(workers)
+    return np.exp(spread * z - spread ** 2 / 2)
+
+
+def _segments(lay: Layout, cost: StepCost, plan, speed: np.ndarray):
     """Run the event loop under ``plan`` (live batch per worker -> seconds, tau and whether
-    speculative, per worker): (segment columns, each request's end time [N, R])."""
+    speculative, per worker), every step of worker i taking ``speed[i]`` times its cost:
+    (segment columns, each request's end time [N, R])."""
     n = lay.workers
     rem = lay.response.astype(float)
     live = lay.response > 0
@@ -127,7 +136,7 @@ def _segments(lay: Layout, cost: StepCost, plan):
 
     if cost.has("prefill"):
         b = live.sum(1)
-        t = np.where(b > 0, cost.seconds("prefill", b), 0.0)
+        t = np.where(b > 0, cost.seconds("prefill", b) * speed, 0.0)
         record(b > 0, None, np.zeros(n), t, b, b.astype(float))
         rem = rem - live
     end[live & (rem <= _EPS)] = np.broadcast_to(t[:, None], rem.shape)[live & (rem <= _EPS)]
@@ -136,6 +145,7 @@ def _segments(lay: Layout, cost: StepCost, plan):
         b = live.sum(1)
         active = b > 0
         sec, tau, sd = plan(b)
+        sec = sec * speed
         sd = sd & active
         steps = np.where(active, np.ceil(np.where(live, rem, np.inf).min(1) / tau - _EPS), 0)
         stop = t + steps * sec
@@ -150,15 +160,19 @@ def _segments(lay: Layout, cost: StepCost, plan):
 
 
 def simulate_rollout(lay: Layout, cost: StepCost, threshold: int = 0,
-                     strategy: str | None = None, rule: str = "threshold") -> Timeline:
+                     strategy: str | None = None, rule: str = "threshold",
+                     spread: float = 0.0, seed: int = 0) -> Timeline:
     """One simulated rollout step as a Timeline on the *sim* clock (steps rows are segments,
     see the module docstring). ``rule`` ``"threshold"``: speculative ``strategy`` below
     batch ``threshold`` B; ``"bandit"``: at each live batch the arm with the fewest seconds
     per token (``StepCost.best_arm``: the adaptive engine's limit), no threshold or strategy
-    given. The requests table's ``prompt_id`` is the request's slot on its worker (lengths
-    alone carry no prompt), and every request starts at 0 (one batch per worker)."""
+    given. ``spread``: stragglers, each worker's steps ``worker_speeds(N, spread, seed)``
+    times their cost (0: identical workers). The requests table's ``prompt_id`` is the
+    request's slot on its worker (lengths alone carry no prompt), and every request starts at
+    0 (one batch per worker)."""
     threshold = check_int("threshold", threshold, 0)
     rule = check_choice("rule", rule, RULES)
+    spread = check_non_negative("spread", spread)
     if rule == "bandit" and (threshold or strategy is not None):
         raise ValueError(f"rule 'bandit' picks its arms itself; got threshold {threshold} and "
                          f"strategy {strategy!r} (accepted: 0 and None)")
@@ -170,7 +184,7 @@ def simulate_rollout(lay: Layout, cost: StepCost, threshold: int = 0,
         cost.seconds(strategy, [1])
     plan = (_bandit_plan(cost) if rule == "bandit"
             else _threshold_plan(cost, threshold, strategy))
-    seg, end = _segments(lay, cost, plan)
+    seg, end = _segments(lay, cost, plan, worker_speeds(lay.workers, spread, seed))
     steps = pd.DataFrame({**seg, "step": pd.Series(seg["worker"]).groupby(seg["worker"])
                           .cumcount().to_numpy(), "forward_s": seg["end_s"] - seg["start_s"],
                           "clock": "sim"})
@@ -246,18 +260,19 @@ def _ratio(a: float, b: float) -> float:
 def simulate(trace: Trace | Layout, cost: StepCost, workers: int | None = None,
              per_worker: int | None = None, threshold: int = 0, strategy: str | None = None,
              update_s: float | UpdateCost = 0.0, drafter_step_s: float | None = None,
-             seed: int = 0, bandit: bool = False) -> Prediction:
+             seed: int = 0, bandit: bool = False, spread: float = 0.0) -> Prediction:
     """Predict one RL step: the trace's requests laid out (``layout``; a Layout passes
     through) on ``workers`` x ``per_worker``, rolled out plain and under the threshold rule
     (speculative ``strategy`` below batch ``threshold``), and with ``bandit`` under the
     bandit's limit too, then the policy update: ``update_s`` seconds, or an ``UpdateCost``
-    at this N. Deterministic under ``seed`` (it draws only the layout)."""
+    at this N. ``spread``: stragglers (``simulate_rollout``), the same workers slow in every
+    rollout. Deterministic under ``seed`` (it draws the layout and the workers' speeds)."""
     if not isinstance(update_s, UpdateCost):
         update_s = check_non_negative("update_s (seconds or an UpdateCost)", update_s)
     drafter_step_s = check_positive("drafter_step_s", drafter_step_s, optional="no drafter")
     lay = trace if isinstance(trace, Layout) else layout(trace, workers, per_worker, seed)
     update = (update_s.seconds(lay.workers) if isinstance(update_s, UpdateCost)
               else update_s)
-    return Prediction(simulate_rollout(lay, cost), simulate_rollout(lay, cost, threshold, strategy),
-                      update, drafter_step_s,
-                      simulate_rollout(lay, cost, rule="bandit") if bandit else None)
+    run = lambda **kw: simulate_rollout(lay, cost, spread=spread, seed=seed, **kw)
+    return Prediction(run(), run(threshold=threshold, strategy=strategy), update, drafter_step_s,
+                      run(rule="bandit") if bandit else None)

@@ -1,0 +1,237 @@
+"""The simulator checked against real rollouts it was not calibrated on.
+
+Why: a prediction at 1024 GPUs is only worth what the simulator gets right where it can be
+measured. So real rollout steps of a policy are run here, the step costs are taken from some
+of them (the *calibration*), and every other run (*held out*: another seed, another N,
+another number of requests per worker, Ray's wall clock) is predicted from its own response
+lengths and the calibration's costs alone, then compared with its measured makespan.
+
+Glossary:
+
+run          one real rollout step (``RunSpec``): ``workers`` x ``per_worker`` requests, the
+             prompts a seeded draw of the pool, ``samples_per_prompt`` each, every worker's
+             shard decoded in one batch (``max_batch_size=None``, as the simulator assumes).
+             ``backend`` ``"local"``: the workers one after another in this process, the
+             *sim* clock; ``"ray"``: one Ray actor per worker, really in parallel, the *wall*
+             clock (from the driver's submit to the last worker's last step).
+calibration  the runs whose steps tables give the ``StepCost`` (plain, and with a drafter the
+             same runs again with SD on every decode step: its strategy's costs and tau),
+             run once before the held-out runs and once after.
+spread       how much the workers' speeds differ: the standard deviation, within each
+             calibration run, of log(measured / simulated) busy time per worker, pooled over
+             the runs (``worker_spread``). Here it is the machine's load moving under the
+             sim clock's one-after-another workers; on a cluster, stragglers. Its mean per
+             run (the load's level) is left out: the pooled costs carry that.
+prediction   ``simulate_rollout`` of the run's requests on the workers that held them,
+             plain, with the calibration's costs and spread: the mean makespan over
+             ``SPREAD_DRAWS`` seeded draws of the workers' speeds (with stragglers the
+             makespan, the slowest worker's end, grows with N).
+error        ``(predicted - measured) / measured``; the notebook reports the median of its
+             absolute value per clock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from ..checks import check_choice, check_int
+from ..rollout import RolloutConfig, RolloutEngine, make_backend
+from ..rollout.timeline import Timeline
+from .cost import StepCost
+from .importers import trace_from_timeline
+from .simulate import layout, simulate_rollout
+from .trace import Trace
+
+__all__ = ["RunSpec", "Validation", "real_rollout", "calibrate", "worker_spread",
+           "predicted_makespan", "validation_table", "run_validation", "VALIDATION_COLUMNS"]
+
+BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
+VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "measured_s",
+                      "predicted_s", "error")
+SPREAD_DRAWS = 16
+WARM_UP_TOKENS = 4  # a first rollout pays one-off costs (allocations, lazy imports)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One real rollout step to run: its name in the table, N ``workers``, ``per_worker``
+    requests each, the ``seed`` of its prompt draw and sampling, and its ``backend``."""
+
+    run: str
+    workers: int
+    per_worker: int
+    seed: int = 0
+    backend: str = "local"
+
+    def __post_init__(self):
+        check_int("RunSpec.workers", self.workers, 1)
+        check_int("RunSpec.per_worker", self.per_worker, 1)
+        check_int("RunSpec.seed", self.seed, 0)
+        check_choice("RunSpec.backend", self.backend, tuple(BACKEND_CLOCKS))
+
+    @property
+    def requests(self) -> int:
+        return self.workers * self.per_worker
+
+    def prompts(self, pool: list, samples_per_prompt: int) -> list:
+        """The run's prompts: ``requests / samples_per_prompt`` drawn from ``pool`` without
+        replacement, seeded by the run's seed."""
+        need = self.requests // samples_per_prompt
+        picks = np.random.default_rng(self.seed).choice(len(pool), need, replace=False)
+        return [pool[i] for i in sorted(picks)]
+
+
+def _check_plan(specs: list[RunSpec], pool: list, config: RolloutConfig) -> None:
+    """Every run fits its prompts, before any runs."""
+    g = config.samples_per_prompt
+    for spec in specs:
+        if spec.requests % g or spec.requests // g > len(pool):
+            raise ValueError(f"run {spec.run!r}: {spec.workers} x {spec.per_worker} = "
+                             f"{spec.requests} requests must be a multiple of samples_per_prompt "
+                             f"{g} and need at most {len(pool)} prompts (the pool's size)")
+
+
+def real_rollout(engine: RolloutEngine, pool: list, spec: RunSpec, config: RolloutConfig,
+                 drafter=None) -> Timeline:
+    """One real rollout step of ``spec`` on ``engine`` (its backend must be the spec's):
+    ``config`` with the spec's workers and seed, each shard in one batch; with ``drafter``,
+    SD on every decode step (``config.spec_k`` drafts)."""
+    run = replace(config, workers=spec.workers, seed=spec.seed, max_batch_size=None)
+    prompts = spec.prompts(pool, config.samples_per_prompt)
+    return engine.rollout(prompts, run, progress=False, drafter=drafter).timeline
+
+
+def calibrate(timelines: list[Timeline]) -> StepCost:
+    """The step costs the calibration runs measured: every decided decode step and each
+    worker's prefill (``trace_from_timeline``'s step rows), pooled."""
+    rows = [trace_from_timeline(t).steps for t in timelines]
+    return StepCost(pd.concat(rows, ignore_index=True))
+
+
+def _replay(timeline: Timeline, cost: StepCost, spread: float = 0.0, seed: int = 0) -> Timeline:
+    """The simulated rollout of ``timeline``'s requests (lengths, on the workers that held
+    them) at ``cost``: nothing else of the run is used."""
+    requests = trace_from_timeline(timeline).requests
+    return simulate_rollout(layout(Trace(requests)), cost, spread=spread, seed=seed)
+
+
+def worker_spread(timelines: list[Timeline], cost: StepCost) -> float:
+    """The workers' log-speed spread the runs show at ``cost`` (module docstring): 0 when
+    no run has two workers."""
+    deviations = []
+    for timeline in timelines:
+        measured = timeline.worker_summary()["busy_s"].to_numpy()
+        simulated = _replay(timeline, cost).worker_summary()["busy_s"].to_numpy()
+        logs = np.log(measured / simulated)
+        deviations += list(logs - logs.mean()) if len(logs) > 1 else []
+    n = len(deviations) - sum(t.num_workers > 1 for t in timelines)  # a mean per run
+    return float(np.sqrt(np.sum(np.square(deviations)) / n)) if n > 0 else 0.0
+
+
+def predicted_makespan(timeline: Timeline, cost: StepCost, spread: float = 0.0) -> float:
+    """The simulator's plain makespan of ``timeline``'s requests at ``cost``: with
+    ``spread``, the mean over ``SPREAD_DRAWS`` draws of the workers' speeds."""
+    draws = SPREAD_DRAWS if spread > 0 else 1
+    return float(np.mean([_replay(timeline, cost, spread, seed).makespan_s
+                          for seed in range(draws)]))
+
+
+def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost,
+                     spread: float = 0.0) -> pd.DataFrame:
+    """One row per held-out run (``VALIDATION_COLUMNS``): its measured makespan, the
+    prediction from its lengths, ``cost`` and ``spread``, and the relative error."""
+    rows = []
+    for spec, timeline in runs:
+        measured = timeline.makespan_s
+        predicted = predicted_makespan(timeline, cost, spread)
+        rows.append({"run": spec.run, "clock": timeline.clock, "workers": spec.workers,
+                     "per_worker": spec.per_worker, "seed": spec.seed, "measured_s": measured,
+                     "predicted_s": predicted, "error": (predicted - measured) / measured})
+    return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
+
+
+@dataclass
+class Validation:
+    """What ``run_validation`` measured: the calibration's ``cost`` and ``spread``, the
+    ``table`` of held-out errors, and every real run's timeline (``calibration``: each pass plain, then with the
+    drafter; ``held_out``: by run name)."""
+
+    cost: StepCost
+    spread: float
+    table: pd.DataFrame
+    calibration: list[Timeline]
+    held_out: dict[str, Timeline]
+
+    def median_error(self, clock: str) -> float:
+        """The median absolute relative error of the held-out runs on ``clock`` (NaN: none)."""
+        errors = self.table.loc[self.table["clock"] == clock, "error"].abs()
+        return float(errors.median()) if len(errors) else float("nan")
+
+    def lengths(self) -> Trace:
+        """Every plain run's requests as one trace (group: run and prompt), the recorded
+        lengths a what-if draws from."""
+        parts = []
+        for i, t in enumerate([self.calibration[0], *self.held_out.values()]):
+            r = trace_from_timeline(t).requests
+            parts.append(r.assign(group=f"{i}/" + r["group"]).drop(columns="worker"))
+        return Trace(pd.concat(parts, ignore_index=True))
+
+
+def _rollouts(engine: RolloutEngine, pool, specs, config, drafter=None) -> list[Timeline]:
+    """``specs`` on ``engine``, after one short warm-up rollout of the first spec's shape."""
+    warm = replace(config, max_new_tokens=WARM_UP_TOKENS)
+    real_rollout(engine, pool, specs[0], warm, drafter)
+    return [real_rollout(engine, pool, spec, config, drafter) for spec in specs]
+
+
+def _calibration_rollouts(engine, pool, specs, config, drafter) -> list[Timeline]:
+    """One pass of the calibration runs: plain, then with ``drafter`` when given."""
+    timelines = _rollouts(engine, pool, specs, config)
+    return timelines + (_rollouts(engine, pool, specs, config, drafter)
+                        if drafter is not None else [])
+
+
+def _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir) -> Timeline:
+    """One Ray run: its actors (one torch thread each) started and warmed up before the
+    clock runs, closed after it (and the local Ray it started with them)."""
+    backend = make_backend("ray", ray_address, run_dir=run_dir, threads_per_worker=1)
+    try:
+        engine = RolloutEngine(model, tokenizer, backend=backend)
+        engine.start(spec.workers)
+        return _rollouts(engine, pool, [spec], config)[0]
+    finally:
+        backend.close()
+
+
+def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
+                   held_out: list[RunSpec], config: RolloutConfig, drafter=None,
+                   ray_address: str | None = None, run_dir=None) -> Validation:
+    """Run the ``calibration`` runs (plain, and again with ``drafter`` when given) before and
+    after the local ``held_out`` ones, then the Ray ones (each on a Ray of its own:
+    ``ray_address``, else a local one with its logs under ``run_dir/ray``); calibrate on both
+    passes and predict every held-out run. On a shared machine the cost of a step drifts with
+    the load; calibration on both sides of the held-out runs meets them in the same
+    conditions on average. Every plan is checked before anything runs; calibration runs must
+    be local."""
+    _check_plan([*calibration, *held_out], pool, config)
+    if not calibration or any(s.backend != "local" for s in calibration):
+        raise ValueError(f"calibration needs at least one run, all on the local backend; got "
+                         f"{[(s.run, s.backend) for s in calibration]}")
+    names = [s.run for s in held_out]
+    if len(set(names)) < len(names):
+        raise ValueError(f"held-out runs need distinct names; got {names}")
+    engine = RolloutEngine(model, tokenizer)
+    timelines = _calibration_rollouts(engine, pool, calibration, config, drafter)
+    local = [s for s in held_out if s.backend == "local"]
+    done = dict(zip(local, _rollouts(engine, pool, local, config))) if local else {}
+    timelines += _calibration_rollouts(engine, pool, calibration, config, drafter)
+    for spec in held_out:
+        if spec.backend == "ray":
+            done[spec] = _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir)
+    cost = calibrate(timelines)
+    spread = worker_spread(timelines, cost)
+    runs = [(spec, done[spec]) for spec in held_out]
+    return Validation(cost, spread, validation_table(runs, cost, spread), timelines,
+                      {spec.run: t for spec, t in runs})
