@@ -1,0 +1,79 @@
+"""What-ifs at cluster scale: one RL step predicted at every N of a sweep, and at one setting
+of notebook 10's explorer (length tail, N, threshold, drafter tau).
+
+Why: the step costs come from a few workers here; the question is what TLT buys at 8 to 1024
+workers. The lengths come from a recorded trace (whole groups drawn with replacement) or a
+fitted ``LengthModel``; the costs, update and stragglers from the calibration.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from ..checks import check_int, check_positive
+from .cost import StepCost, UpdateCost
+from .fit import LengthModel, layout_from_model
+from .simulate import Layout, Prediction, layout, simulate
+from .trace import Trace
+
+__all__ = ["SCALING_WORKERS", "with_tau", "lengths_layout", "scaling_table", "simulate_seconds",
+           "whatif_prediction"]
+
+SCALING_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def with_tau(cost: StepCost, strategy: str, tau: float) -> StepCost:
+    """``cost`` with ``strategy``'s tokens per row per step set to ``tau`` at every batch
+    size (a better or worse drafter at the same step time)."""
+    tau = check_positive("tau", tau)
+    cost.seconds(strategy, [1])  # names an unmeasured strategy
+    table = cost.table.copy()
+    table.loc[table["kind"] == strategy, "tau"] = tau
+    return StepCost(table)
+
+
+def lengths_layout(source: Trace | LengthModel, workers: int, per_worker: int,
+                   seed: int = 0) -> Layout:
+    """``workers`` x ``per_worker`` requests: whole groups of a recorded trace (``layout``) or
+    draws of a fitted model (``layout_from_model``), seeded."""
+    if isinstance(source, LengthModel):
+        return layout_from_model(source, workers, per_worker, seed=seed)
+    return layout(source, workers, per_worker, seed)
+
+
+def scaling_table(source: Trace | LengthModel, cost: StepCost, per_worker: int,
+                  workers=SCALING_WORKERS, threshold: int = 0, strategy: str | None = None,
+                  update: float | UpdateCost = 0.0, drafter_step_s: float | None = None,
+                  spread: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """One row per N of ``workers``: ``Prediction.summary()`` of the step (plain, threshold
+    rule, bandit's limit) and ``sim_seconds``, the seconds it took to simulate."""
+    rows = []
+    for n in workers:
+        started = time.perf_counter()
+        p = simulate(lengths_layout(source, check_int("workers", n, 1), per_worker, seed), cost,
+                     threshold=threshold, strategy=strategy, update_s=update,
+                     drafter_step_s=drafter_step_s, seed=seed, bandit=True, spread=spread)
+        rows.append({**p.summary(), "sim_seconds": time.perf_counter() - started})
+    return pd.DataFrame(rows)
+
+
+def simulate_seconds(source: Trace | LengthModel, cost: StepCost, workers: int = 1024,
+                     per_worker: int = 64, **settings) -> float:
+    """Seconds to lay out and simulate one step of ``workers`` x ``per_worker`` (plain,
+    threshold rule and bandit), ``settings`` as ``scaling_table``'s."""
+    return float(scaling_table(source, cost, per_worker, [workers], **settings)
+                 ["sim_seconds"].iloc[0])
+
+
+def whatif_prediction(model: LengthModel, cost: StepCost, strategy: str, tail: float,
+                      workers: int, per_worker: int, threshold: int, tau: float,
+                      update: float | UpdateCost = 0.0, drafter_step_s: float | None = None,
+                      spread: float = 0.0, seed: int = 0) -> Prediction:
+    """One step at one setting: lengths from ``model`` with its tail parameter at ``tail``
+    (``LengthModel.with_tail``), ``workers`` x ``per_worker``, ``strategy`` below batch
+    ``threshold`` with ``tau`` tokens per row per step (the bandit's limit at that tau too)."""
+    lay = layout_from_model(model.with_tail(tail), workers, per_worker, seed=seed)
+    return simulate(lay, with_tau(cost, strategy, tau), threshold=threshold, strategy=strategy,
+                    update_s=update, drafter_step_s=drafter_step_s, seed=seed, bandit=True,
+                    spread=spread)
