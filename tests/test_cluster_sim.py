@@ -9,6 +9,7 @@ import pytest
 
 from workbench.cluster import (Layout, StepCost, Trace, UpdateCost, layout, simulate,
                                simulate_rollout, trace_from_run)
+from workbench.cluster.simulate import plain_makespan
 from workbench.rollout import RolloutEngine
 
 from .conftest import tiny_model
@@ -173,3 +174,11 @@ def test_the_update_cost_grows_with_n_as_its_scaling_says():
         UpdateCost(1.0, -0.1)
     with pytest.raises(ValueError, match=r"rule 'bandit' picks its arms itself"):
         simulate_rollout(layout(TOY), StepCost(COSTS), 2, "chain:k=2", rule="bandit")
+
+
+def test_the_plain_makespan_shortcut_is_the_timelines():
+    lay = layout(lognormal_trace(), 16, 8, seed=1)
+    cost = StepCost(COSTS)
+    for spread in (0.0, 0.4):
+        full = simulate_rollout(lay, cost, spread=spread, seed=3).makespan_s
+        assert plain_makespan(lay, cost, spread, seed=3) == pytest.approx(full, rel=1e-12)

@@ -72,6 +72,9 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
     assert (table["error"].abs() < 1.0).all()
     assert v.median_error("sim") == table["error"].abs().median()
     assert math.isnan(v.median_error("wall"))
+    m = v.metrics()
+    assert m["sim_error_small_n"] == v.median_error("sim") and math.isnan(m["sim_error_wall"])
+    assert m["worker_spread"] == v.spread and m["validation_runs"] == 2
 
 
 def test_calibration_runs_plain_and_with_the_drafter_on_both_sides(validated):

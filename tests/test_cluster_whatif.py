@@ -10,8 +10,8 @@ import pytest  # noqa: E402
 
 from workbench.cluster import StepCost, UpdateCost, fit_lengths  # noqa: E402
 from workbench.cluster.validation import VALIDATION_COLUMNS  # noqa: E402
-from workbench.cluster.whatif import (scaling_table, simulate_seconds,  # noqa: E402
-                                      whatif_prediction, with_tau)
+from workbench.cluster.whatif import (scaling_metrics, scaling_table,  # noqa: E402
+                                      simulate_seconds, whatif_prediction, with_tau)
 from workbench.viz import cluster as cviz  # noqa: E402
 
 from .test_cluster_sim import lognormal_trace  # noqa: E402
@@ -34,6 +34,13 @@ def test_the_sweep_over_n_has_a_row_per_n_and_the_idle_fraction_grows_with_it():
     assert (table["update_s"] == [0.5 + 0.05 * np.log2(n) for n in (8, 64, 512)]).all()
     assert (table["e2e_speedup"] > 1).all() and (table["sim_seconds"] > 0).all()
     assert {"makespan_bandit_s", "sd_speedup_bandit", "gpu_hours_tlt"} <= set(table.columns)
+    m = scaling_metrics(table, 64)
+    row = table.set_index("workers").loc[64]
+    assert m["predicted_speedup_64"] == row["e2e_speedup"]
+    assert m["predicted_idle_fraction_64"] == row["idle_fraction_plain"]
+    assert m["predicted_rollout_speedup_64"] == row["sd_speedup"]
+    with pytest.raises(ValueError, match=r"the sweep has no row at N=128; its N: \[8, 64, 512\]"):
+        scaling_metrics(table, 128)
     model = fit_lengths(lognormal_trace().requests["response_tokens"])
     assert len(scaling_table(model, COST, per_worker=4, workers=[8, 16])) == 2
     assert 0 < simulate_seconds(model, COST, workers=64, per_worker=8) < 10

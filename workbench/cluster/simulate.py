@@ -31,7 +31,7 @@ from .cost import StepCost, UpdateCost
 from .trace import Trace
 
 __all__ = ["Layout", "layout", "simulate_rollout", "simulate", "Prediction", "RULES",
-           "worker_speeds"]
+           "worker_speeds", "plain_makespan"]
 
 _EPS = 1e-9
 RULES = ("threshold", "bandit")
@@ -199,6 +199,15 @@ def simulate_rollout(lay: Layout, cost: StepCost, threshold: int = 0,
         "finish": "eos", "verify_steps": zeros, "drafted": zeros, "accepted": zeros,
         "emitted": lay.response[w, s], "reward": np.nan})
     return Timeline(steps, requests, lay.workers, "sim")
+
+
+def plain_makespan(lay: Layout, cost: StepCost, spread: float = 0.0, seed: int = 0) -> float:
+    """The makespan of ``simulate_rollout(lay, cost, spread=spread, seed=seed)`` (plain
+    decoding) without building its Timeline: what many draws of the workers' speeds need."""
+    cost.seconds("plain", [1])
+    speed = worker_speeds(lay.workers, check_non_negative("spread", spread), seed)
+    seg, _ = _segments(lay, cost, _threshold_plan(cost, 0, None), speed)
+    return float(seg["end_s"].max()) if len(seg["end_s"]) else 0.0
 
 
 @dataclass

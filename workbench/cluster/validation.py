@@ -41,7 +41,7 @@ from ..rollout import RolloutConfig, RolloutEngine, make_backend
 from ..rollout.timeline import Timeline
 from .cost import StepCost
 from .importers import trace_from_timeline
-from .simulate import layout, simulate_rollout
+from .simulate import Layout, layout, plain_makespan, simulate_rollout
 from .trace import Trace
 
 __all__ = ["RunSpec", "Validation", "real_rollout", "calibrate", "worker_spread",
@@ -51,7 +51,7 @@ BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
 VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "measured_s",
                       "predicted_s", "error")
 SPREAD_DRAWS = 16
-WARM_UP_TOKENS = 4  # a first rollout pays one-off costs (allocations, lazy imports)
+WARM_UP_TOKENS = 4  # tokens of each engine's warm-up rollout (``_warm_up``)
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,10 @@ def calibrate(timelines: list[Timeline]) -> StepCost:
     return StepCost(pd.concat(rows, ignore_index=True))
 
 
-def _replay(timeline: Timeline, cost: StepCost, spread: float = 0.0, seed: int = 0) -> Timeline:
-    """The simulated rollout of ``timeline``'s requests (lengths, on the workers that held
-    them) at ``cost``: nothing else of the run is used."""
-    requests = trace_from_timeline(timeline).requests
-    return simulate_rollout(layout(Trace(requests)), cost, spread=spread, seed=seed)
+def _layout(timeline: Timeline) -> Layout:
+    """``timeline``'s requests (their lengths, on the workers that held them): all of a run
+    the simulator is given."""
+    return layout(trace_from_timeline(timeline))
 
 
 def worker_spread(timelines: list[Timeline], cost: StepCost) -> float:
@@ -123,7 +122,7 @@ def worker_spread(timelines: list[Timeline], cost: StepCost) -> float:
     deviations = []
     for timeline in timelines:
         measured = timeline.worker_summary()["busy_s"].to_numpy()
-        simulated = _replay(timeline, cost).worker_summary()["busy_s"].to_numpy()
+        simulated = simulate_rollout(_layout(timeline), cost).worker_summary()["busy_s"].to_numpy()
         logs = np.log(measured / simulated)
         deviations += list(logs - logs.mean()) if len(logs) > 1 else []
     n = len(deviations) - sum(t.num_workers > 1 for t in timelines)  # a mean per run
@@ -133,9 +132,9 @@ def worker_spread(timelines: list[Timeline], cost: StepCost) -> float:
 def predicted_makespan(timeline: Timeline, cost: StepCost, spread: float = 0.0) -> float:
     """The simulator's plain makespan of ``timeline``'s requests at ``cost``: with
     ``spread``, the mean over ``SPREAD_DRAWS`` draws of the workers' speeds."""
+    lay = _layout(timeline)
     draws = SPREAD_DRAWS if spread > 0 else 1
-    return float(np.mean([_replay(timeline, cost, spread, seed).makespan_s
-                          for seed in range(draws)]))
+    return float(np.mean([plain_makespan(lay, cost, spread, seed) for seed in range(draws)]))
 
 
 def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost,
@@ -169,6 +168,13 @@ class Validation:
         errors = self.table.loc[self.table["clock"] == clock, "error"].abs()
         return float(errors.median()) if len(errors) else float("nan")
 
+    def metrics(self) -> dict[str, float]:
+        """notebook 10's validation figures: the median absolute errors per clock (NaN for a
+        clock without runs) and the workers' spread."""
+        return {"sim_error_small_n": self.median_error("sim"),
+                "sim_error_wall": self.median_error("wall"), "worker_spread": self.spread,
+                "validation_runs": int(len(self.table))}
+
     def lengths(self) -> Trace:
         """Every plain run's requests as one trace (group: run and prompt), the recorded
         lengths a what-if draws from."""
@@ -179,10 +185,13 @@ class Validation:
         return Trace(pd.concat(parts, ignore_index=True))
 
 
+def _warm_up(engine: RolloutEngine, pool, spec: RunSpec, config: RolloutConfig) -> None:
+    """One short rollout of ``spec``'s shape: an engine's first pays one-off costs
+    (allocations, lazy imports, a Ray actor's first call) that no run should measure."""
+    real_rollout(engine, pool, spec, replace(config, max_new_tokens=WARM_UP_TOKENS))
+
+
 def _rollouts(engine: RolloutEngine, pool, specs, config, drafter=None) -> list[Timeline]:
-    """``specs`` on ``engine``, after one short warm-up rollout of the first spec's shape."""
-    warm = replace(config, max_new_tokens=WARM_UP_TOKENS)
-    real_rollout(engine, pool, specs[0], warm, drafter)
     return [real_rollout(engine, pool, spec, config, drafter) for spec in specs]
 
 
@@ -200,7 +209,8 @@ def _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir) -> 
     try:
         engine = RolloutEngine(model, tokenizer, backend=backend)
         engine.start(spec.workers)
-        return _rollouts(engine, pool, [spec], config)[0]
+        _warm_up(engine, pool, spec, config)
+        return real_rollout(engine, pool, spec, config)
     finally:
         backend.close()
 
@@ -223,6 +233,7 @@ def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
     if len(set(names)) < len(names):
         raise ValueError(f"held-out runs need distinct names; got {names}")
     engine = RolloutEngine(model, tokenizer)
+    _warm_up(engine, pool, calibration[0], config)
     timelines = _calibration_rollouts(engine, pool, calibration, config, drafter)
     local = [s for s in held_out if s.backend == "local"]
     done = dict(zip(local, _rollouts(engine, pool, local, config))) if local else {}

@@ -17,8 +17,8 @@ from .fit import LengthModel, layout_from_model
 from .simulate import Layout, Prediction, layout, simulate
 from .trace import Trace
 
-__all__ = ["SCALING_WORKERS", "with_tau", "lengths_layout", "scaling_table", "simulate_seconds",
-           "whatif_prediction"]
+__all__ = ["SCALING_WORKERS", "with_tau", "lengths_layout", "scaling_table", "scaling_metrics",
+           "simulate_seconds", "whatif_prediction"]
 
 SCALING_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -56,6 +56,23 @@ def scaling_table(source: Trace | LengthModel, cost: StepCost, per_worker: int,
                      drafter_step_s=drafter_step_s, seed=seed, bandit=True, spread=spread)
         rows.append({**p.summary(), "sim_seconds": time.perf_counter() - started})
     return pd.DataFrame(rows)
+
+
+def scaling_metrics(scaling: pd.DataFrame, workers: int = 64) -> dict[str, float]:
+    """notebook 10's figures at ``workers`` (a row of ``scaling``): TLT's predicted end-to-end
+    and rollout speedups (threshold rule and bandit's limit) and the plain idle fraction,
+    keyed ``..._{workers}``."""
+    rows = scaling[scaling["workers"] == workers]
+    if len(rows) != 1:
+        raise ValueError(f"the sweep has no row at N={workers}; its N: "
+                         f"{scaling['workers'].tolist()}")
+    r = rows.iloc[0]
+    bandit_e2e = r["step_s_plain"] / (r["makespan_bandit_s"] + r["update_s"])
+    return {f"predicted_speedup_{workers}": float(r["e2e_speedup"]),
+            f"predicted_rollout_speedup_{workers}": float(r["sd_speedup"]),
+            f"predicted_speedup_bandit_{workers}": float(bandit_e2e),
+            f"predicted_idle_fraction_{workers}": float(r["idle_fraction_plain"]),
+            f"predicted_step_s_{workers}": float(r["step_s_plain"])}
 
 
 def simulate_seconds(source: Trace | LengthModel, cost: StepCost, workers: int = 1024,
