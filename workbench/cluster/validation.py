@@ -154,8 +154,8 @@ def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost,
 @dataclass
 class Validation:
     """What ``run_validation`` measured: the calibration's ``cost`` and ``spread``, the
-    ``table`` of held-out errors, and every real run's timeline (``calibration``: each pass plain, then with the
-    drafter; ``held_out``: by run name)."""
+    ``table`` of held-out errors, and every real run's timeline (``calibration``: each pass
+    plain, then with the drafter; ``held_out``: by run name)."""
 
     cost: StepCost
     spread: float
