@@ -83,7 +83,10 @@ def test_calibration_runs_plain_and_with_the_drafter_on_both_sides(validated):
     assert len(v.calibration) == 8
     assert {"plain", "prefill", "chain:k=4"} <= set(v.cost.kinds)
     assert (v.cost.tau("chain:k=4", [1, 4]) >= 1).all()
-    assert v.spread >= 0
+    verifies = [bool((t.steps["kind"] == "verify").any()) for t in v.calibration]
+    assert verifies == [False, False, True, True] * 2
+    # the workers' spread from the plain runs alone: SD runs also differ in acceptance
+    assert v.spread == worker_spread([v.calibration[i] for i in (0, 1, 4, 5)], v.cost)
     # every plain run's requests pooled, groups kept apart by run
     lengths = v.lengths()
     assert len(lengths.requests) == 2 * 4 + 2 * 4 + 4 * 2

@@ -17,9 +17,10 @@ run          one real rollout step (``RunSpec``): ``workers`` x ``per_worker`` r
 calibration  the runs whose steps tables give the ``StepCost`` (plain, and with a drafter the
              same runs again with SD on every decode step: its strategy's costs and tau),
              run once before the held-out runs and once after.
-spread       how much the workers' speeds differ: the standard deviation, within each
+spread       how much the workers' speeds differ: the standard deviation, within each plain
              calibration run, of log(measured / simulated) busy time per worker, pooled over
-             the runs (``worker_spread``). Here it is the machine's load moving under the
+             the runs (``worker_spread``; the SD runs' workers differ in their drafts'
+             acceptance too, which the simulator's mean tau leaves out). Here it is the machine's load moving under the
              sim clock's one-after-another workers; on a cluster, stragglers. Its mean per
              run (the load's level) is left out: the pooled costs carry that.
 prediction   ``simulate_rollout`` of the run's requests on the workers that held them,
@@ -185,6 +186,11 @@ class Validation:
         return Trace(pd.concat(parts, ignore_index=True))
 
 
+def _speculative(timeline: Timeline) -> bool:
+    """Whether any step of ``timeline`` was speculative (a calibration run with the drafter)."""
+    return bool((timeline.steps["kind"] == "verify").any())
+
+
 def _warm_up(engine: RolloutEngine, pool, spec: RunSpec, config: RolloutConfig) -> None:
     """One short rollout of ``spec``'s shape: an engine's first pays one-off costs
     (allocations, lazy imports, a Ray actor's first call) that no run should measure."""
@@ -242,7 +248,8 @@ def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
         if spec.backend == "ray":
             done[spec] = _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir)
     cost = calibrate(timelines)
-    spread = worker_spread(timelines, cost)
+    plain = [t for t in timelines if not _speculative(t)]
+    spread = worker_spread(plain, cost)
     runs = [(spec, done[spec]) for spec in held_out]
     return Validation(cost, spread, validation_table(runs, cost, spread), timelines,
                       {spec.run: t for spec, t in runs})
