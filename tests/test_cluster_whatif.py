@@ -46,6 +46,15 @@ def test_the_sweep_over_n_has_a_row_per_n_and_the_idle_fraction_grows_with_it():
     assert 0 < simulate_seconds(model, COST, workers=64, per_worker=8) < 10
 
 
+def test_draws_average_the_steps_and_the_speedups_are_ratios_of_the_means():
+    one = [scaling_table(lognormal_trace(), COST, 8, [16], seed=s, **SETTING) for s in (3, 4)]
+    both = scaling_table(lognormal_trace(), COST, 8, [16], seed=3, draws=2, **SETTING).iloc[0]
+    for column in ("step_s_plain", "step_s_tlt", "idle_fraction_plain", "drafter_steps"):
+        assert both[column] == pytest.approx((one[0][column][0] + one[1][column][0]) / 2)
+    assert both["e2e_speedup"] == pytest.approx(both["step_s_plain"] / both["step_s_tlt"])
+    assert both["draws"] == 2 and both["requests"] == 16 * 8
+
+
 def test_tau_and_tail_what_ifs_move_the_prediction_the_right_way():
     better = with_tau(COST, "chain:k=4", 4.0)
     assert better.tau("chain:k=4", [1, 16]).tolist() == [4.0, 4.0]

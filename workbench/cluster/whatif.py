@@ -45,17 +45,35 @@ def lengths_layout(source: Trace | LengthModel, workers: int, per_worker: int,
 def scaling_table(source: Trace | LengthModel, cost: StepCost, per_worker: int,
                   workers=SCALING_WORKERS, threshold: int = 0, strategy: str | None = None,
                   update: float | UpdateCost = 0.0, drafter_step_s: float | None = None,
-                  spread: float = 0.0, seed: int = 0) -> pd.DataFrame:
+                  spread: float = 0.0, seed: int = 0, draws: int = 1) -> pd.DataFrame:
     """One row per N of ``workers``: ``Prediction.summary()`` of the step (plain, threshold
-    rule, bandit's limit) and ``sim_seconds``, the seconds it took to simulate."""
+    rule, bandit's limit), each figure the mean over ``draws`` steps (seeds ``seed``,
+    ``seed + 1``, ...: their layouts and workers' speeds), and ``sim_seconds``, the mean
+    seconds one step took to simulate. One draw is one step's luck: which long requests it
+    drew and where the slow workers fell."""
+    draws = check_int("draws", draws, 1)
     rows = []
     for n in workers:
-        started = time.perf_counter()
-        p = simulate(lengths_layout(source, check_int("workers", n, 1), per_worker, seed), cost,
-                     threshold=threshold, strategy=strategy, update_s=update,
-                     drafter_step_s=drafter_step_s, seed=seed, bandit=True, spread=spread)
-        rows.append({**p.summary(), "sim_seconds": time.perf_counter() - started})
+        n = check_int("workers", n, 1)
+        summaries = []
+        for s in range(seed, seed + draws):
+            started = time.perf_counter()
+            p = simulate(lengths_layout(source, n, per_worker, s), cost, threshold=threshold,
+                         strategy=strategy, update_s=update, drafter_step_s=drafter_step_s,
+                         seed=s, bandit=True, spread=spread)
+            summaries.append({**p.summary(), "sim_seconds": time.perf_counter() - started})
+        mean = pd.DataFrame(summaries).mean()
+        rows.append({**mean.to_dict(), "workers": n, "requests": n * per_worker,
+                     "draws": draws, **_speedups(mean)})
     return pd.DataFrame(rows)
+
+
+def _speedups(mean: pd.Series) -> dict[str, float]:
+    """The speedups of mean times (docs/design.md: a sum of step times over another), not
+    the mean of each draw's ratio."""
+    return {"sd_speedup": mean["makespan_plain_s"] / mean["makespan_tlt_s"],
+            "e2e_speedup": mean["step_s_plain"] / mean["step_s_tlt"],
+            "sd_speedup_bandit": mean["makespan_plain_s"] / mean["makespan_bandit_s"]}
 
 
 def scaling_metrics(scaling: pd.DataFrame, workers: int = 64) -> dict[str, float]:
