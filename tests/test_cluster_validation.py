@@ -1,7 +1,8 @@
 """The simulator's validation: the workers' spread recovered from a timeline whose spread is
 known, stragglers lengthening the predicted makespan with N, real tiny-model rollouts
-calibrated and predicted end to end (the held-out table, the pooled lengths, an SD strategy's
-costs from a drafter), and bad plans refused before anything runs."""
+calibrated and predicted end to end (each held-out run with the costs of the passes that
+bracket it, the pooled lengths, an SD strategy's costs from a drafter), and bad plans refused
+before anything runs."""
 import math
 
 import numpy as np
@@ -9,8 +10,8 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import Layout, StepCost, simulate_rollout
-from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec, predicted_makespan,
-                                          run_validation, worker_spread)
+from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec, calibrate,
+                                          predicted_makespan, run_validation, worker_spread)
 from workbench.rollout import RolloutConfig
 from workbench.speculative import NGramDrafter
 
@@ -64,7 +65,7 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
     for name, timeline in v.held_out.items():
         row = table.set_index("run").loc[name]
         assert row["measured_s"] == timeline.makespan_s
-        assert row["predicted_s"] == predicted_makespan(timeline, v.cost, v.spread)
+        assert row["predicted_s"] == predicted_makespan(timeline, v.costs[name], v.spread)
     assert (table["error"] == (table["predicted_s"] - table["measured_s"])
             / table["measured_s"]).all()
     # steps of a tiny model last about a millisecond: within a factor of two is all a busy
@@ -77,16 +78,22 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
     assert m["worker_spread"] == v.spread and m["validation_runs"] == 2
 
 
-def test_calibration_runs_plain_and_with_the_drafter_on_both_sides(validated):
+def test_each_held_out_run_is_bracketed_by_its_own_calibration_passes(validated):
     v = validated
-    # two passes of two runs, plain then with the n-gram drafter on every decode step
-    assert len(v.calibration) == 8
+    # three plain passes of the two calibration runs (before, between and after the two
+    # held-out runs), then the runs with the n-gram drafter on every decode step, first and last
+    assert len(v.calibration) == 3 * 2 + 2 * 2
+    verifies = [bool((t.steps["kind"] == "verify").any()) for t in v.calibration]
+    assert verifies == [False] * 6 + [True] * 4
+    pd.testing.assert_frame_equal(v.costs["seed"].table, calibrate(v.calibration[0:4]).table)
+    pd.testing.assert_frame_equal(v.costs["N=4"].table, calibrate(v.calibration[2:6]).table)
+    assert v.costs["seed"].kinds == ["plain", "prefill"]
+    # the what-ifs' costs pool everything, the drafter's strategy included
     assert {"plain", "prefill", "chain:k=4"} <= set(v.cost.kinds)
     assert (v.cost.tau("chain:k=4", [1, 4]) >= 1).all()
-    verifies = [bool((t.steps["kind"] == "verify").any()) for t in v.calibration]
-    assert verifies == [False, False, True, True] * 2
+    pd.testing.assert_frame_equal(v.cost.table, calibrate(v.calibration).table)
     # the workers' spread from the plain runs alone: SD runs also differ in acceptance
-    assert v.spread == worker_spread([v.calibration[i] for i in (0, 1, 4, 5)], v.cost)
+    assert v.spread == worker_spread(v.calibration[:6], v.cost)
     # every plain run's requests pooled, groups kept apart by run
     lengths = v.lengths()
     assert len(lengths.requests) == 2 * 4 + 2 * 4 + 4 * 2

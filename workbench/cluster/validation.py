@@ -14,17 +14,22 @@ run          one real rollout step (``RunSpec``): ``workers`` x ``per_worker`` r
              ``backend`` ``"local"``: the workers one after another in this process, the
              *sim* clock; ``"ray"``: one Ray actor per worker, really in parallel, the *wall*
              clock (from the driver's submit to the last worker's last step).
-calibration  the runs whose steps tables give the ``StepCost`` (plain, and with a drafter the
-             same runs again with SD on every decode step: its strategy's costs and tau),
-             run once before the held-out runs and once after.
+calibration  the runs whose steps tables give the ``StepCost``. On a shared machine the cost of
+             a step drifts with the load by tens of percent within minutes, so each held-out
+             run is bracketed: a plain *pass* of the calibration runs just before it and
+             one just after, and it is predicted with the costs of those two passes. The
+             costs of the what-ifs pool every pass, and with a drafter the calibration runs
+             again with SD on every decode step (its strategy's costs and tau), first and
+             last.
 spread       how much the workers' speeds differ: the standard deviation, within each plain
-             calibration run, of log(measured / simulated) busy time per worker, pooled over
+             calibration run (every pass), of log(measured / simulated) busy time per worker, pooled over
              the runs (``worker_spread``; the SD runs' workers differ in their drafts'
-             acceptance too, which the simulator's mean tau leaves out). Here it is the machine's load moving under the
-             sim clock's one-after-another workers; on a cluster, stragglers. Its mean per
-             run (the load's level) is left out: the pooled costs carry that.
+             acceptance too, which the simulator's mean tau leaves out). Here it is the
+             machine's load moving under the sim clock's one-after-another workers; on a
+             cluster, stragglers. Its mean per run (the load's level) is left out: the
+             costs carry that.
 prediction   ``simulate_rollout`` of the run's requests on the workers that held them,
-             plain, with the calibration's costs and spread: the mean makespan over
+             plain, with its bracketing passes' costs and the spread: the mean makespan over
              ``SPREAD_DRAWS`` seeded draws of the workers' speeds (with stragglers the
              makespan, the slowest worker's end, grows with N).
 error        ``(predicted - measured) / measured``; the notebook reports the median of its
@@ -138,14 +143,16 @@ def predicted_makespan(timeline: Timeline, cost: StepCost, spread: float = 0.0) 
     return float(np.mean([plain_makespan(lay, cost, spread, seed) for seed in range(draws)]))
 
 
-def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost,
+def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost | dict,
                      spread: float = 0.0) -> pd.DataFrame:
     """One row per held-out run (``VALIDATION_COLUMNS``): its measured makespan, the
-    prediction from its lengths, ``cost`` and ``spread``, and the relative error."""
+    prediction from its lengths, ``cost`` (one for all, or by run name) and ``spread``, and
+    the relative error."""
     rows = []
     for spec, timeline in runs:
         measured = timeline.makespan_s
-        predicted = predicted_makespan(timeline, cost, spread)
+        run_cost = cost[spec.run] if isinstance(cost, dict) else cost
+        predicted = predicted_makespan(timeline, run_cost, spread)
         rows.append({"run": spec.run, "clock": timeline.clock, "workers": spec.workers,
                      "per_worker": spec.per_worker, "seed": spec.seed, "measured_s": measured,
                      "predicted_s": predicted, "error": (predicted - measured) / measured})
@@ -154,11 +161,14 @@ def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost,
 
 @dataclass
 class Validation:
-    """What ``run_validation`` measured: the calibration's ``cost`` and ``spread``, the
-    ``table`` of held-out errors, and every real run's timeline (``calibration``: each pass
-    plain, then with the drafter; ``held_out``: by run name)."""
+    """What ``run_validation`` measured: the pooled ``cost`` (every pass, SD included: what
+    the what-ifs take), each held-out run's ``costs`` (its bracketing passes, by run name),
+    the workers' ``spread``, the ``table`` of held-out errors, and every real run's timeline
+    (``calibration``: the plain passes in order, then the SD runs; ``held_out``: by run
+    name)."""
 
     cost: StepCost
+    costs: dict[str, StepCost]
     spread: float
     table: pd.DataFrame
     calibration: list[Timeline]
@@ -186,11 +196,6 @@ class Validation:
         return Trace(pd.concat(parts, ignore_index=True))
 
 
-def _speculative(timeline: Timeline) -> bool:
-    """Whether any step of ``timeline`` was speculative (a calibration run with the drafter)."""
-    return bool((timeline.steps["kind"] == "verify").any())
-
-
 def _warm_up(engine: RolloutEngine, pool, spec: RunSpec, config: RolloutConfig) -> None:
     """One short rollout of ``spec``'s shape: an engine's first pays one-off costs
     (allocations, lazy imports, a Ray actor's first call) that no run should measure."""
@@ -201,36 +206,23 @@ def _rollouts(engine: RolloutEngine, pool, specs, config, drafter=None) -> list[
     return [real_rollout(engine, pool, spec, config, drafter) for spec in specs]
 
 
-def _calibration_rollouts(engine, pool, specs, config, drafter) -> list[Timeline]:
-    """One pass of the calibration runs: plain, then with ``drafter`` when given."""
-    timelines = _rollouts(engine, pool, specs, config)
-    return timelines + (_rollouts(engine, pool, specs, config, drafter)
-                        if drafter is not None else [])
-
-
-def _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir) -> Timeline:
-    """One Ray run: its actors (one torch thread each) started and warmed up before the
-    clock runs, closed after it (and the local Ray it started with them)."""
+def _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir,
+                 calibration_pass) -> tuple[Timeline, list[Timeline]]:
+    """One Ray run: its actors (one torch thread each) started and warmed up, then
+    ``calibration_pass()`` (local, the actors idle) just before the clock runs; the actors
+    closed after it (and the local Ray it started with them). (its timeline, the pass)"""
     backend = make_backend("ray", ray_address, run_dir=run_dir, threads_per_worker=1)
     try:
         engine = RolloutEngine(model, tokenizer, backend=backend)
         engine.start(spec.workers)
         _warm_up(engine, pool, spec, config)
-        return real_rollout(engine, pool, spec, config)
+        before = calibration_pass()
+        return real_rollout(engine, pool, spec, config), before
     finally:
         backend.close()
 
 
-def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
-                   held_out: list[RunSpec], config: RolloutConfig, drafter=None,
-                   ray_address: str | None = None, run_dir=None) -> Validation:
-    """Run the ``calibration`` runs (plain, and again with ``drafter`` when given) before and
-    after the local ``held_out`` ones, then the Ray ones (each on a Ray of its own:
-    ``ray_address``, else a local one with its logs under ``run_dir/ray``); calibrate on both
-    passes and predict every held-out run. On a shared machine the cost of a step drifts with
-    the load; calibration on both sides of the held-out runs meets them in the same
-    conditions on average. Every plan is checked before anything runs; calibration runs must
-    be local."""
+def _check_validation(pool, calibration, held_out, config) -> None:
     _check_plan([*calibration, *held_out], pool, config)
     if not calibration or any(s.backend != "local" for s in calibration):
         raise ValueError(f"calibration needs at least one run, all on the local backend; got "
@@ -238,18 +230,41 @@ def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
     names = [s.run for s in held_out]
     if len(set(names)) < len(names):
         raise ValueError(f"held-out runs need distinct names; got {names}")
+
+
+def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
+                   held_out: list[RunSpec], config: RolloutConfig, drafter=None,
+                   ray_address: str | None = None, run_dir=None) -> Validation:
+    """Run every ``held_out`` run bracketed by plain passes of the ``calibration`` runs (the
+    Ray ones last, each on a Ray of its own: ``ray_address``, else a local one with its logs
+    under ``run_dir/ray``), the calibration runs with ``drafter`` first and last, and
+    predict each held-out run from its lengths with its passes' costs (module docstring).
+    Every plan is checked before anything runs; calibration runs must be local."""
+    _check_validation(pool, calibration, held_out, config)
     engine = RolloutEngine(model, tokenizer)
     _warm_up(engine, pool, calibration[0], config)
-    timelines = _calibration_rollouts(engine, pool, calibration, config, drafter)
-    local = [s for s in held_out if s.backend == "local"]
-    done = dict(zip(local, _rollouts(engine, pool, local, config))) if local else {}
-    timelines += _calibration_rollouts(engine, pool, calibration, config, drafter)
-    for spec in held_out:
+
+    def calibration_pass():
+        return _rollouts(engine, pool, calibration, config)
+
+    def with_drafter():
+        return [] if drafter is None else _rollouts(engine, pool, calibration, config, drafter)
+
+    speculative, passes = with_drafter(), [calibration_pass()]
+    done, costs = {}, {}
+    for spec in sorted(held_out, key=lambda s: s.backend == "ray"):
         if spec.backend == "ray":
-            done[spec] = _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir)
-    cost = calibrate(timelines)
-    plain = [t for t in timelines if not _speculative(t)]
+            done[spec], before = _ray_rollout(model, tokenizer, pool, spec, config,
+                                              ray_address, run_dir, calibration_pass)
+            passes.append(before)
+        else:
+            done[spec] = real_rollout(engine, pool, spec, config)
+        passes.append(calibration_pass())
+        costs[spec.run] = calibrate(passes[-2] + passes[-1])
+    speculative += with_drafter()
+    plain = [t for p in passes for t in p]
+    cost = calibrate(plain + speculative)
     spread = worker_spread(plain, cost)
     runs = [(spec, done[spec]) for spec in held_out]
-    return Validation(cost, spread, validation_table(runs, cost, spread), timelines,
-                      {spec.run: t for spec, t in runs})
+    return Validation(cost, costs, spread, validation_table(runs, costs, spread),
+                      plain + speculative, {spec.run: t for spec, t in runs})
