@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.cluster import Layout, StepCost, simulate_rollout
+from workbench.cluster import Layout, StepCost, layout, simulate_rollout, trace_from_timeline
 from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec, calibrate,
                                           predicted_makespan, run_validation, worker_spread)
 from workbench.rollout import RolloutConfig
@@ -68,6 +68,13 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
         assert row["predicted_s"] == predicted_makespan(timeline, v.costs[name], v.spread)
     assert (table["error"] == (table["predicted_s"] - table["measured_s"])
             / table["measured_s"]).all()
+    seed_run = v.held_out["seed"]
+    busy = table.set_index("run").loc["seed", ["measured_busy_s", "predicted_busy_s"]]
+    assert busy["measured_busy_s"] == seed_run.worker_summary()["busy_s"].mean()
+    replay = simulate_rollout(layout(trace_from_timeline(seed_run)), v.costs["seed"])
+    assert busy["predicted_busy_s"] == replay.worker_summary()["busy_s"].mean()
+    assert (table["busy_error"] == (table["predicted_busy_s"] - table["measured_busy_s"])
+            / table["measured_busy_s"]).all()
     # steps of a tiny model last about a millisecond: within a factor of two is all a busy
     # machine's timer noise allows to assert here (the notebook reports the real errors)
     assert (table["error"].abs() < 1.0).all()
@@ -76,6 +83,7 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
     m = v.metrics()
     assert m["sim_error_small_n"] == v.median_error("sim") and math.isnan(m["sim_error_wall"])
     assert m["worker_spread"] == v.spread and m["validation_runs"] == 2
+    assert m["busy_error_small_n"] == table["busy_error"].abs().median()
 
 
 def test_each_held_out_run_is_bracketed_by_its_own_calibration_passes(validated):

@@ -83,7 +83,8 @@ SMOKE = {
                             "draws": 1, "threshold": 4},
                            ["predicted_speedup_64", "predicted_idle_fraction_64",
                             "sim_error_small_n", "sim_error_wall", "sim_seconds_1024",
-                            "worker_spread", "ks_lognormal", "ks_pareto"]),
+                            "busy_error_small_n", "worker_spread", "ks_lognormal",
+                            "ks_pareto"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table

@@ -22,9 +22,9 @@ calibration  the runs whose steps tables give the ``StepCost``. On a shared mach
              again with SD on every decode step (its strategy's costs and tau), first and
              last.
 spread       how much the workers' speeds differ: the standard deviation, within each plain
-             calibration run (every pass), of log(measured / simulated) busy time per worker, pooled over
-             the runs (``worker_spread``; the SD runs' workers differ in their drafts'
-             acceptance too, which the simulator's mean tau leaves out). Here it is the
+             calibration run (every pass), of log(measured / simulated) busy time per
+             worker, pooled over the runs (``worker_spread``; the SD runs' workers differ in
+             their drafts' acceptance too, which the simulator's mean tau leaves out). Here it is the
              machine's load moving under the sim clock's one-after-another workers; on a
              cluster, stragglers. Its mean per run (the load's level) is left out: the
              costs carry that.
@@ -34,6 +34,8 @@ prediction   ``simulate_rollout`` of the run's requests on the workers that held
              makespan, the slowest worker's end, grows with N).
 error        ``(predicted - measured) / measured``; the notebook reports the median of its
              absolute value per clock.
+busy error   the same of the mean worker's busy time (``busy_s``, no stragglers drawn): the
+             cost model's own error, apart from where the slow workers fell.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ __all__ = ["RunSpec", "Validation", "real_rollout", "calibrate", "worker_spread"
 
 BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
 VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "measured_s",
-                      "predicted_s", "error")
+                      "predicted_s", "error", "measured_busy_s", "predicted_busy_s",
+                      "busy_error")
 SPREAD_DRAWS = 16
 WARM_UP_TOKENS = 4  # tokens of each engine's warm-up rollout (``_warm_up``)
 
@@ -153,9 +156,14 @@ def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost | dict
         measured = timeline.makespan_s
         run_cost = cost[spec.run] if isinstance(cost, dict) else cost
         predicted = predicted_makespan(timeline, run_cost, spread)
+        busy = timeline.worker_summary()["busy_s"].mean()
+        busy_predicted = simulate_rollout(_layout(timeline), run_cost).worker_summary()[
+            "busy_s"].mean()
         rows.append({"run": spec.run, "clock": timeline.clock, "workers": spec.workers,
                      "per_worker": spec.per_worker, "seed": spec.seed, "measured_s": measured,
-                     "predicted_s": predicted, "error": (predicted - measured) / measured})
+                     "predicted_s": predicted, "error": (predicted - measured) / measured,
+                     "measured_busy_s": busy, "predicted_busy_s": busy_predicted,
+                     "busy_error": (busy_predicted - busy) / busy})
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
 
 
@@ -174,16 +182,21 @@ class Validation:
     calibration: list[Timeline]
     held_out: dict[str, Timeline]
 
-    def median_error(self, clock: str) -> float:
-        """The median absolute relative error of the held-out runs on ``clock`` (NaN: none)."""
-        errors = self.table.loc[self.table["clock"] == clock, "error"].abs()
+    def median_error(self, clock: str, column: str = "error") -> float:
+        """The median absolute relative error (``column``: ``"error"`` of the makespan,
+        ``"busy_error"`` of the mean worker) of the held-out runs on ``clock`` (NaN: none)."""
+        errors = self.table.loc[self.table["clock"] == clock, column].abs()
         return float(errors.median()) if len(errors) else float("nan")
 
     def metrics(self) -> dict[str, float]:
-        """notebook 10's validation figures: the median absolute errors per clock (NaN for a
-        clock without runs) and the workers' spread."""
+        """notebook 10's validation figures: the median absolute errors per clock, of the
+        makespan and of the mean worker's busy time (NaN for a clock without runs), and the
+        workers' spread."""
         return {"sim_error_small_n": self.median_error("sim"),
-                "sim_error_wall": self.median_error("wall"), "worker_spread": self.spread,
+                "sim_error_wall": self.median_error("wall"),
+                "busy_error_small_n": self.median_error("sim", "busy_error"),
+                "busy_error_wall": self.median_error("wall", "busy_error"),
+                "worker_spread": self.spread,
                 "validation_runs": int(len(self.table))}
 
     def lengths(self) -> Trace:
