@@ -1,14 +1,15 @@
 """The cluster simulator: a hand-computed toy step, a recorded rollout replayed from its own
-measured costs, the threshold rule's B = 0 as plain, determinism under a seed, and 1024
-workers x 64 requests within its time budget."""
+measured costs, the threshold rule's B = 0 as plain, the bandit's limit, the update's scaling
+with N, determinism under a seed, and 1024 workers x 64 requests within its time budget."""
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.cluster import (Layout, StepCost, Trace, layout, simulate, simulate_rollout,
-                               trace_from_run)
+from workbench.cluster import (Layout, StepCost, Trace, UpdateCost, layout, simulate,
+                               simulate_rollout, trace_from_run)
+from workbench.cluster.simulate import plain_makespan
 from workbench.rollout import RolloutEngine
 
 from .conftest import tiny_model
@@ -133,3 +134,51 @@ def test_a_recorded_rollout_replays_to_its_own_makespan(tokenizer, tmp_path):
     tokens = lambda tl: tl.steps.groupby("worker")["tokens"].sum().tolist()
     assert tokens(sim) == tokens(recorded)
     assert sim.requests["end_s"].notna().all()
+
+
+def test_the_bandit_limit_takes_the_cheapest_arm_per_token_at_each_batch():
+    # a chain:k=2 step costs 1.5 s at batch 1 and 4.5 s at 3, emitting tau = 2 tokens per row:
+    # per step and row token 0.75, 1.5 and 2.25 s at batch 1, 2, 3 against plain's 1.0, 1.5
+    # and 2.0; the tie at 2 goes to plain
+    cost = StepCost(pd.concat([COSTS, COSTS.tail(1).assign(batch_size=3, seconds=4.5)]))
+    assert cost.arms == ["plain", "chain:k=2"]
+    assert cost.best_arm([1, 2, 3]).tolist() == ["chain:k=2", "plain", "plain"]
+    p = simulate(TOY, cost, threshold=2, strategy="chain:k=2", bandit=True)
+    # so the bandit speculates exactly below batch 2: the threshold rule's toy step
+    pd.testing.assert_frame_equal(p.bandit.steps, p.tlt.steps)
+    s = p.summary()
+    assert s["makespan_bandit_s"] == 5.0 and s["sd_speedup_bandit"] == pytest.approx(1.2)
+    # a machine where a chain step costs 2.5 s at batch 1 and 7.5 s at 3: 1.25, 2.5, 3.75 s
+    # per row token, dearer than plain everywhere
+    hostile = StepCost(pd.concat([COSTS.assign(seconds=[1.0, 1.5, 2.0, 2.5]),
+                                  COSTS.tail(1).assign(batch_size=3, seconds=7.5)]))
+    assert set(hostile.best_arm([1, 2, 3])) == {"plain"}
+    q = simulate(TOY, hostile, bandit=True)
+    pd.testing.assert_frame_equal(q.bandit.steps, q.plain.steps)
+    assert "makespan_bandit_s" not in simulate(TOY, cost).summary()
+
+
+def test_the_update_cost_grows_with_n_as_its_scaling_says():
+    log, ring, server = (UpdateCost(2.0, 0.5, s) for s in ("log", "constant", "linear"))
+    assert [log.seconds(n) for n in (1, 2, 8, 1024)] == [2.0, 2.5, 3.5, 7.0]
+    assert [ring.seconds(n) for n in (1, 2, 1024)] == [2.0, 2.5, 2.5]
+    assert [server.seconds(n) for n in (1, 2, 9)] == [2.0, 2.5, 6.0]
+    assert UpdateCost(2.0).scaling == "log" and UpdateCost(2.0).seconds(1024) == 2.0
+    # in the prediction: the toy's 3 workers pay 2 + 0.5 log2 3 s each
+    p = simulate(TOY, StepCost(COSTS), update_s=log)
+    assert p.update_s == pytest.approx(2.0 + 0.5 * np.log2(3))
+    assert p.summary()["step_s_plain"] == pytest.approx(6.0 + p.update_s)
+    with pytest.raises(ValueError, match=r"UpdateCost.scaling must be one of"):
+        UpdateCost(1.0, 0.1, "quadratic")
+    with pytest.raises(ValueError, match=r"UpdateCost.sync_s must be"):
+        UpdateCost(1.0, -0.1)
+    with pytest.raises(ValueError, match=r"rule 'bandit' picks its arms itself"):
+        simulate_rollout(layout(TOY), StepCost(COSTS), 2, "chain:k=2", rule="bandit")
+
+
+def test_the_plain_makespan_shortcut_is_the_timelines():
+    lay = layout(lognormal_trace(), 16, 8, seed=1)
+    cost = StepCost(COSTS)
+    for spread in (0.0, 0.4):
+        full = simulate_rollout(lay, cost, spread=spread, seed=3).makespan_s
+        assert plain_makespan(lay, cost, spread, seed=3) == pytest.approx(full, rel=1e-12)

@@ -75,11 +75,22 @@ SMOKE = {
                               "tau_ceiling_final", "tau_sibling_final", "kl_final",
                               "byproduct_gain", "sibling_speedup_bs1", "sibling_speedup_bs32",
                               "accuracy_start", "accuracy_final"]),
+    "10_cluster_what_if": ({"num_prompts": 16, "samples_per_prompt": 2, "max_new_tokens": 24,
+                            "drafter": "ngram", "calibration_workers": 2,
+                            "calibration_per_worker": [4], "held_out": [["seed", 2, 4, 1],
+                                                                        ["N4", 4, 2, 2]],
+                            "ray": False, "workers_sweep": [8, 64], "per_worker": 8,
+                            "draws": 1, "threshold": 4},
+                           ["predicted_speedup_64", "predicted_idle_fraction_64",
+                            "sim_error_small_n", "sim_error_wall", "sim_seconds_1024",
+                            "busy_error_small_n", "worker_spread", "ks_lognormal",
+                            "ks_pareto"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
 # notebooks that end with an explorer: under papermill it must still leave its figure (a PNG)
-ENDS_WITH_EXPLORER = {"01_long_tail_rollout", "02_speculative_decoding", "04_tlt_rl", "05_pruning"}
+ENDS_WITH_EXPLORER = {"01_long_tail_rollout", "02_speculative_decoding", "04_tlt_rl", "05_pruning",
+                      "10_cluster_what_if"}
 
 
 def last_cell_images(executed) -> int:

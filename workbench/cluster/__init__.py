@@ -1,12 +1,14 @@
 """Cluster-scale what-if: replay measured rollouts (a trace of per-request lengths and
 per-step costs) on N virtual workers and predict a synchronous RL step's makespan, idle
-fraction, tail share, SD benefit, drafter steps and GPU-hours (docs/trace_format.md)."""
-from .cost import StepCost
+fraction, tail share, SD benefit, drafter steps and GPU-hours (docs/trace_format.md).
+``cluster.validation`` checks it against real rollouts (it alone runs a model: a layer of its
+own, docs/architecture.md); ``cluster.whatif`` sweeps it over N."""
+from .cost import StepCost, UpdateCost
 from .fit import LengthModel, fit_lengths, layout_from_model
-from .importers import trace_from_csv, trace_from_run
+from .importers import trace_from_csv, trace_from_run, trace_from_timeline
 from .simulate import Layout, Prediction, layout, simulate, simulate_rollout
 from .trace import Trace, load_trace
 
-__all__ = ["Trace", "load_trace", "trace_from_run", "trace_from_csv", "StepCost", "Layout",
-           "layout", "simulate_rollout", "simulate", "Prediction", "LengthModel", "fit_lengths",
-           "layout_from_model"]
+__all__ = ["Trace", "load_trace", "trace_from_run", "trace_from_timeline", "trace_from_csv",
+           "StepCost", "UpdateCost", "Layout", "layout", "simulate_rollout", "simulate",
+           "Prediction", "LengthModel", "fit_lengths", "layout_from_model"]

@@ -11,11 +11,11 @@ understates its tail beyond the cap, which draws are clipped to anyway.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..checks import check_choice, check_int
+from ..checks import check_choice, check_int, check_positive
 from .simulate import Layout
 
 __all__ = ["LengthModel", "fit_lengths", "layout_from_model"]
@@ -35,6 +35,20 @@ class LengthModel:
     ks: float
     n: int
     cap: int | None = None
+
+    @property
+    def tail(self) -> float:
+        """The parameter that sets the tail: sigma of a log-normal (larger: heavier), alpha
+        of a Pareto (smaller: heavier)."""
+        return self.params["sigma" if self.family == "lognormal" else "alpha"]
+
+    def with_tail(self, tail: float) -> "LengthModel":
+        """This model with its tail parameter (``tail``) set to ``tail``, the rest kept: a
+        what-if on how heavy the tail is (its ``ks`` still the fitted model's)."""
+        tail = check_positive(f"tail ({'sigma' if self.family == 'lognormal' else 'alpha'})",
+                              tail)
+        key = "sigma" if self.family == "lognormal" else "alpha"
+        return replace(self, params={**self.params, key: tail})
 
     def cdf(self, x) -> np.ndarray:
         """P(length <= x) under the model (the cap not applied)."""

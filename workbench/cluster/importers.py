@@ -12,7 +12,7 @@ from ..rollout.timeline import Timeline
 from .trace import Trace
 from .validate import raise_problems, trace_problems
 
-__all__ = ["trace_from_run", "trace_from_csv"]
+__all__ = ["trace_from_run", "trace_from_timeline", "trace_from_csv"]
 
 TRACE_COLUMNS = ("prompt_tokens", "response_tokens", "group", "worker")
 
@@ -52,16 +52,20 @@ def _step_rows(timeline: Timeline) -> pd.DataFrame:
 
 def trace_from_run(folder: str | os.PathLike) -> Trace:
     """The trace of a run folder's saved Timeline (``out_dir/timeline/`` as notebook 01
-    writes it, or the folder ``Timeline.save`` wrote): its requests with their worker, and
-    its measured step costs (``_step_rows``). Decode steps that no schedule decided (tables
-    saved before the plan columns) give no cost rows."""
-    timeline = Timeline.load(folder)
+    writes it, or the folder ``Timeline.save`` wrote): ``trace_from_timeline`` of it."""
+    return trace_from_timeline(Timeline.load(folder), f"run folder {str(Path(folder))!r}")
+
+
+def trace_from_timeline(timeline: Timeline, source: str = "a timeline") -> Trace:
+    """The trace of a rollout's Timeline: its requests with their worker (the group is the
+    prompt id), and its measured step costs (``_step_rows``). Decode steps that no schedule
+    decided (tables saved before the plan columns) give no cost rows."""
     r = timeline.requests
     requests = pd.DataFrame({"prompt_tokens": r["prompt_tokens"].astype(int),
                              "response_tokens": r["response_tokens"].astype(int),
                              "group": r["prompt_id"].astype(str),
                              "worker": r["worker"].astype(int)})
-    return Trace(requests, _step_rows(timeline), source=f"run folder {str(Path(folder))!r}")
+    return Trace(requests, _step_rows(timeline), source=source)
 
 
 def trace_from_csv(path: str | os.PathLike, columns: dict[str, str] | None = None) -> Trace:
