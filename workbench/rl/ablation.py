@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -225,6 +226,22 @@ class Ablation:
                 "seeds": int(self.history["seed"].nunique())}
 
 
+def _evaluate(runs: dict, evals: list[dict], problems, tokenizer, max_new_tokens: int,
+              step: int) -> None:
+    """Append each run's held-out greedy accuracy after ``step`` steps to ``evals`` (nothing
+    without ``problems``); at step 0 every run starts from one policy: measured once."""
+    if problems is None:
+        return
+    for (v, seed), trainer in runs.items():
+        if step == 0 and evals:
+            evals.append({**evals[0], "variant": v, "seed": seed})
+            continue
+        report = evaluate_policy(trainer.model, tokenizer, problems, progress=False,
+                                 max_new_tokens=max_new_tokens)
+        evals.append({"variant": v, "seed": seed, "step": step,
+                      "accuracy": report.summary()["accuracy"]})
+
+
 def _max_or_zero(history: pd.DataFrame, column: str) -> float:
     """The largest value of ``column`` over every run (0 when no run has it)."""
     return float(history[column].max()) if column in history and history[column].notna().any() \
@@ -265,20 +282,9 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     runs = {(v, seed): _trainer(v, seed, policy, tokenizer, problems, reward, grpo,
                                 drafter_head, shared, tlt_kw)
             for seed in seeds for v in variants}
-    evals = []
-
-    def evaluate(step):
-        if eval_problems is None:
-            return
-        for (v, seed), tr in runs.items():
-            if step == 0 and evals and v != variants[0]:  # every run starts from one policy
-                evals.append({**evals[0], "variant": v, "seed": seed})
-                continue
-            rep = evaluate_policy(tr.model, tokenizer, eval_problems, progress=False,
-                                  max_new_tokens=eval_max_new_tokens or grpo.rollout.max_new_tokens)
-            evals.append({"variant": v, "seed": seed, "step": step,
-                          "accuracy": rep.summary()["accuracy"]})
-
+    evals: list[dict] = []
+    max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
+    evaluate = partial(_evaluate, runs, evals, eval_problems, tokenizer, max_new)
     evaluate(0)
     order = list(runs)
     try:
