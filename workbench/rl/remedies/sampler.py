@@ -1,0 +1,185 @@
+"""The rollout half of an RL step with remedies: which groups are sampled, how far each
+response grows, when the rollout ends, and what is trained, carried or dropped.
+
+One call of :meth:`Sampler.sample` reads top to bottom:
+
+1. **groups**: the groups carried from the last step (oldest first), topped up with fresh
+   prompts (the run's stream: GRPO's ``problems_for`` order) to ``target + extra_groups``
+   slots (:meth:`Sampler.groups`);
+2. **requests**: one per live response, its prompt followed by its tokens so far, capped at
+   the rest of its budget (``max_new_tokens`` minus its length, and at most
+   ``segment_tokens`` with partial rollouts); one engine rollout runs them all;
+3. **the end of the rollout**: with over-provisioning, the time the ``target``-th group
+   finished (all ``G`` responses done), and the timeline cut there (``cut``); else the
+   rollout's own end;
+4. **growth**: each response takes the tokens it had at the end, sampled by ``version``
+   (and, recorded, that policy's log-probs of them);
+5. **split**: the finished groups, first to finish first, ``target`` of them at most, are
+   trained; the rest carry over to the next step or are dropped (``leftover``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from ...rollout import RolloutConfig
+from ...rollout.timeline import Timeline
+from ..loss import UpdateData
+from .cut import cut_timeline, tokens_at
+from .responses import Group, Response
+
+__all__ = ["Sampler", "Sampled"]
+
+
+@dataclass
+class Sampled:
+    """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
+    (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
+    policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
+    trainer's seconds on behaviour log-probs (``behaviour_s``), and the engine's
+    ``result``."""
+
+    trained: list[Group]
+    carried: list[Group]
+    timeline: Timeline
+    version: int
+    aborted_tokens: int
+    behaviour_s: float
+    result: object
+
+
+class Sampler:
+    """Samples the steps of one run, holding the groups carried between them.
+
+    Args:
+        engine: the rollout engine.
+        rollout: how to sample (``samples_per_prompt`` is ``G``; its ``rl_step`` is replaced
+            by the number of rollouts sampled so far, so no two share coupled draws).
+        target: groups a step trains on (``P``).
+        problems_for: ``problems_for(s)``, the ``P`` fresh problems of stream step ``s``.
+        extra_groups, leftover, segment_tokens: the remedies (``RemedyConfig``).
+        micro_tokens: padded tokens per forward of the behaviour log-probs.
+    """
+
+    def __init__(self, engine, rollout: RolloutConfig, target: int,
+                 problems_for: Callable[[int], list], extra_groups: int = 0,
+                 leftover: str = "abort", segment_tokens: int | None = None,
+                 micro_tokens: int = 8192):
+        self.engine, self.rollout, self.target = engine, rollout, target
+        self.problems_for = problems_for
+        self.extra_groups, self.leftover = extra_groups, leftover
+        self.segment_tokens, self.micro_tokens = segment_tokens, micro_tokens
+        self.pool: list[Group] = []
+        self.drawn = 0      # fresh prompts drawn so far
+        self.rollouts = 0   # rollouts sampled so far
+
+    def groups(self) -> list[Group]:
+        """1) the carried groups, and fresh ones until ``target + extra_groups`` groups hold a
+        slot. Every carried group holds one (APRIL's fixed pool), except with partial
+        rollouts, where a group still growing waits in a buffer beside the slots (Kimi
+        k1.5): fresh prompts keep coming however long the carried ones run."""
+        groups = list(self.pool)
+        G = self.rollout.samples_per_prompt
+        held = sum(1 for g in groups if g.done or self.segment_tokens is None)
+        for _ in range(self.target + self.extra_groups - held):
+            step, i = divmod(self.drawn, self.target)
+            problem = self.problems_for(step)[i]
+            ids = self.engine.encode([problem.prompt])[0]
+            groups.append(Group.fresh(problem, ids, G, self.drawn))
+            self.drawn += 1
+        return groups
+
+    def cap(self, response: Response) -> int:
+        """The most tokens ``response`` may grow by in this step."""
+        rest = self.rollout.max_new_tokens - len(response.tokens)
+        return rest if self.segment_tokens is None else min(rest, self.segment_tokens)
+
+    def sample(self, version: int, behaviour_model=None, schedule=None, drafter=None,
+               harvest: bool = False) -> Sampled:
+        """One step's rollout by policy ``version``; ``behaviour_model`` (the policy that
+        samples) given: record its log-prob of every new token."""
+        groups = self.groups()                                              # 1) groups
+        live = [(g, r) for g in groups for r in g.live]
+        caps = [self.cap(r) for _, r in live]
+        config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
+                         harvest=harvest)
+        result = self.engine.rollout([g.prompt_ids + r.tokens for g, r in live], config,
+                                     progress=False, drafter=drafter, schedule=schedule,
+                                     caps=caps)                             # 2) requests
+        self.rollouts += 1
+        outs = result.requests
+        ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
+        end_s, timeline = self._end(groups, live, outs, ended, result.timeline)  # 3) end
+        grown = [out.tokens if out.end_s <= end_s else
+                 out.tokens[:tokens_at(result.timeline.steps, out, end_s)] for out in outs]
+        behaviour_s = 0.0
+        if behaviour_model is not None:
+            behaviour_s = self._record(behaviour_model, live, grown)
+        for (_, r), out, tokens, finish in zip(live, outs, grown, ended):  # 4) growth
+            r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
+        trained, carried, dropped = self._split(groups, live, outs)        # 5) split
+        self.pool = carried
+        return Sampled(trained, carried, timeline, version,
+                       sum(g.tokens() for g in dropped), behaviour_s, result)
+
+    def _finish(self, response: Response, out, cap: int) -> str:
+        """How ``response`` ends if it takes all of ``out``'s tokens: ``"eos"``, ``"length"``
+        (the whole budget, or the model's context), or ``""`` (cut by its segment)."""
+        if out.finish == "eos":
+            return "eos"
+        if len(response.tokens) + len(out.tokens) >= self.rollout.max_new_tokens:
+            return "length"
+        return "length" if out.finish == "length" and len(out.tokens) < cap else ""
+
+    def _end(self, groups, live, outs, ended, timeline) -> tuple[float, Timeline]:
+        """3) when the rollout ends, and its timeline cut there: with over-provisioning the
+        time the ``target``-th group finished, when that many did; else its last step."""
+        finish = self._group_finish(groups, live, outs, ended)
+        done = sorted(t for t in finish.values() if t < math.inf)
+        if not self.extra_groups or len(done) < self.target:
+            return math.inf, timeline
+        t = done[self.target - 1]
+        tokens = {out.uid: tokens_at(timeline.steps, out, t) for out in outs if out.end_s > t}
+        return t, cut_timeline(timeline, t, tokens)
+
+    @staticmethod
+    def _group_finish(groups, live, outs, ended) -> dict[int, float]:
+        """``{id(group): the time its last response finished}`` (0 for a group finished
+        before this step, inf for one that does not finish in it)."""
+        finish = {id(g): 0.0 for g in groups}
+        for (g, _), out, end in zip(live, outs, ended):
+            finish[id(g)] = max(finish[id(g)], out.end_s if end else math.inf)
+        return finish
+
+    def _record(self, model, live, grown) -> float:
+        """4) the sampling policy's log-prob of each new token, after its response's tokens
+        so far (the trainer's own forward); the seconds it took."""
+        t0 = time.perf_counter()
+        rows = [i for i, tokens in enumerate(grown) if tokens]
+        if rows:
+            device = model.get_input_embeddings().weight.device
+            data = UpdateData([live[i][0].prompt_ids + live[i][1].tokens for i in rows],
+                              [grown[i] for i in rows], torch.zeros(len(rows)), None, None,
+                              self.engine.pad_id, device)
+            logp = data.logprobs(model, len(rows), self.rollout.temperature, self.micro_tokens)
+            for i, lp in zip(rows, logp):
+                live[i][1].segments.append(lp)
+        return time.perf_counter() - t0
+
+    def _split(self, groups, live, outs) -> tuple[list, list, list]:
+        """5) ``(trained, carried, dropped)``: the finished groups by finish time (ties in
+        group order), ``target`` of them at most, are trained."""
+        ends = {id(g): 0.0 for g in groups}
+        for (g, _), out in zip(live, outs):
+            ends[id(g)] = max(ends[id(g)], out.end_s)
+        done = sorted((g for g in groups if g.done), key=lambda g: ends[id(g)])
+        trained, rest = done[:self.target], done[self.target:]
+        rest += [g for g in groups if not g.done]
+        rest.sort(key=lambda g: g.drawn)
+        if self.leftover == "carry":
+            return trained, rest, []
+        return trained, [], rest
