@@ -187,7 +187,7 @@ def test_async_data_is_exactly_one_version_old_and_weighted_by_its_behaviour(tok
             now = _logp(tr.model, prompts, [r.tokens for r in responses])
             for w, n, o in zip(data.weights, now, old):
                 assert torch.allclose(w, torch.exp(n - o).clamp(max=1.5), atol=1e-10)
-            assert not torch.allclose(torch.cat(data.weights), torch.tensor(1.0, dtype=torch.float64))
+            assert (torch.cat(data.weights) != 1).any()  # the policy moved: weights differ
         row = tr.step()
         assert row["sampled_version"] == max(0, step - 1)
         assert row["max_staleness"] == (step > 0)
