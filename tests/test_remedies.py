@@ -110,6 +110,34 @@ def test_overprovisioning_trains_the_first_target_groups_to_finish(tokenizer, le
         assert r.tokens[:n] == before[id(r)] and r.versions[n:] == [1] * (len(r.tokens) - n)
 
 
+# ---- tail batching ----------------------------------------------------------------------------
+
+def test_tail_batching_defers_the_prompts_that_ran_long_to_a_long_round(tokenizer):
+    tr = _trainer(tokenizer, "tail_batching", extra_groups=3)
+    P, G = 3, 3
+    deferred = []
+    for _ in range(6):
+        waiting, first = list(tr.sampler.tail), tr.sampler.drawn
+        row = tr.step()
+        s = tr.last[0]
+        if row["long_round"]:  # the deferred prompts alone, sampled afresh, run to their end
+            assert len(waiting) >= P and row["groups_trained"] == P
+            assert sorted(g.drawn for g in s.trained) == sorted(g.drawn for g in waiting[:P])
+            assert all(r.versions == [tr.version - 1] * len(r.tokens)
+                       for g in s.trained for r in g.responses)
+            assert s.timeline.makespan_s == s.result.timeline.makespan_s
+            break
+        full, drawn = s.result.requests, range(first, first + P + 3)  # fresh groups alone
+        finish = [max(r.end_s for r in full[i * G:(i + 1) * G]) for i in range(P + 3)]
+        cut = s.timeline.makespan_s
+        ran_long = [d for d, t in zip(drawn, finish) if t > cut]
+        assert [g.drawn for g in tr.sampler.tail[len(waiting):]] == ran_long
+        assert not {g.drawn for g in s.trained} & set(deferred)
+        deferred += ran_long
+    else:
+        pytest.fail("no long round in 6 steps")
+
+
 # ---- partial rollouts -------------------------------------------------------------------------
 
 def test_partial_greedy_responses_resume_exactly_where_they_stopped(tokenizer):

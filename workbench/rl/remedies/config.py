@@ -17,10 +17,10 @@ from ..config import GRPOConfig
 
 __all__ = ["RemedyConfig", "REMEDIES", "LEFTOVERS"]
 
-LEFTOVERS = ("abort", "carry")
+LEFTOVERS = ("abort", "carry", "defer")
 # the ablation's variants: name -> what it switches on (values filled in by
 # RemedyConfig.variant from the run's P and length cap)
-REMEDIES = ("baseline", "overprovision", "april", "partial", "async")
+REMEDIES = ("baseline", "overprovision", "april", "partial", "async", "tail_batching")
 
 
 @dataclass
@@ -33,8 +33,10 @@ class RemedyConfig(NestedConfig):
             trains on; the rollout ends when ``P`` groups have finished (all ``G`` samples
             done). 0: off.
         leftover: what becomes of the groups unfinished when a step's rollout ends:
-            ``"abort"`` (dropped, their tokens wasted) or ``"carry"`` (their partial
-            responses continue in the next step, under the next policy).
+            ``"abort"`` (dropped, their tokens wasted), ``"carry"`` (their partial
+            responses continue in the next step, under the next policy) or ``"defer"``
+            (tail batching, RollPacker: dropped, and their prompts, which ran long, sampled
+            afresh in a long round of their own once ``P`` of them wait).
         segment_tokens: partial rollouts (Kimi k1.5): tokens a response may grow by in one
             step; a response cut there continues in the next step (needs ``leftover=
             "carry"``). None: off (a response runs to EOS or ``max_new_tokens`` in the step
@@ -77,7 +79,8 @@ class RemedyConfig(NestedConfig):
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "RemedyConfig":
         """The config of ablation variant ``name`` (one of :data:`REMEDIES`): over-
         provisioning by half of ``P`` (at least 1 group), aborting or carrying (``april``)
-        the rest; partial rollouts of a quarter of the length cap per step; one-step async.
+        the rest; partial rollouts of a quarter of the length cap per step; one-step async;
+        tail batching (over-provisioning as ``overprovision``, the unfinished deferred).
         ``kw`` overrides any of it."""
         check_choice("remedy", name, REMEDIES)
         grpo = grpo or GRPOConfig()
@@ -87,7 +90,8 @@ class RemedyConfig(NestedConfig):
               "april": {"extra_groups": extra, "leftover": "carry"},
               "partial": {"segment_tokens": max(1, grpo.rollout.max_new_tokens // 4),
                           "leftover": "carry"},
-              "async": {"one_step_async": True}}[name]
+              "async": {"one_step_async": True},
+              "tail_batching": {"extra_groups": extra, "leftover": "defer"}}[name]
         return cls(grpo=grpo, **{**on, **kw})
 
     @property

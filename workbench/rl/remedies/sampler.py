@@ -15,7 +15,14 @@ One call of :meth:`Sampler.sample` reads top to bottom:
 4. **growth**: each response takes the tokens it had at the end, sampled by ``version``
    (and, recorded, that policy's log-probs of them);
 5. **split**: the finished groups, first to finish first, ``target`` of them at most, are
-   trained; the rest carry over to the next step or are dropped (``leftover``).
+   trained; the rest carry over to the next step, are dropped, or are dropped and their
+   prompts deferred (``leftover``).
+
+Tail batching (RollPacker): with ``leftover="defer"`` the prompts of the groups unfinished
+at the cut, those whose responses ran long, wait in a tail queue; once it holds ``target``
+prompts, the next step is a *long round* of those prompts alone, sampled afresh and run to
+their end (no over-provisioning, no cut), so the long responses share a batch and the other
+steps stay short.
 """
 from __future__ import annotations
 
@@ -40,8 +47,8 @@ class Sampled:
     """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
     (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
     policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
-    trainer's seconds on behaviour log-probs (``behaviour_s``), and the engine's
-    ``result``."""
+    trainer's seconds on behaviour log-probs (``behaviour_s``), the engine's ``result``,
+    and whether it was a ``long_round`` of deferred prompts (tail batching)."""
 
     trained: list[Group]
     carried: list[Group]
@@ -50,6 +57,7 @@ class Sampled:
     aborted_tokens: int
     behaviour_s: float
     result: object
+    long_round: bool = False
 
 
 class Sampler:
@@ -74,14 +82,19 @@ class Sampler:
         self.extra_groups, self.leftover = extra_groups, leftover
         self.segment_tokens, self.micro_tokens = segment_tokens, micro_tokens
         self.pool: list[Group] = []
+        self.tail: list[Group] = []  # deferred prompts (tail batching), as fresh groups
         self.drawn = 0      # fresh prompts drawn so far
         self.rollouts = 0   # rollouts sampled so far
 
-    def groups(self) -> list[Group]:
+    def groups(self) -> tuple[list[Group], bool]:
         """1) the carried groups, and fresh ones until ``target + extra_groups`` groups hold a
         slot. Every carried group holds one (APRIL's fixed pool), except with partial
         rollouts, where a group still growing waits in a buffer beside the slots (Kimi
-        k1.5): fresh prompts keep coming however long the carried ones run."""
+        k1.5): fresh prompts keep coming however long the carried ones run. A long round
+        (tail batching; second value True): ``target`` deferred prompts alone."""
+        if len(self.tail) >= self.target:
+            groups, self.tail = self.tail[:self.target], self.tail[self.target:]
+            return groups, True
         groups = list(self.pool)
         G = self.rollout.samples_per_prompt
         held = sum(1 for g in groups if g.done or self.segment_tokens is None)
@@ -91,7 +104,7 @@ class Sampler:
             ids = self.engine.encode([problem.prompt])[0]
             groups.append(Group.fresh(problem, ids, G, self.drawn))
             self.drawn += 1
-        return groups
+        return groups, False
 
     def cap(self, response: Response) -> int:
         """The most tokens ``response`` may grow by in this step."""
@@ -102,7 +115,7 @@ class Sampler:
                harvest: bool = False) -> Sampled:
         """One step's rollout by policy ``version``; ``behaviour_model`` (the policy that
         samples) given: record its log-prob of every new token."""
-        groups = self.groups()                                              # 1) groups
+        groups, long_round = self.groups()                                  # 1) groups
         live = [(g, r) for g in groups for r in g.live]
         caps = [self.cap(r) for _, r in live]
         config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
@@ -113,7 +126,8 @@ class Sampler:
         self.rollouts += 1
         outs = result.requests
         ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
-        end_s, timeline = self._end(groups, live, outs, ended, result.timeline)  # 3) end
+        end_s, timeline = self._end(groups, live, outs, ended, result.timeline,
+                                    long_round)                             # 3) end
         grown = [out.tokens if out.end_s <= end_s else
                  out.tokens[:tokens_at(result.timeline.steps, out, end_s)] for out in outs]
         behaviour_s = 0.0
@@ -123,8 +137,12 @@ class Sampler:
             r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
         trained, carried, dropped = self._split(groups, live, outs)        # 5) split
         self.pool = carried
+        if self.leftover == "defer":
+            G = self.rollout.samples_per_prompt
+            self.tail += [Group.fresh(g.problem, g.prompt_ids, G, g.drawn)
+                          for g in dropped if not g.done]
         return Sampled(trained, carried, timeline, version,
-                       sum(g.tokens() for g in dropped), behaviour_s, result)
+                       sum(g.tokens() for g in dropped), behaviour_s, result, long_round)
 
     def _finish(self, response: Response, out, cap: int) -> str:
         """How ``response`` ends if it takes all of ``out``'s tokens: ``"eos"``, ``"length"``
@@ -135,12 +153,13 @@ class Sampler:
             return "length"
         return "length" if out.finish == "length" and len(out.tokens) < cap else ""
 
-    def _end(self, groups, live, outs, ended, timeline) -> tuple[float, Timeline]:
+    def _end(self, groups, live, outs, ended, timeline, long_round) -> tuple[float, Timeline]:
         """3) when the rollout ends, and its timeline cut there: with over-provisioning the
-        time the ``target``-th group finished, when that many did; else its last step."""
+        time the ``target``-th group finished, when that many did; else (and in a long
+        round) its last step."""
         finish = self._group_finish(groups, live, outs, ended)
         done = sorted(t for t in finish.values() if t < math.inf)
-        if not self.extra_groups or len(done) < self.target:
+        if not self.extra_groups or long_round or len(done) < self.target:
             return math.inf, timeline
         t = done[self.target - 1]
         tokens = {out.uid: tokens_at(timeline.steps, out, t) for out in outs if out.end_s > t}

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from ...evaluate import score_rollout
 from ...rollout import RequestOutput, RolloutResult
+from ...rollout.timeline import ROLLOUT_KINDS
 from ...tasks import exact_match_reward
 from ..grpo import GRPO, RLStep
 from .config import RemedyConfig
@@ -82,6 +83,7 @@ class RemedyTrainer:
         rl = self.rl_step(train)                                            # 2) data
         extra = {"groups_trained": len(train.trained), "carried_groups": len(train.carried),
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
+                 "long_round": train.long_round,
                  **staleness_metrics([r.versions for g in train.trained for r in g.responses],
                                      self.version)}
         if train.trained:                                                   # 3) update
@@ -114,8 +116,9 @@ class RemedyTrainer:
 
     def clock(self, before: list[Sampled], ahead: Sampled | None, update_s: float) -> dict:
         """4) the step on the sim clock: ``rollout_s`` (the makespans of its rollouts),
-        ``step_s``, ``rollout_fraction`` and ``idle_fraction`` (every rollout of the step:
-        idle worker-seconds over N x makespan, ``Timeline``'s measures)."""
+        ``step_s``, ``rollout_fraction``, and ``idle_fraction`` and ``wasted_fraction`` over
+        every rollout of the step (idle worker-seconds over N x makespan, from
+        ``Timeline.idle_s``: without and with drafter training as work)."""
         n = self.config.grpo.rollout.workers
         runs = before + ([ahead] if ahead is not None else [])
         train_s = (update_s + sum(s.behaviour_s for s in runs)) / n
@@ -124,9 +127,12 @@ class RemedyTrainer:
         rollout_s = sum(s.timeline.makespan_s for s in runs)
         span = sum(n * s.timeline.makespan_s for s in runs)
         idle = sum(float(s.timeline.idle_s().sum()) for s in runs)
+        wasted = sum(float(s.timeline.idle_s(ROLLOUT_KINDS + ("drafter_train",),
+                                             preempted=False).sum()) for s in runs)
         return {"rollout_s": rollout_s, "step_s": step_s, "update_sim_s": train_s,
                 "rollout_fraction": rollout_s / step_s if step_s > 0 else 0.0,
                 "idle_fraction": idle / span if span > 0 else 0.0,
+                "wasted_fraction": wasted / span if span > 0 else 0.0,
                 "clock": runs[0].timeline.clock}
 
     def run(self, steps: int, progress: bool = True, desc: str = "RL"):
