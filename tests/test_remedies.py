@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from workbench.rl import GRPOConfig, token_terms
+from workbench.rl.ablation import run_ablation
 from workbench.rl.loss import UpdateData
 from workbench.rl.remedies import Behaviour, RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.remedies.cut import tokens_at
@@ -275,3 +276,16 @@ def test_bad_remedy_configs_are_refused():
     cfg = RemedyConfig.flat(extra_groups=2, prompts_per_step=5, max_new_tokens=40)
     assert (cfg.extra_groups, cfg.grpo.prompts_per_step, cfg.grpo.rollout.max_new_tokens) == (
         2, 5, 40)
+
+
+def test_the_ablation_runs_the_remedies_beside_the_baseline(tokenizer):
+    ab = run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+                      variants=["baseline", "overprovision", "async"], progress=False,
+                      reward=_length_reward)
+    pv = ab.per_variant().set_index("variant")
+    assert sorted(pv.index) == ["async", "baseline", "overprovision"]
+    assert (pv["e2e_speedup"] > 0).all() and pv.loc["baseline", "e2e_speedup"] == 1
+    h = ab.history.set_index(["variant", "step"])
+    assert h.loc[("async", 1), "max_staleness"] == 1
+    assert h.loc[("overprovision", 0), "groups_trained"] == 3
+    assert sorted(ab.trainers["async", 0].timelines) == [0, 1]

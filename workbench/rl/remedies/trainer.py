@@ -56,6 +56,8 @@ class RemedyTrainer:
         self.queued: Sampled | None = None  # async: the data the next step trains on
         self.steps = 0
         self.last: list[Sampled] = []       # the rollouts of the latest step
+        self.timelines: dict[int, object] = {}  # step -> its (first) rollout's timeline
+        self.schedule = None                # plain decoding (the ablation reads it)
 
     @property
     def model(self):
@@ -80,6 +82,7 @@ class RemedyTrainer:
         else:
             train, ahead = before[0], None
         self.last = before + ([ahead] if ahead is not None else [])
+        self.timelines[self.steps] = self.last[0].timeline
         rl = self.rl_step(train)                                            # 2) data
         extra = {"groups_trained": len(train.trained), "carried_groups": len(train.carried),
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
