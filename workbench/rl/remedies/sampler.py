@@ -126,10 +126,9 @@ class Sampler:
         self.rollouts += 1
         outs = result.requests
         ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
-        end_s, timeline = self._end(groups, live, outs, ended, result.timeline,
-                                    long_round)                             # 3) end
-        grown = [out.tokens if out.end_s <= end_s else
-                 out.tokens[:tokens_at(result.timeline.steps, out, end_s)] for out in outs]
+        end_s, timeline, at_end = self._end(groups, live, outs, ended, result.timeline,
+                                            long_round)                     # 3) end
+        grown = [out.tokens[:at_end.get(out.uid, len(out.tokens))] for out in outs]
         behaviour_s = 0.0
         if behaviour_model is not None:
             behaviour_s = self._record(behaviour_model, live, grown)
@@ -153,17 +152,17 @@ class Sampler:
             return "length"
         return "length" if out.finish == "length" and len(out.tokens) < cap else ""
 
-    def _end(self, groups, live, outs, ended, timeline, long_round) -> tuple[float, Timeline]:
-        """3) when the rollout ends, and its timeline cut there: with over-provisioning the
-        time the ``target``-th group finished, when that many did; else (and in a long
-        round) its last step."""
+    def _end(self, groups, live, outs, ended, timeline, long_round) -> tuple:
+        """3) ``(when the rollout ends, its timeline cut there, {uid: tokens at the end} of
+        the requests unfinished then)``: with over-provisioning the time the ``target``-th
+        group finished, when that many did; else (and in a long round) its last step."""
         finish = self._group_finish(groups, live, outs, ended)
         done = sorted(t for t in finish.values() if t < math.inf)
         if not self.extra_groups or long_round or len(done) < self.target:
-            return math.inf, timeline
+            return math.inf, timeline, {}
         t = done[self.target - 1]
         tokens = {out.uid: tokens_at(timeline.steps, out, t) for out in outs if out.end_s > t}
-        return t, cut_timeline(timeline, t, tokens)
+        return t, cut_timeline(timeline, t, tokens), tokens
 
     @staticmethod
     def _group_finish(groups, live, outs, ended) -> dict[int, float]:
