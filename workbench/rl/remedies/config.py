@@ -74,6 +74,10 @@ class RemedyConfig(NestedConfig):
                              "accepted: leftover='carry' with segment_tokens")
         check_bool("RemedyConfig.one_step_async", self.one_step_async)
         check_real("RemedyConfig.is_cap", self.is_cap, 1.0, optional=True)
+        if self.off_policy and self.grpo.rollout.top_p != 1:
+            raise ValueError(f"top_p={self.grpo.rollout.top_p} with off-policy remedies: the "
+                             "behaviour log-probs are the sampler's (within the nucleus), the "
+                             "loss's are the whole distribution's; accepted: top_p=1")
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "RemedyConfig":

@@ -4,7 +4,8 @@ The correction is the decoupled PPO objective (Hilton et al. 2022, as AReaL trai
 data) with the behaviour weight truncated (truncated IS, as veRL's TIS): for a token sampled
 by the behaviour policy ``pi_behav`` (an older version), the clipped surrogate is taken
 against the *proximal* policy ``pi_prox`` (the policy at the start of this update, whose
-log-probs the trainer computes itself), and multiplied by the detached weight
+log-probs the trainer computes itself; ``pi_behav``'s are the rollout's own, as the sampler
+drew the token), and multiplied by the detached weight
 ``min(pi_prox / pi_behav, is_cap)``. The trust region is then around the current policy,
 however old the data, and the weight corrects the sampling distribution. A token the
 current version sampled has weight exactly 1 (no forward's rounding decides it).

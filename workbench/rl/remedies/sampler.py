@@ -13,7 +13,8 @@ One call of :meth:`Sampler.sample` reads top to bottom:
    finished (all ``G`` responses done), and the timeline cut there (``cut``); else the
    rollout's own end;
 4. **growth**: each response takes the tokens it had at the end, sampled by ``version``
-   (and, recorded, that policy's log-probs of them);
+   (and, recorded, that policy's log-probs of them: the rollout's own, as the sampler drew
+   them, so that the behaviour policy costs no forward of the trainer's);
 5. **split**: the finished groups, first to finish first, ``target`` of them at most, are
    trained; the rest carry over to the next step, are dropped, or are dropped and their
    prompts deferred (``leftover``).
@@ -27,7 +28,6 @@ steps stay short.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -35,7 +35,6 @@ import torch
 
 from ...rollout import RolloutConfig
 from ...rollout.timeline import Timeline
-from ..loss import UpdateData
 from .cut import cut_timeline, tokens_at
 from .responses import Group, Response
 
@@ -47,15 +46,14 @@ class Sampled:
     """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
     (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
     policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
-    trainer's seconds on behaviour log-probs (``behaviour_s``), the engine's ``result``,
-    and whether it was a ``long_round`` of deferred prompts (tail batching)."""
+    engine's ``result``, and whether it was a ``long_round`` of deferred prompts (tail
+    batching)."""
 
     trained: list[Group]
     carried: list[Group]
     timeline: Timeline
     version: int
     aborted_tokens: int
-    behaviour_s: float
     result: object
     long_round: bool = False
 
@@ -70,17 +68,15 @@ class Sampler:
         target: groups a step trains on (``P``).
         problems_for: ``problems_for(s)``, the ``P`` fresh problems of stream step ``s``.
         extra_groups, leftover, segment_tokens: the remedies (``RemedyConfig``).
-        micro_tokens: padded tokens per forward of the behaviour log-probs.
     """
 
     def __init__(self, engine, rollout: RolloutConfig, target: int,
                  problems_for: Callable[[int], list], extra_groups: int = 0,
-                 leftover: str = "abort", segment_tokens: int | None = None,
-                 micro_tokens: int = 8192):
+                 leftover: str = "abort", segment_tokens: int | None = None):
         self.engine, self.rollout, self.target = engine, rollout, target
         self.problems_for = problems_for
         self.extra_groups, self.leftover = extra_groups, leftover
-        self.segment_tokens, self.micro_tokens = segment_tokens, micro_tokens
+        self.segment_tokens = segment_tokens
         self.pool: list[Group] = []
         self.tail: list[Group] = []  # deferred prompts (tail batching), as fresh groups
         self.drawn = 0      # fresh prompts drawn so far
@@ -111,10 +107,10 @@ class Sampler:
         rest = self.rollout.max_new_tokens - len(response.tokens)
         return rest if self.segment_tokens is None else min(rest, self.segment_tokens)
 
-    def sample(self, version: int, behaviour_model=None, schedule=None, drafter=None,
+    def sample(self, version: int, record: bool = False, schedule=None, drafter=None,
                harvest: bool = False) -> Sampled:
-        """One step's rollout by policy ``version``; ``behaviour_model`` (the policy that
-        samples) given: record its log-prob of every new token."""
+        """One step's rollout by policy ``version``; ``record``: keep the sampling policy's
+        log-prob of every new token (the behaviour of off-policy training)."""
         groups, long_round = self.groups()                                  # 1) groups
         live = [(g, r) for g in groups for r in g.live]
         caps = [self.cap(r) for _, r in live]
@@ -129,11 +125,10 @@ class Sampler:
         end_s, timeline, at_end = self._end(groups, live, outs, ended, result.timeline,
                                             long_round)                     # 3) end
         grown = [out.tokens[:at_end.get(out.uid, len(out.tokens))] for out in outs]
-        behaviour_s = 0.0
-        if behaviour_model is not None:
-            behaviour_s = self._record(behaviour_model, live, grown)
         for (_, r), out, tokens, finish in zip(live, outs, grown, ended):  # 4) growth
             r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
+            if record and tokens:
+                r.segments.append(torch.tensor(out.logprobs[:len(tokens)], dtype=torch.float64))
         trained, carried, dropped = self._split(groups, live, outs)        # 5) split
         self.pool = carried
         if self.leftover == "defer":
@@ -141,7 +136,7 @@ class Sampler:
             self.tail += [Group.fresh(g.problem, g.prompt_ids, G, g.drawn)
                           for g in dropped if not g.done]
         return Sampled(trained, carried, timeline, version,
-                       sum(g.tokens() for g in dropped), behaviour_s, result, long_round)
+                       sum(g.tokens() for g in dropped), result, long_round)
 
     def _finish(self, response: Response, out, cap: int) -> str:
         """How ``response`` ends if it takes all of ``out``'s tokens: ``"eos"``, ``"length"``
@@ -172,21 +167,6 @@ class Sampler:
         for (g, _), out, end in zip(live, outs, ended):
             finish[id(g)] = max(finish[id(g)], out.end_s if end else math.inf)
         return finish
-
-    def _record(self, model, live, grown) -> float:
-        """4) the sampling policy's log-prob of each new token, after its response's tokens
-        so far (the trainer's own forward); the seconds it took."""
-        t0 = time.perf_counter()
-        rows = [i for i, tokens in enumerate(grown) if tokens]
-        if rows:
-            device = model.get_input_embeddings().weight.device
-            data = UpdateData([live[i][0].prompt_ids + live[i][1].tokens for i in rows],
-                              [grown[i] for i in rows], torch.zeros(len(rows)), None, None,
-                              self.engine.pad_id, device)
-            logp = data.logprobs(model, len(rows), self.rollout.temperature, self.micro_tokens)
-            for i, lp in zip(rows, logp):
-                live[i][1].segments.append(lp)
-        return time.perf_counter() - t0
 
     def _split(self, groups, live, outs) -> tuple[list, list, list]:
         """5) ``(trained, carried, dropped)``: the finished groups by finish time (ties in

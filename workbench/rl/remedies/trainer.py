@@ -16,8 +16,9 @@
    tokens.
 
 On the sim clock a synchronous step lasts its rollout (cut where it ended) plus the
-trainer's work / N (the update, and the behaviour log-probs of the step's new tokens); an
-async step lasts ``max(rollout, trainer's work / N)``, plus the first rollout at step 0.
+update / N (with stale tokens, the update includes the forward of the proximal policy's
+log-probs); an async step lasts ``max(rollout, update / N)``, plus the first rollout at
+step 0. The behaviour log-probs are the rollout's own (no forward of the trainer's).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class RemedyTrainer:
                          backend=backend, ray_address=ray_address)
         self.sampler = Sampler(self.grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
                                self.grpo.problems_for, c.extra_groups, c.leftover,
-                               c.segment_tokens, c.grpo.micro_tokens)
+                               c.segment_tokens)
         self.queued: Sampled | None = None  # async: the data the next step trains on
         self.steps = 0
         self.last: list[Sampled] = []       # the rollouts of the latest step
@@ -68,11 +69,13 @@ class RemedyTrainer:
         """The policy's version: the updates done so far."""
         return self.grpo.rl_step
 
-    def step(self, schedule=None, drafter=None) -> dict:
-        """One RL step (the module docstring); returns its metrics row."""
+    def step(self, schedule=None, drafter=None, harvest: bool = False) -> dict:
+        """One RL step (the module docstring); returns its metrics row. ``schedule``,
+        ``drafter`` and ``harvest`` go to every rollout (TLT's engine and drafter; the
+        rollouts of the step are :attr:`last`)."""
         c = self.config
-        record = self.model if c.off_policy else None
-        sample = lambda: self.sampler.sample(self.version, record, schedule, drafter)  # noqa: E731
+        sample = lambda: self.sampler.sample(self.version, c.off_policy, schedule,  # noqa: E731
+                                             drafter, harvest)
         before = []                                                         # 1) sample
         if not c.one_step_async or self.queued is None:
             before.append(sample())
@@ -124,7 +127,7 @@ class RemedyTrainer:
         ``Timeline.idle_s``: without and with drafter training as work)."""
         n = self.config.grpo.rollout.workers
         runs = before + ([ahead] if ahead is not None else [])
-        train_s = (update_s + sum(s.behaviour_s for s in runs)) / n
+        train_s = update_s / n
         first = sum(s.timeline.makespan_s for s in before)
         step_s = first + (train_s if ahead is None else max(ahead.timeline.makespan_s, train_s))
         rollout_s = sum(s.timeline.makespan_s for s in runs)
