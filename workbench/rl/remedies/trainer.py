@@ -22,8 +22,6 @@ step 0. The behaviour log-probs are the rollout's own (no forward of the trainer
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...evaluate import score_rollout
 from ...rollout import RequestOutput, RolloutResult
 from ...rollout.timeline import ROLLOUT_KINDS
@@ -74,8 +72,9 @@ class RemedyTrainer:
         ``drafter`` and ``harvest`` go to every rollout (TLT's engine and drafter; the
         rollouts of the step are :attr:`last`)."""
         c = self.config
-        sample = lambda: self.sampler.sample(self.version, c.off_policy, schedule,  # noqa: E731
-                                             drafter, harvest)
+
+        def sample() -> Sampled:
+            return self.sampler.sample(self.version, c.off_policy, schedule, drafter, harvest)
         before = []                                                         # 1) sample
         if not c.one_step_async or self.queued is None:
             before.append(sample())
@@ -105,13 +104,11 @@ class RemedyTrainer:
         """2) the trained groups of ``sampled`` as GRPO's step data, scored; their behaviour
         when an older version sampled any of their tokens."""
         c, groups = self.config, sampled.trained
-        G = c.grpo.rollout.samples_per_prompt
         decode = self.grpo.tokenizer.decode
         requests = [RequestOutput(r.uid, p, s, list(g.prompt_ids), tokens=list(r.tokens),
                                   finish=r.finish, text=decode(r.tokens, skip_special_tokens=True))
                     for p, g in enumerate(groups) for s, r in enumerate(g.responses)]
-        result = RolloutResult(requests, sampled.timeline,
-                               replace(c.grpo.rollout, samples_per_prompt=G))
+        result = RolloutResult(requests, sampled.timeline, c.grpo.rollout)
         problems = [g.problem for g in groups]
         rewards = score_rollout(result, problems, self.grpo.reward) if groups else []
         responses = [r for g in groups for r in g.responses]
