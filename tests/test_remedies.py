@@ -14,6 +14,7 @@ from workbench.rl.loss import UpdateData
 from workbench.rl.remedies import Behaviour, RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.remedies.cut import tokens_at
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule
+from workbench.speculative.drafters import NGramDrafter
 from workbench.tasks import Problem
 
 from .conftest import tiny_model
@@ -141,15 +142,20 @@ def test_tail_batching_defers_the_prompts_that_ran_long_to_a_long_round(tokenize
 
 # ---- partial rollouts -------------------------------------------------------------------------
 
-def test_partial_greedy_responses_resume_exactly_where_they_stopped(tokenizer):
+@pytest.mark.parametrize("speculative", [False, True])
+def test_partial_greedy_responses_resume_exactly_where_they_stopped(tokenizer, speculative):
     engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
     cfg = RolloutConfig(max_new_tokens=12, temperature=0.0, samples_per_prompt=2, workers=2)
     problems = PROBLEMS[:8]
     sampler = Sampler(engine, cfg, 2, lambda s: problems[2 * s:2 * s + 2], leftover="carry",
                       segment_tokens=5)
-    trained = []
+    sd = dict(schedule=StaticSchedule(3), drafter=NGramDrafter()) if speculative else {}
+    trained, kinds = [], set()
     for version in range(4):  # 12 tokens in segments of 5: at most 3 steps each
-        trained += sampler.sample(version).trained
+        s = sampler.sample(version, **sd)
+        trained += s.trained
+        kinds |= set(s.timeline.steps["kind"])
+    assert ("verify" in kinds) == speculative
     first = [g for g in trained if g.drawn < 2]
     assert len(first) == 2
     whole = engine.rollout([g.problem.prompt for g in first], cfg, progress=False)
