@@ -298,3 +298,22 @@ def test_the_ablation_runs_the_remedies_beside_the_baseline(tokenizer):
     assert h.loc[("async", 1), "max_staleness"] == 1
     assert h.loc[("overprovision", 0), "groups_trained"] == 3
     assert sorted(ab.trainers["async", 0].timelines) == [0, 1]
+
+
+def test_the_remedies_compose(tokenizer):
+    """Over-provisioning, carried partial rollouts and one-step async at once: at most P
+    groups trained, the data one version behind, stale tokens from step 1 on, the async
+    clock, and every group whole, finished, its versions in order, its behaviour recorded."""
+    tr = _trainer(tokenizer, "april", segment_tokens=8, one_step_async=True)
+    for step in range(4):
+        version = tr.version
+        row = tr.step()
+        assert row["groups_trained"] <= 3 and row["sampled_version"] == max(0, version - 1)
+        assert row["max_staleness"] >= (1 if step and row["groups_trained"] else 0)
+        assert row["step_s"] == pytest.approx(
+            sum(s.timeline.makespan_s for s in tr.last[:-1])
+            + max(tr.last[-1].timeline.makespan_s, row["update_sim_s"]))
+    for g in tr.queued.trained:
+        assert g.done and len(g.responses) == 3
+        for r in g.responses:
+            assert r.versions == sorted(r.versions) and r.behaviour().shape == (len(r.tokens),)
