@@ -317,3 +317,19 @@ def test_the_remedies_compose(tokenizer):
         assert g.done and len(g.responses) == 3
         for r in g.responses:
             assert r.versions == sorted(r.versions) and r.behaviour().shape == (len(r.tokens),)
+
+
+@pytest.mark.parametrize("name", ["april", "async", "tail_batching"])
+def test_a_resumed_run_continues_exactly(tokenizer, tmp_path, name):
+    def trainer(folder):
+        return RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS,
+                             _length_reward, RemedyConfig.variant(name, _grpo()),
+                             checkpoint_dir=folder)
+    whole = trainer(None)
+    whole.run(4, progress=False)
+    trainer(tmp_path).run(2, progress=False)
+    resumed = trainer(tmp_path)  # carried, deferred and queued groups come back with it
+    resumed.run(2, progress=False)
+    cols = ["reward", "loss", "tokens", "offpolicy_token_share", "groups_trained",
+            "carried_groups", "sampled_version"]
+    assert resumed.history[cols].equals(whole.history[cols])

@@ -22,16 +22,22 @@ step 0. The behaviour log-probs are the rollout's own (no forward of the trainer
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from ...evaluate import score_rollout
 from ...rollout import RequestOutput, RolloutResult
 from ...rollout.timeline import ROLLOUT_KINDS
 from ...tasks import exact_match_reward
+from ..checkpoint import has_state, load_state, save_state
 from ..grpo import GRPO, RLStep
 from .config import RemedyConfig
 from .offpolicy import Behaviour, staleness_metrics
 from .sampler import Sampled, Sampler
 
 __all__ = ["RemedyTrainer"]
+
+STATE_FILE = "remedy_state.pt"
 
 
 class RemedyTrainer:
@@ -41,11 +47,14 @@ class RemedyTrainer:
         model, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`.
         config: a :class:`RemedyConfig` (its ``grpo`` is the GRPO run).
         engine, backend, ray_address: where the rollouts run (as ``GRPO``'s).
+        checkpoint_dir: atomic checkpoint of the whole loop (policy, optimizer, history, the
+            carried and deferred groups, the queued async data); a run resumes from it.
     """
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: RemedyConfig | None = None, engine=None, backend="local",
-                 ray_address: str | None = None):
+                 ray_address: str | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None):
         self.config = c = config if config is not None else RemedyConfig()
         self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
                          backend=backend, ray_address=ray_address)
@@ -57,6 +66,9 @@ class RemedyTrainer:
         self.last: list[Sampled] = []       # the rollouts of the latest step
         self.timelines: dict[int, object] = {}  # step -> its (first) rollout's timeline
         self.schedule = None                # plain decoding (the ablation reads it)
+        self.checkpoint_dir = checkpoint_dir
+        if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
+            self.load_checkpoint(checkpoint_dir)
 
     @property
     def model(self):
@@ -139,10 +151,13 @@ class RemedyTrainer:
                 "clock": runs[0].timeline.clock}
 
     def run(self, steps: int, progress: bool = True, desc: str = "RL"):
-        """``steps`` more RL steps; the history."""
+        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set);
+        the history."""
         from ...progress import tqdm
         for _ in tqdm(range(steps), desc=desc, disable=not progress):
             self.step()
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint()
         return self.history
 
     @property
@@ -151,3 +166,19 @@ class RemedyTrainer:
 
     def close(self) -> None:
         self.grpo.close()
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the whole loop's state atomically (an interruption leaves the previous)."""
+        s = self.sampler
+        state = {"grpo": self.grpo.state_dict(), "steps": self.steps, "queued": self.queued,
+                 "sampler": {"pool": s.pool, "tail": s.tail, "drawn": s.drawn,
+                             "rollouts": s.rollouts}}
+        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE, state)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        state = load_state(path, STATE_FILE)
+        self.grpo.load_state_dict(state["grpo"])
+        self.steps, self.queued = state["steps"], state["queued"]
+        for name, value in state["sampler"].items():
+            setattr(self.sampler, name, value)
