@@ -53,11 +53,13 @@ def test_each_prompt_stops_at_its_own_cap_and_bad_caps_are_refused(tokenizer):
         engine.rollout(["ab", "cd"], max_new_tokens=9, caps=[2], progress=False)
 
 
-@pytest.mark.parametrize("speculative", [False, True])
-def test_tokens_at_counts_what_each_request_had_emitted(tokenizer, speculative):
-    engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
+@pytest.mark.parametrize("speculative,batching", [(False, "continuous"), (True, "continuous"),
+                                                  (False, "waves")])
+def test_tokens_at_counts_what_each_request_had_emitted(tokenizer, speculative, batching):
+    engine = RolloutEngine(tiny_model("qwen2", tokenizer), tokenizer)
     prompts = ["ab", "a longer one", "c", "dd", "e?"]
-    cfg = RolloutConfig(max_new_tokens=20, samples_per_prompt=2, workers=2, max_batch_size=3)
+    cfg = RolloutConfig(max_new_tokens=20, samples_per_prompt=2, workers=2, max_batch_size=3,
+                        batching=batching, temperature=1.0)
     res = engine.rollout(prompts, cfg, progress=False)
     if speculative:  # verify steps emit several tokens, each row its own count
         drafter = ScriptedDrafter({r.uid: r.tokens for r in res.requests},
@@ -66,6 +68,7 @@ def test_tokens_at_counts_what_each_request_had_emitted(tokenizer, speculative):
                              schedule=StaticSchedule(3))
     steps = res.timeline.steps
     assert set(steps["kind"]) >= ({"verify"} if speculative else {"decode"})
+    assert len({len(r.tokens) for r in res.requests}) > 2  # rows leave and join the batch
     for r in res.requests:
         assert tokens_at(steps, r, r.end_s) == len(r.tokens)
         assert tokens_at(steps, r, r.start_s) == 0
