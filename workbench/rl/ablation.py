@@ -27,9 +27,14 @@ from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, ban
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
+from .remedies import REMEDIES, RemedyConfig, RemedyTrainer
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
 
 __all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence"]
+
+# every variant an ablation runs: TLT's, then the long-tail remedies' (rl.remedies), whose
+# baseline is TLT's
+ALL_VARIANTS = tuple(VARIANTS) + tuple(r for r in REMEDIES if r not in VARIANTS)
 
 
 @dataclass
@@ -62,10 +67,10 @@ def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int
     from ..models import load_model
     from ..speculative.resolve import check_head_spec, drafter_form, resolve_head
     from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
-    if isinstance(variants, str) or any(v not in VARIANTS for v in variants):
-        raise ValueError(f"variants {variants!r}: accepted a list of {list(VARIANTS)}")
+    if isinstance(variants, str) or any(v not in ALL_VARIANTS for v in variants):
+        raise ValueError(f"variants {variants!r}: accepted a list of {list(ALL_VARIANTS)}")
     scorer = get_reward(reward, task)
-    speculative = any(VARIANTS[v][0] for v in variants)
+    speculative = any(VARIANTS[v][0] for v in variants if v in VARIANTS)
     if speculative:
         check_head_spec(drafter)
     else:
@@ -255,6 +260,10 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  ray_address: str | None = None, run_dir=None, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
+    ``variants``: any of TLT's (:data:`~workbench.rl.tlt.VARIANTS`) and the long-tail
+    remedies' (:data:`~workbench.rl.remedies.REMEDIES`: ``overprovision``, ``april``,
+    ``partial``, ``async``, ``tail_batching``, each at ``RemedyConfig.variant``'s defaults).
+
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
     sets the GRPO seed (prompt order, sampling). ``tlt_kw`` go to every :class:`TLTConfig`
     (threshold, arms, spec_k, spot, ...). With ``eval_problems`` the held-out greedy accuracy
@@ -274,7 +283,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     keeps its logs (``run_dir/ray``: ``rollout.backends.make_backend``).
     """
     for variant in variants:
-        check_choice("variant", variant, tuple(VARIANTS))
+        check_choice("variant", variant, ALL_VARIANTS)
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
     shared = make_backend(backend, ray_address, run_dir=run_dir)
@@ -305,9 +314,14 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
 
 
 def _trainer(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
-             tlt_kw) -> TLTTrainer:
+             tlt_kw):
     """One run of the ablation: its own copy of ``policy`` (and of the head, where it
-    speculates), on the ``shared`` backend or a local one of its own."""
+    speculates), on the ``shared`` backend or a local one of its own; a remedy's variant is
+    a :class:`~workbench.rl.remedies.RemedyTrainer` at its defaults (``tlt_kw`` are TLT's)."""
+    if variant not in VARIANTS:
+        return RemedyTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
+                             RemedyConfig.variant(variant, grpo.updated(seed=seed)),
+                             backend=shared if shared is not None else "local")
     cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
     return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
                       drafter_head=drafter_head if cfg.speculative else None,

@@ -66,13 +66,17 @@ def _engine(model, tokenizer, engine, backend, ray_address) -> tuple:
 
 @dataclass
 class RLStep:
-    """One RL step's rollout, rewards, metrics row and the update's wall seconds."""
+    """One RL step's rollout, rewards and metrics row. ``behaviour``: for data that older
+    policies sampled (``rl.remedies``), what its ``weights(old_logp)`` turns into each
+    response token's importance weight from the proximal (current) policy's log-probs;
+    None: on-policy data."""
 
     step: int
     result: object            # the RolloutResult (timeline, requests)
     problems: list[Problem]
     rewards: list[float]
     metrics: dict
+    behaviour: object = None
 
 
 class GRPO:
@@ -199,8 +203,10 @@ class GRPO:
     # ---- the update's inputs and plan -----------------------------------------------------
     def update_data(self, rl: RLStep) -> UpdateData:
         """Everything the update of ``rl`` reads, computed once before its first step: the
-        sequences, their advantages, the old log-probabilities (off-policy only) and the
-        reference's (every sequence with a KL term, else the first ``kl_sample``)."""
+        sequences, their advantages, the old log-probabilities (off-policy only: several
+        optimizer steps, or data an older policy sampled, whose importance weights they
+        give with ``rl.behaviour``) and the reference's (every sequence with a KL term, else
+        the first ``kl_sample``)."""
         c = self.config
         reqs = rl.result.requests
         device = self.model.get_input_embeddings().weight.device  # the logprobs' device
@@ -209,11 +215,12 @@ class GRPO:
         data = UpdateData([r.prompt_ids for r in reqs], [r.tokens for r in reqs], advantages,
                           None, None, self.engine.pad_id, device)
         temperature, budget = c.rollout.temperature, c.micro_tokens
-        on_policy = c.epochs == 1 and c.minibatches == 1
+        on_policy = c.epochs == 1 and c.minibatches == 1 and rl.behaviour is None
         old = None if on_policy else data.logprobs(self.model, len(data), temperature, budget)
+        weights = None if rl.behaviour is None else rl.behaviour.weights(old)
         sampled = len(data) if c.kl_coef else min(c.kl_sample, len(data))
         ref = data.logprobs(self.reference, sampled, temperature, budget)
-        return replace(data, old_logp=old, ref_logp=ref)
+        return replace(data, old_logp=old, ref_logp=ref, weights=weights)
 
     def minibatch_plan(self, step: int, n: int) -> list[list[int]]:
         """The sequence indices of each optimizer step of RL step ``step``: ``epochs`` passes,

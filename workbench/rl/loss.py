@@ -44,15 +44,21 @@ def group_advantages(rewards, group_size: int, scale: bool = True,
 
 
 def token_terms(logp, old_logp, advantages, clip_eps: float, ref_logp=None,
-                kl_coef: float = 0.0):
+                kl_coef: float = 0.0, weight=None):
     """Per-token loss ``[B, T]`` and clip indicator: the clipped surrogate
     ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)`` plus ``kl_coef`` times the k3
-    estimate ``exp(ref - logp) - (ref - logp) - 1`` of KL(policy || reference)."""
+    estimate ``exp(ref - logp) - (ref - logp) - 1`` of KL(policy || reference).
+
+    ``weight [B, T]`` (detached; None: 1) multiplies the surrogate: the behaviour importance
+    weight of the decoupled PPO objective, for tokens that an older policy sampled
+    (``rl.remedies.offpolicy``); ``old_logp`` is then the proximal policy's."""
     ratio = torch.exp(logp - old_logp)
     adv = advantages[:, None].to(logp.dtype)
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
     loss = -torch.minimum(unclipped, clipped)
+    if weight is not None:
+        loss = weight * loss
     if ref_logp is not None and kl_coef:
         loss = loss + kl_coef * k3(ref_logp - logp)
     return loss, (clipped < unclipped).to(logp.dtype)
@@ -146,7 +152,8 @@ class UpdateData:
     response part under the policy before the update (``None``: on-policy, one epoch of one
     minibatch, where the loss's own forward is the old policy and its detached values serve);
     ``ref_logp[i]`` the response part under the reference (``None`` for sequences outside the
-    KL sample). ``pad_id`` pads batches; ``device`` is the policy's.
+    KL sample). ``pad_id`` pads batches; ``device`` is the policy's. ``weights[i]`` the
+    response part's importance weights (``None``: on-policy data, every weight 1).
     """
 
     prompts: list
@@ -156,6 +163,7 @@ class UpdateData:
     ref_logp: list | None
     pad_id: int
     device: torch.device
+    weights: list | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -211,8 +219,9 @@ def minibatch_loss(model, data: UpdateData, index: list[int], config) -> tuple:
         logp = sequence_logprobs(model, mb, c.rollout.temperature)
         old = logp.detach() if data.old_logp is None else data.padded(mb, data.old_logp, logp)
         ref = data.padded(mb, data.ref_logp, logp) if c.kl_coef else None
+        weight = None if data.weights is None else data.padded(mb, data.weights, logp)
         per_token, clip = token_terms(logp, old, data.advantages[mb.index], c.clip_eps, ref,
-                                      c.kl_coef)
+                                      c.kl_coef, weight)
         sums.append((per_token * mb.response).sum(1))
         counts.append(mb.response.sum(1))
         clipped += float((clip * mb.response).sum())

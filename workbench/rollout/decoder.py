@@ -284,13 +284,14 @@ class BatchDecoder:
     def _emit(self, r, toks, lps) -> int:
         """Append ``toks`` to request ``r`` up to EOS or the length cap; how many it took."""
         before = len(r.tokens)
+        cap = r.max_new_tokens or self.config.max_new_tokens
         for t, lp in zip(toks, lps):
             r.tokens.append(t)
             r.logprobs.append(lp)
             if t == self.eos_id:
                 r.finish = "eos"
                 break
-            if len(r.tokens) >= self.config.max_new_tokens:
+            if len(r.tokens) >= cap:
                 r.finish = "length"
                 break
         return len(r.tokens) - before

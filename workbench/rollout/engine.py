@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 import torch
+from ..checks import check_int
 from ..progress import tqdm
 
 from .backend import Backend, IdleRun, LocalBackend, TailJobs
@@ -166,17 +167,30 @@ class RolloutEngine:
                     "than the context to leave room for a response")
         return ids
 
-    def make_requests(self, prompt_ids, config: RolloutConfig) -> list[Request]:
-        return [Request(make_uid(p, s, config.rl_step), p, s, tuple(ids))
+    def make_requests(self, prompt_ids, config: RolloutConfig,
+                      caps: list[int] | None = None) -> list[Request]:
+        """Every prompt x ``samples_per_prompt`` requests; ``caps[p]``: prompt ``p``'s own
+        length cap (checked: an integer in [1, ``config.max_new_tokens``])."""
+        if caps is not None:
+            if len(caps) != len(prompt_ids):
+                raise ValueError(f"caps has {len(caps)} entries for {len(prompt_ids)} prompts; "
+                                 "accepted: one length cap per prompt, or None")
+            caps = [check_int(f"caps[{p}]", c, 1, config.max_new_tokens)
+                    for p, c in enumerate(caps)]
+        return [Request(make_uid(p, s, config.rl_step), p, s, tuple(ids),
+                        None if caps is None else caps[p])
                 for p, ids in enumerate(prompt_ids) for s in range(config.samples_per_prompt)]
 
     # ---- the rollout step ---------------------------------------------------------------
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
                 drafter=None, schedule: Schedule | None = None, tail: TailJobs | None = None,
-                **overrides) -> RolloutResult:
+                caps: list[int] | None = None, **overrides) -> RolloutResult:
         """Generate responses for ``prompts`` (strings or token-id lists).
 
         Keyword overrides replace fields of ``config``, e.g. ``rollout(p, temperature=1.0)``.
+        ``caps``: each prompt's own response length cap, at most ``config.max_new_tokens``
+        (a response continued from where an earlier RL step cut it has only the rest of its
+        budget; ``rl.remedies``); None: ``config.max_new_tokens`` for every prompt.
         ``schedule`` decides each decode step (``rollout.schedule``); by default every step is
         plain, or speculative with ``config.spec_k`` drafts when a ``drafter`` is given. The
         drafter serves every worker in turn; without one, speculative steps use each worker's
@@ -191,7 +205,7 @@ class RolloutEngine:
             schedule = StaticSchedule(config.spec_k) if drafter is not None else PlainSchedule()
         if drafter is not None:
             drafter.check_compatible(self.model, self.tokenizer)
-        requests = self.make_requests(self.encode(prompts), config)
+        requests = self.make_requests(self.encode(prompts), config, caps)
         self._ensure_workers(config.workers)
         n = config.workers
         eos = None if config.ignore_eos else self.eos_id

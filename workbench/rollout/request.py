@@ -10,13 +10,16 @@ __all__ = ["Request", "RequestOutput"]
 
 @dataclass(frozen=True)
 class Request:
-    """One response to generate: its uid (prompt, sample index, RL step; see ``make_uid``)
-    and its prompt's token ids."""
+    """One response to generate: its uid (prompt, sample index, RL step; see ``make_uid``),
+    its prompt's token ids, and its own length cap (``None``: the config's
+    ``max_new_tokens``; a response continued from where an earlier step cut it has only the
+    rest of its budget)."""
 
     uid: int
     prompt_id: int
     sample_idx: int
     prompt_ids: tuple[int, ...]
+    max_new_tokens: int | None = None
 
 
 @dataclass
@@ -38,12 +41,13 @@ class RequestOutput:
     emitted_per_step: list[int] = field(default_factory=list)   # tokens emitted per verify
     drafted: int = 0
     hidden: torch.Tensor | None = None
+    max_new_tokens: int | None = None  # the request's own cap (None: the config's)
 
     @classmethod
     def of(cls, request: Request, worker: int) -> "RequestOutput":
         """A fresh output for ``request``, decoded on ``worker``."""
         return cls(request.uid, request.prompt_id, request.sample_idx,
-                   list(request.prompt_ids), worker)
+                   list(request.prompt_ids), worker, max_new_tokens=request.max_new_tokens)
 
     def record(self) -> dict:
         """This request's row of the timeline's requests table."""

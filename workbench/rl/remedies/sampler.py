@@ -1,0 +1,183 @@
+"""The rollout half of an RL step with remedies: which groups are sampled, how far each
+response grows, when the rollout ends, and what is trained, carried or dropped.
+
+One call of :meth:`Sampler.sample` reads top to bottom:
+
+1. **groups**: the groups carried from the last step (oldest first), topped up with fresh
+   prompts (the run's stream: GRPO's ``problems_for`` order) to ``target + extra_groups``
+   slots (:meth:`Sampler.groups`);
+2. **requests**: one per live response, its prompt followed by its tokens so far, capped at
+   the rest of its budget (``max_new_tokens`` minus its length, and at most
+   ``segment_tokens`` with partial rollouts); one engine rollout runs them all;
+3. **the end of the rollout**: with over-provisioning, the time the ``target``-th group
+   finished (all ``G`` responses done), and the timeline cut there (``cut``); else the
+   rollout's own end;
+4. **growth**: each response takes the tokens it had at the end, sampled by ``version``
+   (and, recorded, that policy's log-probs of them: the rollout's own, as the sampler drew
+   them, so that the behaviour policy costs no forward of the trainer's);
+5. **split**: the finished groups, first to finish first, ``target`` of them at most, are
+   trained; the rest carry over to the next step, are dropped, or are dropped and their
+   prompts deferred (``leftover``).
+
+Tail batching (RollPacker): with ``leftover="defer"`` the prompts of the groups unfinished
+at the cut, those whose responses ran long, wait in a tail queue; once it holds ``target``
+prompts, the next step is a *long round* of those prompts alone, sampled afresh and run to
+their end (no over-provisioning, no cut), so the long responses share a batch and the other
+steps stay short.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from ...rollout import RolloutConfig
+from ...rollout.timeline import Timeline
+from .cut import cut_timeline, tokens_at
+from .responses import Group, Response
+
+__all__ = ["Sampler", "Sampled"]
+
+
+@dataclass
+class Sampled:
+    """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
+    (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
+    policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
+    engine's ``result``, and whether it was a ``long_round`` of deferred prompts (tail
+    batching)."""
+
+    trained: list[Group]
+    carried: list[Group]
+    timeline: Timeline
+    version: int
+    aborted_tokens: int
+    result: object
+    long_round: bool = False
+
+
+class Sampler:
+    """Samples the steps of one run, holding the groups carried between them.
+
+    Args:
+        engine: the rollout engine.
+        rollout: how to sample (``samples_per_prompt`` is ``G``; its ``rl_step`` is replaced
+            by the number of rollouts sampled so far, so no two share coupled draws).
+        target: groups a step trains on (``P``).
+        problems_for: ``problems_for(s)``, the ``P`` fresh problems of stream step ``s``.
+        extra_groups, leftover, segment_tokens: the remedies (``RemedyConfig``).
+    """
+
+    def __init__(self, engine, rollout: RolloutConfig, target: int,
+                 problems_for: Callable[[int], list], extra_groups: int = 0,
+                 leftover: str = "abort", segment_tokens: int | None = None):
+        self.engine, self.rollout, self.target = engine, rollout, target
+        self.problems_for = problems_for
+        self.extra_groups, self.leftover = extra_groups, leftover
+        self.segment_tokens = segment_tokens
+        self.pool: list[Group] = []
+        self.tail: list[Group] = []  # deferred prompts (tail batching), as fresh groups
+        self.drawn = 0      # fresh prompts drawn so far
+        self.rollouts = 0   # rollouts sampled so far
+
+    def groups(self) -> tuple[list[Group], bool]:
+        """1) the carried groups, and fresh ones until ``target + extra_groups`` groups hold a
+        slot. Every carried group holds one (APRIL's fixed pool), except with partial
+        rollouts, where a group still growing waits in a buffer beside the slots (Kimi
+        k1.5): fresh prompts keep coming however long the carried ones run. A long round
+        (tail batching; second value True): ``target`` deferred prompts alone."""
+        if len(self.tail) >= self.target:
+            groups, self.tail = self.tail[:self.target], self.tail[self.target:]
+            return groups, True
+        groups = list(self.pool)
+        G = self.rollout.samples_per_prompt
+        held = sum(1 for g in groups if g.done or self.segment_tokens is None)
+        for _ in range(self.target + self.extra_groups - held):
+            step, i = divmod(self.drawn, self.target)
+            problem = self.problems_for(step)[i]
+            ids = self.engine.encode([problem.prompt])[0]
+            groups.append(Group.fresh(problem, ids, G, self.drawn))
+            self.drawn += 1
+        return groups, False
+
+    def cap(self, response: Response) -> int:
+        """The most tokens ``response`` may grow by in this step."""
+        rest = self.rollout.max_new_tokens - len(response.tokens)
+        return rest if self.segment_tokens is None else min(rest, self.segment_tokens)
+
+    def sample(self, version: int, record: bool = False, schedule=None, drafter=None,
+               harvest: bool = False) -> Sampled:
+        """One step's rollout by policy ``version``; ``record``: keep the sampling policy's
+        log-prob of every new token (the behaviour of off-policy training)."""
+        groups, long_round = self.groups()                                  # 1) groups
+        live = [(g, r) for g in groups for r in g.live]
+        caps = [self.cap(r) for _, r in live]
+        config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
+                         harvest=harvest)
+        result = self.engine.rollout([g.prompt_ids + r.tokens for g, r in live], config,
+                                     progress=False, drafter=drafter, schedule=schedule,
+                                     caps=caps)                             # 2) requests
+        self.rollouts += 1
+        outs = result.requests
+        ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
+        end_s, timeline, at_end = self._end(groups, live, outs, ended, result.timeline,
+                                            long_round)                     # 3) end
+        grown = [out.tokens[:at_end.get(out.uid, len(out.tokens))] for out in outs]
+        for (_, r), out, tokens, finish in zip(live, outs, grown, ended):  # 4) growth
+            r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
+            if record and tokens:
+                r.segments.append(torch.tensor(out.logprobs[:len(tokens)], dtype=torch.float64))
+        trained, carried, dropped = self._split(groups, live, outs)        # 5) split
+        self.pool = carried
+        if self.leftover == "defer":
+            G = self.rollout.samples_per_prompt
+            self.tail += [Group.fresh(g.problem, g.prompt_ids, G, g.drawn)
+                          for g in dropped if not g.done]
+        return Sampled(trained, carried, timeline, version,
+                       sum(g.tokens() for g in dropped), result, long_round)
+
+    def _finish(self, response: Response, out, cap: int) -> str:
+        """How ``response`` ends if it takes all of ``out``'s tokens: ``"eos"``, ``"length"``
+        (the whole budget, or the model's context), or ``""`` (cut by its segment)."""
+        if out.finish == "eos":
+            return "eos"
+        if len(response.tokens) + len(out.tokens) >= self.rollout.max_new_tokens:
+            return "length"
+        return "length" if out.finish == "length" and len(out.tokens) < cap else ""
+
+    def _end(self, groups, live, outs, ended, timeline, long_round) -> tuple:
+        """3) ``(when the rollout ends, its timeline cut there, {uid: tokens at the end} of
+        the requests unfinished then)``: with over-provisioning the time the ``target``-th
+        group finished, when that many did; else (and in a long round) its last step."""
+        finish = self._group_finish(groups, live, outs, ended)
+        done = sorted(t for t in finish.values() if t < math.inf)
+        if not self.extra_groups or long_round or len(done) < self.target:
+            return math.inf, timeline, {}
+        t = done[self.target - 1]
+        tokens = {out.uid: tokens_at(timeline.steps, out, t) for out in outs if out.end_s > t}
+        return t, cut_timeline(timeline, t, tokens), tokens
+
+    @staticmethod
+    def _group_finish(groups, live, outs, ended) -> dict[int, float]:
+        """``{id(group): the time its last response finished}`` (0 for a group finished
+        before this step, inf for one that does not finish in it)."""
+        finish = {id(g): 0.0 for g in groups}
+        for (g, _), out, end in zip(live, outs, ended):
+            finish[id(g)] = max(finish[id(g)], out.end_s if end else math.inf)
+        return finish
+
+    def _split(self, groups, live, outs) -> tuple[list, list, list]:
+        """5) ``(trained, carried, dropped)``: the finished groups by finish time (ties in
+        group order), ``target`` of them at most, are trained."""
+        ends = {id(g): 0.0 for g in groups}
+        for (g, _), out in zip(live, outs):
+            ends[id(g)] = max(ends[id(g)], out.end_s)
+        done = sorted((g for g in groups if g.done), key=lambda g: ends[id(g)])
+        trained, rest = done[:self.target], done[self.target:]
+        rest += [g for g in groups if not g.done]
+        rest.sort(key=lambda g: g.drawn)
+        if self.leftover == "carry":
+            return trained, rest, []
+        return trained, [], rest
