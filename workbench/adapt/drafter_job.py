@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections import deque
 from dataclasses import dataclass, field
 
 from ..speculative.eagle import EagleHead
@@ -153,7 +152,8 @@ class DrafterJob:
         crosses its end is preempted there and its update discarded, and so are the steps
         that ended past an open window's end before it was known (module docstring,
         "undo")."""
-        out = DrafterOutcome(step_s=self.step_s)
+        out = self._live = DrafterOutcome(step_s=self.step_s)
+        self._after: dict[int, dict] = {}  # whole steps -> the state after them (the latest)
         if not self.pairs or not clock.fits(out.step_s):  # nothing to train, or no time left
             return out
         eagle = self.trainer_on(clock.policy)
@@ -162,32 +162,48 @@ class DrafterJob:
         eagle.trainer.load_state_dict(copy.deepcopy(self.start))
         eagle.set_pairs(self.pairs)
         batch_size = min(self.config.batch_size, len(self.pairs))
-        undo = deque(maxlen=UNDO_STEPS if clock.open else 0)  # states before the last steps
+        undoable = UNDO_STEPS if clock.open else 0
         with eagle.training():  # flags set once for the window, restored after it
             while len(out.losses) < self.max_steps and clock.fits(out.step_s):
-                # 1) one drafter step on the worker's clock, from a copy of the last whole state
-                kept = trainer_snapshot(eagle.trainer)
+                # 1) one drafter step on the worker's clock
                 batch = self.start["step"] + self.rank + self.copies * len(out.losses)
                 trained, row = clock.timed("drafter_train", lambda: eagle.step(batch),
                                            batch_size=batch_size)
                 out.step_s = _next_estimate(out.step_s, row["forward_s"])  # what it took
                 # 2) it crossed the window's end: preempted, its update discarded
                 if row.get("preempted"):
-                    eagle.trainer.load_state_dict(kept)
                     out.preempted = 1
                     break
                 out.losses.append(trained["loss"])
-                undo.append(kept)
+                self._after[len(out.losses)] = trainer_snapshot(eagle.trainer)
+                self._after.pop(len(out.losses) - undoable - 1, None)  # beyond undoing
             # 3) an open window's end is known now: the steps that ended past it go too
-            late = clock.settle(len(undo))
+            late = clock.settle(min(undoable, len(out.losses)))
             if late:
-                eagle.trainer.load_state_dict(undo[-late])
                 del out.losses[-late:]
                 out.preempted = 1
         out.wasted_s = clock.wasted_s()
-        if out.losses:
-            out.state = trainer_snapshot(eagle.trainer)  # the next window resets the trainer
+        # the state after the last whole step kept (the trainer itself is reset by the next
+        # window, and the spot trainer folds in the outcomes' states alone)
+        out.state = self._after.get(len(out.losses)) if out.losses else None
         return out
+
+    def settled(self, rows: list[dict]) -> DrafterOutcome | None:
+        """What this job did by its window's end, asked from another thread while it may
+        still run (the wall clock's stop, ``IdleJob.settled``): ``rows``, the window's rows as
+        they stand at the end, say how many whole steps count; their
+        losses, and the state after them, are this job's. None when that state is no longer
+        kept (more late steps than ``UNDO_STEPS``): the run's own outcome answers then."""
+        live = getattr(self, "_live", None)
+        if live is None:  # the window closed before the job began
+            return DrafterOutcome(step_s=self.step_s)
+        whole = sum(1 for row in rows if not row.get("preempted"))
+        state = self._after.get(whole) if whole else None
+        if whole and state is None:
+            return None
+        wasted = [row["end_s"] - row["start_s"] for row in rows if row.get("preempted")]
+        return DrafterOutcome(list(live.losses[:whole]), int(bool(wasted)), float(sum(wasted)),
+                              live.step_s, state)
 
 
 def trainer_snapshot(trainer) -> dict:

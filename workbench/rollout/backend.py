@@ -27,8 +27,10 @@ tail jobs    what ``map_tail(fn, items, tail)`` runs in the idle windows of its 
              from the start; the jobs run after the map, one after another, each charged
              right after its worker's last step. *Wall*: a job starts on its worker as soon
              as its shard is back, while the others still decode, and the driver's stop
-             reaches it from beside the work (the one step in flight then finishes, and is
-             cut at the window's end); waiting for the stopped jobs is ``stop_wait_s``.
+             reaches it from beside the work and hands back at once what the job did by the
+             window's end (``IdleJob.settled``): the one step in flight finishes beside the
+             driver's next work (the policy update), cut at the end, its work discarded. A
+             job that cannot say so is waited for; the waiting is ``stop_wait_s``.
              A map that loses a worker runs no job to its end: the local backend runs none,
              Ray stops those already running and drops their outcomes (the survivors' actors
              must be free to re-run the lost shard, and a step that lost a worker is rare
@@ -127,6 +129,11 @@ class IdleJob(Protocol):
     def run(self, window: IdleWindow, clock: IdleClock) -> object:
         """Work in ``window`` through ``clock``; the outcome the caller folds in."""
         ...
+
+    # optional, for the wall clock's stop not to wait for a step in flight:
+    # settled(rows) -> outcome | None, called from another thread while ``run`` may still
+    # run, with the window's rows as they stand at its end (``IdleClock.rows_at``): the
+    # outcome of the work those rows count (None: it cannot say; the run's return answers)
 
 
 class TailJobs(Protocol):

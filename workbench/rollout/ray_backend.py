@@ -84,9 +84,13 @@ class WorkerHost:
         return self.worker.run_idle(job, window, self.window_end)
 
     @ray.method(concurrency_group="control")
-    def stop(self, end_s: float) -> None:
-        """Close the idle window of the latest call at ``end_s`` (its job settles there)."""
+    def stop(self, end_s: float) -> tuple[object, list[dict]] | None:
+        """Close the idle window of the latest call at ``end_s``, and hand back at once what
+        its job did by then (``Worker.idle_at``: the step in flight goes on beside the
+        driver's next work, its update discarded); None when the job cannot say, or is not
+        running: its run's return answers then."""
         self.window_end.close(end_s)
+        return self.worker.idle_at(end_s)
 
 
 class RayBackend:
@@ -324,7 +328,16 @@ class RayBackend:
         row 0 long: the driver sees it only now)."""
         since, workers = time.time(), list(jobs)
         stops = [self._actors[w].stop.remote(end_s) for w in workers]
-        runs, failures = self._collect(list(jobs.values()) + stops, workers + workers, since)
+        runs, failures = self._collect(stops, workers, since)
+        # a job that could not say what it did by the end (or was not running) answers by
+        # its run's return; the others' step in flight is not waited for
+        waiting = [i for i, run in enumerate(runs) if run is None and i not in failures]
+        done, lost = self._collect([jobs[workers[i]] for i in waiting],
+                                   [workers[i] for i in waiting], since)
+        for j, i in enumerate(waiting):
+            runs[i] = done[j]
+            if j in lost:
+                failures[i] = lost[j]
         for failed in failures.values():
             failed.at_s = None  # seen only now: when in its window it failed is unknown
         windows = [IdleWindow(w, starts[w], end_s) for w in workers]

@@ -138,6 +138,7 @@ class Worker:
         self.index, self.model, self.drafter, self.clock = index, model, drafter, clock
         self.forward = policy_forward(model)
         self.recorder: StepRecorder | None = None
+        self._idle: tuple | None = None  # (job, clock) of the idle job running now
         self.origin: float | None = None
         self.on_finish: Callable[[int], None] = _ignore
 
@@ -214,8 +215,25 @@ class Worker:
         if self.recorder is None:
             raise ValueError(f"worker {self.index} has no rollout to idle after: run one first")
         clock = IdleClock(self.recorder, window, self.model, end)
-        outcome = job.run(window, clock)
+        self._idle = (job, clock)
+        try:
+            outcome = job.run(window, clock)
+        finally:
+            self._idle = None
         return outcome, clock.rows
+
+    def idle_at(self, end_s: float) -> tuple[object, list[dict]] | None:
+        """What the idle job running now (from another thread) did by ``end_s``, its
+        window's end: ``(its outcome, its rows)`` (``IdleJob.settled``, ``IdleClock.rows_at``)
+        without waiting for its step in flight; None when no job runs, or the job cannot
+        say (then its run's own return is the answer)."""
+        running = self._idle
+        if running is None or not hasattr(running[0], "settled"):
+            return None
+        job, clock = running
+        rows = clock.rows_at(end_s)
+        outcome = job.settled(rows)
+        return None if outcome is None else (outcome, rows)
 
     def load_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load new policy and/or drafter weights (state dicts) into this worker's modules."""
@@ -274,6 +292,7 @@ class IdleClock:
         self.window, self._rec, self._first = window, recorder, len(recorder.rows)
         self.policy = policy
         self.end = end if end is not None else WindowEnd(window.end_s)
+        self._in_flight: dict | None = None  # the row a step in flight will have, but its end
 
     @property
     def open(self) -> bool:
@@ -292,7 +311,13 @@ class IdleClock:
         check_choice("an idle-window step's kind", kind, IDLE_KINDS)
         if self._rec.clock == "wall":
             self._rec.resume(0.0)  # the step starts now, on the step's clock
-        value = self._rec.timed(kind, fn, batch_size, tokens)
+        self._in_flight = {"worker": self._rec.worker, "step": len(self._rec.rows), "kind": kind,
+                           "start_s": self._rec.mark, "batch_size": batch_size,
+                           "tokens": tokens, "forward_s": 0.0, "clock": self._rec.clock}
+        try:
+            value = self._rec.timed(kind, fn, batch_size, tokens)
+        finally:
+            self._in_flight = None
         row = self._rec.rows[-1]
         end = self.end.end_s  # read after the step: an open window may have closed meanwhile
         if row["end_s"] > end:
@@ -314,6 +339,19 @@ class IdleClock:
         if late:
             self._cut(late[0], end)
         return len(late)
+
+    def rows_at(self, end_s: float) -> list[dict]:
+        """This window's rows as they stand if it ends at ``end_s``, read from another thread
+        while the job may still run (the wall clock's stop): the steps that ended by then,
+        and the first that did not, or the one in flight, cut there and flagged
+        ``preempted``; nothing after it."""
+        rows = [dict(row) for row in self._rec.rows[self._first:]]
+        in_flight = self._in_flight
+        kept = [row for row in rows if row["end_s"] <= end_s]
+        late = rows[len(kept):] or ([dict(in_flight)] if in_flight is not None else [])
+        if late and late[0]["start_s"] < end_s:
+            kept.append({**late[0], "end_s": end_s, "preempted": True})
+        return kept
 
     def wasted_s(self) -> float:
         """Seconds of this window's preempted steps, whose work was discarded."""
