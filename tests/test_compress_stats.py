@@ -57,3 +57,18 @@ def test_a_paired_difference_beyond_its_noise_is_significant_and_one_within_is_n
 def test_bad_input_is_refused_by_name(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_summarize_column_gives_one_row_per_group_with_its_error_bars():
+    import pandas as pd
+    from workbench.compress.stats import summarize_column
+    t = pd.DataFrame({"kind": ["width"] * 3 + ["depth"] * 3, "seed": [0, 1, 2] * 2,
+                      "lm_loss": [0.40, 0.42, 0.44, 0.50, 0.50, 0.50]})
+    out = summarize_column(t, "kind", "lm_loss").set_index("kind")
+    assert list(out.index) == ["width", "depth"]
+    assert out.loc["width", "lm_loss"] == pytest.approx(0.42)
+    assert out.loc["width", "lm_loss_sd"] == pytest.approx(0.02)
+    assert out.loc["depth", "lm_loss_lo"] == out.loc["depth", "lm_loss_hi"] == 0.5
+    assert (out["seeds"] == 3).all()
+    with pytest.raises(ValueError, match="no column 'accuracy'"):
+        summarize_column(t, "kind", "accuracy")

@@ -15,10 +15,11 @@ being wide, not by pretending.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from ..checks import check_fraction, check_int
 
-__all__ = ["summarize", "paired_difference", "TEST"]
+__all__ = ["summarize", "paired_difference", "summarize_column", "TEST"]
 
 TEST = ("paired two-level bootstrap (seeds and items resampled): the 95% interval of the "
         "difference excludes 0")
@@ -78,3 +79,20 @@ def paired_difference(a, b, draws: int = 2000, level: float = 0.95, seed: int = 
     d = x - y
     lo, hi = _interval(_bootstrap_means(d, check_int("draws", draws, 100), seed), level)
     return {"diff": float(d.mean()), "lo": lo, "hi": hi, "significant": bool(lo > 0 or hi < 0)}
+
+
+def summarize_column(table: pd.DataFrame, by, column: str, **kwargs) -> pd.DataFrame:
+    """One row per group of ``by`` (a column name or a list) in ``table`` (one row per seed):
+    ``column`` as its mean, with ``<column>_sd``, ``<column>_lo`` and ``<column>_hi``
+    (:func:`summarize` over the group's seeds) and ``seeds``; groups in their first order."""
+    keys = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in [*keys, column] if c not in table]
+    if missing:
+        raise ValueError(f"table has no column {missing[0]!r}; it has {list(table.columns)}")
+    rows = []
+    for key, part in table.groupby(keys, sort=False):
+        s = summarize(part[column].to_numpy(), **kwargs)
+        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))),
+                     column: s["mean"], f"{column}_sd": s["sd"], f"{column}_lo": s["lo"],
+                     f"{column}_hi": s["hi"], "seeds": s["seeds"]})
+    return pd.DataFrame(rows)
