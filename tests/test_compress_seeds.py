@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model
-from workbench.compress.data import distill_data, seeded_order
+from workbench.compress.data import check_seeds, distill_data, seeded_order
 from workbench.compress.distill import DistillConfig
 from workbench.compress.importance import calibration_batches
-from workbench.compress.iterative import pick_plan
+from workbench.compress.iterative import iterative_compress, pick_plan, seeded_pipelines
 from workbench.compress.prune import prune
-from workbench.compress.retraining_summary import kd_against_ce, retraining_summary
-from workbench.compress.studies import (RETRAININGS, check_seeds, mean_curves,
+from workbench.compress.retraining_summary import (accuracy_over_seeds, kd_against_ce,
+                                                   retraining_summary)
+from workbench.compress.studies import (RETRAININGS, mean_curves,
                                         retraining_study, token_savings, width_against_depth)
 from workbench.tasks import HELDOUT_SEED, get_problems
 
@@ -98,3 +99,25 @@ def test_width_against_depth_keeps_each_plan_across_seeds(setup, capsys):
 def test_bad_seeds_are_refused_by_name(seeds, match):
     with pytest.raises(ValueError, match=match):
         check_seeds(seeds)
+
+
+def test_seeded_pipelines_cut_the_same_plans_and_distill_each_seed_apart(setup, tokenizer,
+                                                                           capsys):
+    teacher, calibration, train, held_out, config = setup
+    runs = seeded_pipelines(teacher, (0.5, 0.25), train, held_out, calibration,
+                            config=config.updated(horizon=2, eval_every=0, keep_best=False),
+                            seeds=[0, 1],
+                            progress=False)
+    assert list(runs) == [0, 1]
+    assert [s.plan for s in runs[0]] == [s.plan for s in runs[1]]
+    assert len(capsys.readouterr().out.splitlines()) == 2   # each stage's plan picked once
+    a, b = (runs[s][0].model for s in (0, 1))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    problems = get_problems("running_sum", 4, seed=HELDOUT_SEED)
+    table, rewards = accuracy_over_seeds({(s.name, seed): s.model for seed, st in runs.items()
+                                          for s in st}, tokenizer, problems, 8)
+    assert list(table["name"]) == ["width_50pct", "width_25pct"]
+    assert (table["seeds"] == 2).all() and rewards["width_25pct"].shape == (2, 4)
+    with pytest.raises(ValueError, match="plans has 1 entries for 2 targets"):
+        iterative_compress(teacher, (0.5, 0.25), train, held_out, calibration, config=config,
+                           plans=[runs[0][0].plan], progress=False)

@@ -30,7 +30,7 @@ from ..progress import tqdm
 from ..tasks import TASKS, get_problems
 
 __all__ = ["MIN_SCORED_TOKENS", "accuracy_task", "task_sequence", "sequences_from", "distill_data",
-           "seeded_order",
+           "seeded_order", "check_seeds",
            "budget_tokens", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
@@ -192,6 +192,17 @@ def seeded_order(batches: list, seed: int) -> list:
     seed changes in a distillation run's data, beside its initialisations."""
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
     return [batches[i] for i in order]
+
+
+def check_seeds(seeds) -> list[int]:
+    """``seeds`` as a list of distinct ints >= 0, at least one; else ``ValueError`` naming it."""
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise ValueError(f"seeds {seeds!r}: accepted: a list of distinct integers >= 0")
+    out = [check_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds)]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"seeds {list(seeds)!r}: accepted: a non-empty list of distinct "
+                         "integers >= 0")
+    return out
 
 
 def budget_tokens(batches, steps: int) -> int:

@@ -1,7 +1,7 @@
-"""What notebook 06 reports of a retraining study run over several seeds: per run the final
-LM loss and greedy accuracy as mean ± sd over seeds with a bootstrap 95% interval
-(:mod:`.stats`), and whether KD beats plain cross-entropy beyond the noise (a paired test on
-the same seeds and held-out problems)."""
+"""What notebooks 06 and 07 report of models trained once per seed: greedy accuracy per method
+as mean ± sd over seeds with a bootstrap 95% interval (:mod:`.stats`); for a retraining study
+(06) also the final LM loss, and whether KD beats plain cross-entropy beyond the noise (a
+paired test on the same seeds and held-out problems)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,8 @@ from .data import lm_loss
 from .stats import paired_difference, summarize, summarize_column
 from .studies import RETRAININGS, tokens_to_reach
 
-__all__ = ["problem_rewards", "final_losses", "retraining_summary", "kd_against_ce"]
+__all__ = ["problem_rewards", "final_losses", "accuracy_over_seeds", "retraining_summary",
+           "kd_against_ce"]
 
 
 def problem_rewards(model, tokenizer, problems, max_new_tokens: int = 256) -> np.ndarray:
@@ -38,6 +39,25 @@ def final_losses(curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def accuracy_over_seeds(models: dict, tokenizer, problems,
+                        max_new_tokens: int = 256) -> tuple[pd.DataFrame, dict]:
+    """``(table, rewards)`` of ``models`` ``{(name, seed): model}``: per name (first order)
+    the greedy accuracy on ``problems`` as the mean over its seeds with ``accuracy_sd`` (over
+    seeds), ``accuracy_lo``/``accuracy_hi`` (two-level bootstrap 95%: seeds and problems
+    resampled) and ``seeds``; ``rewards``: ``{name: [seeds, problems]}``."""
+    rewards: dict = {}
+    for (name, _), model in models.items():
+        rewards.setdefault(name, []).append(problem_rewards(model, tokenizer, problems,
+                                                            max_new_tokens))
+    rewards = {name: np.stack(r) for name, r in rewards.items()}
+    rows = []
+    for name, r in rewards.items():
+        s = summarize(r)
+        rows.append({"name": name, "accuracy": s["mean"], "accuracy_sd": s["sd"],
+                     "accuracy_lo": s["lo"], "accuracy_hi": s["hi"], "seeds": s["seeds"]})
+    return pd.DataFrame(rows), rewards
+
+
 def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, held_out,
                        problems, max_new_tokens: int = 256) -> tuple[pd.DataFrame, dict]:
     """``(table, rewards)``. ``table``: per retraining run and for the teacher, the training
@@ -47,23 +67,16 @@ def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, h
     ``seeds``. ``rewards``: ``{run: [seeds, problems]}`` rewards, the teacher's ``[1,
     problems]`` (greedy: one seed), for :func:`kd_against_ce`."""
     per_seed = final_losses(curves)
-    table = summarize_column(per_seed, "run", "lm_loss")
+    table = summarize_column(per_seed, "run", "lm_loss").drop(columns="seeds")
     means = per_seed.groupby("run", sort=False)[["tokens", "tokens_to_scratch_final"]].mean()
     table = table.join(means, on="run")
-    rewards = {run: np.stack([problem_rewards(models[run, seed], tokenizer, problems,
-                                              max_new_tokens)
-                              for seed in per_seed[per_seed["run"] == run]["seed"]])
-               for run in table["run"]}
-    rewards["teacher"] = problem_rewards(teacher, tokenizer, problems, max_new_tokens)[None]
     teacher_loss = lm_loss(teacher, held_out)
     table.loc[len(table)] = {"run": "teacher", "lm_loss": teacher_loss, "lm_loss_sd": 0.0,
-                             "lm_loss_lo": teacher_loss, "lm_loss_hi": teacher_loss,
-                             "seeds": 1, "tokens": 0}
-    acc = pd.DataFrame([{"run": run, **{f"accuracy{'' if k == 'mean' else '_' + k}": v
-                                        for k, v in summarize(r).items()
-                                        if k in ("mean", "sd", "lo", "hi")}}
-                        for run, r in rewards.items()])
-    return table.merge(acc, on="run"), rewards
+                             "lm_loss_lo": teacher_loss, "lm_loss_hi": teacher_loss, "tokens": 0}
+    runs = {(run, seed): models[run, seed] for run, seed in zip(per_seed["run"], per_seed["seed"])}
+    acc, rewards = accuracy_over_seeds({**runs, ("teacher", 0): teacher}, tokenizer, problems,
+                                       max_new_tokens)
+    return table.merge(acc.rename(columns={"name": "run"}), on="run"), rewards
 
 
 def kd_against_ce(rewards: dict) -> dict:

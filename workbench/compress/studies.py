@@ -23,8 +23,7 @@ import numbers
 import pandas as pd
 from ..progress import tqdm
 
-from ..checks import check_int
-from .data import lm_loss, seeded_order
+from .data import check_seeds, lm_loss, seeded_order
 from .distill import DistillConfig, Distiller, scratch_like
 from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
     random_scores
@@ -34,7 +33,7 @@ from .prune import prune
 from .search import feasible_plans, nearest_plan, rank_candidates, snap_note
 
 __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
-           "check_seeds", "mean_curves", "token_savings", "tokens_to_reach", "RETRAININGS"]
+           "mean_curves", "token_savings", "tokens_to_reach", "RETRAININGS"]
 
 RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
                "scratch + CE")
@@ -141,17 +140,6 @@ def width_against_depth(teacher, target, calibration, train, held_out,
                      {"kind": kind, "stage": "after distillation", "seed": seed,
                       "lm_loss": st.loss_after_distill, "params": st.params}]
     return pd.DataFrame(rows), stages
-
-
-def check_seeds(seeds) -> list[int]:
-    """``seeds`` as a list of distinct ints >= 0, at least one; else ``ValueError`` naming it."""
-    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
-        raise ValueError(f"seeds {seeds!r}: accepted: a list of distinct integers >= 0")
-    out = [check_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds)]
-    if not out or len(set(out)) != len(out):
-        raise ValueError(f"seeds {list(seeds)!r}: accepted: a non-empty list of distinct "
-                         "integers >= 0")
-    return out
 
 
 def _retrainings(student, teacher, config: DistillConfig, layer_pairs, seed: int) -> dict:
