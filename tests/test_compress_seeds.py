@@ -121,3 +121,16 @@ def test_seeded_pipelines_cut_the_same_plans_and_distill_each_seed_apart(setup, 
     with pytest.raises(ValueError, match="plans has 1 entries for 2 targets"):
         iterative_compress(teacher, (0.5, 0.25), train, held_out, calibration, config=config,
                            plans=[runs[0][0].plan], progress=False)
+
+
+def test_the_random_ranking_is_drawn_once_per_seed(setup):
+    from workbench.compress.studies import ranking_ablation
+    teacher, calibration, _, held_out, _ = setup
+    plan = pick_plan(teacher.config, 0.5, "width")
+    one = ranking_ablation(teacher, plan, calibration, held_out, progress=False).set_index("ranking")
+    two = ranking_ablation(teacher, plan, calibration, held_out, progress=False,
+                           seeds=[0, 1]).set_index("ranking")
+    assert (one["lm_loss_sd"] == 0).all()
+    assert two.loc["random", "lm_loss_sd"] > 0
+    assert (two.drop(index="random")["lm_loss_sd"] == 0).all()
+    assert two.drop(index="random")["lm_loss"].equals(one.drop(index="random")["lm_loss"])

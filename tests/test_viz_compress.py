@@ -36,6 +36,11 @@ def test_ranking_ablation_puts_the_best_ranking_first_with_the_teacher_line():
     assert labels[0] == "activation l2/mean"
     assert [round(p.get_width(), 3) for p in ax.patches] == [1.0, 1.5, 2.0]
     assert ax.lines[0].get_xdata()[0] == 0.5
+    table["lm_loss_sd"] = [0.2, 0.0, 0.0]                  # random drawn over seeds
+    ax = cviz.ranking_ablation(table).axes[0]
+    (bars,) = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    widths = sorted(round(float(s[1][0] - s[0][0]), 6) for s in bars.lines[2][0].get_segments())
+    assert widths == [0.0, 0.0, 0.4]
 
 
 def test_pareto_front_joins_only_undominated_models():

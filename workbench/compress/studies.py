@@ -42,21 +42,27 @@ SEQUENCE_AGGREGATIONS = ("mean", "l2")
 
 
 def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
-                     progress: bool = True) -> pd.DataFrame:
+                     progress: bool = True, seeds=None) -> pd.DataFrame:
     """LM loss on ``held_out`` right after pruning ``teacher`` to ``plan`` with the units each
     ranking keeps: activation importance under every (batch, sequence) aggregation (the
-    default L2/mean first), weight magnitude, and a random draw; best first."""
+    default L2/mean first), weight magnitude, and a random draw; best first. The random
+    ranking is drawn once per seed of ``seeds`` (default: ``[seed]``) and reported as the mean
+    with ``lm_loss_sd`` over the draws (0 for the rankings that draw nothing)."""
     check_model_type(teacher)
+    seeds = check_seeds([seed] if seeds is None else seeds)
     rankings = {}
     combos = [("l2", "mean")] + [(b, s) for b in AGGREGATIONS for s in SEQUENCE_AGGREGATIONS
                                  if (b, s) != ("l2", "mean")]
     for b, s in tqdm(combos, desc="aggregations", disable=not progress):
-        rankings[f"activation {b}/{s}"] = importance_from_batches(
-            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores
-    rankings["weight magnitude"] = magnitude_scores(teacher)
-    rankings["random"] = random_scores(teacher, seed)
-    rows = [{"ranking": name, "lm_loss": lm_loss(prune(teacher, plan, scores), held_out)}
-            for name, scores in rankings.items()]
+        rankings[f"activation {b}/{s}"] = [importance_from_batches(
+            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores]
+    rankings["weight magnitude"] = [magnitude_scores(teacher)]
+    rankings["random"] = [random_scores(teacher, s) for s in seeds]
+    rows = []
+    for name, draws in rankings.items():
+        losses = pd.Series([lm_loss(prune(teacher, plan, scores), held_out) for scores in draws])
+        rows.append({"ranking": name, "lm_loss": float(losses.mean()),
+                     "lm_loss_sd": float(losses.std()) if len(losses) > 1 else 0.0})
     return pd.DataFrame(rows).sort_values("lm_loss").reset_index(drop=True)
 
 

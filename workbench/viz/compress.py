@@ -72,11 +72,13 @@ def depth_scores(table: pd.DataFrame, ax=None, label: str = ""):
 def ranking_ablation(table: pd.DataFrame, teacher_loss: float | None = None, ax=None,
                      label: str = ""):
     """LM loss right after pruning to one plan, per ranking (``ranking``, ``lm_loss``);
-    lower is better. The unpruned teacher's loss is the dashed line."""
+    lower is better; with ``lm_loss_sd`` (a ranking drawn once per seed) ± sd whiskers where
+    it is above 0. The unpruned teacher's loss is the dashed line."""
     fig, ax = _axes(ax, (6.0, 3.4))
     t = table.sort_values("lm_loss")
     colors = ["#33a02c" if i == 0 else "#bdbdbd" for i in range(len(t))]
-    ax.barh(t["ranking"], t["lm_loss"], color=colors)
+    sd = t["lm_loss_sd"] if "lm_loss_sd" in t else None
+    ax.barh(t["ranking"], t["lm_loss"], color=colors, xerr=sd, capsize=3)
     for y, v in enumerate(t["lm_loss"]):
         ax.text(v, y, f" {v:.3f}", va="center", fontsize=7)
     if teacher_loss is not None:
