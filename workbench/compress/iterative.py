@@ -23,7 +23,7 @@ from .plan import PrunePlan, check_model_type, param_count
 from .prune import prune
 from .search import KINDS, nearest_plan, plan_kind, snap_note
 
-__all__ = ["Stage", "pick_plan", "iterative_compress", "seeded_pipelines"]
+__all__ = ["Stage", "pick_plan", "compress_step", "iterative_compress", "seeded_pipelines"]
 
 
 @dataclass
