@@ -124,6 +124,7 @@ def seeded_pipelines(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibr
     the first seed picks each stage's plan and the others reuse it (one line per plan), so the
     seeds differ in their distillation alone. With ``out_dir``, seed ``s`` checkpoints under
     ``out_dir/seed_<s>``."""
+    check_model_type(teacher)
     config = config if config is not None else DistillConfig()
     runs, plans = {}, None
     for seed in check_seeds(seeds):
