@@ -10,9 +10,10 @@
   (KD on logits, KD on logits and hidden states, plain cross-entropy, cross-entropy from
   scratch), with :func:`tokens_to_reach` to read the token savings off the curves.
 
-The last two run once per seed (``seeds``): a seed orders the distillation batches and draws
-every initialisation, so :mod:`.retraining_summary` and :mod:`.stats` can put error bars on
-what they compare.
+:func:`width_against_depth` and :func:`retraining_study` run once per seed (``seeds``): a seed
+orders the distillation batches and draws every initialisation, so :mod:`.retraining_summary`
+and :mod:`.stats` can put error bars on what they compare; :func:`ranking_ablation` draws its
+random ranking once per seed.
 """
 from __future__ import annotations
 
@@ -150,8 +151,8 @@ def width_against_depth(teacher, target, calibration, train, held_out,
 
 def _retrainings(student, teacher, config: DistillConfig, layer_pairs, seed: int) -> dict:
     """``{run: (model, teacher or None, config)}`` of :data:`RETRAININGS` for one seed."""
-    kd, ce = config.updated(mode="kd", layer_pairs=(), seed=seed), \
-        config.updated(mode="ce", layer_pairs=(), seed=seed)
+    kd = config.updated(mode="kd", layer_pairs=(), seed=seed)
+    ce = config.updated(mode="ce", layer_pairs=(), seed=seed)
     runs = {RETRAININGS[0]: (copy.deepcopy(student), teacher, kd),
             RETRAININGS[1]: (copy.deepcopy(student), teacher,
                              kd.updated(layer_pairs=tuple(layer_pairs))),
