@@ -51,7 +51,8 @@ def test_every_seed_runs_every_retraining_on_its_own_batch_order(setup, tokenize
     table, rewards = retraining_summary(curves, models, teacher, tokenizer, held_out, problems,
                                         max_new_tokens=8)
     assert list(table["run"]) == [*RETRAININGS, "teacher"]
-    assert {rewards[r].shape for r in RETRAININGS} == {(2, 6)} and rewards["teacher"].shape == (1, 6)
+    assert {rewards[r].shape for r in RETRAININGS} == {(2, 6)}
+    assert rewards["teacher"].shape == (1, 6)
     t = table.set_index("run")
     for r in RETRAININGS:
         assert t.loc[r, "accuracy"] == pytest.approx(rewards[r].mean())
@@ -127,7 +128,8 @@ def test_the_random_ranking_is_drawn_once_per_seed(setup):
     from workbench.compress.studies import ranking_ablation
     teacher, calibration, _, held_out, _ = setup
     plan = pick_plan(teacher.config, 0.5, "width")
-    one = ranking_ablation(teacher, plan, calibration, held_out, progress=False).set_index("ranking")
+    one = ranking_ablation(teacher, plan, calibration, held_out,
+                           progress=False).set_index("ranking")
     two = ranking_ablation(teacher, plan, calibration, held_out, progress=False,
                            seeds=[0, 1]).set_index("ranking")
     assert (one["lm_loss_sd"] == 0).all()

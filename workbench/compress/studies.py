@@ -216,8 +216,9 @@ def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
 
 def token_savings(curves: pd.DataFrame, run: str = RETRAININGS[0]) -> dict:
     """How many times fewer tokens ``run`` needs than the from-scratch run to reach the latter's
-    final loss (on the curves averaged over seeds, :func:`mean_curves`): interpolated between evaluations (inf if ``run`` starts there), and a lower
-    bound from the first evaluation (after step 0) at or below it."""
+    final loss (on the curves averaged over seeds, :func:`mean_curves`): interpolated between
+    evaluations (inf if ``run`` starts there), and a lower bound from the first evaluation
+    (after step 0) at or below it."""
     curves = mean_curves(curves)
     scratch = curves[curves["run"] == RETRAININGS[3]]
     budget, target = scratch["tokens"].iloc[-1], scratch["lm_loss"].iloc[-1]
