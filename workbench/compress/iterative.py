@@ -116,18 +116,18 @@ def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), cali
 
 
 def seeded_pipelines(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibration=(),
-                     kind: str = "width", config: DistillConfig | None = None, seeds=(0,),
+                     kind: str = "width", config: DistillConfig | None = None, seeds=None,
                      out_dir: str | os.PathLike | None = None,
                      progress: bool = True) -> dict[int, list[Stage]]:
-    """``{seed: stages}``: :func:`iterative_compress` once per seed of ``seeds``, each on
-    ``train`` in the seed's order (:func:`~.data.seeded_order`) with the seed in ``config``;
-    the first seed picks each stage's plan and the others reuse it (one line per plan), so the
-    seeds differ in their distillation alone. With ``out_dir``, seed ``s`` checkpoints under
-    ``out_dir/seed_<s>``."""
+    """``{seed: stages}``: :func:`iterative_compress` once per seed of ``seeds`` (default:
+    ``config``'s seed alone), each on ``train`` in the seed's order
+    (:func:`~.data.seeded_order`) with the seed in ``config``; the first seed picks each
+    stage's plan and the others reuse it (one line per plan), so the seeds differ in their
+    distillation alone. With ``out_dir``, seed ``s`` checkpoints under ``out_dir/seed_<s>``."""
     check_model_type(teacher)
     config = config if config is not None else DistillConfig()
     runs, plans = {}, None
-    for seed in check_seeds(seeds):
+    for seed in check_seeds([config.train.seed] if seeds is None else seeds):
         runs[seed] = iterative_compress(
             teacher, targets, seeded_order(train, seed), held_out, calibration, kind,
             config.updated(seed=seed), Path(out_dir) / f"seed_{seed}" if out_dir else None,

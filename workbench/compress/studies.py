@@ -121,19 +121,19 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
 
 
 def width_against_depth(teacher, target, calibration, train, held_out,
-                        config: DistillConfig | None = None, width_plan=None, seeds=(0,),
+                        config: DistillConfig | None = None, width_plan=None, seeds=None,
                         progress: bool = True):
     """``(table, stages)``: a width and a depth student of ``teacher`` near ``target`` (the
     width one cut to ``width_plan`` when given, e.g. the architecture search's best), pruned
     (LM loss right after) and distilled on the same ``train`` batches (LM loss after), once
     per seed of ``seeds`` (the seed orders the batches, :func:`~.data.seeded_order`, and seeds
-    the run); the table has one row per (kind, stage, seed), ``stages`` the first seed's.
+    the run; default: ``config``'s seed alone); the table has one row per (kind, stage, seed), ``stages`` the first seed's.
     Each student is the feasible plan of its kind nearest ``target``
     (:func:`~workbench.compress.iterative.pick_plan` prints what it got: a 4-layer model's
     depth plans keep 1 to 3 layers, so "about the same size" may be 0.46 against 0.5)."""
     check_model_type(teacher)
-    seeds = check_seeds(seeds)
     config = config if config is not None else DistillConfig()
+    seeds = check_seeds([config.train.seed] if seeds is None else seeds)
     plans, rows, stages = {"width": width_plan, "depth": None}, [], {}
     for seed in seeds:
         for kind in plans:
@@ -164,10 +164,10 @@ def _retrainings(student, teacher, config: DistillConfig, layer_pairs, seed: int
 
 
 def retraining_study(teacher, student, train, held_out, config: DistillConfig,
-                     layer_pairs=(), seeds=(0,), progress: bool = True):
+                     layer_pairs=(), seeds=None, progress: bool = True):
     """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
     :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), once per seed of
-    ``seeds``; within a seed every run sees the same batches (``train`` in the seed's order,
+    ``seeds`` (default: ``config``'s seed alone); within a seed every run sees the same batches (``train`` in the seed's order,
     :func:`~.data.seeded_order`) for ``config.train.horizon`` steps, so at an equal token
     budget, and the seed draws the projections and the from-scratch weights. ``curves``: one
     row per (run, seed, evaluation) with ``step``, ``tokens`` (training tokens seen),
@@ -175,7 +175,7 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
     ends with: :class:`~.distill.Distiller` restores its best at the horizon); ``models``:
     ``{(run, seed): model}``."""
     curves, models = [], {}
-    for seed in check_seeds(seeds):
+    for seed in check_seeds([config.train.seed] if seeds is None else seeds):
         batches = seeded_order(train, seed)
         for name, (model, teach, cfg) in _retrainings(student, teacher, config, layer_pairs,
                                                        seed).items():
