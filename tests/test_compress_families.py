@@ -14,7 +14,7 @@ from workbench.compress.depth import block_removal_scan, depth_scores
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.compress.importance import (calibration_batches, importance_from_batches,
                                            magnitude_scores, random_scores)
-from workbench.compress.iterative import iterative_compress, pick_plan
+from workbench.compress.iterative import iterative_compress, pick_plan, seeded_pipelines
 from workbench.compress.plan import PrunePlan, flops_per_token, head_dim, param_count
 from workbench.compress.plan_table import plan_table
 from workbench.compress.prune import pruned_config, prune
@@ -69,6 +69,8 @@ def entries(model, batches, scores):
                                                            batches),
         "iterative_compress": lambda: iterative_compress(model, (0.5,), batches, batches,
                                                          batches),
+        "seeded_pipelines": lambda: seeded_pipelines(model, (0.5,), batches, batches, batches,
+                                                     seeds=[0, 1]),
     }
 
 

@@ -125,3 +125,22 @@ def test_notebook_04_runs_the_baseline_alone_with_an_accuracy_curve_and_no_draft
     assert len(evals) == 1 + 3                                # header, steps 0, 1, 2
     assert (run.folder / "heldout_accuracy.png").exists()
     assert "EAGLE head" not in printed(run.executed)
+
+
+def test_notebooks_06_and_07_report_error_bars_and_name_the_best_compressed_drafter(user_runs):
+    """06: every student's accuracy with its sd and an interval around its mean, scored on
+    the problems asked for, and the KD-against-CE verdict agreeing with its interval; 07: the
+    best compressed drafter is the fastest of the compressed ones it measured."""
+    runs, _ = user_runs
+    m6 = runs["06_distillation"].metrics()
+    assert m6["eval_problems"] == 3 and m6["seeds"] == 2
+    for s in ("student_kd", "student_kd_hidden", "student_ce", "scratch"):
+        assert m6[f"accuracy_{s}_sd"] >= 0
+        assert m6[f"accuracy_{s}_lo"] <= m6[f"accuracy_{s}"] <= m6[f"accuracy_{s}_hi"]
+    assert m6["kd_beats_ce_significant"] == (m6["kd_minus_ce_accuracy_lo"] > 0)
+    m7 = runs["07_minitron_pipeline"].metrics()
+    drafters = {k[len("speedup_drafter_"):]: v for k, v in m7.items()
+                if k.startswith("speedup_drafter_")}
+    assert set(drafters) == {"width_50pct", "width_25pct", "depth_50pct"}
+    assert m7["best_compressed_drafter"] == max(drafters, key=drafters.get)
+    assert m7["speedup_best_compressed_drafter"] == max(drafters.values())

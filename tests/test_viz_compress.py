@@ -36,6 +36,11 @@ def test_ranking_ablation_puts_the_best_ranking_first_with_the_teacher_line():
     assert labels[0] == "activation l2/mean"
     assert [round(p.get_width(), 3) for p in ax.patches] == [1.0, 1.5, 2.0]
     assert ax.lines[0].get_xdata()[0] == 0.5
+    table["lm_loss_sd"] = [0.2, 0.0, 0.0]                  # random drawn over seeds
+    ax = cviz.ranking_ablation(table).axes[0]
+    (bars,) = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    widths = sorted(round(float(s[1][0] - s[0][0]), 6) for s in bars.lines[2][0].get_segments())
+    assert widths == [0.0, 0.0, 0.4]
 
 
 def test_pareto_front_joins_only_undominated_models():
@@ -60,3 +65,32 @@ def test_width_vs_depth_and_loss_curves_and_depth_scores_draw():
     depth = pd.DataFrame({"layer": [0, 1], "increase": [3.0, 0.1],
                           "block_importance": [0.9, 0.05]})
     assert len(cviz.depth_scores(depth).axes) == 2
+
+
+def test_comparisons_over_seeds_draw_their_error_bars():
+    summary = pd.DataFrame({"kind": ["width", "width", "depth", "depth"],
+                            "stage": ["after pruning", "after distillation"] * 2,
+                            "lm_loss": [1.1, 0.8, 0.7, 0.6], "lm_loss_lo": [1.0, 0.7, 0.6, 0.5],
+                            "lm_loss_hi": [1.2, 0.9, 0.8, 0.7]})
+    ax = cviz.width_vs_depth(summary).axes[0]
+    assert len(ax.patches) == 4 and len(ax.containers) == 4  # 2 bar groups + 2 error bars
+    caps = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    segs = np.concatenate([c.lines[2][0].get_segments() for c in caps])
+    assert sorted(round(float(s[1][1] - s[0][1]), 6) for s in segs) == [0.2] * 4
+
+    table = pd.DataFrame({"run": ["kd", "ce"], "accuracy": [0.5, 0.4], "accuracy_sd": [0.02, 0.01],
+                          "accuracy_lo": [0.45, 0.38], "accuracy_hi": [0.56, 0.43]})
+    ax = cviz.error_bars(table).axes[0]
+    (bars,) = ax.containers
+    lows = sorted(float(s[0][0]) for s in bars.lines[2][0].get_segments())
+    assert lows == [0.38, 0.45]
+    assert [t.get_text() for t in ax.texts] == ["0.500 ± 0.020", "0.400 ± 0.010"]
+    ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())))
+    assert ticks == {1: "kd", 0: "ce"}                     # the first row on top
+
+    curves = pd.DataFrame({"run": ["kd"] * 4, "seed": [0, 0, 1, 1], "step": [0, 1, 0, 1],
+                           "tokens": [0, 10, 0, 12], "lm_loss": [2.0, 1.0, 2.0, 1.4]})
+    ax = cviz.loss_curves(curves).axes[0]
+    assert ax.lines[0].get_ydata().tolist() == [2.0, 1.2]  # the mean over seeds
+    assert ax.lines[0].get_xdata().tolist() == [0.0, 11.0]
+    assert len(ax.collections) == 1                        # the seeds' band

@@ -30,6 +30,7 @@ from ..progress import tqdm
 from ..tasks import TASKS, get_problems
 
 __all__ = ["MIN_SCORED_TOKENS", "accuracy_task", "task_sequence", "sequences_from", "distill_data",
+           "seeded_order", "check_seeds",
            "budget_tokens", "lm_loss"]
 
 # problems for calibration and distillation: neither the policy's training data, the RL pool
@@ -183,9 +184,25 @@ def distill_data(tokenizer, source: str | os.PathLike = "running_sum", num: int 
         return (token_batches(seqs[part], batch_size, pad_id(tokenizer), starts=starts[part])
                 if seqs[part] else [])
 
-    batches = batched(slice(0, num))
+    return seeded_order(batched(slice(0, num)), seed), batched(slice(num, num + eval_num))
+
+
+def seeded_order(batches: list, seed: int) -> list:
+    """``batches`` in an order drawn from ``seed`` (a permutation, each batch once): what a
+    seed changes in a distillation run's data, beside its initialisations."""
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed))
-    return [batches[i] for i in order], batched(slice(num, num + eval_num))
+    return [batches[i] for i in order]
+
+
+def check_seeds(seeds) -> list[int]:
+    """``seeds`` as a list of distinct ints >= 0, at least one; else ``ValueError`` naming it."""
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__iter__"):
+        raise ValueError(f"seeds {seeds!r}: accepted: a list of distinct integers >= 0")
+    out = [check_int(f"seeds[{i}]", s, 0) for i, s in enumerate(seeds)]
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"seeds {list(seeds)!r}: accepted: a non-empty list of distinct "
+                         "integers >= 0")
+    return out
 
 
 def budget_tokens(batches, steps: int) -> int:

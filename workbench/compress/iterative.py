@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..checks import check_choice, check_fraction
-from .data import lm_loss
+from .data import check_seeds, lm_loss, seeded_order
 from .depth import layer_removal
 from .distill import DistillConfig, Distiller
 from .importance import Aggregation, importance_from_batches
@@ -23,7 +23,7 @@ from .plan import PrunePlan, check_model_type, param_count
 from .prune import prune
 from .search import KINDS, nearest_plan, plan_kind, snap_note
 
-__all__ = ["Stage", "pick_plan", "iterative_compress"]
+__all__ = ["Stage", "pick_plan", "compress_step", "iterative_compress", "seeded_pipelines"]
 
 
 @dataclass
@@ -87,23 +87,50 @@ def compress_step(teacher, target: float | int, train, held_out, calibration,
 def iterative_compress(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibration=(),
                        kind: str = "width", config: DistillConfig | None = None,
                        out_dir: str | os.PathLike | None = None,
-                       progress: bool = True) -> list[Stage]:
+                       progress: bool = True, plans=None) -> list[Stage]:
     """Stages that cut ``teacher`` to each of ``targets`` (fractions of the teacher's own
     parameters, largest first), each pruned from and distilled by the previous stage's model.
-    With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume)."""
+    With ``out_dir`` each stage's distillation checkpoints under ``out_dir/<name>`` (resume).
+    ``plans``: one plan per target to cut to, instead of the nearest feasible ones (e.g. the
+    plans another seed's run picked)."""
     check_model_type(teacher)
     fractions = [check_fraction(f"targets[{i}] (a share of the teacher's parameters)", f,
                                 low_open=True, high_open=True) for i, f in enumerate(targets)]
     if fractions != sorted(fractions, reverse=True):
         raise ValueError(f"targets {targets!r}: fractions of the teacher in (0, 1), largest "
                          "first")
+    if plans is not None and len(plans) != len(fractions):
+        raise ValueError(f"plans has {len(plans)} entries for {len(fractions)} targets; "
+                         "accepted: None or one plan per target")
     source = param_count(teacher.config)
     stages, current = [], teacher
-    for f in fractions:
+    for i, f in enumerate(fractions):
         name = f"{kind}_{round(100 * f)}pct"
         ckpt = Path(out_dir) / name if out_dir is not None else None
         stage = compress_step(current, round(f * source), train, held_out, calibration, kind,
-                              config, name, ckpt, progress=progress)
+                              config, name, ckpt, plan=plans[i] if plans else None,
+                              progress=progress)
         stages.append(stage)
         current = stage.model
     return stages
+
+
+def seeded_pipelines(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibration=(),
+                     kind: str = "width", config: DistillConfig | None = None, seeds=None,
+                     out_dir: str | os.PathLike | None = None,
+                     progress: bool = True) -> dict[int, list[Stage]]:
+    """``{seed: stages}``: :func:`iterative_compress` once per seed of ``seeds`` (default:
+    ``config``'s seed alone), each on ``train`` in the seed's order
+    (:func:`~.data.seeded_order`) with the seed in ``config``; the first seed picks each
+    stage's plan and the others reuse it (one line per plan), so the seeds differ in their
+    distillation alone. With ``out_dir``, seed ``s`` checkpoints under ``out_dir/seed_<s>``."""
+    check_model_type(teacher)
+    config = config if config is not None else DistillConfig()
+    runs, plans = {}, None
+    for seed in check_seeds([config.train.seed] if seeds is None else seeds):
+        runs[seed] = iterative_compress(
+            teacher, targets, seeded_order(train, seed), held_out, calibration, kind,
+            config.updated(seed=seed), Path(out_dir) / f"seed_{seed}" if out_dir else None,
+            progress, plans)
+        plans = [s.plan for s in runs[seed]]
+    return runs

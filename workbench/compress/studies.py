@@ -9,6 +9,11 @@
 - :func:`retraining_study`: one pruned architecture retrained four ways on the same batches
   (KD on logits, KD on logits and hidden states, plain cross-entropy, cross-entropy from
   scratch), with :func:`tokens_to_reach` to read the token savings off the curves.
+
+:func:`width_against_depth` and :func:`retraining_study` run once per seed (``seeds``): a seed
+orders the distillation batches and draws every initialisation, so :mod:`.retraining_summary`
+and :mod:`.stats` can put error bars on what they compare; :func:`ranking_ablation` draws its
+random ranking once per seed.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import numbers
 import pandas as pd
 from ..progress import tqdm
 
-from .data import lm_loss
+from .data import check_seeds, lm_loss, seeded_order
 from .distill import DistillConfig, Distiller, scratch_like
 from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
     random_scores
@@ -29,7 +34,7 @@ from .prune import prune
 from .search import feasible_plans, nearest_plan, rank_candidates, snap_note
 
 __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
-           "retraining_summary", "token_savings", "tokens_to_reach", "RETRAININGS"]
+           "mean_curves", "token_savings", "tokens_to_reach", "RETRAININGS"]
 
 RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
                "scratch + CE")
@@ -38,21 +43,27 @@ SEQUENCE_AGGREGATIONS = ("mean", "l2")
 
 
 def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
-                     progress: bool = True) -> pd.DataFrame:
+                     progress: bool = True, seeds=None) -> pd.DataFrame:
     """LM loss on ``held_out`` right after pruning ``teacher`` to ``plan`` with the units each
     ranking keeps: activation importance under every (batch, sequence) aggregation (the
-    default L2/mean first), weight magnitude, and a random draw; best first."""
+    default L2/mean first), weight magnitude, and a random draw; best first. The random
+    ranking is drawn once per seed of ``seeds`` (default: ``[seed]``) and reported as the mean
+    with ``lm_loss_sd`` over the draws (0 for the rankings that draw nothing)."""
     check_model_type(teacher)
+    seeds = check_seeds([seed] if seeds is None else seeds)
     rankings = {}
     combos = [("l2", "mean")] + [(b, s) for b in AGGREGATIONS for s in SEQUENCE_AGGREGATIONS
                                  if (b, s) != ("l2", "mean")]
     for b, s in tqdm(combos, desc="aggregations", disable=not progress):
-        rankings[f"activation {b}/{s}"] = importance_from_batches(
-            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores
-    rankings["weight magnitude"] = magnitude_scores(teacher)
-    rankings["random"] = random_scores(teacher, seed)
-    rows = [{"ranking": name, "lm_loss": lm_loss(prune(teacher, plan, scores), held_out)}
-            for name, scores in rankings.items()]
+        rankings[f"activation {b}/{s}"] = [importance_from_batches(
+            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores]
+    rankings["weight magnitude"] = [magnitude_scores(teacher)]
+    rankings["random"] = [random_scores(teacher, s) for s in seeds]
+    rows = []
+    for name, draws in rankings.items():
+        losses = pd.Series([lm_loss(prune(teacher, plan, scores), held_out) for scores in draws])
+        rows.append({"ranking": name, "lm_loss": float(losses.mean()),
+                     "lm_loss_sd": float(losses.std()) if len(losses) > 1 else 0.0})
     return pd.DataFrame(rows).sort_values("lm_loss").reset_index(drop=True)
 
 
@@ -110,56 +121,82 @@ def architecture_search(teacher, target, calibration, train, held_out, top: int 
 
 
 def width_against_depth(teacher, target, calibration, train, held_out,
-                        config: DistillConfig | None = None, width_plan=None,
+                        config: DistillConfig | None = None, width_plan=None, seeds=None,
                         progress: bool = True):
     """``(table, stages)``: a width and a depth student of ``teacher`` near ``target`` (the
     width one cut to ``width_plan`` when given, e.g. the architecture search's best), pruned
-    (LM loss right after) and distilled on the same ``train`` batches (LM loss after); the
-    table has one row per (kind, stage). Each student is the feasible plan of its kind
-    nearest ``target`` (:func:`~workbench.compress.iterative.pick_plan` prints what it got:
-    a 4-layer model's depth plans keep 1 to 3 layers, so "about the same size" may be 0.46
-    against 0.5)."""
+    (LM loss right after) and distilled on the same ``train`` batches (LM loss after), once
+    per seed of ``seeds`` (the seed orders the batches, :func:`~.data.seeded_order`, and seeds
+    the run; default: ``config``'s seed alone); the table has one row per (kind, stage, seed), ``stages`` the first seed's.
+    Each student is the feasible plan of its kind nearest ``target``
+    (:func:`~workbench.compress.iterative.pick_plan` prints what it got: a 4-layer model's
+    depth plans keep 1 to 3 layers, so "about the same size" may be 0.46 against 0.5)."""
     check_model_type(teacher)
-    plans = {"width": width_plan, "depth": None}
-    stages = {kind: compress_step(teacher, target, train, held_out, calibration, kind, config,
-                                  name=kind, plan=plan, progress=progress)
-              for kind, plan in plans.items()}
-    rows = []
-    for kind, st in stages.items():
-        rows += [{"kind": kind, "stage": "after pruning", "lm_loss": st.loss_after_prune,
-                  "params": st.params},
-                 {"kind": kind, "stage": "after distillation", "lm_loss": st.loss_after_distill,
-                  "params": st.params}]
+    config = config if config is not None else DistillConfig()
+    seeds = check_seeds([config.train.seed] if seeds is None else seeds)
+    plans, rows, stages = {"width": width_plan, "depth": None}, [], {}
+    for seed in seeds:
+        for kind in plans:
+            st = compress_step(teacher, target, seeded_order(train, seed), held_out,
+                               calibration, kind, config.updated(seed=seed), name=kind,
+                               plan=plans[kind], progress=progress)
+            plans[kind] = st.plan  # the first seed picks it; the others reuse it
+            stages.setdefault(kind, st)
+            rows += [{"kind": kind, "stage": "after pruning", "seed": seed,
+                      "lm_loss": st.loss_after_prune, "params": st.params},
+                     {"kind": kind, "stage": "after distillation", "seed": seed,
+                      "lm_loss": st.loss_after_distill, "params": st.params}]
     return pd.DataFrame(rows), stages
 
 
-def retraining_study(teacher, student, train, held_out, config: DistillConfig,
-                     layer_pairs=(), progress: bool = True):
-    """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
-    :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), every run on the
-    same ``train`` batches for ``config.train.horizon`` steps, so at an equal token budget. ``curves``:
-    one row per (run, evaluation) with ``step``, ``tokens`` (training tokens seen), ``lm_loss``
-    on ``held_out`` and ``best`` (the evaluation whose weights the run's model ends with:
-    :class:`~.distill.Distiller` restores its best at the horizon)."""
-    kd, ce = config.updated(mode="kd", layer_pairs=()), config.updated(mode="ce", layer_pairs=())
+def _retrainings(student, teacher, config: DistillConfig, layer_pairs, seed: int) -> dict:
+    """``{run: (model, teacher or None, config)}`` of :data:`RETRAININGS` for one seed."""
+    kd = config.updated(mode="kd", layer_pairs=(), seed=seed)
+    ce = config.updated(mode="ce", layer_pairs=(), seed=seed)
     runs = {RETRAININGS[0]: (copy.deepcopy(student), teacher, kd),
             RETRAININGS[1]: (copy.deepcopy(student), teacher,
                              kd.updated(layer_pairs=tuple(layer_pairs))),
             RETRAININGS[2]: (copy.deepcopy(student), None, ce),
-            RETRAININGS[3]: (scratch_like(student, config.train.seed), None, ce)}
+            RETRAININGS[3]: (scratch_like(student, seed), None, ce)}
     if not layer_pairs:
         del runs[RETRAININGS[1]]
+    return runs
+
+
+def retraining_study(teacher, student, train, held_out, config: DistillConfig,
+                     layer_pairs=(), seeds=None, progress: bool = True):
+    """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
+    :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), once per seed of
+    ``seeds`` (default: ``config``'s seed alone); within a seed every run sees the same batches (``train`` in the seed's order,
+    :func:`~.data.seeded_order`) for ``config.train.horizon`` steps, so at an equal token
+    budget, and the seed draws the projections and the from-scratch weights. ``curves``: one
+    row per (run, seed, evaluation) with ``step``, ``tokens`` (training tokens seen),
+    ``lm_loss`` on ``held_out`` and ``best`` (the evaluation whose weights the run's model
+    ends with: :class:`~.distill.Distiller` restores its best at the horizon); ``models``:
+    ``{(run, seed): model}``."""
     curves, models = [], {}
-    for name, (model, teach, cfg) in runs.items():
-        distiller = Distiller(model, teach, train, cfg.updated(progress=progress),
-                              eval_batches=held_out, desc=name)
-        distiller.run()
-        ev = distiller.evals
-        curves.append(pd.DataFrame({"run": name, "step": ev["step"],
-                                    "tokens": ev["tokens_seen"], "lm_loss": ev["eval_loss"],
-                                    "best": ev["best"]}))
-        models[name] = model
+    for seed in check_seeds([config.train.seed] if seeds is None else seeds):
+        batches = seeded_order(train, seed)
+        for name, (model, teach, cfg) in _retrainings(student, teacher, config, layer_pairs,
+                                                       seed).items():
+            distiller = Distiller(model, teach, batches, cfg.updated(progress=progress),
+                                  eval_batches=held_out, desc=f"{name}, seed {seed}")
+            distiller.run()
+            ev = distiller.evals
+            curves.append(pd.DataFrame({"run": name, "seed": seed, "step": ev["step"],
+                                        "tokens": ev["tokens_seen"], "lm_loss": ev["eval_loss"],
+                                        "best": ev["best"]}))
+            models[name, seed] = model
     return pd.concat(curves, ignore_index=True), models
+
+
+def mean_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """``curves`` averaged over seeds per (run, step): ``tokens`` and ``lm_loss`` means (the
+    batch order moves the tokens of a step a little); without a ``seed`` column, as given."""
+    if "seed" not in curves:
+        return curves
+    return (curves.groupby(["run", "step"], sort=False)[["tokens", "lm_loss"]].mean()
+            .reset_index())
 
 
 def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
@@ -177,36 +214,12 @@ def tokens_to_reach(curves: pd.DataFrame, run: str, loss: float) -> float:
     return math.nan
 
 
-def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, held_out,
-                       problems, max_new_tokens: int = 256) -> pd.DataFrame:
-    """Per retraining run and for the teacher: training tokens, the held-out LM loss of the
-    weights the run ends with (its ``best`` evaluation when it kept one, else its last), the
-    tokens the run needed to reach the from-scratch run's final loss, and greedy accuracy on
-    ``problems``."""
-    from ..evaluate import evaluate_policy
-
-    def accuracy(model):
-        return evaluate_policy(model, tokenizer, problems, max_new_tokens=max_new_tokens,
-                               progress=False).summary()["accuracy"]
-
-    scratch_final = curves[curves["run"] == RETRAININGS[3]]["lm_loss"].iloc[-1]
-    finals = curves.groupby("run", sort=False).last()[["tokens", "lm_loss"]]
-    if "best" in curves:
-        kept = curves[curves["best"].astype(bool)].groupby("run", sort=False)["lm_loss"].last()
-        finals["lm_loss"] = kept.reindex(finals.index).fillna(finals["lm_loss"])
-    finals["tokens_to_scratch_final"] = [tokens_to_reach(curves, r, scratch_final)
-                                         for r in finals.index]
-    finals["accuracy"] = [accuracy(models[r]) for r in finals.index]
-    table = finals.reset_index()
-    table.loc[len(table)] = {"run": "teacher", "tokens": 0,
-                             "lm_loss": lm_loss(teacher, held_out), "accuracy": accuracy(teacher)}
-    return table
-
-
 def token_savings(curves: pd.DataFrame, run: str = RETRAININGS[0]) -> dict:
     """How many times fewer tokens ``run`` needs than the from-scratch run to reach the latter's
-    final loss: interpolated between evaluations (inf if ``run`` starts there), and a lower
-    bound from the first evaluation (after step 0) at or below it."""
+    final loss (on the curves averaged over seeds, :func:`mean_curves`): interpolated between
+    evaluations (inf if ``run`` starts there), and a lower bound from the first evaluation
+    (after step 0) at or below it."""
+    curves = mean_curves(curves)
     scratch = curves[curves["run"] == RETRAININGS[3]]
     budget, target = scratch["tokens"].iloc[-1], scratch["lm_loss"].iloc[-1]
     mine = curves[curves["run"] == run]

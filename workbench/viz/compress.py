@@ -1,9 +1,11 @@
 """Figures of compression runs, drawn from their tables: importance, pruning ablations,
-distillation curves, and the accuracy-against-throughput Pareto front.
+distillation curves, methods with error bars, and the accuracy-against-throughput Pareto front.
 
 Every function takes the tidy tables that ``workbench.compress`` returns, draws on ``ax`` when
 given, and returns the figure; ``label`` states the calibration set or token budget that the
-figure's numbers depend on.
+figure's numbers depend on. A comparison run over several seeds draws its spread: a table
+with ``<value>_lo`` and ``<value>_hi`` columns (a 95% interval) gets error bars, curves with a
+``seed`` column their mean with the band between the seeds' lowest and highest.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pandas as pd
 from .timeline import _axes
 
 __all__ = ["importance_heatmaps", "depth_scores", "ranking_ablation", "width_vs_depth",
-           "loss_curves", "pareto"]
+           "loss_curves", "error_bars", "pareto"]
 
 
 def _caption(ax, label: str) -> None:
@@ -70,11 +72,13 @@ def depth_scores(table: pd.DataFrame, ax=None, label: str = ""):
 def ranking_ablation(table: pd.DataFrame, teacher_loss: float | None = None, ax=None,
                      label: str = ""):
     """LM loss right after pruning to one plan, per ranking (``ranking``, ``lm_loss``);
-    lower is better. The unpruned teacher's loss is the dashed line."""
+    lower is better; with ``lm_loss_sd`` (a ranking drawn once per seed) ± sd whiskers where
+    it is above 0. The unpruned teacher's loss is the dashed line."""
     fig, ax = _axes(ax, (6.0, 3.4))
     t = table.sort_values("lm_loss")
     colors = ["#33a02c" if i == 0 else "#bdbdbd" for i in range(len(t))]
-    ax.barh(t["ranking"], t["lm_loss"], color=colors)
+    sd = t["lm_loss_sd"] if "lm_loss_sd" in t else None
+    ax.barh(t["ranking"], t["lm_loss"], color=colors, xerr=sd, capsize=3)
     for y, v in enumerate(t["lm_loss"]):
         ax.text(v, y, f" {v:.3f}", va="center", fontsize=7)
     if teacher_loss is not None:
@@ -86,30 +90,69 @@ def ranking_ablation(table: pd.DataFrame, teacher_loss: float | None = None, ax=
     return fig
 
 
+def _yerr(table: pd.DataFrame, value: str):
+    """``[2, rows]`` distances from ``value`` down to ``<value>_lo`` and up to ``<value>_hi``;
+    None when the table has no interval."""
+    if f"{value}_lo" not in table or f"{value}_hi" not in table:
+        return None
+    return np.stack([table[value] - table[f"{value}_lo"], table[f"{value}_hi"] - table[value]])
+
+
 def width_vs_depth(table: pd.DataFrame, ax=None, label: str = ""):
     """LM loss of the width- and depth-pruned students (``kind``) right after pruning and
-    after distillation (``stage``), bars side by side."""
+    after distillation (``stage``), bars side by side; with ``lm_loss_lo``/``lm_loss_hi``
+    (over seeds) error bars."""
     fig, ax = _axes(ax, (6.0, 3.4))
-    grid = table.pivot(index="kind", columns="stage", values="lm_loss")
+    kinds = list(dict.fromkeys(table["kind"]))
     stages = list(dict.fromkeys(table["stage"]))
     width = 0.8 / len(stages)
     for i, stage in enumerate(stages):
-        xs = np.arange(len(grid)) + i * width
-        ax.bar(xs, grid[stage], width, label=stage)
-        for x, v in zip(xs, grid[stage]):
+        part = table[table["stage"] == stage].set_index("kind").loc[kinds].reset_index()
+        xs = np.arange(len(kinds)) + i * width
+        ax.bar(xs, part["lm_loss"], width, label=stage, yerr=_yerr(part, "lm_loss"),
+               capsize=3)
+        for x, v in zip(xs, part["lm_loss"]):
             ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(np.arange(len(grid)) + width * (len(stages) - 1) / 2, grid.index)
+    ax.set_xticks(np.arange(len(kinds)) + width * (len(stages) - 1) / 2, kinds)
     ax.set_ylabel("LM loss (nats)")
     ax.legend(fontsize=7)
     _caption(ax, label)
     return fig
 
 
+def error_bars(table: pd.DataFrame, value: str = "accuracy", name: str = "run", ax=None,
+               label: str = ""):
+    """One point per method (``name``) at its mean ``value`` with whiskers from
+    ``<value>_lo`` to ``<value>_hi`` (e.g. a bootstrap 95% interval), annotated mean ± sd when
+    ``<value>_sd`` is there."""
+    fig, ax = _axes(ax, (6.0, 0.5 + 0.45 * len(table)))
+    ys = np.arange(len(table))[::-1]
+    ax.errorbar(table[value], ys, xerr=_yerr(table, value), fmt="o", capsize=4,
+                color="#1f78b4")
+    for y, (_, r) in zip(ys, table.iterrows()):
+        sd = f" ± {r[value + '_sd']:.3f}" if f"{value}_sd" in table else ""
+        ax.annotate(f"{r[value]:.3f}{sd}", (r[value], y), fontsize=7, xytext=(0, 6),
+                    textcoords="offset points", ha="center")
+    ax.set_yticks(ys, table[name])
+    ax.set_ylim(-0.7, len(table) - 0.3)
+    ax.set_xlabel(value.replace("_", " ") + (" (mean, 95% interval)"
+                                             if f"{value}_lo" in table else ""))
+    _caption(ax, label)
+    return fig
+
+
 def loss_curves(curves: pd.DataFrame, target: float | None = None, ax=None, label: str = ""):
     """Held-out LM loss against training tokens seen, one line per ``run`` (columns ``run``,
-    ``tokens``, ``lm_loss``); ``target`` (e.g. the from-scratch model's final loss) dashed."""
+    ``tokens``, ``lm_loss``); with a ``seed`` column the mean over seeds per ``step``, in a
+    band from the seeds' lowest to highest; ``target`` (e.g. the from-scratch model's final
+    loss) dashed."""
     fig, ax = _axes(ax, (6.5, 3.8))
     for run, part in curves.groupby("run", sort=False):
+        if "seed" in part:
+            g = part.groupby("step")
+            mean = g[["tokens", "lm_loss"]].mean()
+            ax.fill_between(mean["tokens"], g["lm_loss"].min(), g["lm_loss"].max(), alpha=0.2)
+            part = mean
         ax.plot(part["tokens"], part["lm_loss"], "o-", ms=3, label=run)
     if target is not None:
         ax.axhline(target, ls="--", color="#4d4d4d", lw=1, label=f"target {target:.3f}")
