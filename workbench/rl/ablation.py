@@ -28,6 +28,7 @@ from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, ban
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .remedies import REMEDIES, RemedyConfig, RemedyTrainer
+from .remedies.compare import remedy_metrics
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
 
 __all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "ALL_VARIANTS"]
@@ -184,6 +185,14 @@ class Ablation:
         steps = self.history.pivot_table(index=["seed", "step"], columns="variant",
                                          values="step_s")
         return (steps["baseline"] / steps[variant]).dropna().rename("e2e_speedup")
+
+    def remedy_metrics(self) -> dict:
+        """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
+        speedup (the median of :meth:`paired_speedups`), off-policy share, final held-out
+        accuracy and time to the baseline's final accuracy, and the variant that got there
+        first."""
+        speedups = {v: float(self.paired_speedups(v).median()) for v in self.variants}
+        return remedy_metrics(self.history, self.evals, speedups)
 
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
