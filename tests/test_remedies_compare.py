@@ -8,8 +8,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from workbench.rl.ablation import Ablation  # noqa: E402
-from workbench.rl.remedies.compare import (accuracy_vs_time, remedy_metrics,  # noqa: E402
-                                           time_to_accuracy)
+from workbench.rl.remedies.compare import (accuracy_vs_time, reading,  # noqa: E402
+                                           remedy_metrics, time_to_accuracy)
 from workbench.viz import remedies as remviz  # noqa: E402
 
 # variant -> (step seconds of seeds 0 and 1, held-out accuracy after 0, 2, 4 steps per seed,
@@ -25,8 +25,9 @@ def _tables():
     for v, (secs, acc, share) in RUNS.items():
         for seed, s in enumerate(secs):
             for step in range(4):
-                row = {"variant": v, "seed": seed, "step": step,
-                       "step_s": s * (2 if step == 3 and v == "async" else 1)}
+                step_s = s * (2 if step == 3 and v == "async" else 1)
+                row = {"variant": v, "seed": seed, "step": step, "step_s": step_s,
+                       "rollout_s": 0.75 * step_s, "idle_fraction": 0.4}
                 if share is not None:
                     row.update(offpolicy_token_share=share, mean_staleness=share,
                                max_staleness=int(share > 0))
@@ -72,6 +73,20 @@ def test_remedy_metrics_name_each_variant_and_the_first_to_the_baselines_accurac
     assert all(not isinstance(v, (dict, list)) for v in m.values())
     with pytest.raises(ValueError, match="baseline"):
         remedy_metrics(history, evals[evals["variant"] != "baseline"], {})
+
+
+def test_the_reading_is_the_numbers_own():
+    history, evals = _tables()
+    m = Ablation(history, evals).remedy_metrics()
+    text = reading(m)
+    assert text[0].startswith("Fastest step: tlt+partial, 4.00x")
+    assert "rollout is 75% of its step" in text[1] and "idle 40%" in text[1]
+    assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after 3.0 s")
+    assert any(t.startswith("overprovision: 3.00x") and "-0.300" in t and "never" in t
+               for t in text)
+    flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
+    text = reading(Ablation(history, flat).remedy_metrics())
+    assert any("gained no held-out accuracy" in t for t in text)
 
 
 def test_remedy_figures_draw_the_tables():

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics"]
+__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "reading"]
 
 
 def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
@@ -84,8 +84,11 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     reach = time_to_accuracy(curves, target)
     share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
              if "offpolicy_token_share" in history else pd.Series(dtype=float))
+    base = history[history["variant"] == "baseline"]
     out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
-           "accuracy_final_baseline": target}
+           "accuracy_final_baseline": target,
+           "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
+           "idle_fraction_baseline": float(base["idle_fraction"].mean())}
     for v in curves["variant"].unique():
         out[f"speedup_{v}"] = float(speedups[v]) if v in speedups else 1.0
         stale = share.get(v)  # NaN or absent: the variant trains on-policy only
@@ -96,3 +99,49 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
     out["best_time_to_accuracy"], out["best_time_to_accuracy_s"] = best[1], best[0]
     return out
+
+
+def reading(m: dict) -> list[str]:
+    """What ``m`` (``remedy_metrics``) says, sentence by sentence, from its numbers alone:
+    the fastest step, who first reached the baseline's final accuracy (and whether that
+    means anything: a baseline that gained nothing is reached at once by all), what each
+    variant that trains stale data or drops groups paid in accuracy, how they fare against
+    TLT alone, and how much time the baseline's step left to take back."""
+    variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+    others = [v for v in variants if v != "baseline"]
+    target, start = m["accuracy_final_baseline"], m["accuracy_start"]
+    lines = []
+    if others:
+        fast = max(others, key=lambda v: m[f"speedup_{v}"])
+        lines.append(f"Fastest step: {fast}, {m[f'speedup_{fast}']:.2f}x the baseline's "
+                     "(median of paired per-step ratios).")
+    rf, idle = m["rollout_fraction_baseline"], m["idle_fraction_baseline"]
+    lines.append(f"The baseline's rollout is {rf:.0%} of its step and its workers sit idle "
+                 f"{idle:.0%} of it: the tail is what over-provisioning, partial rollouts and "
+                 f"tail batching cut; async can hide at most the update ({1 - rf:.0%} of the "
+                 "step) behind the next rollout.")
+    if target <= start:
+        lines.append(f"The baseline gained no held-out accuracy here ({start:.3f} to "
+                     f"{target:.3f}), so every variant reaches it at once and time to accuracy "
+                     "says nothing: a longer run decides (pipelines/tlt.yaml, remedies_long).")
+    else:
+        best = m["best_time_to_accuracy"]
+        lines.append(f"First to the baseline's final accuracy {target:.3f}: {best}, after "
+                     f"{m['best_time_to_accuracy_s']:.1f} s (the baseline: "
+                     f"{m['time_to_accuracy_baseline']:.1f} s).")
+    for v in others:
+        cost = m[f"accuracy_final_{v}"] - target
+        never = m[f"time_to_accuracy_{v}"] is None
+        lines.append(f"{v}: {m[f'speedup_{v}']:.2f}x per step, "
+                     f"{m[f'offpolicy_share_{v}']:.0%} of trained tokens off-policy, final "
+                     f"accuracy {m[f'accuracy_final_{v}']:.3f} ({cost:+.3f} against the "
+                     "baseline)" + ("; never reached the baseline's final accuracy." if never
+                                    else "."))
+    if "tlt" in variants and m["time_to_accuracy_tlt"] is not None:
+        t = m["time_to_accuracy_tlt"]
+        sooner = [v for v in others if v != "tlt" and m[f"time_to_accuracy_{v}"] is not None
+                  and m[f"time_to_accuracy_{v}"] < t]
+        lines.append(f"Against TLT alone ({t:.1f} s to the target): "
+                     + (f"sooner: {', '.join(sooner)}." if sooner else
+                        "no remedy or combination got there sooner in this run."))
+    return lines
