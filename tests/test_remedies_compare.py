@@ -30,7 +30,7 @@ def _tables():
                        "rollout_s": 0.75 * step_s, "idle_fraction": 0.4}
                 if share is not None:
                     row.update(offpolicy_token_share=share, mean_staleness=share,
-                               max_staleness=int(share > 0))
+                               max_staleness=int(share > 0), groups_trained=2 - step % 2)
                 rows.append(row)
             evals += [{"variant": v, "seed": seed, "step": k, "accuracy": a}
                       for k, a in zip((0, 2, 4), acc[seed])]
@@ -65,6 +65,7 @@ def test_remedy_metrics_name_each_variant_and_the_first_to_the_baselines_accurac
     assert m["offpolicy_share_tlt+partial"] == 0.25
     assert m["accuracy_final_overprovision"] == pytest.approx(0.2)
     assert m["time_to_accuracy_overprovision"] is None
+    assert m["groups_per_step_async"] == 1.5 and "groups_per_step_baseline" not in m
     assert (m["best_time_to_accuracy"], m["best_time_to_accuracy_s"]) == ("async", 3.0)
     # when no remedy gets there, the baseline is first, at its own end
     slow = history["variant"] != "async"
@@ -82,7 +83,7 @@ def test_the_reading_is_the_numbers_own():
     assert text[0].startswith("Fastest step: tlt+partial, 4.00x")
     assert "rollout is 75% of its step" in text[1] and "idle 40%" in text[1]
     assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after 3.0 s")
-    assert any(t.startswith("overprovision: 3.00x") and "-0.300" in t and "never" in t
+    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step") and "-0.300" in t and "never" in t
                for t in text)
     flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
     text = reading(Ablation(history, flat).remedy_metrics())

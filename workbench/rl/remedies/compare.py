@@ -69,7 +69,9 @@ def time_to_accuracy(curves: pd.DataFrame, target: float) -> dict[str, float | N
 def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -> dict:
     """The flat scalars of notebook 11. Per variant ``v``: ``speedup_<v>`` (``speedups[v]``,
     the median of its paired step-time ratios over the baseline), ``offpolicy_share_<v>``,
-    ``accuracy_final_<v>``, ``time_to_accuracy_<v>`` (glossary); and
+    ``accuracy_final_<v>``, ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
+    (the mean groups trained a step, for a variant that records it: a remedy's step that
+    trains fewer groups is cheaper for that alone); and
     ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
     the baseline among them, that first reached the baseline's final accuracy: the least
     time, ties to the first in run order; the baseline reaches it at the latest at its end)
@@ -89,7 +91,11 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
            "accuracy_final_baseline": target,
            "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
            "idle_fraction_baseline": float(base["idle_fraction"].mean())}
+    groups = (history.groupby("variant", sort=False)["groups_trained"].mean()
+              if "groups_trained" in history else pd.Series(dtype=float))
     for v in curves["variant"].unique():
+        if pd.notna(groups.get(v)):  # the remedies' (the others train P groups a step)
+            out[f"groups_per_step_{v}"] = float(groups[v])
         out[f"speedup_{v}"] = float(speedups[v]) if v in speedups else 1.0
         stale = share.get(v)  # NaN or absent: the variant trains on-policy only
         out[f"offpolicy_share_{v}"] = float(stale) if pd.notna(stale) else 0.0
@@ -132,7 +138,9 @@ def reading(m: dict) -> list[str]:
     for v in others:
         cost = m[f"accuracy_final_{v}"] - target
         never = m[f"time_to_accuracy_{v}"] is None
-        lines.append(f"{v}: {m[f'speedup_{v}']:.2f}x per step, "
+        groups = m.get(f"groups_per_step_{v}")
+        trains = "" if groups is None else f"{groups:.1f} groups trained a step, "
+        lines.append(f"{v}: {m[f'speedup_{v}']:.2f}x per step, {trains}"
                      f"{m[f'offpolicy_share_{v}']:.0%} of trained tokens off-policy, final "
                      f"accuracy {m[f'accuracy_final_{v}']:.3f} ({cost:+.3f} against the "
                      "baseline)" + ("; never reached the baseline's final accuracy." if never
