@@ -125,7 +125,7 @@ class RemedyTrainer:
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
                  "long_round": train.long_round,
                  **staleness_metrics([r.versions for g in train.trained for r in g.responses],
-                                     self.version), **fold_drafter_figures(drafts)}
+                                     self.version), **_fold_drafter_figures(drafts)}
         if train.trained:                                                   # 3) update
             row = self.grpo.update(rl, extra)
         else:
@@ -234,7 +234,7 @@ _ADDED = ("drafter_steps", "drafter_window_s", "drafter_train_s", "drafter_preem
           "drafter_wasted_s", "drafter_failed_workers", "drafter_stop_wait_s")
 
 
-def fold_drafter_figures(rows: list[dict]) -> dict:
+def _fold_drafter_figures(rows: list[dict]) -> dict:
     """One step's drafter figures from its rollouts' (``SpotTrainer.merge``'s and the
     acceptance length): the counts and seconds of :data:`_ADDED` summed, the overrun the
     largest, the acceptance length the mean, the rest the last rollout's."""
