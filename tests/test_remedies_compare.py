@@ -84,8 +84,8 @@ def test_the_reading_is_the_numbers_own():
     assert "rollout is 75% of its step" in text[1] and "idle 40%" in text[1]
     assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after "
                               "3.0 s")
-    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step") and "-0.300" in t and "never" in t
-               for t in text)
+    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step")
+               and "-0.300" in t and "never" in t for t in text)
     flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
     text = reading(Ablation(history, flat).remedy_metrics())
     assert any("gained no held-out accuracy" in t for t in text)
