@@ -223,7 +223,7 @@ class RemedyTrainer:
         self.steps, self.queued = state["steps"], state["queued"]
         for name, value in state["sampler"].items():
             setattr(self.sampler, name, value)
-        self.schedule = state["schedule"]
+        self.schedule = state.get("schedule")  # older checkpoints: plain decoding
         if self.spot is not None:
             self.spot.load_state_dict(state["spot"])
 
