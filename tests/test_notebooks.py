@@ -92,6 +92,15 @@ SMOKE = {
                             "sim_error_small_n", "sim_error_wall", "sim_seconds_1024",
                             "busy_error_small_n", "worker_spread", "ks_lognormal",
                             "ks_pareto"]),
+    "11_long_tail_remedies": ({"rl_problems": 32, "eval_problems": 4, "prompts_per_step": 2,
+                               "samples_per_prompt": 2, "max_new_tokens": 24, "steps": 2,
+                               "seeds": [0], "workers": 2, "explore_budget": 0.5,
+                               "variants": ["baseline", "tlt", "april", "tlt+async"]},
+                              ["speedup_tlt", "speedup_april", "speedup_tlt+async",
+                               "offpolicy_share_april", "offpolicy_share_tlt+async",
+                               "accuracy_final_baseline", "accuracy_final_april",
+                               "accuracy_final_tlt+async", "best_time_to_accuracy",
+                               "best_time_to_accuracy_s"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table

@@ -28,13 +28,16 @@ from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, ban
 from ..tasks import exact_match_reward
 from .grpo import GRPOConfig
 from .remedies import REMEDIES, RemedyConfig, RemedyTrainer
+from .remedies.compare import remedy_metrics
 from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
 
-__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence"]
+__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "ALL_VARIANTS"]
 
 # every variant an ablation runs: TLT's, then the long-tail remedies' (rl.remedies), whose
-# baseline is TLT's
-ALL_VARIANTS = tuple(VARIANTS) + tuple(r for r in REMEDIES if r not in VARIANTS)
+# baseline is TLT's, then TLT beside each remedy ("tlt+<remedy>")
+REMEDY_VARIANTS = tuple(r for r in REMEDIES if r not in VARIANTS)
+COMPOSED = tuple(f"tlt+{r}" for r in REMEDY_VARIANTS)
+ALL_VARIANTS = tuple(VARIANTS) + REMEDY_VARIANTS + COMPOSED
 
 
 @dataclass
@@ -70,7 +73,8 @@ def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int
     if isinstance(variants, str) or any(v not in ALL_VARIANTS for v in variants):
         raise ValueError(f"variants {variants!r}: accepted a list of {list(ALL_VARIANTS)}")
     scorer = get_reward(reward, task)
-    speculative = any(VARIANTS[v][0] for v in variants if v in VARIANTS)
+    speculative = any(VARIANTS[v][0] for v in variants if v in VARIANTS) or \
+        any(v in COMPOSED for v in variants)
     if speculative:
         check_head_spec(drafter)
     else:
@@ -182,6 +186,14 @@ class Ablation:
                                          values="step_s")
         return (steps["baseline"] / steps[variant]).dropna().rename("e2e_speedup")
 
+    def remedy_metrics(self) -> dict:
+        """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
+        speedup (the median of :meth:`paired_speedups`), off-policy share, final held-out
+        accuracy and time to the baseline's final accuracy, and the variant that got there
+        first."""
+        speedups = {v: float(self.paired_speedups(v).median()) for v in self.variants}
+        return remedy_metrics(self.history, self.evals, speedups)
+
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,
         else the last variant that did) against the baseline, which must have run. Every key
@@ -262,7 +274,9 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
 
     ``variants``: any of TLT's (:data:`~workbench.rl.tlt.VARIANTS`) and the long-tail
     remedies' (:data:`~workbench.rl.remedies.REMEDIES`: ``overprovision``, ``april``,
-    ``partial``, ``async``, ``tail_batching``, each at ``RemedyConfig.variant``'s defaults).
+    ``partial``, ``async``, ``tail_batching``, each at ``RemedyConfig.variant``'s defaults),
+    and TLT beside each remedy (``tlt+<remedy>``: TLT's SD, spot-trained drafter and
+    adaptive engine in the remedy's rollouts; ``tlt_kw`` as for ``tlt``).
 
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
     sets the GRPO seed (prompt order, sampling). ``tlt_kw`` go to every :class:`TLTConfig`
@@ -319,9 +333,12 @@ def _trainer(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_h
     speculates), on the ``shared`` backend or a local one of its own; a remedy's variant is
     a :class:`~workbench.rl.remedies.RemedyTrainer` at its defaults (``tlt_kw`` are TLT's)."""
     if variant not in VARIANTS:
+        remedy, grpo = variant.removeprefix("tlt+"), grpo.updated(seed=seed)
+        tlt = TLTConfig.variant("tlt", grpo, **tlt_kw) if remedy != variant else None
         return RemedyTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
-                             RemedyConfig.variant(variant, grpo.updated(seed=seed)),
-                             backend=shared if shared is not None else "local")
+                             RemedyConfig.variant(remedy, grpo),
+                             backend=shared if shared is not None else "local", tlt=tlt,
+                             drafter_head=drafter_head)
     cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
     return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
                       drafter_head=drafter_head if cfg.speculative else None,

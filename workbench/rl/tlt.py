@@ -99,6 +99,27 @@ class TLTConfig:
         return cls(grpo=grpo or GRPOConfig(), speculative=sd, adaptive_drafter=drafter,
                    adaptive_engine=engine, **kw)
 
+    def parts(self, model, drafter_head, drafter_dir=None) -> tuple:
+        """``(drafter, spot trainer, schedule)`` of this variant on ``model``: the serving
+        EAGLE drafter on a copy of ``drafter_head`` (slowed by ``drafter_delay_s``), the spot
+        trainer that trains it in idle windows (publishing to ``drafter_dir``), and the step
+        schedule; each None where the variant has none. Any trainer that runs TLT's rollouts
+        builds them here (``TLTTrainer``, and ``RemedyTrainer`` with a remedy)."""
+        self.check_head(drafter_head)
+        drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
+                   if self.speculative else None)
+        if drafter is not None and self.drafter_delay_s:
+            drafter = SlowedDrafter(drafter, self.drafter_delay_s)
+        spot = (SpotTrainer(model, drafter, self.spot, drafter_dir)
+                if self.speculative and self.adaptive_drafter else None)
+        return drafter, spot, self.schedule()
+
+    def check_head(self, drafter_head) -> None:
+        """Raise ``ValueError`` when this variant speculates and ``drafter_head`` is None."""
+        if self.speculative and drafter_head is None:
+            raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
+                             "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
+
     def schedule(self):
         """The step schedule of this variant (None: plain decoding)."""
         if not self.speculative:
@@ -152,18 +173,10 @@ class TLTTrainer:
                  ray_address: str | None = None):
         self.config = config if config is not None else TLTConfig()
         c = self.config
-        if c.speculative and drafter_head is None:
-            raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
-                             "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
+        c.check_head(drafter_head)  # before the backend starts
         self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
                          backend=backend, ray_address=ray_address)
-        self.drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
-                        if c.speculative else None)
-        if self.drafter is not None and c.drafter_delay_s:
-            self.drafter = SlowedDrafter(self.drafter, c.drafter_delay_s)
-        self.spot = (SpotTrainer(model, self.drafter, c.spot, drafter_dir)
-                     if c.speculative and c.adaptive_drafter else None)
-        self.schedule = c.schedule()
+        self.drafter, self.spot, self.schedule = c.parts(model, drafter_head, drafter_dir)
         self.timelines: dict[int, object] = {}
         self.checkpoint_dir = checkpoint_dir
         if checkpoint_dir is not None and self.has_checkpoint(checkpoint_dir):

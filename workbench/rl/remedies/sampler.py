@@ -19,6 +19,15 @@ One call of :meth:`Sampler.sample` reads top to bottom:
    trained; the rest carry over to the next step, are dropped, or are dropped and their
    prompts deferred (``leftover``).
 
+TLT beside a remedy: the spot trainer's drafter jobs (``tail``) train in the idle windows of
+the rollout *as it ended*. A rollout that may be cut (over-provisioning) runs without them;
+once its end is known, the jobs run in the idle windows of the cut timeline (``LocalBackend.
+run_idle``, the sim clock), so each worker that finished before the cut trains until the cut,
+a worker busy at the cut has no window, and the pairs are the requests as they stood at the
+cut (tokens and harvested states after it discarded, as an engine stopped there never
+decoded them). A rollout that is never cut takes the jobs itself (``RolloutEngine.rollout(
+tail=...)``), as TLT's does.
+
 Tail batching (RollPacker): with ``leftover="defer"`` the prompts of the groups unfinished
 at the cut, those whose responses ran long, wait in a tail queue; once it holds ``target``
 prompts, the next step is a *long round* of those prompts alone, sampled afresh and run to
@@ -33,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from ...rollout import RolloutConfig
+from ...rollout import RequestOutput, RolloutConfig, RolloutResult
 from ...rollout.timeline import Timeline
 from .cut import cut_timeline, tokens_at
 from .responses import Group, Response
@@ -46,8 +55,11 @@ class Sampled:
     """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
     (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
     policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
-    engine's ``result``, and whether it was a ``long_round`` of deferred prompts (tail
-    batching)."""
+    engine's ``result``, whether it was a ``long_round`` of deferred prompts (tail
+    batching), and ``at_end``: the rollout as it stood at its end (requests and their
+    harvested states cut there, the timeline with the drafter jobs' rows, and what the jobs
+    handed back in ``idle``: what the spot trainer merges); the engine's ``result`` when the
+    rollout was not cut and no jobs ran after it."""
 
     trained: list[Group]
     carried: list[Group]
@@ -56,6 +68,7 @@ class Sampled:
     aborted_tokens: int
     result: object
     long_round: bool = False
+    at_end: object = None
 
 
 class Sampler:
@@ -107,23 +120,35 @@ class Sampler:
         rest = self.rollout.max_new_tokens - len(response.tokens)
         return rest if self.segment_tokens is None else min(rest, self.segment_tokens)
 
+    def may_cut(self, long_round: bool) -> bool:
+        """Whether a rollout may end before its last request (over-provisioning, not in a
+        long round)."""
+        return bool(self.extra_groups) and not long_round
+
     def sample(self, version: int, record: bool = False, schedule=None, drafter=None,
-               harvest: bool = False) -> Sampled:
+               harvest: bool = False, tail=None) -> Sampled:
         """One step's rollout by policy ``version``; ``record``: keep the sampling policy's
-        log-prob of every new token (the behaviour of off-policy training)."""
+        log-prob of every new token (the behaviour of off-policy training); ``tail``: the
+        spot trainer's drafter jobs, run in the idle windows of the rollout as it ended
+        (module docstring)."""
         groups, long_round = self.groups()                                  # 1) groups
         live = [(g, r) for g in groups for r in g.live]
         caps = [self.cap(r) for _, r in live]
         config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
                          harvest=harvest)
+        later = self.may_cut(long_round)  # the jobs wait for the rollout's end
         result = self.engine.rollout([g.prompt_ids + r.tokens for g, r in live], config,
                                      progress=False, drafter=drafter, schedule=schedule,
-                                     caps=caps)                             # 2) requests
+                                     caps=caps, tail=None if later else tail)  # 2) requests
         self.rollouts += 1
         outs = result.requests
         ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
         end_s, timeline, at_end = self._end(groups, live, outs, ended, result.timeline,
                                             long_round)                     # 3) end
+        seen = result
+        if tail is not None and later:
+            seen = self._train_idle(result, timeline, at_end, end_s, tail)
+            timeline = seen.timeline
         grown = [out.tokens[:at_end.get(out.uid, len(out.tokens))] for out in outs]
         for (_, r), out, tokens, finish in zip(live, outs, grown, ended):  # 4) growth
             r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
@@ -136,7 +161,19 @@ class Sampler:
             self.tail += [Group.fresh(g.problem, g.prompt_ids, G, g.drawn)
                           for g in dropped if not g.done]
         return Sampled(trained, carried, timeline, version,
-                       sum(g.tokens() for g in dropped), result, long_round)
+                       sum(g.tokens() for g in dropped), result, long_round, seen)
+
+    def _train_idle(self, result, timeline: Timeline, at_end: dict[int, int], end_s: float,
+                    tail) -> RolloutResult:
+        """``result`` as it stood at ``end_s`` (the requests unfinished then cut to their
+        ``at_end`` tokens, their harvested states with them; ``timeline``: the cut one), with
+        ``tail``'s jobs run in that timeline's idle windows, which end at the cut."""
+        requests = [_cut_request(out, at_end[out.uid], end_s) if out.uid in at_end else out
+                    for out in result.requests]
+        seen = RolloutResult(requests, timeline, result.config)
+        seen.idle = self.engine.backend.run_idle(tail, timeline, [seen])
+        seen.timeline = seen.idle.on(timeline)
+        return seen
 
     def _finish(self, response: Response, out, cap: int) -> str:
         """How ``response`` ends if it takes all of ``out``'s tokens: ``"eos"``, ``"length"``
@@ -181,3 +218,11 @@ class Sampler:
         if self.leftover == "carry":
             return trained, rest, []
         return trained, [], rest
+
+
+def _cut_request(out: RequestOutput, tokens: int, t: float) -> RequestOutput:
+    """``out`` as it stood at ``t``, with its first ``tokens`` response tokens (and their
+    log-probs and harvested states: ``hidden [prompt + tokens - 1, H]``), finish ``"cut"``."""
+    hidden = None if out.hidden is None else out.hidden[:len(out.prompt_ids) + tokens - 1]
+    return replace(out, tokens=out.tokens[:tokens], logprobs=out.logprobs[:tokens],
+                   end_s=min(out.end_s, t), finish="cut", text="", hidden=hidden)

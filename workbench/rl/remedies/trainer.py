@@ -15,6 +15,12 @@
    measures on the rollouts of the step), off-policy share and staleness of the trained
    tokens.
 
+With TLT (``tlt``, a :class:`~workbench.rl.tlt.TLTConfig`) every rollout of the step decodes
+with its SD, drafter and adaptive engine, as ``TLTTrainer.step`` does: the spot trainer's
+jobs (``spot.tail``) go into the rollout, its copies merge after it (``spot.merge``), and then
+the policy updates; with an early-stop cut the jobs train in the idle windows of the cut
+rollout, which end at the cut (``Sampler``).
+
 On the sim clock a synchronous step lasts its rollout (cut where it ended) plus the
 update / N (with stale tokens, the update includes the forward of the proximal policy's
 log-probs); an async step lasts ``max(rollout, update / N)``, plus the first rollout at
@@ -28,9 +34,11 @@ from pathlib import Path
 from ...evaluate import score_rollout
 from ...rollout import RequestOutput, RolloutResult
 from ...rollout.timeline import ROLLOUT_KINDS
+from ...speculative.measure import acceptance_length
 from ...tasks import exact_match_reward
 from ..checkpoint import has_state, load_state, save_state
 from ..grpo import GRPO, RLStep
+from ..tlt import TLTConfig
 from .config import RemedyConfig
 from .offpolicy import Behaviour, staleness_metrics
 from .sampler import Sampled, Sampler
@@ -48,16 +56,35 @@ class RemedyTrainer:
         config: a :class:`RemedyConfig` (its ``grpo`` is the GRPO run).
         engine, backend, ray_address: where the rollouts run (as ``GRPO``'s).
         checkpoint_dir: atomic checkpoint of the whole loop (policy, optimizer, history, the
-            carried and deferred groups, the queued async data); a run resumes from it.
+            carried and deferred groups, the queued async data, the drafter and bandit); a
+            run resumes from it.
+        tlt: TLT's rollouts beside the remedy (a ``TLTConfig``: SD, the spot-trained drafter
+            and the adaptive engine; its ``grpo`` is not read, ``config.grpo`` is the run);
+            None: plain decoding.
+        drafter_head, drafter_dir: the pre-RL EAGLE head and where the spot trainer
+            publishes (as :class:`~workbench.rl.tlt.TLTTrainer`'s).
     """
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: RemedyConfig | None = None, engine=None, backend="local",
                  ray_address: str | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None):
+                 checkpoint_dir: str | os.PathLike | None = None, tlt: TLTConfig | None = None,
+                 drafter_head=None, drafter_dir: str | os.PathLike | None = None):
         self.config = c = config if config is not None else RemedyConfig()
+        if tlt is not None:
+            tlt.check_head(drafter_head)  # before the backend starts
         self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
                          backend=backend, ray_address=ray_address)
+        # TLT's drafter, spot trainer and schedule (None each: plain decoding)
+        self.drafter, self.spot, self.schedule = (
+            tlt.parts(model, drafter_head, drafter_dir) if tlt is not None else (None,) * 3)
+        clock = self.grpo.engine.backend.clock
+        if self.spot is not None and c.extra_groups and clock != "sim":
+            self.grpo.close()
+            raise ValueError(f"TLT's drafter training with over-provisioning (extra_groups="
+                             f"{c.extra_groups}) on the {clock!r} clock: its jobs would train "
+                             "past the early stop; accepted: the local backend (sim clock), "
+                             "or extra_groups=0")
         self.sampler = Sampler(self.grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
                                self.grpo.problems_for, c.extra_groups, c.leftover,
                                c.segment_tokens)
@@ -65,7 +92,6 @@ class RemedyTrainer:
         self.steps = 0
         self.last: list[Sampled] = []       # the rollouts of the latest step
         self.timelines: dict[int, object] = {}  # step -> its (first) rollout's timeline
-        self.schedule = None                # plain decoding (the ablation reads it)
         self.checkpoint_dir = checkpoint_dir
         if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
             self.load_checkpoint(checkpoint_dir)
@@ -79,20 +105,17 @@ class RemedyTrainer:
         """The policy's version: the updates done so far."""
         return self.grpo.rl_step
 
-    def step(self, schedule=None, drafter=None, harvest: bool = False) -> dict:
-        """One RL step (the module docstring); returns its metrics row. ``schedule``,
-        ``drafter`` and ``harvest`` go to every rollout (TLT's engine and drafter; the
-        rollouts of the step are :attr:`last`)."""
+    def step(self) -> dict:
+        """One RL step (the module docstring); returns its metrics row (the rollouts of the
+        step are :attr:`last`)."""
         c = self.config
-
-        def sample() -> Sampled:
-            return self.sampler.sample(self.version, c.off_policy, schedule, drafter, harvest)
+        drafts = []  # the drafter figures of each rollout (TLT)
         before = []                                                         # 1) sample
         if not c.one_step_async or self.queued is None:
-            before.append(sample())
+            before.append(self.sample(drafts))
         if c.one_step_async:
             train = self.queued if self.queued is not None else before[0]
-            self.queued = ahead = sample()
+            self.queued = ahead = self.sample(drafts)
         else:
             train, ahead = before[0], None
         self.last = before + ([ahead] if ahead is not None else [])
@@ -102,7 +125,7 @@ class RemedyTrainer:
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
                  "long_round": train.long_round,
                  **staleness_metrics([r.versions for g in train.trained for r in g.responses],
-                                     self.version)}
+                                     self.version), **_fold_drafter_figures(drafts)}
         if train.trained:                                                   # 3) update
             row = self.grpo.update(rl, extra)
         else:
@@ -111,6 +134,23 @@ class RemedyTrainer:
         row.update(self.clock(before, ahead, row["update_s"]))              # 4) the clock
         self.steps += 1
         return row
+
+    def sample(self, drafts: list[dict]) -> Sampled:
+        """1) one rollout by the current policy; with TLT, as ``TLTTrainer.step`` runs it:
+        the drafter trains on every worker whose shard came back, each a copy of the
+        published state, until the last shard came back (or the early stop); the copies
+        merge by local SGD and the merge is published, serving from the next rollout. Its
+        drafter figures are appended to ``drafts``."""
+        spot = self.spot
+        tail = spot.tail(self.config.grpo.rollout.workers) if spot is not None else None
+        sampled = self.sampler.sample(self.version, self.config.off_policy, self.schedule,
+                                      self.drafter, harvest=spot is not None, tail=tail)
+        if self.drafter is not None:
+            figures = {"accept_len": acceptance_length(sampled.result)}
+            if spot is not None:
+                figures.update(spot.merge(sampled.at_end, tail))
+            drafts.append(figures)
+        return sampled
 
     def rl_step(self, sampled: Sampled) -> RLStep:
         """2) the trained groups of ``sampled`` as GRPO's step data, scored; their behaviour
@@ -173,7 +213,8 @@ class RemedyTrainer:
         s = self.sampler
         state = {"grpo": self.grpo.state_dict(), "steps": self.steps, "queued": self.queued,
                  "sampler": {"pool": s.pool, "tail": s.tail, "drawn": s.drawn,
-                             "rollouts": s.rollouts}}
+                             "rollouts": s.rollouts}, "schedule": self.schedule,
+                 "spot": self.spot.state_dict() if self.spot is not None else None}
         return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE, state)
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
@@ -182,3 +223,28 @@ class RemedyTrainer:
         self.steps, self.queued = state["steps"], state["queued"]
         for name, value in state["sampler"].items():
             setattr(self.sampler, name, value)
+        self.schedule = state.get("schedule")  # older checkpoints: plain decoding
+        if self.spot is not None:
+            self.spot.load_state_dict(state["spot"])
+
+
+# drafter figures that add up over the rollouts of one step (async's step 0 has two); of the
+# others the last rollout's stand
+_ADDED = ("drafter_steps", "drafter_window_s", "drafter_train_s", "drafter_preempted",
+          "drafter_wasted_s", "drafter_failed_workers", "drafter_stop_wait_s")
+
+
+def _fold_drafter_figures(rows: list[dict]) -> dict:
+    """One step's drafter figures from its rollouts' (``SpotTrainer.merge``'s and the
+    acceptance length): the counts and seconds of :data:`_ADDED` summed, the overrun the
+    largest, the acceptance length the mean, the rest the last rollout's."""
+    if not rows:
+        return {}
+    out = dict(rows[-1])
+    for key in _ADDED:
+        if key in out:
+            out[key] = sum(r[key] for r in rows)
+    if "drafter_overrun_s" in out:
+        out["drafter_overrun_s"] = max(r["drafter_overrun_s"] for r in rows)
+    out["accept_len"] = sum(r["accept_len"] for r in rows) / len(rows)
+    return out

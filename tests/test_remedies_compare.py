@@ -1,0 +1,108 @@
+"""The remedies' comparison measures and figures, on hand-made tables: paired speedups,
+off-policy shares, final accuracies, the accuracy-against-time curve and who first reaches the
+baseline's final accuracy."""
+import matplotlib
+
+matplotlib.use("Agg")
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from workbench.rl.ablation import Ablation  # noqa: E402
+from workbench.rl.remedies.compare import (accuracy_vs_time, reading,  # noqa: E402
+                                           remedy_metrics, time_to_accuracy)
+from workbench.viz import remedies as remviz  # noqa: E402
+
+# variant -> (step seconds of seeds 0 and 1, held-out accuracy after 0, 2, 4 steps per seed,
+#             off-policy share per step)
+RUNS = {"baseline": ([2.0, 4.0], [[0.1, 0.2, 0.4], [0.1, 0.4, 0.6]], None),
+        "async": ([1.0, 2.0], [[0.1, 0.5, 0.5], [0.1, 0.5, 0.5]], 1.0),
+        "overprovision": ([1.0, 1.0], [[0.1, 0.1, 0.2], [0.1, 0.1, 0.2]], 0.0),
+        "tlt+partial": ([0.5, 1.0], [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]], 0.25)}
+
+
+def _tables():
+    rows, evals = [], []
+    for v, (secs, acc, share) in RUNS.items():
+        for seed, s in enumerate(secs):
+            for step in range(4):
+                step_s = s * (2 if step == 3 and v == "async" else 1)
+                row = {"variant": v, "seed": seed, "step": step, "step_s": step_s,
+                       "rollout_s": 0.75 * step_s, "idle_fraction": 0.4}
+                if share is not None:
+                    row.update(offpolicy_token_share=share, mean_staleness=share,
+                               max_staleness=int(share > 0), groups_trained=2 - step % 2)
+                rows.append(row)
+            evals += [{"variant": v, "seed": seed, "step": k, "accuracy": a}
+                      for k, a in zip((0, 2, 4), acc[seed])]
+    return pd.DataFrame(rows), pd.DataFrame(evals)
+
+
+def test_accuracy_against_cumulative_time():
+    history, evals = _tables()
+    c = accuracy_vs_time(history, evals).set_index(["variant", "step"])
+    # after 2 steps: seeds' cumulative times 4 and 8 (baseline), mean 6; after 4: 8 and 16
+    assert c.loc[("baseline", 2), "time_s"] == 6.0 and c.loc[("baseline", 4), "time_s"] == 12
+    assert c.loc[("baseline", 4), "accuracy"] == pytest.approx(0.5)
+    assert c.loc[("async", 4), "time_s"] == pytest.approx((5 + 10) / 2)  # last step 2x
+    assert c.loc[("async", 0), "time_s"] == 0
+    assert list(dict.fromkeys(c.index.get_level_values(0))) == list(RUNS)
+    reach = time_to_accuracy(c.reset_index(), 0.5)
+    assert reach == {"baseline": 12.0, "async": 3.0, "overprovision": None,
+                     "tlt+partial": None}
+    with pytest.raises(ValueError, match="after 6 steps has no step times"):
+        accuracy_vs_time(history, evals.assign(step=evals["step"] + 2))
+
+
+def test_remedy_metrics_name_each_variant_and_the_first_to_the_baselines_accuracy():
+    history, evals = _tables()
+    m = Ablation(history, evals).remedy_metrics()
+    assert m["accuracy_final_baseline"] == pytest.approx(0.5)
+    assert m["accuracy_start"] == pytest.approx(0.1)
+    assert m["speedup_baseline"] == 1.0
+    # paired per (seed, step): 2/1, 4/2 on steps 0-2, then 2/2 and 4/4: median 2
+    assert m["speedup_async"] == 2.0 and m["speedup_tlt+partial"] == 4.0
+    assert m["offpolicy_share_async"] == 1.0 and m["offpolicy_share_baseline"] == 0.0
+    assert m["offpolicy_share_tlt+partial"] == 0.25
+    assert m["accuracy_final_overprovision"] == pytest.approx(0.2)
+    assert m["time_to_accuracy_overprovision"] is None
+    assert m["groups_per_step_async"] == 1.5 and "groups_per_step_baseline" not in m
+    assert (m["best_time_to_accuracy"], m["best_time_to_accuracy_s"]) == ("async", 3.0)
+    # when no remedy gets there, the baseline is first, at its own end
+    slow = history["variant"] != "async"
+    m = remedy_metrics(history[slow], evals[evals["variant"] != "async"], {})
+    assert (m["best_time_to_accuracy"], m["best_time_to_accuracy_s"]) == ("baseline", 12.0)
+    assert all(not isinstance(v, (dict, list)) for v in m.values())
+    with pytest.raises(ValueError, match="baseline"):
+        remedy_metrics(history, evals[evals["variant"] != "baseline"], {})
+
+
+def test_the_reading_is_the_numbers_own():
+    history, evals = _tables()
+    m = Ablation(history, evals).remedy_metrics()
+    text = reading(m)
+    assert text[0].startswith("Fastest step: tlt+partial, 4.00x")
+    assert "rollout is 75% of its step" in text[1] and "idle 40%" in text[1]
+    assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after "
+                              "3.0 s")
+    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step")
+               and "-0.300" in t and "never" in t for t in text)
+    flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
+    text = reading(Ablation(history, flat).remedy_metrics())
+    assert any("gained no held-out accuracy" in t for t in text)
+
+
+def test_remedy_figures_draw_the_tables():
+    history, evals = _tables()
+    fig = remviz.step_times(history, label="P=2")
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == pytest.approx([3.0, 1.875, 1.0, 0.75])  # means over seeds and steps
+    assert fig.axes[0].patches[3].get_hatch() == "//"        # tlt+partial: composed
+    curves = accuracy_vs_time(history, evals)
+    fig = remviz.accuracy_vs_time(curves, target=0.5)
+    lines = fig.axes[0].lines
+    assert list(lines[0].get_xdata()) == [0.0, 6.0, 12.0]
+    assert list(lines[-1].get_ydata()) == [0.5, 0.5]           # the target line
+    fig = remviz.offpolicy_share(history)
+    assert [p.get_height() for p in fig.axes[0].patches] == pytest.approx([0, 1, 0, 0.25])
+    fig = remviz.offpolicy_share(history.drop(columns=["offpolicy_token_share"]))
+    assert [p.get_height() for p in fig.axes[0].patches] == [0, 0, 0, 0]

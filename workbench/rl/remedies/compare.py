@@ -1,0 +1,155 @@
+"""The remedies compared the way a practitioner picks one: how much faster each step is, how
+much of the data is stale, what accuracy it ends at, and how soon it reaches the accuracy the
+baseline ends at.
+
+Every function reads an ablation's two tables (``Ablation.history``: one row per variant,
+seed and RL step, with ``step_s`` on the sim clock and, for the remedies,
+``offpolicy_token_share``; ``Ablation.evals``: held-out greedy accuracy per variant, seed and
+step, the step counting the RL steps done before it), so the measures redraw from a run's
+files alone.
+
+Glossary:
+
+speedup              per (seed, RL step) the baseline's step time over the variant's, the
+                     variants having run that step side by side; the median of these ratios
+                     (``Ablation.paired_speedups``: a stall of the machine in one of them
+                     moves one ratio, not the median).
+off-policy share     the mean over the variant's RL steps of the share of trained tokens an
+                     older policy version sampled (0 for a variant that trains on-policy
+                     only: the baseline and TLT's).
+time to accuracy     the first point of the variant's accuracy curve (mean over seeds) at or
+                     above ``target`` (the baseline's final accuracy), on the cumulative time
+                     axis: the mean over seeds of the summed step times before that
+                     evaluation; None where the curve never gets there. Only the evaluated
+                     steps count (``eval_every``), so the times are as fine as the curve.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "reading"]
+
+
+def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
+    """Per variant and evaluated step: ``time_s`` (the mean over seeds of the sim seconds of
+    the RL steps before that evaluation), ``accuracy`` and ``accuracy_sd`` (mean and
+    standard deviation over seeds), in run order and by step."""
+    h = history.sort_values(["variant", "seed", "step"])
+    done = h.assign(time_s=h.groupby(["variant", "seed"])["step_s"].cumsum(),
+                    step=h["step"] + 1)[["variant", "seed", "step", "time_s"]]
+    start = h[h["step"] == h["step"].min()][["variant", "seed"]].assign(step=0, time_s=0.0)
+    clock = pd.concat([start, done], ignore_index=True)
+    e = evals.merge(clock, on=["variant", "seed", "step"], how="left")
+    missing = e[e["time_s"].isna()]
+    if len(missing):
+        row = missing.iloc[0]
+        raise ValueError(f"evaluation of {row['variant']!r} seed {row['seed']} after "
+                         f"{row['step']} steps has no step times in the history; accepted: "
+                         "evals and history of one ablation")
+    order = list(dict.fromkeys(history["variant"]))
+    out = e.groupby(["variant", "step"]).agg(time_s=("time_s", "mean"),
+                                             accuracy=("accuracy", "mean"),
+                                             accuracy_sd=("accuracy", "std")).reset_index()
+    out["variant"] = pd.Categorical(out["variant"], order, ordered=True)
+    out = out.sort_values(["variant", "step"]).reset_index(drop=True)
+    out["variant"] = out["variant"].astype(str)
+    return out
+
+
+def time_to_accuracy(curves: pd.DataFrame, target: float) -> dict[str, float | None]:
+    """Per variant of ``curves`` (``accuracy_vs_time``): the time its accuracy first reached
+    ``target`` (within 1e-9), None where it never did."""
+    out = {}
+    for v, c in curves.groupby("variant", sort=False):
+        reached = c[c["accuracy"] >= target - 1e-9]
+        out[v] = float(reached["time_s"].iloc[0]) if len(reached) else None
+    return out
+
+
+def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -> dict:
+    """The flat scalars of notebook 11. Per variant ``v``: ``speedup_<v>`` (``speedups[v]``,
+    the median of its paired step-time ratios over the baseline), ``offpolicy_share_<v>``,
+    ``accuracy_final_<v>``, ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
+    (the mean groups trained a step, for a variant that records it: a remedy's step that
+    trains fewer groups is cheaper for that alone); and
+    ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
+    the baseline among them, that first reached the baseline's final accuracy: the least
+    time, ties to the first in run order; the baseline reaches it at the latest at its end)
+    and ``best_time_to_accuracy_s``. The baseline must have run and been evaluated."""
+    if "baseline" not in set(evals.get("variant", ())):
+        raise ValueError("remedy_metrics compares with the baseline, which has no held-out "
+                         f"evaluation here (evaluated: {sorted(set(evals.get('variant', ())))})"
+                         "; accepted: an ablation with 'baseline' and eval_problems")
+    curves = accuracy_vs_time(history, evals)
+    final = curves.groupby("variant", sort=False).last()["accuracy"]
+    target = float(final["baseline"])
+    reach = time_to_accuracy(curves, target)
+    share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
+             if "offpolicy_token_share" in history else pd.Series(dtype=float))
+    base = history[history["variant"] == "baseline"]
+    out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
+           "accuracy_final_baseline": target,
+           "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
+           "idle_fraction_baseline": float(base["idle_fraction"].mean())}
+    groups = (history.groupby("variant", sort=False)["groups_trained"].mean()
+              if "groups_trained" in history else pd.Series(dtype=float))
+    for v in curves["variant"].unique():
+        if pd.notna(groups.get(v)):  # the remedies' (the others train P groups a step)
+            out[f"groups_per_step_{v}"] = float(groups[v])
+        out[f"speedup_{v}"] = float(speedups[v]) if v in speedups else 1.0
+        stale = share.get(v)  # NaN or absent: the variant trains on-policy only
+        out[f"offpolicy_share_{v}"] = float(stale) if pd.notna(stale) else 0.0
+        out[f"accuracy_final_{v}"] = float(final[v])
+        out[f"time_to_accuracy_{v}"] = reach[v]
+    reached = [(t, v) for v, t in reach.items() if t is not None]
+    best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
+    out["best_time_to_accuracy"], out["best_time_to_accuracy_s"] = best[1], best[0]
+    return out
+
+
+def reading(m: dict) -> list[str]:
+    """What ``m`` (``remedy_metrics``) says, sentence by sentence, from its numbers alone:
+    the fastest step, who first reached the baseline's final accuracy (and whether that
+    means anything: a baseline that gained nothing is reached at once by all), what each
+    variant that trains stale data or drops groups paid in accuracy, how they fare against
+    TLT alone, and how much time the baseline's step left to take back."""
+    variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+    others = [v for v in variants if v != "baseline"]
+    target, start = m["accuracy_final_baseline"], m["accuracy_start"]
+    lines = []
+    if others:
+        fast = max(others, key=lambda v: m[f"speedup_{v}"])
+        lines.append(f"Fastest step: {fast}, {m[f'speedup_{fast}']:.2f}x the baseline's "
+                     "(median of paired per-step ratios).")
+    rf, idle = m["rollout_fraction_baseline"], m["idle_fraction_baseline"]
+    lines.append(f"The baseline's rollout is {rf:.0%} of its step and its workers sit idle "
+                 f"{idle:.0%} of it: the tail is what over-provisioning, partial rollouts and "
+                 f"tail batching cut; async can hide at most the update ({1 - rf:.0%} of the "
+                 "step) behind the next rollout.")
+    if target <= start:
+        lines.append(f"The baseline gained no held-out accuracy here ({start:.3f} to "
+                     f"{target:.3f}), so every variant reaches it at once and time to accuracy "
+                     "says nothing: a longer run decides (pipelines/tlt.yaml, remedies_long).")
+    else:
+        best = m["best_time_to_accuracy"]
+        lines.append(f"First to the baseline's final accuracy {target:.3f}: {best}, after "
+                     f"{m['best_time_to_accuracy_s']:.1f} s (the baseline: "
+                     f"{m['time_to_accuracy_baseline']:.1f} s).")
+    for v in others:
+        cost = m[f"accuracy_final_{v}"] - target
+        never = m[f"time_to_accuracy_{v}"] is None
+        groups = m.get(f"groups_per_step_{v}")
+        trains = "" if groups is None else f"{groups:.1f} groups trained a step, "
+        lines.append(f"{v}: {m[f'speedup_{v}']:.2f}x per step, {trains}"
+                     f"{m[f'offpolicy_share_{v}']:.0%} of trained tokens off-policy, final "
+                     f"accuracy {m[f'accuracy_final_{v}']:.3f} ({cost:+.3f} against the "
+                     "baseline)" + ("; never reached the baseline's final accuracy." if never
+                                    else "."))
+    if "tlt" in variants and m["time_to_accuracy_tlt"] is not None:
+        t = m["time_to_accuracy_tlt"]
+        sooner = [v for v in others if v != "tlt" and m[f"time_to_accuracy_{v}"] is not None
+                  and m[f"time_to_accuracy_{v}"] < t]
+        lines.append(f"Against TLT alone ({t:.1f} s to the target): "
+                     + (f"sooner: {', '.join(sooner)}." if sooner else
+                        "no remedy or combination got there sooner in this run."))
+    return lines
