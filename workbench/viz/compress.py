@@ -13,15 +13,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .timeline import _axes
+from .timeline import _axes, _caption
 
 __all__ = ["importance_heatmaps", "depth_scores", "ranking_ablation", "width_vs_depth",
            "loss_curves", "error_bars", "pareto"]
-
-
-def _caption(ax, label: str) -> None:
-    if label:
-        ax.set_title(label, fontsize=7, loc="left", color="#555555")
 
 
 def _heatmap(ax, table: pd.DataFrame, column: str, title: str) -> None:

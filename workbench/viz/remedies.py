@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .rl import SIM_NOTE, VARIANT_COLORS
+from .rl import VARIANT_COLORS, _caption
 from .timeline import _axes
 
 __all__ = ["step_times", "accuracy_vs_time", "offpolicy_share"]
@@ -26,11 +26,6 @@ def _color(variant: str, i: int):
     """The variant's own color; a composed one (``tlt+async``) its remedy's, others cycled."""
     name = variant.removeprefix("tlt+")
     return REMEDY_COLORS.get(name, f"C{i % 10}")
-
-
-def _caption(ax, label: str, clock: bool = True) -> None:
-    text = "\n".join(t for t in (label, SIM_NOTE if clock else "") if t)
-    ax.set_title(text, fontsize=7, loc="left", color="#555555")
 
 
 def step_times(history: pd.DataFrame, ax=None, label: str = ""):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .timeline import _axes
+from .timeline import _axes, _caption as caption
 
 __all__ = ["rl_label", "engine_label", "step_time_breakdown", "makespan_per_step", "reward_curves",
            "heldout_accuracy", "acceptance_over_steps", "speedup_vs_amdahl", "bandit_choices",
@@ -48,8 +48,8 @@ def _color(variant: str):
 
 
 def _caption(ax, label: str, clock: bool = True) -> None:
-    text = "\n".join(t for t in (label, SIM_NOTE if clock else "") if t)
-    ax.set_title(text, fontsize=7, loc="left", color="#555555")
+    """``label`` above the axes, and with ``clock`` the note on the sim clock's step times."""
+    caption(ax, label, SIM_NOTE if clock else "")
 
 
 def step_time_breakdown(history: pd.DataFrame, ax=None, label: str = ""):

@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from .timeline import _caption
+
 __all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "DRAFTER_COLORS"]
 
 DRAFTER_COLORS = {"frozen": "#1f78b4", "adaptive": "#33a02c", "ceiling": "#6a3d9a",
@@ -21,11 +23,6 @@ DRAFTER_COLORS = {"frozen": "#1f78b4", "adaptive": "#33a02c", "ceiling": "#6a3d9
 
 def _drafters(history: pd.DataFrame) -> list[str]:
     return [c.removeprefix("tau_") for c in history.columns if c.startswith("tau_")]
-
-
-def _caption(ax, label: str) -> None:
-    if label:
-        ax.set_title(label, fontsize=7, loc="left", color="#555555")
 
 
 def tau_over_steps(history: pd.DataFrame, evals: pd.DataFrame | None = None, label: str = "",

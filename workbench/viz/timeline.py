@@ -8,6 +8,7 @@ Every time axis names its clock (docs/design.md, "Every time figure names its cl
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -47,6 +48,16 @@ def _axes(ax, figsize):
         fig, ax = plt.subplots(figsize=figsize, layout="constrained")
         return fig, ax
     return ax.figure, ax
+
+
+def _caption(ax, *lines: str) -> None:
+    """The figure's small grey caption above the axes: ``lines`` (empty ones skipped), each
+    wrapped to the figure's width (~17 characters an inch at its 7 points), so that a long run
+    label never widens the figure and squeezes the axes."""
+    width = max(40, int(ax.figure.get_figwidth() * 17))
+    text = "\n".join(textwrap.fill(line, width) for line in lines if line)
+    if text:
+        ax.set_title(text, fontsize=7, loc="left", color="#555555")
 
 
 def _time_label(timeline: Timeline) -> str:
