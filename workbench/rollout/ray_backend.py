@@ -323,9 +323,10 @@ class RayBackend:
 
     def _stop(self, jobs: dict, starts: dict[int, float], end_s: float) -> IdleRun:
         """Stop the running ``jobs`` (worker -> the ref of its job) at ``end_s`` on the step's
-        clock and collect them: their :class:`IdleRun`, in the order they started, with the
-        seconds waited for them (a job that died is a failure of its window, its ``failed``
-        row 0 long: the driver sees it only now)."""
+        clock: their :class:`IdleRun`, in the order they started, from what each stop handed
+        back (``WorkerHost.stop``), or, for a job that could not say, from its run once it
+        returns; with the seconds waited (a job that died is a failure of its window, its
+        ``failed`` row 0 long: the driver sees it only now)."""
         since, workers = time.time(), list(jobs)
         stops = [self._actors[w].stop.remote(end_s) for w in workers]
         runs, failures = self._collect(stops, workers, since)
