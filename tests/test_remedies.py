@@ -4,6 +4,8 @@ exactly where they stopped, each token's version recorded; one-step async trains
 exactly one version old, weighted by the behaviour policy's log-probs; and the clock and the
 off-policy measures are counted right."""
 import copy
+import itertools
+import time
 
 import pytest
 import torch
@@ -340,16 +342,16 @@ def test_a_resumed_run_continues_exactly(tokenizer, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["april", "tail_batching"])
-def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path, name):
-    run = _resumable(tokenizer, name, tmp_path)
-    # until some group waits: the cut depends on the measured clock (on a clock that ticks
-    # alike for every step, tail batching defers none), so as many steps as it takes a busy
-    # machine (6 were not always enough there)
-    for _ in range(20):
-        run.run(1, progress=False)
-        if run.sampler.pool or run.sampler.tail:
-            break
-    back = _resumable(tokenizer, name, tmp_path)
+def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path, name,
+                                                            monkeypatch):
+    # the cut reads the measured clock; on one that ticks 1/1024 s per reading the first step
+    # is the same on every machine. With responses up to 64 tokens the groups' longest
+    # responses differ (at 24 most groups end together at the cap and none waits)
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
+    run = _resumable(tokenizer, name, tmp_path, max_new_tokens=64)
+    run.run(1, progress=False)
+    back = _resumable(tokenizer, name, tmp_path, max_new_tokens=64)
     for part in ("pool", "tail"):
         saved, loaded = getattr(run.sampler, part), getattr(back.sampler, part)
         assert [(g.drawn, [r.tokens for r in g.responses], [r.versions for r in g.responses])
@@ -361,6 +363,6 @@ def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path,
     assert back.history.equals(run.history)
 
 
-def _resumable(tokenizer, name, folder):
+def _resumable(tokenizer, name, folder, **grpo):
     return RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _length_reward,
-                         RemedyConfig.variant(name, _grpo()), checkpoint_dir=folder)
+                         RemedyConfig.variant(name, _grpo(**grpo)), checkpoint_dir=folder)
