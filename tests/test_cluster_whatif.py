@@ -82,8 +82,9 @@ def test_the_figures_draw_their_tables():
     fig = cviz.length_fit(lengths, fits)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels[1] == f"lognormal fit (KS {fits[0].ks:.3f})" and "pareto" in labels[2]
-    validation = pd.DataFrame([["seed", "sim", 4, 8, 1, 1.0, 1.1, 0.1, 0.8, 0.8, 0.0],
-                               ["ray-2", "wall", 2, 8, 2, 2.0, 1.8, -0.1, 1.5, 1.5, 0.0]],
+    validation = pd.DataFrame([["seed", "sim", 4, 8, 1, 3, 1.0, 1.1, 0.1, 0.0, 0.2, 0.8, 0.8, 0.0],
+                               ["ray-2", "wall", 2, 8, 2, 3, 2.0, 1.8, -0.1, -0.2, 0.0, 1.5, 1.5,
+                                0.0]],
                               columns=list(VALIDATION_COLUMNS))
     fig = cviz.validation_scatter(validation)
     ax = fig.axes[0]

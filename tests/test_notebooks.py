@@ -87,7 +87,7 @@ SMOKE = {
                             "calibration_per_worker": [4], "held_out": [["seed", 2, 4, 1],
                                                                         ["N4", 4, 2, 2]],
                             "ray": False, "workers_sweep": [8, 64], "per_worker": 8,
-                            "draws": 1, "threshold": 4},
+                            "draws": 1, "threshold": 4, "repeats": 1},
                            ["predicted_speedup_64", "predicted_idle_fraction_64",
                             "sim_error_small_n", "sim_error_wall", "sim_seconds_1024",
                             "busy_error_small_n", "worker_spread", "ks_lognormal",

@@ -28,12 +28,20 @@ spread       how much the workers' speeds differ: the standard deviation, within
              machine's load moving under the sim clock's one-after-another workers; on a
              cluster, stragglers. Its mean per run (the load's level) is left out: the
              costs carry that.
+repeats      each held-out run is run ``repeats`` times (the same seed: the same tokens and
+             lengths), each repeat bracketed by its own passes (pass, run, pass, run, ...
+             pass). A makespan of 0.2-0.7 s on a shared CPU moves by 10-20% from one
+             repeat to the next (two quiet runs of the same validation, one repeat each, gave
+             one run's error as -8% and +17%), which no cost model can predict; the
+             per-repeat errors' median is what the simulator gets wrong, their range the
+             machine's noise around it.
 prediction   ``simulate_rollout`` of the run's requests on the workers that held them,
-             plain, with its bracketing passes' costs and the spread: the mean makespan over
-             ``SPREAD_DRAWS`` seeded draws of the workers' speeds (with stragglers the
-             makespan, the slowest worker's end, grows with N).
-error        ``(predicted - measured) / measured``; the notebook reports the median of its
-             absolute value per clock.
+             plain, with a repeat's bracketing passes' costs and the spread: the mean
+             makespan over ``SPREAD_DRAWS`` seeded draws of the workers' speeds (with
+             stragglers the makespan, the slowest worker's end, grows with N).
+error        per repeat ``(predicted - measured) / measured``; a run's ``error`` is the
+             median over its repeats (``error_low``, ``error_high``: their range) and the
+             notebook reports the median of its absolute value per clock.
 busy error   the same of the mean worker's busy time (``busy_s``, no stragglers drawn): the
              cost model's own error, apart from where the slow workers fell.
 """
@@ -56,9 +64,9 @@ __all__ = ["RunSpec", "Validation", "real_rollout", "calibrate", "worker_spread"
            "predicted_makespan", "validation_table", "run_validation", "VALIDATION_COLUMNS"]
 
 BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
-VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "measured_s",
-                      "predicted_s", "error", "measured_busy_s", "predicted_busy_s",
-                      "busy_error")
+VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "repeats", "measured_s",
+                      "predicted_s", "error", "error_low", "error_high", "measured_busy_s",
+                      "predicted_busy_s", "busy_error")
 SPREAD_DRAWS = 16
 WARM_UP_TOKENS = 4  # tokens of each engine's warm-up rollout (``_warm_up``)
 
@@ -146,41 +154,50 @@ def predicted_makespan(timeline: Timeline, cost: StepCost, spread: float = 0.0) 
     return float(np.mean([plain_makespan(lay, cost, spread, seed) for seed in range(draws)]))
 
 
-def validation_table(runs: list[tuple[RunSpec, Timeline]], cost: StepCost | dict,
+def validation_table(runs: list[tuple[RunSpec, list[Timeline]]],
+                     cost: StepCost | dict[str, list[StepCost]],
                      spread: float = 0.0) -> pd.DataFrame:
-    """One row per held-out run (``VALIDATION_COLUMNS``): its measured makespan, the
-    prediction from its lengths, ``cost`` (one for all, or by run name) and ``spread``, and
-    the relative error."""
+    """One row per held-out run (``VALIDATION_COLUMNS``) from its repeats' timelines: the
+    medians over repeats of the measured makespan, of its prediction (from the run's lengths,
+    the repeat's ``cost``, one for all or per run name and repeat, and ``spread``) and of the
+    relative error, with the errors' range; the same medians of the mean worker's busy
+    time."""
     rows = []
-    for spec, timeline in runs:
-        measured = timeline.makespan_s
-        run_cost = cost[spec.run] if isinstance(cost, dict) else cost
-        predicted = predicted_makespan(timeline, run_cost, spread)
-        busy = timeline.worker_summary()["busy_s"].mean()
-        busy_predicted = simulate_rollout(_layout(timeline), run_cost).worker_summary()[
-            "busy_s"].mean()
-        rows.append({"run": spec.run, "clock": timeline.clock, "workers": spec.workers,
-                     "per_worker": spec.per_worker, "seed": spec.seed, "measured_s": measured,
-                     "predicted_s": predicted, "error": (predicted - measured) / measured,
-                     "measured_busy_s": busy, "predicted_busy_s": busy_predicted,
-                     "busy_error": (busy_predicted - busy) / busy})
+    for spec, timelines in runs:
+        per_repeat = [_repeat_row(t, cost if isinstance(cost, StepCost) else cost[spec.run][i],
+                                  spread) for i, t in enumerate(timelines)]
+        r = pd.DataFrame(per_repeat)
+        rows.append({"run": spec.run, "clock": timelines[0].clock, "workers": spec.workers,
+                     "per_worker": spec.per_worker, "seed": spec.seed,
+                     "repeats": len(timelines), **r.median().to_dict(),
+                     "error_low": r["error"].min(), "error_high": r["error"].max()})
     return pd.DataFrame(rows, columns=list(VALIDATION_COLUMNS))
+
+
+def _repeat_row(timeline: Timeline, cost: StepCost, spread: float) -> dict[str, float]:
+    """One repeat's measured and predicted makespan and mean busy time, and their errors."""
+    measured, predicted = timeline.makespan_s, predicted_makespan(timeline, cost, spread)
+    busy = timeline.worker_summary()["busy_s"].mean()
+    busy_predicted = simulate_rollout(_layout(timeline), cost).worker_summary()["busy_s"].mean()
+    return {"measured_s": measured, "predicted_s": predicted,
+            "error": (predicted - measured) / measured, "measured_busy_s": busy,
+            "predicted_busy_s": busy_predicted, "busy_error": (busy_predicted - busy) / busy}
 
 
 @dataclass
 class Validation:
     """What ``run_validation`` measured: the pooled ``cost`` (every pass, SD included: what
-    the what-ifs take), each held-out run's ``costs`` (its bracketing passes, by run name),
-    the workers' ``spread``, the ``table`` of held-out errors, and every real run's timeline
-    (``calibration``: the plain passes in order, then the SD runs; ``held_out``: by run
-    name)."""
+    the what-ifs take), each held-out repeat's ``costs`` (its bracketing passes; by run name,
+    a list over repeats), the workers' ``spread``, the ``table`` of held-out errors, and
+    every real run's timeline (``calibration``: the plain passes in order, then the SD runs;
+    ``held_out``: by run name, a list over repeats)."""
 
     cost: StepCost
-    costs: dict[str, StepCost]
+    costs: dict[str, list[StepCost]]
     spread: float
     table: pd.DataFrame
     calibration: list[Timeline]
-    held_out: dict[str, Timeline]
+    held_out: dict[str, list[Timeline]]
 
     def median_error(self, clock: str, column: str = "error") -> float:
         """The median absolute relative error (``column``: ``"error"`` of the makespan,
@@ -203,7 +220,7 @@ class Validation:
         """Every plain run's requests as one trace (group: run and prompt), the recorded
         lengths a what-if draws from."""
         parts = []
-        for i, t in enumerate([self.calibration[0], *self.held_out.values()]):
+        for i, t in enumerate([self.calibration[0], *[r[0] for r in self.held_out.values()]]):
             r = trace_from_timeline(t).requests
             parts.append(r.assign(group=f"{i}/" + r["group"]).drop(columns="worker"))
         return Trace(pd.concat(parts, ignore_index=True))
@@ -219,18 +236,31 @@ def _rollouts(engine: RolloutEngine, pool, specs, config, drafter=None) -> list[
     return [real_rollout(engine, pool, spec, config, drafter) for spec in specs]
 
 
-def _ray_rollout(model, tokenizer, pool, spec, config, ray_address, run_dir,
-                 calibration_pass) -> tuple[Timeline, list[Timeline]]:
-    """One Ray run: its actors (one torch thread each) started and warmed up, then
-    ``calibration_pass()`` (local, the actors idle) just before the clock runs; the actors
-    closed after it (and the local Ray it started with them). (its timeline, the pass)"""
+def _bracketed(run_once, repeats: int, calibration_pass, passes: list) -> tuple[list, list]:
+    """``repeats`` runs of ``run_once()``, each followed by a ``calibration_pass()`` (appended
+    to ``passes``, whose last is the pass just before the first run): (the runs' timelines,
+    each run's costs from the passes just before and just after it)."""
+    timelines, costs = [], []
+    for _ in range(repeats):
+        timelines.append(run_once())
+        passes.append(calibration_pass())
+        costs.append(calibrate(passes[-2] + passes[-1]))
+    return timelines, costs
+
+
+def _ray_runs(model, tokenizer, pool, spec, config, ray_address, run_dir, repeats,
+              calibration_pass, passes) -> tuple[list, list]:
+    """One Ray run's repeats: its actors (one torch thread each) started and warmed up, a
+    ``calibration_pass()`` (local, the actors idle) just before the clock first runs, then
+    ``_bracketed``; the actors closed after it (and the local Ray it started with them)."""
     backend = make_backend("ray", ray_address, run_dir=run_dir, threads_per_worker=1)
     try:
         engine = RolloutEngine(model, tokenizer, backend=backend)
         engine.start(spec.workers)
         _warm_up(engine, pool, spec, config)
-        before = calibration_pass()
-        return real_rollout(engine, pool, spec, config), before
+        passes.append(calibration_pass())
+        return _bracketed(lambda: real_rollout(engine, pool, spec, config), repeats,
+                          calibration_pass, passes)
     finally:
         backend.close()
 
@@ -247,12 +277,15 @@ def _check_validation(pool, calibration, held_out, config) -> None:
 
 def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
                    held_out: list[RunSpec], config: RolloutConfig, drafter=None,
-                   ray_address: str | None = None, run_dir=None) -> Validation:
-    """Run every ``held_out`` run bracketed by plain passes of the ``calibration`` runs (the
-    Ray ones last, each on a Ray of its own: ``ray_address``, else a local one with its logs
-    under ``run_dir/ray``), the calibration runs with ``drafter`` first and last, and
-    predict each held-out run from its lengths with its passes' costs (module docstring).
-    Every plan is checked before anything runs; calibration runs must be local."""
+                   ray_address: str | None = None, run_dir=None,
+                   repeats: int = 3) -> Validation:
+    """Run every ``held_out`` run ``repeats`` times, each repeat bracketed by plain passes of
+    the ``calibration`` runs (the Ray ones last, each on a Ray of its own: ``ray_address``,
+    else a local one with its logs under ``run_dir/ray``), the calibration runs with
+    ``drafter`` first and last, and predict each repeat from its lengths with its passes'
+    costs (module docstring). Every plan is checked before anything runs; calibration runs
+    must be local."""
+    check_int("repeats", repeats, 1)
     _check_validation(pool, calibration, held_out, config)
     engine = RolloutEngine(model, tokenizer)
     _warm_up(engine, pool, calibration[0], config)
@@ -267,13 +300,13 @@ def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
     done, costs = {}, {}
     for spec in sorted(held_out, key=lambda s: s.backend == "ray"):
         if spec.backend == "ray":
-            done[spec], before = _ray_rollout(model, tokenizer, pool, spec, config,
-                                              ray_address, run_dir, calibration_pass)
-            passes.append(before)
+            done[spec], costs[spec.run] = _ray_runs(model, tokenizer, pool, spec, config,
+                                                    ray_address, run_dir, repeats,
+                                                    calibration_pass, passes)
         else:
-            done[spec] = real_rollout(engine, pool, spec, config)
-        passes.append(calibration_pass())
-        costs[spec.run] = calibrate(passes[-2] + passes[-1])
+            done[spec], costs[spec.run] = _bracketed(
+                lambda: real_rollout(engine, pool, spec, config), repeats, calibration_pass,
+                passes)
     speculative += with_drafter()
     plain = [t for p in passes for t in p]
     cost = calibrate(plain + speculative)
