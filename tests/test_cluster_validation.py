@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import Layout, StepCost, layout, simulate_rollout, trace_from_timeline
-from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec, calibrate,
+from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec,
                                           predicted_makespan, run_validation, worker_spread)
 from workbench.rollout import RolloutConfig
 from workbench.speculative import NGramDrafter
@@ -106,12 +106,13 @@ def test_each_held_out_run_is_bracketed_by_its_own_calibration_passes(validated)
     verifies = [bool((t.steps["kind"] == "verify").any()) for t in v.calibration]
     assert verifies == [False] * 10 + [True] * 4
     for i, cost in enumerate(v.costs["seed"] + v.costs["N=4"]):  # pass i before, i + 1 after
-        pd.testing.assert_frame_equal(cost.table, calibrate(v.calibration[2 * i:2 * i + 4]).table)
+        pd.testing.assert_frame_equal(cost.table, StepCost.from_timelines(
+            v.calibration[2 * i:2 * i + 4]).table)
     assert v.costs["seed"][0].kinds == ["plain", "prefill"]
     # the what-ifs' costs pool everything, the drafter's strategy included
     assert {"plain", "prefill", "chain:k=4"} <= set(v.cost.kinds)
     assert (v.cost.tau("chain:k=4", [1, 4]) >= 1).all()
-    pd.testing.assert_frame_equal(v.cost.table, calibrate(v.calibration).table)
+    pd.testing.assert_frame_equal(v.cost.table, StepCost.from_timelines(v.calibration).table)
     # the workers' spread from the plain runs alone: SD runs also differ in acceptance
     assert v.spread == worker_spread(v.calibration[:10], v.cost)
     # every plain run's requests pooled, groups kept apart by run

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 from ..checks import check_choice, check_int, check_non_negative
+from ..rollout.timeline import Timeline
+from .importers import trace_from_timeline
 from .trace import Trace, _typed_steps
 from .validate import raise_problems, trace_problems
 
@@ -61,6 +63,13 @@ class StepCost:
     def from_trace(cls, trace: Trace) -> "StepCost":
         """The costs a trace's step rows measured."""
         return cls(trace.steps)
+
+    @classmethod
+    def from_timelines(cls, timelines: list[Timeline]) -> "StepCost":
+        """The costs real rollouts measured (the simulator's *calibration*): every decided
+        decode step and each worker's prefill (``trace_from_timeline``'s step rows), pooled."""
+        return cls(pd.concat([trace_from_timeline(t).steps for t in timelines],
+                             ignore_index=True))
 
     @property
     def kinds(self) -> list[str]:

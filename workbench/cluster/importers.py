@@ -23,7 +23,8 @@ def _strategy(k, branch, budget, drafter) -> str:
     if k == 0:
         return "plain"
     if branch == 1 and pd.isna(budget):
-        return f"{'sibling' if drafter == 'sibling' else 'chain'}:k={k}"
+        sibling = not pd.isna(drafter) and drafter == "sibling"  # NA: a run saved before
+        return f"{'sibling' if sibling else 'chain'}:k={k}"       # the column was filled
     return f"tree:k={k},b={branch}" + ("" if pd.isna(budget) else f",n={budget}")
 
 

@@ -98,11 +98,12 @@ def _step_problems(table: pd.DataFrame, where: list[str]) -> list[str]:
     _reals(table, "seconds", 0, True, where, problems)
     _reals(table, "tau", 1, False, where, problems, optional=True)
     kinds = table["kind"].astype("string").str.strip().fillna("") if "kind" in table else None
+    taus = _numbers(table["tau"]) if "tau" in table.columns else None  # once, not per row
     for i, kind in enumerate([] if kinds is None else kinds):
         if kind not in PLAIN_KINDS and not SPECULATIVE.fullmatch(kind):
             problems.append(f"{where[i]}: kind {kind!r} is unknown; accepted: {KIND_FORMS}")
-        elif kind in PLAIN_KINDS and "tau" in table.columns:
-            tau = _numbers(table["tau"].iloc[[i]])[0]
+        elif kind in PLAIN_KINDS and taus is not None:
+            tau = taus[i]
             if np.isfinite(tau) and tau != 1:
                 problems.append(f"{where[i]}: tau {tau:g} on a {kind!r} row; accepted: 1 or "
                                 "empty (a plain step emits one token per row)")

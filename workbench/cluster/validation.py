@@ -60,7 +60,7 @@ from .importers import trace_from_timeline
 from .simulate import Layout, layout, plain_makespan, simulate_rollout
 from .trace import Trace
 
-__all__ = ["RunSpec", "Validation", "real_rollout", "calibrate", "worker_spread",
+__all__ = ["RunSpec", "Validation", "real_rollout", "worker_spread",
            "predicted_makespan", "validation_table", "run_validation", "VALIDATION_COLUMNS"]
 
 BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
@@ -118,13 +118,6 @@ def real_rollout(engine: RolloutEngine, pool: list, spec: RunSpec, config: Rollo
     run = replace(config, workers=spec.workers, seed=spec.seed, max_batch_size=None)
     prompts = spec.prompts(pool, config.samples_per_prompt)
     return engine.rollout(prompts, run, progress=False, drafter=drafter).timeline
-
-
-def calibrate(timelines: list[Timeline]) -> StepCost:
-    """The step costs the calibration runs measured: every decided decode step and each
-    worker's prefill (``trace_from_timeline``'s step rows), pooled."""
-    rows = [trace_from_timeline(t).steps for t in timelines]
-    return StepCost(pd.concat(rows, ignore_index=True))
 
 
 def _layout(timeline: Timeline) -> Layout:
@@ -244,7 +237,7 @@ def _bracketed(run_once, repeats: int, calibration_pass, passes: list) -> tuple[
     for _ in range(repeats):
         timelines.append(run_once())
         passes.append(calibration_pass())
-        costs.append(calibrate(passes[-2] + passes[-1]))
+        costs.append(StepCost.from_timelines(passes[-2] + passes[-1]))
     return timelines, costs
 
 
@@ -309,7 +302,7 @@ def run_validation(model, tokenizer, pool: list, calibration: list[RunSpec],
                 passes)
     speculative += with_drafter()
     plain = [t for p in passes for t in p]
-    cost = calibrate(plain + speculative)
+    cost = StepCost.from_timelines(plain + speculative)
     spread = worker_spread(plain, cost)
     runs = [(spec, done[spec]) for spec in held_out]
     return Validation(cost, costs, spread, validation_table(runs, costs, spread),
