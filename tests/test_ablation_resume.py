@@ -5,14 +5,18 @@ anything runs; a finished one returns its tables without stepping."""
 import json
 
 import pytest
+import torch
 
+from workbench.adapt import SpotConfig
 from workbench.rl.ablation import run_ablation
 from workbench.rl.ablation_runs import Turns
 from workbench.rl.ablation_store import PROGRESS_FILE, SETTINGS_FILE
 from workbench.rollout.timeline import Timeline
+from workbench.speculative.eagle import EagleHead
 
 from .conftest import tiny_model
 from .test_remedies import PROBLEMS, _grpo, _length_reward
+from .test_tlt import CHAINS, long_tails  # noqa: F401 (a fixture)
 
 # the baseline and a remedy that chooses its data by tokens alone (not by the measured clock)
 VARIANTS = ["baseline", "partial"]
@@ -154,3 +158,31 @@ def test_a_finished_ablation_returns_its_tables_without_stepping(tokenizer, tmp_
     assert again.per_variant().equals(done.per_variant())
     longer = _ablation(tokenizer, 3, folder, checkpoint_every=None)  # a larger steps goes on
     assert len(stepped) == 2 * 2 and sorted(longer.evals["step"].unique()) == [0, 2, 3]
+
+
+def test_a_restored_tlt_run_keeps_its_timelines_bandit_and_drafter(tokenizer, tmp_path,
+                                                                  monkeypatch, long_tails):
+    """What no history row holds comes back too: every step's timeline (the bandit's
+    decisions and choices are read from them), what the adaptive engine learned, and the
+    spot-trained drafter."""
+    model = tiny_model("qwen2", tokenizer)
+    torch.manual_seed(3)
+    head = EagleHead(model)
+    args = dict(variants=["baseline", "tlt"], drafter_head=head, reward=_length_reward,
+                progress=False, arms=CHAINS, spec_k=3, explore_budget=0.5,
+                spot=SpotConfig.flat(batch_size=4, max_steps=2), checkpoint_dir=tmp_path)
+    done = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    stepped = _count_steps(monkeypatch)
+    again = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    assert stepped == [] and again.history.equals(done.history)
+    assert len(again.decisions()) > 0 and again.decisions().equals(done.decisions())
+    assert again.bandit_choices().equals(done.bandit_choices())
+    assert again.learned().equals(done.learned())
+    for step in (0, 1):
+        for table in ("steps", "requests"):
+            assert getattr(again.timeline("tlt", 0, step), table).equals(
+                getattr(done.timeline("tlt", 0, step), table))
+    saved, back = done.trainers["tlt", 0], again.trainers["tlt", 0]
+    assert back.spot.version == saved.spot.version > 0
+    assert all(torch.equal(a, b) for a, b in zip(saved.drafter.head.state_dict().values(),
+                                                 back.drafter.head.state_dict().values()))
