@@ -280,13 +280,10 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     is checked before any run is built. ``run_dir``: the run's folder, where a local Ray
     keeps its logs (``run_dir/ray``: ``rollout.backends.make_backend``).
 
-    ``checkpoint_dir``: the ablation resumes (``rl.ablation_store``): every run checkpoints
-    into its own folder there every ``checkpoint_every`` steps (None: only at each evaluation
-    and after the last step), its timelines and the evaluations so far beside it; a call with
-    the same arguments and folder restores the runs and goes on from the step they reached,
-    redoing no evaluation, and a finished one returns its tables without stepping (a larger
-    ``steps`` goes on). A folder made with other settings (variants, seeds, GRPO config,
-    ``tlt_kw``, RL pool, reward, evaluation, backend) is refused before anything runs.
+    ``checkpoint_dir`` (``rl.ablation_store``): each run checkpoints there every
+    ``checkpoint_every`` steps (None: at each evaluation and the end only); a call with the
+    same arguments goes on where the last stopped, redoing no evaluation, a finished one
+    returns without stepping, and a folder of other settings is refused before anything runs.
     """
     check_int("steps", steps, 0)
     for variant in variants:

@@ -77,7 +77,7 @@ class Turns:
 
     def __init__(self, runs: dict, shared, workers: int, policy):
         self.runs, self.shared, self.last = runs, shared, None
-        self.start = shared is not None and runs and not _apart(shared, workers)
+        self.start = shared is not None and bool(runs) and not _apart(shared, workers)
         self.workers, self.policy = workers, policy
 
     def step(self, key) -> None:
@@ -99,9 +99,13 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
     then at the boundary after the step held-out accuracy where ``evaluation_due(step)`` and
     ``evaluate(step)`` measures one, and, with a ``store`` (``AblationStore``), the
     evaluations and the checkpoint where due. A run restored from a later checkpoint than
-    the others (a save interrupted between runs) waits for them at its step."""
-    order = list(runs)
-    start = min(map(steps_done, runs.values()), default=0)
+    the others (a save interrupted between runs) waits for them at its step; one past
+    ``steps`` is refused before any step."""
+    order, done = list(runs), {key: steps_done(tr) for key, tr in runs.items()}
+    if max(done.values(), default=0) > steps:
+        raise ValueError(f"steps={steps}, but restored runs have done more: {done}; accepted: "
+                         f"steps >= {max(done.values())}")
+    start = min(done.values(), default=0)
 
     def boundary(step: int, first: bool) -> None:
         due = evaluation_due(step)

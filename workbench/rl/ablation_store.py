@@ -108,10 +108,10 @@ class AblationStore:
                     trainer.timelines[step] = Timeline.load(folder)
             self._saved[key] = set(trainer.timelines)
 
-    def due(self, step: int, evaluated: bool, steps: int) -> bool:
+    def due(self, step: int, evaluation: bool, steps: int) -> bool:
         """Whether the runs checkpoint after ``step``: every ``every`` steps, at an
-        evaluation (``evaluated``: one was due there) and after the last of ``steps``."""
-        return evaluated or step == steps or bool(self.every) and step % self.every == 0
+        evaluation (``evaluation``: one was due there) and after the last of ``steps``."""
+        return evaluation or step == steps or bool(self.every) and step % self.every == 0
 
     def save_evals(self) -> None:
         """Write the evaluations so far (:attr:`evals`) beside the checkpoints."""
