@@ -11,25 +11,24 @@ Amdahl prediction ``1 / ((1 - f) + f / s)``.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from ..progress import tqdm
 
 from ..checks import check_choice, check_int
-from ..evaluate import evaluate_policy
 from ..rollout import make_backend
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
+from .ablation_runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
+from .ablation_store import AblationStore, ablation_settings
 from .grpo import GRPOConfig
-from .remedies import REMEDIES, RemedyConfig, RemedyTrainer
+from .remedies import REMEDIES
 from .remedies.compare import remedy_metrics
-from .tlt import VARIANTS, TLTConfig, TLTTrainer, first_divergence
+from .tlt import VARIANTS, first_divergence
 
 __all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "ALL_VARIANTS"]
 
@@ -243,22 +242,6 @@ class Ablation:
                 "seeds": int(self.history["seed"].nunique())}
 
 
-def _evaluate(runs: dict, evals: list[dict], problems, tokenizer, max_new_tokens: int,
-              step: int) -> None:
-    """Append each run's held-out greedy accuracy after ``step`` steps to ``evals`` (nothing
-    without ``problems``); at step 0 every run starts from one policy: measured once."""
-    if problems is None:
-        return
-    for (v, seed), trainer in runs.items():
-        if step == 0 and evals:
-            evals.append({**evals[0], "variant": v, "seed": seed})
-            continue
-        report = evaluate_policy(trainer.model, tokenizer, problems, progress=False,
-                                 max_new_tokens=max_new_tokens)
-        evals.append({"variant": v, "seed": seed, "step": step,
-                      "accuracy": report.summary()["accuracy"]})
-
-
 def _max_or_zero(history: pd.DataFrame, column: str) -> float:
     """The largest value of ``column`` over every run (0 when no run has it)."""
     return float(history[column].max()) if column in history and history[column].notna().any() \
@@ -269,7 +252,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
                  eval_every: int | None = None, progress: bool = True, backend="local",
-                 ray_address: str | None = None, run_dir=None, **tlt_kw) -> Ablation:
+                 ray_address: str | None = None, run_dir=None, checkpoint_dir=None,
+                 checkpoint_every: int | None = None, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
     ``variants``: any of TLT's (:data:`~workbench.rl.tlt.VARIANTS`) and the long-tail
@@ -295,79 +279,56 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     backend made from a name is closed at the end; an object stays the caller's. The backend
     is checked before any run is built. ``run_dir``: the run's folder, where a local Ray
     keeps its logs (``run_dir/ray``: ``rollout.backends.make_backend``).
+
+    ``checkpoint_dir`` (``rl.ablation_store``): each run checkpoints there every
+    ``checkpoint_every`` steps (None: at each evaluation and the end only); a call with the
+    same arguments goes on where the last stopped, redoing no evaluation, a finished one
+    returns without stepping, and a folder of other settings is refused before anything runs.
     """
+    check_int("steps", steps, 0)
     for variant in variants:
         check_choice("variant", variant, ALL_VARIANTS)
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
+    max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
+    store = _open_store(checkpoint_dir, checkpoint_every, steps, ablation_settings(
+        variants, seeds, grpo, problems, reward, eval_problems, eval_every, max_new, backend,
+        tlt_kw))
     shared = make_backend(backend, ray_address, run_dir=run_dir)
     shared = None if isinstance(backend, str) and backend == "local" else shared
-    runs = {(v, seed): _trainer(v, seed, policy, tokenizer, problems, reward, grpo,
-                                drafter_head, shared, tlt_kw)
+    runs = {(v, seed): build_run(v, seed, policy, tokenizer, problems, reward, grpo,
+                                 drafter_head, shared, tlt_kw,
+                                 store.state_dir((v, seed)) if store is not None else None)
             for seed in seeds for v in variants}
-    evals: list[dict] = []
-    max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
-    evaluate = partial(_evaluate, runs, evals, eval_problems, tokenizer, max_new)
-    evaluate(0)
-    order = list(runs)
+    if store is not None:
+        store.restore(runs)
+    evals = store.evals if store is not None else []
+    evaluate = partial(evaluate_runs, runs, evals, eval_problems, tokenizer, max_new)
     try:
-        turns = _Turns(runs, shared, grpo.rollout.workers, policy)
-        for step in tqdm(range(steps), desc="RL steps (all variants)", disable=not progress):
-            shift = step % len(order)
-            for key in order[shift:] + order[:shift]:
-                turns.step(key)
-            if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-                evaluate(step + 1)
+        lockstep(runs, Turns(runs, shared, grpo.rollout.workers, policy), steps,
+                 partial(evaluation_due, steps=steps, eval_every=eval_every), evaluate, store,
+                 progress)
     finally:
         if shared is not None and isinstance(backend, str):
             shared.close()
-    evaluate(steps)
+    order = list(runs)
+    evals.sort(key=lambda e: (e["step"], order.index((e["variant"], e["seed"]))))
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
 
 
-def _trainer(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
-             tlt_kw):
-    """One run of the ablation: its own copy of ``policy`` (and of the head, where it
-    speculates), on the ``shared`` backend or a local one of its own; a remedy's variant is
-    a :class:`~workbench.rl.remedies.RemedyTrainer` at its defaults (``tlt_kw`` are TLT's)."""
-    if variant not in VARIANTS:
-        remedy, grpo = variant.removeprefix("tlt+"), grpo.updated(seed=seed)
-        tlt = TLTConfig.variant("tlt", grpo, **tlt_kw) if remedy != variant else None
-        return RemedyTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
-                             RemedyConfig.variant(remedy, grpo),
-                             backend=shared if shared is not None else "local", tlt=tlt,
-                             drafter_head=drafter_head)
-    cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
-    return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
-                      drafter_head=drafter_head if cfg.speculative else None,
-                      backend=shared if shared is not None else "local")
-
-
-class _Turns:
-    """The runs' steps, on their own local backends or taking turns on one ``shared``
-    backend: started once, its workers holding one copy of ``policy``; before a run steps
-    after another, its weights go to the workers (``RolloutEngine.policy_changed``)."""
-
-    def __init__(self, runs: dict, shared, workers: int, policy):
-        self.runs, self.shared, self.last = runs, shared, None
-        if shared is not None and runs and not _apart(shared, workers):
-            holder = copy.deepcopy(policy)  # never a run's own: runs push their weights in
-            next(iter(runs.values())).grpo.engine.start(workers, lambda w: holder)
-
-    def step(self, key) -> None:
-        engine = self.runs[key].grpo.engine
-        if self.shared is not None and key != self.last:
-            engine.policy_changed()
-        self.runs[key].step()
-        self.last = key
-
-
-def _apart(backend, workers: int) -> bool:
-    """Whether ``backend`` runs ``workers`` workers on copies (``Backend.runs_copies``: in
-    other processes, holding copies of a policy that no caller holds)."""
-    return backend.runs_copies and backend.num_workers == workers
+def _open_store(checkpoint_dir, checkpoint_every, steps: int, settings: dict):
+    """The ablation's :class:`AblationStore` in ``checkpoint_dir`` (None without one), its
+    settings and ``steps`` checked against what the folder holds."""
+    if checkpoint_dir is None:
+        if checkpoint_every is not None:
+            raise ValueError(f"checkpoint_every={checkpoint_every!r} without checkpoint_dir; "
+                             "accepted: None, or a checkpoint_dir to checkpoint into")
+        return None
+    store = AblationStore(checkpoint_dir, settings, checkpoint_every)
+    store.check_steps(steps)
+    return store
 
 
 def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,

@@ -1,0 +1,188 @@
+"""An ablation with a checkpoint folder resumes: interrupted after some steps and called again
+with the same arguments it gives the same histories and held-out evaluations as one that ran
+straight through, redoing no evaluation; a folder made with other settings is refused before
+anything runs; a finished one returns its tables without stepping."""
+import json
+
+import pytest
+import torch
+
+from workbench.adapt import SpotConfig
+from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation_runs import Turns
+from workbench.rl.ablation_store import PROGRESS_FILE, SETTINGS_FILE
+from workbench.rollout.timeline import Timeline
+from workbench.speculative.eagle import EagleHead
+
+from .conftest import tiny_model
+from .test_remedies import PROBLEMS, _grpo, _length_reward
+from .test_tlt import CHAINS, long_tails  # noqa: F401 (a fixture)
+
+# the baseline and a remedy that chooses its data by tokens alone (not by the measured clock)
+VARIANTS = ["baseline", "partial"]
+# what does not depend on wall time
+COLUMNS = ["variant", "seed", "step", "reward", "loss", "tokens", "tokens_digest",
+           "offpolicy_token_share", "groups_trained", "carried_groups", "sampled_version"]
+HELD_OUT = PROBLEMS[:6]
+
+
+def _ablation(tokenizer, steps, folder=None, **kw):
+    args = dict(variants=VARIANTS, seeds=[0, 1], reward=_length_reward, progress=False,
+                eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8, **kw)
+    if folder is not None:
+        args.update(checkpoint_dir=folder, checkpoint_every=args.pop("checkpoint_every", 1))
+    return run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), steps,
+                        **args)
+
+
+def _count_steps(monkeypatch) -> list:
+    """Every run's step from here on, as (variant, seed)."""
+    stepped, real = [], Turns.step
+
+    def counted(self, key):
+        stepped.append(key)
+        real(self, key)
+    monkeypatch.setattr(Turns, "step", counted)
+    return stepped
+
+
+def _evaluated(monkeypatch) -> list:
+    """Every held-out evaluation from here on."""
+    import workbench.rl.ablation_runs as runs
+    calls, real = [], runs.evaluate_policy
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+    monkeypatch.setattr(runs, "evaluate_policy", counted)
+    return calls
+
+
+def _interrupted(tokenizer, steps, folder, after: int, monkeypatch, **kw) -> None:
+    """An ablation stopped (``KeyboardInterrupt``) at its run's step number ``after`` + 1."""
+    real, calls = Turns.step, []
+
+    def dies(self, key):
+        calls.append(key)
+        if len(calls) > after:
+            raise KeyboardInterrupt
+        real(self, key)
+    with monkeypatch.context() as m:
+        m.setattr(Turns, "step", dies)
+        with pytest.raises(KeyboardInterrupt):
+            _ablation(tokenizer, steps, folder, **kw)
+
+
+def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tmp_path,
+                                                                    monkeypatch):
+    whole = _ablation(tokenizer, 5)
+    folder = tmp_path / "ckpt"
+    # interrupted inside step 3 (0-based): 2 variants x 2 seeds x 3 steps, then 2 runs more
+    _interrupted(tokenizer, 5, folder, 2 * 2 * 3 + 2, monkeypatch, checkpoint_every=3)
+    progress = json.loads((folder / PROGRESS_FILE).read_text())
+    assert progress["steps_done"] == 3 and {e["step"] for e in progress["evals"]} == {0, 2}
+    # ... and resumed: steps 3 and 4 of every run, the evaluations after 4 and 5 only
+    stepped, evaluated = _count_steps(monkeypatch), _evaluated(monkeypatch)
+    resumed = _ablation(tokenizer, 5, folder, checkpoint_every=3)
+    assert len(stepped) == 2 * 2 * 2 and len(evaluated) == 2 * 4
+    assert resumed.history[COLUMNS].equals(whole.history[COLUMNS])
+    assert resumed.evals.equals(whole.evals)
+    for key, trainer in resumed.trainers.items():  # every step's timeline, saved or new
+        assert sorted(trainer.timelines) == list(range(5))
+        assert trainer.timelines[1].requests["response_tokens"].tolist() == \
+            whole.trainers[key].timelines[1].requests["response_tokens"].tolist()
+    assert isinstance(Timeline.load(folder / "partial-seed1" / "timelines" / "step0004"),
+                      Timeline)
+
+
+def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(tokenizer,
+                                                                          tmp_path,
+                                                                          monkeypatch):
+    """A save interrupted between runs leaves some a step ahead: they wait for the rest."""
+    whole = _ablation(tokenizer, 3)
+    folder = tmp_path / "ckpt"
+    _interrupted(tokenizer, 3, folder, 2 * 2 + 1, monkeypatch)  # saved after step 1
+    ahead = _ablation(tokenizer, 2).trainers["partial", 1]  # one run's state after 2 steps
+    run = folder / "partial-seed1"
+    ahead.timelines[1].save(run / "timelines" / "step0001")  # timelines go first
+    ahead.save_checkpoint(run / "state")
+    stepped = _count_steps(monkeypatch)
+    resumed = _ablation(tokenizer, 3, folder)
+    assert stepped.count(("partial", 1)) == 1 and len(stepped) == 3 + 4
+    assert resumed.history[COLUMNS].equals(whole.history[COLUMNS])
+    assert resumed.evals.equals(whole.evals)
+
+
+def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, tmp_path,
+                                                                    monkeypatch):
+    folder = tmp_path / "ckpt"
+    _ablation(tokenizer, 1, folder)
+    stepped = _count_steps(monkeypatch)
+    with pytest.raises(ValueError, match=r"other settings:\n  variants: saved \['baseline', "
+                                         r"'partial'\], this call \['baseline', 'async'\]"):
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+                     variants=["baseline", "async"], seeds=[0, 1], reward=_length_reward,
+                     eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
+                     progress=False, checkpoint_dir=folder)
+    with pytest.raises(ValueError, match=r"eval: saved .*'every': 2.*'every': 3"):
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+                     variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
+                     eval_problems=HELD_OUT, eval_every=3, eval_max_new_tokens=8,
+                     progress=False, checkpoint_dir=folder)
+    with pytest.raises(ValueError, match=r"grpo: saved .*lr=0\.05.*lr=0\.01"):
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(lr=1e-2), 2,
+                     variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
+                     eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
+                     progress=False, checkpoint_dir=folder)
+    with pytest.raises(ValueError, match=r"steps=0, but .* already holds 1 steps.*steps >= 1"):
+        _ablation(tokenizer, 0, folder)
+    with pytest.raises(ValueError, match="checkpoint_every must be None or an integer >= 1, "
+                                         "got 0"):
+        _ablation(tokenizer, 1, tmp_path / "other", checkpoint_every=0)
+    with pytest.raises(ValueError, match="checkpoint_every=2 without checkpoint_dir"):
+        _ablation(tokenizer, 1, checkpoint_every=2)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is an existing file; accepted: a folder"):
+        _ablation(tokenizer, 1, tmp_path / "file")
+    assert stepped == [] and json.loads((folder / SETTINGS_FILE).read_text())["seeds"] == [0, 1]
+
+
+def test_a_finished_ablation_returns_its_tables_without_stepping(tokenizer, tmp_path,
+                                                               monkeypatch):
+    folder = tmp_path / "ckpt"
+    done = _ablation(tokenizer, 2, folder, checkpoint_every=None)
+    stepped, evaluated = _count_steps(monkeypatch), _evaluated(monkeypatch)
+    again = _ablation(tokenizer, 2, folder, checkpoint_every=None)
+    assert stepped == [] and evaluated == []
+    assert again.history.equals(done.history) and again.evals.equals(done.evals)
+    assert again.per_variant().equals(done.per_variant())
+    longer = _ablation(tokenizer, 3, folder, checkpoint_every=None)  # a larger steps goes on
+    assert len(stepped) == 2 * 2 and sorted(longer.evals["step"].unique()) == [0, 2, 3]
+
+
+def test_a_restored_tlt_run_keeps_its_timelines_bandit_and_drafter(tokenizer, tmp_path,
+                                                                  monkeypatch, long_tails):
+    """What no history row holds comes back too: every step's timeline (the bandit's
+    decisions and choices are read from them), what the adaptive engine learned, and the
+    spot-trained drafter."""
+    model = tiny_model("qwen2", tokenizer)
+    torch.manual_seed(3)
+    head = EagleHead(model)
+    args = dict(variants=["baseline", "tlt"], drafter_head=head, reward=_length_reward,
+                progress=False, arms=CHAINS, spec_k=3, explore_budget=0.5,
+                spot=SpotConfig.flat(batch_size=4, max_steps=2), checkpoint_dir=tmp_path)
+    done = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    stepped = _count_steps(monkeypatch)
+    again = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    assert stepped == [] and again.history.equals(done.history)
+    assert len(again.decisions()) > 0 and again.decisions().equals(done.decisions())
+    assert again.bandit_choices().equals(done.bandit_choices())
+    assert again.learned().equals(done.learned())
+    for step in (0, 1):
+        for table in ("steps", "requests"):
+            assert getattr(again.timeline("tlt", 0, step), table).equals(
+                getattr(done.timeline("tlt", 0, step), table))
+    saved, back = done.trainers["tlt", 0], again.trainers["tlt", 0]
+    assert back.spot.version == saved.spot.version > 0
+    assert all(torch.equal(a, b) for a, b in zip(saved.drafter.head.state_dict().values(),
+                                                 back.drafter.head.state_dict().values()))

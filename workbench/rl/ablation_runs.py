@@ -1,0 +1,130 @@
+"""The runs of an ablation: each (variant, seed) built on its own copy of the policy, stepped in
+turns on one shared backend or on local ones of their own, and evaluated on held-out problems
+when an evaluation is due. ``rl.ablation.run_ablation`` drives them in lockstep; here is what
+one run is and what one turn of it does, so that a resumed ablation (a run restored from its
+checkpoint) goes through the same doors as a fresh one."""
+from __future__ import annotations
+
+import copy
+
+from ..evaluate import evaluate_policy
+from ..progress import tqdm
+from .remedies import RemedyConfig, RemedyTrainer
+from .tlt import VARIANTS, TLTConfig, TLTTrainer
+
+__all__ = ["build_run", "steps_done", "evaluation_due", "evaluate_runs", "Turns", "lockstep"]
+
+
+def build_run(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
+              tlt_kw, checkpoint_dir=None):
+    """One run of the ablation: its own copy of ``policy`` (and of the head, where it
+    speculates), on the ``shared`` backend or a local one of its own; a remedy's variant is
+    a :class:`~workbench.rl.remedies.RemedyTrainer` at its defaults (``tlt_kw`` are TLT's).
+    With ``checkpoint_dir`` the trainer resumes from the checkpoint there, if any."""
+    backend = shared if shared is not None else "local"
+    if variant not in VARIANTS:
+        remedy, grpo = variant.removeprefix("tlt+"), grpo.updated(seed=seed)
+        tlt = TLTConfig.variant("tlt", grpo, **tlt_kw) if remedy != variant else None
+        return RemedyTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
+                             RemedyConfig.variant(remedy, grpo), backend=backend, tlt=tlt,
+                             drafter_head=drafter_head, checkpoint_dir=checkpoint_dir)
+    cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
+    return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
+                      drafter_head=drafter_head if cfg.speculative else None,
+                      backend=backend, checkpoint_dir=checkpoint_dir)
+
+
+def steps_done(trainer) -> int:
+    """The RL steps ``trainer`` has run (one history row each, with or without an update)."""
+    return len(trainer.grpo.rows)
+
+
+def evaluation_due(step: int, steps: int, eval_every: int | None) -> bool:
+    """Whether held-out accuracy is measured after ``step`` of ``steps`` RL steps: before the
+    first, after the last, and after every ``eval_every`` steps when set."""
+    return step in (0, steps) or bool(eval_every) and step % eval_every == 0
+
+
+def evaluate_runs(runs: dict, evals: list[dict], problems, tokenizer, max_new_tokens: int,
+                  step: int) -> bool:
+    """Append the held-out greedy accuracy after ``step`` steps of every run that stands at
+    ``step`` and has none there yet to ``evals`` (nothing without ``problems``); whether any
+    was measured. At step 0 every run starts from one policy: measured once (or taken from a
+    run measured there before a resume)."""
+    if problems is None:
+        return False
+    have = {(e["variant"], e["seed"]) for e in evals if e["step"] == step}
+    start = next((e for e in evals if e["step"] == 0), None)
+    todo = [(key, tr) for key, tr in runs.items() if key not in have and steps_done(tr) == step]
+    for (v, seed), trainer in todo:
+        if step == 0 and start is not None:
+            evals.append({**start, "variant": v, "seed": seed})
+            continue
+        report = evaluate_policy(trainer.model, tokenizer, problems, progress=False,
+                                 max_new_tokens=max_new_tokens)
+        evals.append({"variant": v, "seed": seed, "step": step,
+                      "accuracy": report.summary()["accuracy"]})
+        if step == 0:
+            start = evals[-1]
+    return bool(todo)
+
+
+class Turns:
+    """The runs' steps, on their own local backends or taking turns on one ``shared``
+    backend: started at the first step (none when a finished ablation takes no step), its
+    workers holding one copy of ``policy``; before a run steps after another, its weights go
+    to the workers (``RolloutEngine.policy_changed``)."""
+
+    def __init__(self, runs: dict, shared, workers: int, policy):
+        self.runs, self.shared, self.last = runs, shared, None
+        self.start = shared is not None and bool(runs) and not _apart(shared, workers)
+        self.workers, self.policy = workers, policy
+
+    def step(self, key) -> None:
+        engine = self.runs[key].grpo.engine
+        if self.start:
+            holder = copy.deepcopy(self.policy)  # never a run's own: runs push their weights in
+            engine.start(self.workers, lambda w: holder)
+            self.start = False
+        if self.shared is not None and key != self.last:
+            engine.policy_changed()
+        self.runs[key].step()
+        self.last = key
+
+
+def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, store,
+             progress: bool = True) -> None:
+    """Every run from the step it stands at up to ``steps``: one step of each in an order
+    that rotates by one each step (a machine that slows for a while slows every run alike),
+    then at the boundary after the step held-out accuracy where ``evaluation_due(step)`` and
+    ``evaluate(step)`` measures one, and, with a ``store`` (``AblationStore``), the
+    evaluations and the checkpoint where due. A run restored from a later checkpoint than
+    the others (a save interrupted between runs) waits for them at its step; one past
+    ``steps`` is refused before any step."""
+    order, done = list(runs), {key: steps_done(tr) for key, tr in runs.items()}
+    if max(done.values(), default=0) > steps:
+        raise ValueError(f"steps={steps}, but restored runs have done more: {done}; accepted: "
+                         f"steps >= {max(done.values())}")
+    start = min(done.values(), default=0)
+
+    def boundary(step: int, first: bool) -> None:
+        due = evaluation_due(step)
+        if due and evaluate(step) and store is not None:
+            store.save_evals()
+        if store is not None and not first and store.due(step, due, steps):
+            store.checkpoint(runs, step)
+
+    boundary(start, first=True)  # no checkpoint: just restored
+    for step in tqdm(range(start, steps), desc="RL steps (all variants)", initial=start,
+                     total=steps, disable=not progress):
+        shift = step % len(order)
+        for key in order[shift:] + order[:shift]:
+            if steps_done(runs[key]) == step:
+                turns.step(key)
+        boundary(step + 1, first=False)
+
+
+def _apart(backend, workers: int) -> bool:
+    """Whether ``backend`` runs ``workers`` workers on copies (``Backend.runs_copies``: in
+    other processes, holding copies of a policy that no caller holds)."""
+    return backend.runs_copies and backend.num_workers == workers

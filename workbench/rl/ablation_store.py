@@ -1,0 +1,143 @@
+"""Where a resumable ablation keeps what it has done, so that a call with the same arguments
+and folder picks up where the last one stopped (``run_ablation(checkpoint_dir=...)``).
+
+A long ablation (``pipelines/tlt.yaml``'s ``remedies_long``: hours) outlasts one session.
+Each run already checkpoints its whole loop (``TLTTrainer``, ``RemedyTrainer``), so the
+ablation only needs to keep what it was asked, what it measured beside its runs, and what no
+trainer checkpoint holds. The folder:
+
+- ``ablation.json``: the settings (:func:`ablation_settings`); a call with other settings is
+  refused before anything runs: its runs would continue another ablation's;
+- ``progress.json``: the RL steps every run has checkpointed (``steps_done``) and the
+  held-out evaluations so far (``evals``), which a resumed call does not redo;
+- ``<variant>-seed<seed>/state``: the run's trainer checkpoint (a folder of its own: the
+  trainer replaces it whole at each save);
+- ``<variant>-seed<seed>/timelines/step<NNNN>``: each RL step's timeline (``Timeline.save``),
+  so that a resumed ablation's timelines, decisions and bandit choices cover every step.
+
+Every file is written atomically (a temporary sibling, then ``os.replace``): an interruption
+leaves the last version whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..atomic import write_json
+from ..checks import check_int
+from ..rollout.timeline import Timeline
+from .ablation_runs import steps_done
+
+__all__ = ["AblationStore", "ablation_settings"]
+
+SETTINGS_FILE = "ablation.json"
+PROGRESS_FILE = "progress.json"
+
+
+def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, eval_every,
+                      eval_max_new_tokens, backend, tlt_kw: dict) -> dict:
+    """What a resumed ablation must share with the one it resumes, as JSON: the variants and
+    seeds in run order (the lockstep's rotation follows it), the GRPO config, TLT's
+    arguments, a digest of the RL pool and of the held-out problems, the reward's name, the
+    held-out evaluation's settings, and the backend (its clock). ``steps`` is not among
+    them: a finished ablation goes on to a larger ``steps``."""
+    evaluation = None if eval_problems is None else {
+        "problems": _digest(eval_problems), "count": len(eval_problems), "every": eval_every,
+        "max_new_tokens": eval_max_new_tokens}
+    return {"variants": list(variants), "seeds": [int(s) for s in seeds], "grpo": repr(grpo),
+            "tlt": {k: repr(v) for k, v in sorted(tlt_kw.items())}, "pool": _digest(problems),
+            "reward": getattr(reward, "__qualname__", type(reward).__qualname__),
+            "eval": evaluation,
+            "backend": backend if isinstance(backend, str) else type(backend).__name__}
+
+
+def _digest(items) -> str:
+    """A short hash of ``items``' reprs (problems are dataclasses: their fields, in order)."""
+    return hashlib.sha1(repr(list(items)).encode()).hexdigest()[:16]
+
+
+class AblationStore:
+    """An ablation's folder (module docstring): its settings checked on opening, its runs'
+    checkpoints, timelines and evaluations, saved every ``every`` steps (None: only at each
+    evaluation and after the last step)."""
+
+    def __init__(self, folder: str | os.PathLike, settings: dict, every: int | None):
+        self.folder, self.every = Path(folder), check_int("checkpoint_every", every, 1,
+                                                          optional=True)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ValueError(f"checkpoint_dir {str(folder)!r} is an existing file; accepted: a "
+                             "folder (created if missing)")
+        settings = json.loads(json.dumps(settings))  # tuples as lists, as the saved file
+        path = self.folder / SETTINGS_FILE
+        if path.is_file():
+            _check_same(json.loads(path.read_text()), settings, path)
+        else:
+            write_json(path, settings)
+        progress = self.folder / PROGRESS_FILE
+        saved = json.loads(progress.read_text()) if progress.is_file() else {}
+        self.steps_done: int = saved.get("steps_done", 0)
+        self.evals: list[dict] = saved.get("evals", [])
+        self._saved: dict = {}  # run -> the steps whose timelines are on disk
+
+    def check_steps(self, steps: int) -> None:
+        """Refuse ``steps`` fewer than every run has already done here."""
+        if steps < self.steps_done:
+            raise ValueError(f"steps={steps}, but checkpoint_dir {str(self.folder)!r} already "
+                             f"holds {self.steps_done} steps of every run; accepted: steps >= "
+                             f"{self.steps_done}, or another folder")
+
+    def run_dir(self, key: tuple) -> Path:
+        variant, seed = key
+        return self.folder / f"{variant}-seed{seed}"
+
+    def state_dir(self, key: tuple) -> Path:
+        """The trainer checkpoint's folder of run ``key`` = ``(variant, seed)``."""
+        return self.run_dir(key) / "state"
+
+    def restore(self, runs: dict) -> None:
+        """Give every run (restored from its checkpoint) the timelines of the steps it has
+        done; a timeline saved past its checkpoint (an interrupted save) is left to be
+        written again."""
+        for key, trainer in runs.items():
+            done = steps_done(trainer)
+            for folder in sorted((self.run_dir(key) / "timelines").glob("step*")):
+                step = int(folder.name.removeprefix("step"))
+                if step < done:
+                    trainer.timelines[step] = Timeline.load(folder)
+            self._saved[key] = set(trainer.timelines)
+
+    def due(self, step: int, evaluation: bool, steps: int) -> bool:
+        """Whether the runs checkpoint after ``step``: every ``every`` steps, at an
+        evaluation (``evaluation``: one was due there) and after the last of ``steps``."""
+        return evaluation or step == steps or bool(self.every) and step % self.every == 0
+
+    def save_evals(self) -> None:
+        """Write the evaluations so far (:attr:`evals`) beside the checkpoints."""
+        write_json(self.folder / PROGRESS_FILE, {"steps_done": self.steps_done,
+                                                 "evals": self.evals}, indent=None)
+
+    def checkpoint(self, runs: dict, step: int) -> None:
+        """Save every run after ``step`` lockstep steps: its new timelines, then its trainer
+        checkpoint, then ``progress.json`` once all are saved."""
+        for key, trainer in runs.items():
+            saved = self._saved.setdefault(key, set())
+            for n, timeline in sorted(trainer.timelines.items()):
+                if n not in saved:
+                    timeline.save(self.run_dir(key) / "timelines" / f"step{n:04d}")
+                    saved.add(n)
+            trainer.save_checkpoint(self.state_dir(key))
+        self.steps_done = step
+        self.save_evals()
+
+
+def _check_same(saved: dict, settings: dict, path: Path) -> None:
+    """Refuse ``settings`` that differ from the ``saved`` ones, naming each difference."""
+    differ = [f"{k}: saved {saved.get(k)!r}, this call {settings.get(k)!r}"
+              for k in dict.fromkeys([*saved, *settings]) if saved.get(k) != settings.get(k)]
+    if differ:
+        raise ValueError(f"checkpoint_dir {str(path.parent)!r} holds an ablation with other "
+                         "settings:\n  " + "\n  ".join(differ) + "\naccepted: the settings "
+                         f"saved in {str(path)!r} (the same arguments), another folder, or "
+                         "delete this one to start over")
