@@ -34,7 +34,8 @@ from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
 from workbench.rl.staleness import StalenessConfig, staleness_setup
 from workbench.rl.staleness_drafters import CeilingConfig
-from workbench.rl.staleness_split import run_side_by_side, split_setup, split_state
+from workbench.rl.staleness_split import (clear_for_resume, run_side_by_side, split_setup,
+                                          split_state)
 from workbench.rl.staleness_spool import Spool
 from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
                                            staleness_metrics)
@@ -95,11 +96,13 @@ def split_process(role: str, args: argparse.Namespace, config: StalenessConfig) 
 
 def run_split(args: argparse.Namespace, config: StalenessConfig):
     """--split: both processes side by side, then the one-process run they make."""
-    Spool(Path(args.out) / "spool", args.max_ahead)  # --max-ahead checked before they start
+    # --max-ahead checked before they start; a stopped run's observations after the
+    # trajectory's checkpoint go (they are written anew)
+    out = Path(args.out)
+    clear_for_resume(Spool(out / "spool", args.max_ahead), out / "trajectory")
     run_side_by_side({role: (split_process, (role, args, config))
                       for role in ("trajectory", "observer")})
     run = staleness_setup(config, eval_problems=args.eval)
-    out = Path(args.out)
     run.load_state_dict(split_state(out / "trajectory", out / "observer"), str(out))
     return run
 

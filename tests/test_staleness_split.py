@@ -93,8 +93,24 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
         trajectory.step()
     observer.step()  # step 0 observed, not checkpointed: the observation stays
     assert trajectory.spool.steps() == [0, 1, 2] and trajectory.spool.pending() == [1, 2]
+    # the stopped run's observation of step 2 as a process paused mid-rollout leaves it: its
+    # sim-clock steps stretched by the pause, so the idle windows grow with it
+    stale = trajectory.spool.take(2)
+    for frame in (stale.rl.result.timeline.steps,):
+        frame[["start_s", "end_s"]] *= 1000
+    trajectory.spool.put(stale)
+    from workbench.rl.staleness_split import clear_for_resume, trajectory_step
+    assert trajectory_step(tmp_path / "trajectory") == 2
+    assert trajectory_step(tmp_path / "nowhere") == 0
+    assert clear_for_resume(trajectory.spool, tmp_path / "trajectory") == 2
+    assert trajectory.spool.steps() == [0, 1]  # written anew by the resumed trajectory
     trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
     assert (trajectory.rl_step, observer.rl_step) == (2, 0)
+    observer.spool.wait_s = 0.05  # the observer first: it waits for the new step 2
+    with pytest.raises(TimeoutError, match="the observation of step 2"):
+        observer.run_to(3)
+    assert observer.rl_step == 2
+    observer.spool.wait_s = None
     trajectory.run_to(3)
     observer.run_to(3)
     _assert_same_as_straight(straight, trajectory, observer)

@@ -36,7 +36,8 @@ from .staleness_observer import StalenessObserver
 from .staleness_spool import Observation, Spool, replay_backend
 
 __all__ = ["StalenessTrajectory", "SplitObserver", "joined_rows", "split_history",
-           "split_setup", "split_state", "run_side_by_side"]
+           "split_setup", "split_state", "run_side_by_side", "trajectory_step",
+           "clear_for_resume"]
 
 TRAJECTORY_FILE, OBSERVER_FILE = "trajectory_state.pt", "observer_state.pt"
 
@@ -211,6 +212,23 @@ def split_state(trajectory_dir: str | os.PathLike, observer_dir: str | os.PathLi
     grpo["rows"] = joined_rows(grpo["rows"], observer["rows"])
     return {"config": trajectory["config"], "grpo": grpo, "drafters": observer["drafters"],
             "positions": observer["positions"], "evals": trajectory["evals"]}
+
+
+def trajectory_step(trajectory_dir: str | os.PathLike) -> int:
+    """The RL step a trajectory process resumes from: its checkpoint's in ``trajectory_dir``
+    (0 without one)."""
+    if not has_state(trajectory_dir, TRAJECTORY_FILE):
+        return 0
+    return int(load_state(trajectory_dir, TRAJECTORY_FILE)["grpo"]["rl_step"])
+
+
+def clear_for_resume(spool: Spool, trajectory_dir: str | os.PathLike) -> int:
+    """Before a pair starts (again): delete the spool's observations that the trajectory will
+    write anew (``Spool.drop_from`` its checkpoint's step), so that the observer, which may
+    start first, never takes a stopped run's. The step the trajectory resumes from."""
+    step = trajectory_step(trajectory_dir)
+    spool.drop_from(step)
+    return step
 
 
 def split_setup(role: str, config: StalenessConfig, spool: Spool,

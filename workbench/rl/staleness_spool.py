@@ -110,6 +110,16 @@ class Spool:
             if s < step:
                 self.path(s).unlink(missing_ok=True)
 
+    def drop_from(self, step: int) -> None:
+        """Delete the observations of ``step`` and after: what a trajectory resuming from its
+        checkpoint at ``step`` writes again. Those on disk are a stopped run's, whose clocks
+        may hold a pause or a load the new ones do not (a sim-clock step of a process
+        stopped mid-rollout lasts the stop: its idle windows, and the drafter steps trained
+        in them, grow with it); the observer must take the new ones."""
+        for s in self.steps():
+            if s >= step:
+                self.path(s).unlink(missing_ok=True)
+
     def _wait(self, ready, what: str) -> None:
         start = time.monotonic()
         while not ready():
