@@ -119,12 +119,14 @@ def test_a_second_call_reruns_nothing_and_a_new_seed_only_its_rows(study, tokeni
 
 
 def _hand_table() -> pd.DataFrame:
-    """The teacher at 0.5 on 10 problems; KD at 0.6 by 1% and 3%, scratch far below."""
+    """The teacher at 0.5 on 10 problems; KD at 0.15 by 1%, 0.35 by 3% and the teacher's
+    own answers by 10%; scratch far below."""
     rows = [{"method": "teacher", "budget_fraction": 1.0, "tokens": 1000, "steps": np.nan,
              "seed": 0, "lm_loss": 0.25, "rewards": "1111100000"}]
     runs = {("kd", 0.01): ["1100000000", "1000000000"], ("kd", 0.03): ["1111000000", "1110000000"],
             ("scratch", 0.01): ["0000000000", "0000000000"],
-            ("scratch", 0.03): ["1000000000", "0000000000"]}
+            ("scratch", 0.03): ["1000000000", "0000000000"],
+            ("kd", 0.1): ["1111100000", "1111100000"]}
     for (method, fraction), rewards in runs.items():
         for seed, r in enumerate(rewards):
             rows.append({"method": method, "budget_fraction": fraction,
@@ -139,7 +141,7 @@ def test_summary_intervals_and_the_smallest_budget_that_reaches_the_teacher():
     table = _hand_table()
     summary, head = budget_summary(table, tolerance=0.03)
     s = summary.set_index(["method", "budget_fraction"])
-    assert list(summary["budget_fraction"]) == [0.01, 0.01, 0.03, 0.03]
+    assert list(summary["budget_fraction"]) == [0.01, 0.01, 0.03, 0.03, 0.1]
     kd = s.loc[("kd", 0.03)]
     expect = summarize(np.array([[c == "1" for c in r] for r in ["1111000000", "1110000000"]],
                                 dtype=float))
@@ -150,11 +152,18 @@ def test_summary_intervals_and_the_smallest_budget_that_reaches_the_teacher():
     assert kd["tokens"] == 30.5 and kd["steps"] == 4.5 and kd["seeds"] == 2
     assert kd["reached"] == (kd["accuracy_hi"] >= 0.47)
     assert bool(kd["reached"]) and not s.loc[("scratch", 0.01), "reached"]
+    # paired with the teacher's answers: seed 0 misses one of its hits, seed 1 two
+    assert kd["gap_lo"] <= kd["gap"] <= kd["gap_hi"] <= 0  # never above the teacher
+    assert kd["gap_lo"] < -0.03 and not kd["surely_within"]
+    same = s.loc[("kd", 0.1)]                              # the teacher's own answers
+    assert same["gap_lo"] == same["gap_hi"] == 0 and bool(same["surely_within"])
     assert head["teacher_accuracy"] == 0.5 and head["teacher_tokens"] == 1000
     first = 0.01 if s.loc[("kd", 0.01), "reached"] else 0.03
     assert head["kd_budget_reached"] == first and head["kd_target_met"]
+    assert head["kd_budget_surely_within"] == 0.1
     # scratch's 0.03 interval (one hit in 20) stays below 0.47: never reached
     assert head["scratch_budget_reached"] is None and head["scratch_target_met"] is False
+    assert head["scratch_budget_surely_within"] is None
     strict = budget_summary(table, tolerance=0.0, within=0.02)[1]
     assert strict["kd_target_met"] == (strict["kd_budget_reached"] is not None
                                        and strict["kd_budget_reached"] <= 0.02)

@@ -167,8 +167,8 @@ def budget_study(teacher, student, tokenizer, problems, out: str | os.PathLike, 
     (random init, cross-entropy), each at every token budget of ``budgets`` (fractions of the
     teacher's pretraining tokens, :func:`teacher_tokens`) and every seed of ``seeds`` (the
     seed orders the batches and draws the scratch weights); ``config`` gives the optimizer
-    (peak lr, lr floor, temperature...; its horizon, warm-up and evaluations follow each
-    run's steps). Greedy accuracy on ``problems``; LM loss on ``eval_size`` held-out texts
+    (peak lr, lr floor, temperature...; its horizon is each run's steps, its warm-up 5% of
+    them (at least one) and its held-out evaluations five per run). Greedy accuracy on ``problems``; LM loss on ``eval_size`` held-out texts
     (of the kept weights: each run keeps its best held-out evaluation).
 
     Returns the tidy table also written to ``out`` (a ``.csv``) after every run: one row per
