@@ -109,7 +109,7 @@ def test_a_second_call_reruns_nothing_and_a_new_seed_only_its_rows(study, tokeni
     monkeypatch.setattr(budget_mod, "_one_run",
                         lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     again = budget_study(teacher, student, tokenizer, problems, out, [0.1, 0.5], [0], **kw)
-    assert calls == []
+    assert calls == [] and not out.with_name("budget.state").exists()  # checkpoints gone
     pd.testing.assert_frame_equal(again, pd.read_csv(out, dtype={"rewards": str}))
     pd.testing.assert_frame_equal(again.drop(columns="rewards"), table.drop(columns="rewards"),
                                   check_dtype=False)

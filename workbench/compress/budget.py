@@ -193,6 +193,7 @@ def budget_study(teacher, student, tokenizer, problems, out: str | os.PathLike, 
     pad = pad_id(tokenizer)
     held_out = token_batches(held, 16, pad, starts=held_starts)
     rows, keys = done.to_dict("records"), set(map(tuple, done[KEY].itertuples(index=False)))
+    states = out.with_name(out.stem + ".state")  # a checkpoint per run, gone once it is done
 
     def save(row):
         rows.append(row)
@@ -213,7 +214,9 @@ def budget_study(teacher, student, tokenizer, problems, out: str | os.PathLike, 
                 model, kept, loss = _one_run(
                     student, teacher, method, [batches[s % len(batches)] for s in range(steps)],
                     held_out, config.updated(progress=progress), seed,
-                    out.with_name(out.stem + ".state") / name, name)
+                    states / name, name)
                 save(_row(method, fraction, used, steps, seed, model, tokenizer, problems,
                           max_new_tokens, kept, loss))
+    if states.is_dir() and not any(states.iterdir()):
+        states.rmdir()
     return pd.DataFrame(rows, columns=COLUMNS)
