@@ -4,6 +4,7 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 
 from workbench.viz import compress as cviz  # noqa: E402
 
@@ -94,3 +95,18 @@ def test_comparisons_over_seeds_draw_their_error_bars():
     assert ax.lines[0].get_ydata().tolist() == [2.0, 1.2]  # the mean over seeds
     assert ax.lines[0].get_xdata().tolist() == [0.0, 11.0]
     assert len(ax.collections) == 1                        # the seeds' band
+
+
+def test_budget_curves_draw_each_method_in_its_interval_with_the_teacher():
+    summary = pd.DataFrame({"method": ["kd", "scratch", "kd", "scratch"],
+                            "budget_fraction": [0.01, 0.01, 0.1, 0.1],
+                            "tokens": [40_000, 40_000, 400_000, 400_000],
+                            "accuracy": [0.3, 0.0, 0.4, 0.1],
+                            "accuracy_lo": [0.25, 0.0, 0.35, 0.05],
+                            "accuracy_hi": [0.35, 0.02, 0.45, 0.15]})
+    ax = cviz.budget_curves(summary, teacher_accuracy=0.42).axes[0]
+    assert [ln.get_ydata().tolist() for ln in ax.lines[:2]] == [[0.3, 0.4], [0.0, 0.1]]
+    assert [ln.get_ydata()[0] for ln in ax.lines[2:]] == [0.42, pytest.approx(0.39)]
+    assert len(ax.collections) == 2                        # one interval band per method
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["40,000\n1%", "400,000\n10%"]

@@ -1,5 +1,6 @@
 """Figures of compression runs, drawn from their tables: importance, pruning ablations,
-distillation curves, methods with error bars, and the accuracy-against-throughput Pareto front.
+distillation curves, methods with error bars, accuracy against a token budget, and the
+accuracy-against-throughput Pareto front.
 
 Every function takes the tidy tables that ``workbench.compress`` returns, draws on ``ax`` when
 given, and returns the figure; ``label`` states the calibration set or token budget that the
@@ -16,7 +17,7 @@ import pandas as pd
 from .timeline import _axes, _caption
 
 __all__ = ["importance_heatmaps", "depth_scores", "ranking_ablation", "width_vs_depth",
-           "loss_curves", "error_bars", "pareto"]
+           "loss_curves", "error_bars", "pareto", "budget_curves"]
 
 
 def _heatmap(ax, table: pd.DataFrame, column: str, title: str) -> None:
@@ -177,6 +178,33 @@ def pareto(table: pd.DataFrame, x: str = "tok_s", y: str = "accuracy", ax=None,
     ax.plot(f[x], f[y], "--", color="#e31a1c", lw=1, label="Pareto front")
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y)
+    ax.legend(fontsize=7)
+    _caption(ax, label)
+    return fig
+
+
+def budget_curves(summary: pd.DataFrame, teacher_accuracy: float, tolerance: float = 0.03,
+                  ax=None, label: str = ""):
+    """Accuracy against the training-token budget (columns ``method``, ``budget_fraction``,
+    ``tokens``, ``accuracy``, ``accuracy_lo``, ``accuracy_hi``: :func:`~workbench.compress.budget_summary.
+    budget_summary`), one line per method in a band of its interval, on a log axis; the
+    teacher's accuracy solid and ``tolerance`` under it dotted (what "reaches the teacher"
+    asks of an interval's upper end)."""
+    fig, ax = _axes(ax, (6.5, 3.8))
+    for method, part in summary.groupby("method", sort=False):
+        part = part.sort_values("tokens")
+        ax.fill_between(part["tokens"], part["accuracy_lo"], part["accuracy_hi"], alpha=0.2)
+        ax.plot(part["tokens"], part["accuracy"], "o-", ms=4, label=method)
+    ax.axhline(teacher_accuracy, color="#4d4d4d", lw=1, label=f"teacher {teacher_accuracy:.3f}")
+    ax.axhline(teacher_accuracy - tolerance, color="#4d4d4d", lw=1, ls=":",
+               label=f"teacher - {tolerance:g}")
+    ax.set_xscale("log")
+    ticks = summary.groupby("budget_fraction")["tokens"].mean()
+    ax.set_xticks(ticks.to_numpy(), [f"{t:,.0f}\n{f:.0%}" for f, t in ticks.items()])
+    ax.minorticks_off()
+    ax.set_xlabel("training tokens, share of the teacher's (its count: sequence tokens of "
+                  "padded batches)")
+    ax.set_ylabel("held-out accuracy (mean, 95% interval)")
     ax.legend(fontsize=7)
     _caption(ax, label)
     return fig
