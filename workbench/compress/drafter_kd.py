@@ -120,13 +120,12 @@ def distill_drafter(student, teacher, tokenizer, prompts, held_out_prompts=(),
     if config.mode != "kd":
         raise ValueError(f"DistillConfig.mode={config.mode!r}: a drafter is distilled toward "
                          "its teacher; accepted: 'kd'")
+    held_prompts = (list(held_out_prompts) if isinstance(held_out_prompts, (list, tuple))
+                    else _check_prompts(held_out_prompts, "held_out_prompts"))
     seed = config.train.seed
     train = rollout_batches(teacher, tokenizer, prompts, config.batch_size, seed, **rollouts)
-    held_out = []
-    if list(held_out_prompts):
-        held = {**rollouts, "temperatures": (0.0,)}
-        held_out = rollout_batches(teacher, tokenizer, _check_prompts(
-            held_out_prompts, "held_out_prompts"), config.batch_size, seed, **held)
+    held_out = (rollout_batches(teacher, tokenizer, held_prompts, config.batch_size, seed,
+                                **{**rollouts, "temperatures": (0.0,)}) if held_prompts else [])
     distiller = Distiller(student, teacher, train, config, held_out,
                           checkpoint_dir=checkpoint_dir, desc="drafter KD")
     distiller.run()
