@@ -13,8 +13,8 @@ present, so a second run (the speed part on a quiet machine) trains nothing.
 
 Part ``tau`` (does not depend on the machine's load): on held-out prompts, greedy, batch 1, every
 drafter at every k of ``--ks``: tau, the tokens checked equal to plain decoding's, the step
-costs measured in the same runs (T1 a plain teacher step, just before the drafter's runs; Td one
-draft token; Tv one verify pass) as ratios c_draft = Td / T1 and c_verify = Tv / T1, the bound
+costs (T1 a plain teacher step, Td one draft token, Tv one verify pass) measured in one more
+rollout whose plain and SD steps alternate, so that the machine's load hits them alike, as ratios c_draft = Td / T1 and c_verify = Tv / T1, the bound
 tau / (k c_draft + c_verify) and the tau a 1.2x would need. Also each student's agreement (the
 share of positions where its argmax is the teacher's) and KL to the teacher on the teacher's
 greedy rollouts of the same prompts.
@@ -44,6 +44,7 @@ from workbench.compress.plan import param_count
 from workbench.models import load_model, save_model
 from workbench.results import prepare_out_dir, write_table
 from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.schedule import PLAIN, PlainSchedule, StepPlan
 from workbench.speculative import LMDrafter
 from workbench.speculative.defaults import default_drafters
 from workbench.speculative.measure import acceptance_length, step_times
@@ -139,25 +140,43 @@ def student_table(students: dict, teacher, tok, prompts, max_new_tokens) -> pd.D
                          for name, pair in students.items() for stage, m in pair.items()])
 
 
+class Alternating(PlainSchedule):
+    """Plain and speculative decode steps (a chain of ``k``) in turn on every worker: T1, Td
+    and Tv measured interleaved step by step, so that a busy machine's swings, which last
+    seconds, hit all three alike."""
+
+    needs_drafter = True
+
+    def __init__(self, k: int):
+        self.step, self.turn = StepPlan("speculative", k), {}
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan:
+        self.turn[worker] = not self.turn.get(worker, False)
+        return self.step if self.turn[worker] else PLAIN
+
+
 def tau_table(engine, prompts, drafters: dict, ks, max_new_tokens) -> pd.DataFrame:
-    """Part ``tau``: one greedy batch-1 rollout per (drafter, k), after a plain one whose T1
-    prices the drafter's steps."""
+    """Part ``tau``: per (drafter, k), tau from a greedy batch-1 SD rollout, and the step
+    costs from one more in which plain and SD steps alternate (:class:`Alternating`); both
+    rollouts' tokens are checked against plain decoding's."""
     base = RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=1)
+    plain = engine.rollout(prompts, base, progress=False).tokens
     rows = []
     for name, drafter in drafters.items():
-        plain = engine.rollout(prompts, base, progress=False)
-        t1 = step_times(plain.timeline.steps)["T1"]
         for k in ks:
             sd = engine.rollout(prompts, replace(base, spec_k=k), drafter=drafter,
                                 progress=False)
-            times = step_times(sd.timeline.steps, k)
-            tau, c_d, c_v = acceptance_length(sd), times["Td"] / t1, times["Tv"] / t1
-            rows.append({"drafter": name, "k": k, "tau": tau, "T1_ms": 1e3 * t1,
+            mixed = engine.rollout(prompts, base, drafter=drafter, schedule=Alternating(k),
+                                   progress=False)
+            times = step_times(mixed.timeline.steps, k)
+            tau, c_d, c_v = (acceptance_length(sd), times["Td"] / times["T1"],
+                             times["Tv"] / times["T1"])
+            rows.append({"drafter": name, "k": k, "tau": tau, "T1_ms": 1e3 * times["T1"],
                          "Td_ms": 1e3 * times["Td"], "Tv_ms": 1e3 * times["Tv"],
                          "c_draft": c_d, "c_verify": c_v, "bound": tau / (k * c_d + c_v),
                          "tau_for_target": TARGET * (k * c_d + c_v),
-                         "identical": sd.tokens == plain.tokens,
-                         "diverged_at": first_divergence(plain.tokens, sd.tokens)})
+                         "identical": sd.tokens == plain and mixed.tokens == plain,
+                         "diverged_at": first_divergence(plain, sd.tokens)})
         print(f"tau: {name} done", flush=True)
     return pd.DataFrame(rows)
 
