@@ -210,7 +210,7 @@ def arguments() -> argparse.ArgumentParser:
                                                       "width_25"])
     ap.add_argument("--prompts", type=int, default=32, help="held-out prompts measured")
     ap.add_argument("--ks", type=int, nargs="+", default=[2, 3, 4, 6], help="part tau")
-    ap.add_argument("--speed-ks", type=int, nargs="+", default=[3, 4], help="part speed")
+    ap.add_argument("--speed-ks", type=int, nargs="+", default=[4, 6], help="part speed")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32], help="part speed")
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--train-size", type=int, default=512, help="task texts, pipeline KD")
