@@ -7,17 +7,18 @@ each distilled from the teacher on the task's reference traces as the compress p
 (``compress_step``: the *before* student), then distilled further as a drafter
 (``compress.drafter_kd.distill_drafter``: logit KD on the teacher's own greedy and T=1 rollouts,
 the *after* student; with ``--control`` also the *more* student: as many further steps of the
-pipeline's own KD on the reference traces, to tell the rollouts' effect from the steps'). Students
-are saved under ``--out``/students and loaded from there when
-present, so a second run (the speed part on a quiet machine) trains nothing.
+pipeline's own KD on the reference traces, to tell the rollouts' effect from the steps').
+Students are saved under ``--out``/students and loaded from there when present, so a second run
+(the speed part on a quiet machine) trains nothing.
 
 Part ``tau`` (does not depend on the machine's load): on held-out prompts, greedy, batch 1, every
 drafter at every k of ``--ks``: tau, the tokens checked equal to plain decoding's, the step
 costs (T1 a plain teacher step, Td one draft token, Tv one verify pass) measured in one more
-rollout whose plain and SD steps alternate, so that the machine's load hits them alike, as ratios c_draft = Td / T1 and c_verify = Tv / T1, the bound
-tau / (k c_draft + c_verify) and the tau a 1.2x would need. Also each student's agreement (the
-share of positions where its argmax is the teacher's) and KL to the teacher on the teacher's
-greedy rollouts of the same prompts.
+rollout whose plain and SD steps alternate, so that the machine's load hits them alike, as
+ratios c_draft = Td / T1 and c_verify = Tv / T1, the bound tau / (k c_draft + c_verify) and
+the tau a 1.2x would need. Also each student's agreement (the share of positions where its
+argmax is the teacher's) and KL to the teacher on the teacher's greedy rollouts of the same
+prompts.
 Part ``speed`` (``sd_sweep``): speedup over plain decoding at ``--batch-sizes``, plain and every
 drafter interleaved inside each repeat, median of per-repeat tokens/s ratios, greedy; the run
 fails when any drafter's tokens differ from plain decoding's.
@@ -32,7 +33,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from common import add_common, header, print_table
 from workbench.compress.data import CALIBRATION_SEED, distill_data
