@@ -24,6 +24,9 @@ VARIANTS = ["baseline", "partial"]
 COLUMNS = ["variant", "seed", "step", "reward", "loss", "tokens", "tokens_digest",
            "offpolicy_token_share", "groups_trained", "carried_groups", "sampled_version"]
 HELD_OUT = PROBLEMS[:6]
+# responses of 12 tokens, 3 per partial step: groups held over several steps finish together
+# with fresh ones, so which are trained must not read the clock (it once did, by finish time)
+GRPO = _grpo(max_new_tokens=12)
 
 
 def _ablation(tokenizer, steps, folder=None, **kw):
@@ -31,7 +34,7 @@ def _ablation(tokenizer, steps, folder=None, **kw):
                 eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8, **kw)
     if folder is not None:
         args.update(checkpoint_dir=folder, checkpoint_every=args.pop("checkpoint_every", 1))
-    return run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), steps,
+    return run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, GRPO, steps,
                         **args)
 
 
@@ -120,17 +123,18 @@ def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, t
     stepped = _count_steps(monkeypatch)
     with pytest.raises(ValueError, match=r"other settings:\n  variants: saved \['baseline', "
                                          r"'partial'\], this call \['baseline', 'async'\]"):
-        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, GRPO, 2,
                      variants=["baseline", "async"], seeds=[0, 1], reward=_length_reward,
                      eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"eval: saved .*'every': 2.*'every': 3"):
-        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, GRPO, 2,
                      variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
                      eval_problems=HELD_OUT, eval_every=3, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"grpo: saved .*lr=0\.05.*lr=0\.01"):
-        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(lr=1e-2), 2,
+        run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS,
+                     GRPO.updated(lr=1e-2), 2,
                      variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
                      eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)

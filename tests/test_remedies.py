@@ -6,6 +6,7 @@ off-policy measures are counted right."""
 import copy
 import itertools
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -198,6 +199,21 @@ def test_partial_keeps_the_prefix_under_a_new_policy_and_counts_its_staleness(to
         assert r.versions == sorted(r.versions) and r.versions[:n] == [0] * n
     assert any(len(set(r.versions)) > 1 for r in carried)
     assert len(tr.history) == 4
+
+
+def test_of_the_finished_groups_partial_trains_the_first_drawn_and_early_stop_the_first_done(
+        tokenizer):
+    """More groups than ``target`` (3) may finish in one partial step (held-over ones beside
+    fresh ones): partial trains the first drawn, whatever the clock says (a resumed run takes
+    the same groups); over-provisioning trains the first to finish, its early stop's choice."""
+    groups = [SimpleNamespace(done=True, drawn=d) for d in (5, 1, 3, 0)]
+    groups.append(SimpleNamespace(done=False, drawn=2))
+    live = [(g, None) for g in groups]
+    outs = [SimpleNamespace(end_s=t) for t in (0.1, 0.4, 0.2, 0.3, 0.05)]  # measured ends
+    trained, carried, dropped = _trainer(tokenizer, "partial").sampler._split(groups, live, outs)
+    assert [g.drawn for g in trained] == [0, 1, 3] and [g.drawn for g in carried] == [2, 5]
+    trained, carried, _ = _trainer(tokenizer, "april").sampler._split(groups, live, outs)
+    assert [g.drawn for g in trained] == [5, 3, 0] and [g.drawn for g in carried] == [1, 2]
 
 
 # ---- one-step async ---------------------------------------------------------------------------

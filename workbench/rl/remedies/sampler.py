@@ -15,9 +15,10 @@ One call of :meth:`Sampler.sample` reads top to bottom:
 4. **growth**: each response takes the tokens it had at the end, sampled by ``version``
    (and, recorded, that policy's log-probs of them: the rollout's own, as the sampler drew
    them, so that the behaviour policy costs no forward of the trainer's);
-5. **split**: the finished groups, first to finish first, ``target`` of them at most, are
-   trained; the rest carry over to the next step, are dropped, or are dropped and their
-   prompts deferred (``leftover``).
+5. **split**: the finished groups, ``target`` of them at most, are trained (with
+   over-provisioning the first to finish; else the first drawn: a choice by tokens alone);
+   the rest carry over to the next step, are dropped, or are dropped and their prompts
+   deferred (``leftover``).
 
 TLT beside a remedy: the spot trainer's drafter jobs (``tail``) train in the idle windows of
 the rollout *as it ended*. A rollout that may be cut (over-provisioning) runs without them;
@@ -52,7 +53,7 @@ __all__ = ["Sampler", "Sampled"]
 
 @dataclass
 class Sampled:
-    """One step's rollout: ``trained`` (finished groups, first to finish first), ``carried``
+    """One step's rollout: ``trained`` (finished groups, as ``Sampler._split`` chose), ``carried``
     (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
     policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
     engine's ``result``, whether it was a ``long_round`` of deferred prompts (tail
@@ -206,12 +207,17 @@ class Sampler:
         return finish
 
     def _split(self, groups, live, outs) -> tuple[list, list, list]:
-        """5) ``(trained, carried, dropped)``: the finished groups by finish time (ties in
-        group order), ``target`` of them at most, are trained."""
+        """5) ``(trained, carried, dropped)``: of the finished groups, ``target`` at most are
+        trained. With over-provisioning the first to finish (by finish time, ties in group
+        order: the early stop's own choice); else the first drawn (partial rollouts, where
+        groups held over several steps may finish together with fresh ones: the one that
+        waited longest goes first, and the choice reads tokens alone, never the measured
+        clock, so a resumed run takes the same groups as a straight one)."""
         ends = {id(g): 0.0 for g in groups}
         for (g, _), out in zip(live, outs):
             ends[id(g)] = max(ends[id(g)], out.end_s)
-        done = sorted((g for g in groups if g.done), key=lambda g: ends[id(g)])
+        first = (lambda g: ends[id(g)]) if self.extra_groups else (lambda g: g.drawn)
+        done = sorted((g for g in groups if g.done), key=first)
         trained, rest = done[:self.target], done[self.target:]
         rest += [g for g in groups if not g.done]
         rest.sort(key=lambda g: g.drawn)
