@@ -10,11 +10,16 @@ ended worse than the start. The default lr for ``BENCHMARKS.md`` is the one with
 mean kept loss at both targets; a near-teacher student must never end worse than it started.
 
     python benchmarks/bench_distill_lr.py --lrs 1e-4 3e-4 1e-3 3e-3 --targets 0.7 0.5 --seeds 0 1 2
+
+Each run's row goes to ``--out`` (a csv, rewritten atomically after every run) as it ends, and
+a sweep started again with the same ``--out`` skips the (target, lr, seed) rows it holds: the
+24 runs take longer than a session on a shared machine.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -25,6 +30,7 @@ from workbench.compress.importance import importance_from_batches
 from workbench.compress.iterative import pick_plan
 from workbench.compress.prune import prune
 from workbench.compress.setup import compress_setup
+from workbench.results import write_table
 
 
 def one_run(setup, student, lr: float, seed: int, args) -> dict:
@@ -62,6 +68,8 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--out", default="runs/distill_lr.csv",
+                    help="the runs' rows, kept as they end; rows already there are not rerun")
     args = ap.parse_args()
     torch.manual_seed(0)
     setup = compress_setup("default", batch_size=args.batch_size)
@@ -70,13 +78,18 @@ def main():
           f"{args.batch_size} texts; teacher held-out LM loss {setup.teacher_loss:.4f}; "
           f"threads={torch.get_num_threads()}, torch {torch.__version__}\n\nCommand:\n\n"
           f"```bash\n{command_line(ap, args)}\n```")
-    rows = []
+    out = Path(args.out)
+    rows = pd.read_csv(out).to_dict("records") if out.is_file() else []
+    done = {(r["target"], r["lr"], r["seed"]) for r in rows}
     for target in args.targets:
         student = prune(setup.teacher, pick_plan(setup.teacher.config, target, "width"), scores)
         for lr in args.lrs:
             for seed in args.seeds:
+                if (target, lr, seed) in done:
+                    continue
                 rows.append({"target": target, "lr": lr, "seed": seed,
                              **one_run(setup, student, lr, seed, args)})
+                write_table(pd.DataFrame(rows), out)
     print_table("Held-out LM loss (nats) by target and peak lr, mean ± sd over seeds",
                 summary(pd.DataFrame(rows), setup.teacher_loss))
 
