@@ -96,8 +96,7 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     # the stopped run's observation of step 2 as a process paused mid-rollout leaves it: its
     # sim-clock steps stretched by the pause, so the idle windows grow with it
     stale = trajectory.spool.take(2)
-    for frame in (stale.rl.result.timeline.steps,):
-        frame[["start_s", "end_s"]] *= 1000
+    stale.rl.result.timeline.steps[["start_s", "end_s"]] *= 1000
     trajectory.spool.put(stale)
     from workbench.rl.staleness_split import clear_for_resume, trajectory_step
     assert trajectory_step(tmp_path / "trajectory") == 2

@@ -74,14 +74,15 @@ class RunCheck:
                 f"simulator_error_{v}": self.error}
 
 
-def _timelines(folder: Path, variant: str, seed: int) -> list[Timeline]:
+def _saved_steps(folder: Path, variant: str, seed: int) -> list[Path]:
+    """The folders of ``variant``'s saved step timelines of ``seed``, in step order."""
     where = folder / "timelines" / f"{variant}-seed{seed}"
     steps = sorted(where.glob("step*")) if where.is_dir() else []
     if not steps:
         raise ValueError(f"no saved timelines of {variant!r} seed {seed} under {str(where)!r}; "
                          "accepted: a run folder of notebook 04 whose variants include "
                          f"{[*CALIBRATION_VARIANTS]} and the one checked, with that seed saved")
-    return [Timeline.load(p) for p in steps]
+    return steps
 
 
 def check_run(folder: str | os.PathLike, variant: str = "tlt", seed: int = 0) -> RunCheck:
@@ -89,8 +90,9 @@ def check_run(folder: str | os.PathLike, variant: str = "tlt", seed: int = 0) ->
     ``out_dir``) from its baseline and static SD runs of ``seed`` (module docstring), beside
     the measured one. Every input is read and checked before anything is simulated."""
     folder = Path(folder)
-    base, static = (_timelines(folder, v, seed) for v in CALIBRATION_VARIANTS)
-    _timelines(folder, variant, seed)
+    base, static = ([Timeline.load(p) for p in _saved_steps(folder, v, seed)]
+                    for v in CALIBRATION_VARIANTS)
+    _saved_steps(folder, variant, seed)  # checked to be there; its steps are never read
     if not (folder / "history.csv").is_file():
         raise ValueError(f"no history.csv in {str(folder)!r}; accepted: a run folder of "
                          "notebook 04")
