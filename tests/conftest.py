@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random models built in the test, in float64 where equality matters;
 the session's one local Ray and its 2 actors."""
 import copy
+import itertools
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,24 @@ from workbench.zoo.tokenizer import build_char_tokenizer
 # their barriers (10x slower)
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def busy_for(seconds: float) -> None:
+    """Work (a busy loop) for ``seconds`` of this thread's CPU time: a slower step as every
+    clock sees it (a sleep passes unseen by the sim clock's CPU time: ``workbench.clock``)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.fixture
+def tick_clock(monkeypatch):
+    """Every clock reading, wall (``perf_counter``) and thread CPU time alike (the sim clock's:
+    ``workbench.clock``), 1/1024 s after the one before: a step's times are exact in binary
+    and the same on every machine, for a test whose outcome reads the measured clock."""
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
+    monkeypatch.setattr(time, "thread_time", lambda: next(ticks) / 1024)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """The cluster simulator: a hand-computed toy step, a recorded rollout replayed from its own
 measured costs, the threshold rule's B = 0 as plain, the bandit's limit, the update's scaling
 with N, determinism under a seed, and 1024 workers x 64 requests within its time budget."""
-import itertools
 import time
 
 import numpy as np
@@ -118,15 +117,13 @@ def test_1024_workers_of_64_requests_run_within_10_s():
     assert s["requests"] == 1024 * 64 and s["sd_speedup"] > 1
 
 
-def test_a_recorded_rollout_replays_to_its_own_makespan(tokenizer, tmp_path, monkeypatch):
+def test_a_recorded_rollout_replays_to_its_own_makespan(tokenizer, tmp_path, tick_clock):
     """The trace of a real rollout, fed its own measured step costs, gives the simulator the
     timeline's makespan exactly, on a clock that ticks 1/1024 s per reading (every step of the
     engine reads it alike, so each step costs what the StepCost's mean at its batch size is;
     on the real clock each step carries its own timer noise around that mean, and a tiny
     model's millisecond steps on a busy machine drift by more than any tolerance would say).
     The step counts are exact too: the same tokens at the same live batch sizes."""
-    ticks = itertools.count()
-    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
     engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
     res = engine.rollout(MANY[:12], max_new_tokens=24, workers=3, progress=False)
     res.timeline.save(tmp_path / "timeline")

@@ -4,8 +4,6 @@ exactly where they stopped, each token's version recorded; one-step async trains
 exactly one version old, weighted by the behaviour policy's log-probs; and the clock and the
 off-policy measures are counted right."""
 import copy
-import itertools
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -359,12 +357,10 @@ def test_a_resumed_run_continues_exactly(tokenizer, tmp_path, name):
 
 @pytest.mark.parametrize("name", ["april", "tail_batching"])
 def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path, name,
-                                                            monkeypatch):
+                                                            tick_clock):
     # the cut reads the measured clock; on one that ticks 1/1024 s per reading the first step
     # is the same on every machine. With responses up to 64 tokens the groups' longest
     # responses differ (at 24 most groups end together at the cap and none waits)
-    ticks = itertools.count()
-    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
     run = _resumable(tokenizer, name, tmp_path, max_new_tokens=64)
     run.run(1, progress=False)
     back = _resumable(tokenizer, name, tmp_path, max_new_tokens=64)

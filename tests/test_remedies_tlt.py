@@ -2,8 +2,6 @@
 adaptive engine, and the spot trainer trains the drafter in their idle windows; with an early
 stop those windows end at the cut, and the drafter trains on the requests as they stood
 there."""
-import itertools
-import time
 
 import pytest
 import torch
@@ -44,13 +42,11 @@ def _trainer(tokenizer, remedy, backend="local", **kw):
 
 
 def test_with_an_early_stop_the_drafter_trains_until_the_cut_on_the_cut_requests(
-        tokenizer, monkeypatch):
+        tokenizer, tick_clock):
     """On a clock that ticks 1/1024 s per reading (so that which worker is idle when is
     fixed), TLT beside over-provisioning: every idle window ends at the cut, each worker that
     finished before it trains from its last step, no drafter step ends past the cut, and the
     harvest the drafter learns from is each request's prefix at the cut."""
-    ticks = itertools.count()
-    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
     tr = _trainer(tokenizer, "overprovision", extra_groups=3)
     for _ in range(4):  # until a step is cut while some workers idle before the cut
         version = tr.spot.version

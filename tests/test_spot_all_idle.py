@@ -147,20 +147,16 @@ MAIN_FIGURES = {
 
 @pytest.mark.parametrize("workers", [2, 4])
 def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_tails,
-                                                              monkeypatch, workers):
+                                                              tick_clock, workers):
     """The tail jobs on the sim clock train what the spot trainer trained after the rollout:
     on a clock that ticks 1/1024 s per reading (so that which requests finished before each
     window is fixed, ties included: every time is exact in binary), three steps of the static-chain variant take main's drafter steps,
     pairs and losses, on 2 workers (the first finisher alone) and on 4 (three copies)."""
-    import itertools
-    import time
 
     from workbench.rl import GRPOConfig
     from workbench.rl.tlt import TLTConfig, TLTTrainer
 
     from .test_tlt import _problems, _reward
-    ticks = itertools.count()
-    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) / 1024)
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(3)
     head = EagleHead(model).to(torch.float64)

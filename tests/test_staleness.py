@@ -65,15 +65,15 @@ def _steady_clock(mp) -> None:
     gets a 60 s tail (``test_tlt._longer_tail``), so that the spot trainer's ``max_steps``
     decides how many steps each idle window takes: the adaptive drafter is the same run
     after run."""
-    import workbench.rollout.decoder as decoder
+    import workbench.clock as clock
     import workbench.rollout.worker as worker
     from workbench.adapt import SpotTrainer
 
     from .test_tlt import _longer_tail
     ticks = itertools.count()
-    clock = types.SimpleNamespace(perf_counter=lambda: next(ticks) * 2**-10, time=lambda: 0.0)
-    mp.setattr(worker, "time", clock)
-    mp.setattr(decoder, "time", clock)
+    tick = lambda: next(ticks) * 2**-10  # noqa: E731
+    mp.setattr(clock, "time", types.SimpleNamespace(perf_counter=tick, thread_time=tick))
+    mp.setattr(worker, "time", types.SimpleNamespace(time=lambda: 0.0))
     train = SpotTrainer.train_in_idle
     mp.setattr(SpotTrainer, "train_in_idle",
                lambda self, result, backend: train(self, _longer_tail(result), backend))

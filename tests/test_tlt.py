@@ -1,7 +1,6 @@
 """The adaptive drafter and the TLT trainer: the buffer's one-step offset, idle-window
 training on the sim clock, preemption-safe publishing, and TLT = baseline token for token."""
 import copy
-import time
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import harvest_pairs
 from workbench.tasks import Problem
 
-from .conftest import PROMPTS, tiny_model
+from .conftest import PROMPTS, busy_for, tiny_model
 from .test_engine import MANY
 
 CHAINS = ("chain:k=2", "chain:k=3")
@@ -148,7 +147,7 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     real_step = spot.eagle.step  # the spot trainer takes one EagleTrainer.step per drafter step
 
     def slow_step(*a, **k):  # this machine got slower: one step outlasts the whole window
-        time.sleep(end - start + 0.05)
+        busy_for(end - start + 0.05)  # work, on the sim clock's CPU time too
         return real_step(*a, **k)
     spot.eagle.step = slow_step
     spot.step_s = 0.0  # the estimate of v1's steps (slow on a loaded machine) lets it start

@@ -75,7 +75,7 @@ class SleepJob:
     def run(self, window, clock):
         done = []
         for i in range(self.naps):
-            value, row = clock.timed("drafter_train", lambda: time.sleep(self.nap_s) or i,
+            value, row = clock.timed("drafter_train", lambda: clock.wait(self.nap_s) or i,
                                      batch_size=3)
             if row.get("preempted"):
                 break

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ..clock import seconds_reader
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutConfig, RolloutEngine, make_backend
 from ..rollout.timeline import ROLLOUT_KINDS
@@ -158,13 +158,14 @@ class GRPO:
 
     def update(self, rl: RLStep, extra: dict | None = None) -> dict:
         """Update the policy on ``rl``'s groups; returns (and records) the step's metrics."""
-        t0 = time.perf_counter()
+        read = seconds_reader(rl.result.timeline.clock)  # the rollout's clock (workbench.clock)
+        t0 = read()
         data = self.update_data(rl)                                    # 2) frozen inputs
         rows = []
         with self.trainer.training():                                  # 3) the steps
             for index in self.minibatch_plan(rl.step, len(data)):
                 rows.append(self.trainer.step((data, index)))
-        update_s = time.perf_counter() - t0
+        update_s = read() - t0
         self.engine.policy_changed()  # workers with a copy get policy v+1 before its rollout
         row = self._metrics(rl, pd.DataFrame(rows), update_s)          # 4) the row
         row.update(extra or {})

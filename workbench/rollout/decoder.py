@@ -12,8 +12,6 @@ not depend on when it joined or with whom.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 
@@ -24,12 +22,6 @@ from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, 
 from .schedule import StepPlan, StepReport
 
 __all__ = ["BatchDecoder", "DraftContext", "prefill_groups"]
-
-
-def _timed(fn, *args, **kwargs):
-    t = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return out, time.perf_counter() - t
 
 
 class DraftContext:
@@ -87,6 +79,10 @@ class DraftContext:
     def needs_logq(self) -> bool:
         """Whether verification reads the drafter's distribution (speculative sampling)."""
         return self.decoder.mode == "speculative"
+
+    def wait(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the worker's clock without work (``StepRecorder.wait``)."""
+        self.decoder.rec.wait(seconds)
 
     def choose(self, logits: torch.Tensor, depth: int):
         return self.decoder.choose_draft(logits, depth)
@@ -196,7 +192,7 @@ class BatchDecoder:
                                                  self.forward.device)
         for r in reqs:
             r.start_s = start
-        (logits, hidden), fwd_s = _timed(self.forward, ids, pos, new.mask, new.col_pos,
+        (logits, hidden), fwd_s = self._timed(self.forward, ids, pos, new.mask, new.col_pos,
                                          new.cache)
         tok, lp = self.sample_next(new, logits[:, -1])
         states = [hidden[row, -len(r.prompt_ids):] for row, r in enumerate(reqs)]
@@ -225,7 +221,7 @@ class BatchDecoder:
         """Feed every row's last token, sample the next; ``(tokens emitted, forward s)``."""
         b = self.batch
         pos = b.append_columns(1)
-        (logits, hidden), fwd_s = _timed(self.forward, b.last_token[:, None], pos, b.mask,
+        (logits, hidden), fwd_s = self._timed(self.forward, b.last_token[:, None], pos, b.mask,
                                          b.col_pos, b.cache)
         b.next_pos += 1
         tok, lp = self.sample_next(b, logits[:, -1])
@@ -254,12 +250,12 @@ class BatchDecoder:
         if k < 1:
             n, fwd_s = self.plain_step()
             return n, 0, 0, 0.0, fwd_s, None
-        draft, draft_s = _timed(propose, drafter, DraftContext(self), plan, k)
+        draft, draft_s = self._timed(propose, drafter, DraftContext(self), plan, k)
         self.rec.end("draft", b.size, 0, draft_s)
         width = b.width
         fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)
         pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))
-        (logits, hidden), fwd_s = _timed(self.forward, fed, pos, b.mask, b.col_pos, b.cache,
+        (logits, hidden), fwd_s = self._timed(self.forward, fed, pos, b.mask, b.col_pos, b.cache,
                                          logits_from=0, tree=draft.visible)
         verdict = draft.accept(self, fed, logits, hidden)
         b.mask[:, width:] = verdict.keep.to(b.mask.dtype)
@@ -274,6 +270,13 @@ class BatchDecoder:
         return n, draft.size * rows, sum(verdict.accepted), draft_s, fwd_s, name
 
     # ---- bookkeeping --------------------------------------------------------------------
+    def _timed(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` and the seconds it took on the worker's clock (a wait
+        charged inside it included: ``StepRecorder.wait``)."""
+        start = self.rec.now()
+        out = fn(*args, **kwargs)
+        return out, self.rec.now() - start
+
     def _keep_hidden(self, i: int, h: torch.Tensor) -> None:
         """Policy states of request ``i``'s newly fed positions, for the drafter and harvest."""
         if self.draft_hidden:

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ..checks import check_choice
+from ..clock import seconds_reader
 from .config import RolloutConfig
 from .decoder import BatchDecoder
 from .drafts import check_schedule_drafter
@@ -43,18 +44,30 @@ class StepRecorder:
     Time 0 is the recorder's creation, or ``origin`` when a backend gives one: a wall time
     (``time.time()``) common to all workers of a step, such as the driver's at submit, so
     that workers in other processes share one timeline and the first step starts when the
-    worker really began (the wait before it shows as idle)."""
+    worker really began (the wait before it shows as idle). Seconds are read by ``read``
+    (``workbench.clock``: on the sim clock with torch on one thread, this thread's CPU time,
+    which other processes on the machine do not stretch; else wall time)."""
 
     def __init__(self, worker: int, clock: str, origin: float | None = None):
         self.worker, self.clock = worker, clock
+        self.read = seconds_reader(clock)
         ahead = 0.0 if origin is None else time.time() - origin
-        self.t0 = time.perf_counter() - ahead
+        self.t0 = self.read() - ahead
         self.rows: list[dict] = []
         self.mark = ahead
         self.decisions = 0  # decode steps labelled so far
 
     def now(self) -> float:
-        return time.perf_counter() - self.t0
+        return self.read() - self.t0
+
+    def wait(self, seconds: float) -> None:
+        """Let ``seconds`` pass on this clock without work (a drafter slowed on purpose):
+        slept on the wall clock, charged on the sim clock (the clock moves on at once; its
+        CPU time would not see a sleep: ``workbench.clock``)."""
+        if self.clock == "wall":
+            time.sleep(seconds)
+        else:
+            self.t0 -= seconds
 
     def begin(self) -> float:
         """Start of the next step: the end of the previous one (for the first, the
@@ -84,7 +97,7 @@ class StepRecorder:
         have run, right after the last step; on the wall clock the time since the last step
         really passed, and shows as idle."""
         start = max(self.now() if self.clock == "wall" else self.mark, after_s)
-        self.t0 = time.perf_counter() - start
+        self.t0 = self.read() - start
         self.mark = start
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
@@ -92,10 +105,10 @@ class StepRecorder:
         where the last one ended: work done later in the same rollout step (after the
         worker's last decode step, in its idle window) is charged where it would have run
         (a wall-clock caller :meth:`resume` s first, to record it at its real time)."""
-        self.t0 = time.perf_counter() - self.mark  # the clock resumes at the last mark
-        t = time.perf_counter()
+        self.t0 = self.read() - self.mark  # the clock resumes at the last mark
+        start = self.now()
         out = fn()
-        self.end(kind, batch_size, tokens, time.perf_counter() - t)
+        self.end(kind, batch_size, tokens, self.now() - start)
         return out
 
 
@@ -277,7 +290,8 @@ class IdleClock:
     ``timed(kind, fn)`` runs ``fn()`` as the worker's next step of ``kind`` (one of
     :data:`IDLE_KINDS`) and returns ``(value, row)`` (the step's steps-table row, a copy): on
     the sim clock the step starts where the previous one ended, on the wall clock when it
-    really starts. ``fits(seconds)``: whether a step of ``seconds`` starting now would end by
+    really starts; ``wait(seconds)`` inside it lets time pass without work (a job that
+    stands in for a slower one). ``fits(seconds)``: whether a step of ``seconds`` starting now would end by
     the window's end (``end``, a :class:`WindowEnd`; always, while it is open). A step that
     ends past a known end is **preempted** there: its row ends at the end with ``preempted``
     set (``forward_s`` keeps the seconds it really took), and the job discards its work.
@@ -305,6 +319,11 @@ class IdleClock:
 
     def fits(self, seconds: float) -> bool:
         return self.now() + seconds < self.end.end_s
+
+    def wait(self, seconds: float) -> None:
+        """Let ``seconds`` pass on the worker's clock without work, inside a step of
+        :meth:`timed` (``StepRecorder.wait``: slept on the wall clock, charged on the sim)."""
+        self._rec.wait(seconds)
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0,
               tokens: int = 0) -> tuple[object, dict]:

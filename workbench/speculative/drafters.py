@@ -354,9 +354,14 @@ class SlowedDrafter:
         return getattr(self.__dict__["drafter"], name)
 
     def draft(self, ctx, k):
-        time.sleep(k * self.delay_s)
+        self._wait(ctx, k)
         return self.drafter.draft(ctx, k)
 
     def draft_tree(self, ctx, k, branch):
-        time.sleep(k * self.delay_s)
+        self._wait(ctx, k)
         return self.drafter.draft_tree(ctx, k, branch)
+
+    def _wait(self, ctx, k: int) -> None:
+        """``k`` delays on the worker's clock (``DraftContext.wait``: charged on the sim
+        clock, slept on the wall clock); slept where the context has no clock."""
+        getattr(ctx, "wait", time.sleep)(k * self.delay_s)
