@@ -254,6 +254,13 @@ def test_figures_draw_the_tables():
     assert len(fig.axes) == 3
     assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[4.0, 3.9, 3.8],
                                                                      [4.0, 4.0, 4.1]]
+    fig = sviz.tau_over_steps(history, smooth=2)  # each drafter's points, then their mean
+    drawn = [line.get_ydata() for line in fig.axes[0].lines]
+    for line, expected in zip(drawn, [[4.0, 3.9, 3.8], [4.0, 3.95, 3.85], [4.0, 4.0, 4.1],
+                                      [4.0, 4.0, 4.05]], strict=True):
+        assert list(line) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="smooth"):
+        sviz.tau_over_steps(history, smooth=0)
     positions = pd.DataFrame({"step": [0, 0, 2, 2], "drafter": ["frozen"] * 4,
                               "position": [0, 16, 0, 16], "verify_steps": [4, 2, 4, 4],
                               "emitted": [16, 6, 12, 8]})

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ..checks import check_int
 from .timeline import _caption
 
 __all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "DRAFTER_COLORS"]
@@ -26,16 +27,24 @@ def _drafters(history: pd.DataFrame) -> list[str]:
 
 
 def tau_over_steps(history: pd.DataFrame, evals: pd.DataFrame | None = None, label: str = "",
-                   k: int | None = None):
+                   k: int | None = None, smooth: int | None = None):
     """tau of every drafter against the RL step, above the policy's KL to its start and
-    (with ``evals``) its held-out greedy accuracy, on one step axis."""
+    (with ``evals``) its held-out greedy accuracy, on one step axis. ``smooth``: the mean of
+    the last ``smooth`` steps drawn over each drafter's per-step points (faint then), for a
+    long run whose step-to-step noise hides the trend."""
+    smooth = check_int("smooth (steps)", smooth, 1, optional="the per-step points alone")
     panels = 3 if evals is not None and len(evals) else 2
     fig, axes = plt.subplots(panels, 1, figsize=(7.0, 2.2 + 1.8 * panels), sharex=True,
                              layout="constrained", height_ratios=[2] + [1] * (panels - 1))
     ax = axes[0]
     for name in _drafters(history):
-        ax.plot(history["step"], history[f"tau_{name}"], marker="o", ms=2.5, lw=1.2,
-                label=name, color=DRAFTER_COLORS.get(name))
+        color, tau = DRAFTER_COLORS.get(name), history[f"tau_{name}"]
+        ax.plot(history["step"], tau, marker="o", ms=2.5 if smooth is None else 1.5,
+                lw=1.2 if smooth is None else 0.4, alpha=1.0 if smooth is None else 0.35,
+                label=name if smooth is None else None, color=color)
+        if smooth is not None:
+            ax.plot(history["step"], tau.rolling(smooth, min_periods=1).mean(), lw=2.0,
+                    color=color, label=f"{name} (mean of {smooth} steps)")
     ax.set_ylabel("tau (tokens per verify step)" + (f", k={k}" if k else ""))
     ax.legend(fontsize=7, ncols=4, loc="lower left")
     _caption(ax, label)
