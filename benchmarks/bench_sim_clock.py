@@ -1,0 +1,107 @@
+"""Does a busy machine stretch the sim clock? The same rollout's sim makespan, quiet and beside
+CPU hogs, read as the working thread's CPU time (the sim clock's seconds with torch on one
+thread: ``workbench.clock``) and as wall time (what the sim clock read before).
+
+One rollout of the default policy on N local workers (sim clock, one torch thread, coupled
+sampling: the same tokens every time, checked by digest), four ways in every repeat, the order
+rotating: {cpu, wall} seconds x {quiet, loaded}. *Loaded*: ``--hogs`` processes spinning in
+pure Python beside it (as many as the cores: a test suite, a second run). Per reader, the ratio
+loaded / quiet of the makespan (median of the per-repeat ratios, min-max, spread); and the two
+readers' quiet makespans against each other (one clock for the same work).
+
+    python benchmarks/bench_sim_clock.py --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import torch
+
+import workbench.clock as clock
+from common import add_common, header, print_table, ratio_cells
+from workbench.models import load_model
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.speedup import spread_stats
+from workbench.tasks import RL_SEED, get_problems
+
+SYSTEMS = [("cpu", "quiet"), ("wall", "quiet"), ("cpu", "loaded"), ("wall", "loaded")]
+
+
+def rollout_once(engine, prompts, config, reader: str, hogs: int) -> dict:
+    """One rollout with the sim clock reading ``reader`` seconds, beside ``hogs`` spinning
+    processes; its sim makespan, wall seconds and token digest."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(hogs)]
+    saved = clock.reads_cpu_time
+    clock.reads_cpu_time = saved if reader == "cpu" else (lambda which: False)
+    try:
+        started = time.perf_counter()
+        result = engine.rollout(prompts, config, progress=False)
+        wall_s = time.perf_counter() - started
+    finally:
+        clock.reads_cpu_time = saved
+        for process in spinning:
+            process.kill()
+            process.wait()
+    digest = hashlib.sha1(repr(result.tokens).encode()).hexdigest()[:12]
+    return {"makespan_s": result.timeline.makespan_s, "wall_s": wall_s, "digest": digest}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2,
+                    help="spinning processes beside a loaded rollout (default: the cores)")
+    add_common(ap, repeats=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(header(ap, args, "Sim makespan quiet and loaded, CPU-time and wall readers"),
+          flush=True)
+    model, tokenizer = load_model("default")
+    engine = RolloutEngine(model, tokenizer)
+    prompts = [p.prompt for p in get_problems("running_sum", args.prompts, RL_SEED)]
+    config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
+                           samples_per_prompt=args.samples, workers=args.workers,
+                           spec_mode="coupled", seed=0)
+    rows = []
+    for _ in range(args.warmup):
+        rollout_once(engine, prompts, config, "cpu", 0)
+    for repeat in range(args.repeats):
+        order = SYSTEMS[repeat % 4:] + SYSTEMS[:repeat % 4]
+        for reader, load in order:
+            row = rollout_once(engine, prompts, config, reader, args.hogs if load == "loaded"
+                               else 0)
+            rows.append({"repeat": repeat, "reader": reader, "load": load, **row})
+            print(rows[-1], flush=True)
+    runs = pd.DataFrame(rows)
+    assert runs["digest"].nunique() == 1, "coupled sampling: every rollout decodes the same tokens"
+    wide = runs.pivot(index="repeat", columns=["reader", "load"], values="makespan_s")
+    table = []
+    for reader in ("cpu", "wall"):
+        stats = spread_stats(wide[(reader, "loaded")] / wide[(reader, "quiet")], wide=args.wide)
+        table.append({"sim seconds read as": reader,
+                      "quiet makespan s (median)": f"{wide[(reader, 'quiet')].median():.3f}",
+                      "loaded makespan s (median)": f"{wide[(reader, 'loaded')].median():.3f}",
+                      **{f"loaded / quiet {k}": v for k, v in ratio_cells(stats).items()}})
+    agree = spread_stats(wide[("cpu", "quiet")] / wide[("wall", "quiet")], wide=args.wide)
+    print_table(f"Sim makespan of one rollout ({args.prompts} x {args.samples} requests, "
+                f"{args.max_new_tokens} tokens, {args.workers} workers), quiet and beside "
+                f"{args.hogs} spinning processes", pd.DataFrame(table))
+    cells = ratio_cells(agree, digits=3)
+    print(f"\nquiet, CPU-time / wall makespan: {cells['ratio']} ({cells['min-max']}, spread "
+          f"{cells['spread']}); wall seconds of a rollout, quiet / loaded (median): "
+          f"{runs[runs.load == 'quiet'].wall_s.median():.2f} / "
+          f"{runs[runs.load == 'loaded'].wall_s.median():.2f}")
+
+
+if __name__ == "__main__":
+    main()
