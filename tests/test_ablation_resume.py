@@ -140,6 +140,13 @@ def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, t
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"steps=0, but .* already holds 1 steps.*steps >= 1"):
         _ablation(tokenizer, 0, folder)
+    torch.set_num_threads(2)  # a sim second is wall time now, not the thread's CPU time
+    try:
+        with pytest.raises(ValueError, match=r"sim_seconds: saved 'thread_cpu', this call "
+                                             r"'wall'"):
+            _ablation(tokenizer, 2, folder)
+    finally:
+        torch.set_num_threads(1)
     with pytest.raises(ValueError, match="checkpoint_every must be None or an integer >= 1, "
                                          "got 0"):
         _ablation(tokenizer, 1, tmp_path / "other", checkpoint_every=0)

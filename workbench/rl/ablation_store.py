@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..atomic import write_json
 from ..checks import check_int
+from ..clock import reads_cpu_time
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
 
@@ -41,8 +42,10 @@ def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, ev
     """What a resumed ablation must share with the one it resumes, as JSON: the variants and
     seeds in run order (the lockstep's rotation follows it), the GRPO config, TLT's
     arguments, a digest of the RL pool and of the held-out problems, the reward's name, the
-    held-out evaluation's settings, and the backend (its clock). ``steps`` is not among
-    them: a finished ablation goes on to a larger ``steps``."""
+    held-out evaluation's settings, the backend (its clock), and what a sim second is in
+    this process (``workbench.clock``: the thread's CPU time with torch on one thread, else
+    wall time; a run resumed with another thread count would add seconds of another kind).
+    ``steps`` is not among them: a finished ablation goes on to a larger ``steps``."""
     evaluation = None if eval_problems is None else {
         "problems": _digest(eval_problems), "count": len(eval_problems), "every": eval_every,
         "max_new_tokens": eval_max_new_tokens}
@@ -50,7 +53,8 @@ def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, ev
             "tlt": {k: repr(v) for k, v in sorted(tlt_kw.items())}, "pool": _digest(problems),
             "reward": getattr(reward, "__qualname__", type(reward).__qualname__),
             "eval": evaluation,
-            "backend": backend if isinstance(backend, str) else type(backend).__name__}
+            "backend": backend if isinstance(backend, str) else type(backend).__name__,
+            "sim_seconds": "thread_cpu" if reads_cpu_time("sim") else "wall"}
 
 
 def _digest(items) -> str:
