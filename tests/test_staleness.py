@@ -210,7 +210,10 @@ def test_metrics_and_tau_change_read_the_tables():
                           "acceptance_length": [4.0, 4.25]})
     m = staleness_metrics(history, pd.DataFrame({"step": [0, 20], "accuracy": [0.4, 0.5]}),
                           probe)
-    assert m["tau_frozen_first"] == 4.0 and m["tau_frozen_final"] == 3.2
+    # first and final: the means of the first and last tenth of the steps (2 of 20)
+    assert m["tau_window"] == 2 and m["tau_frozen_first"] == pytest.approx(4.1)
+    assert m["tau_frozen_final"] == pytest.approx(3.1)
+    assert m["tau_frozen_final"] - m["tau_frozen_first"] == pytest.approx(m["tau_frozen_change"])
     assert m["byproduct_gain"] == 0.25 and m["accuracy_final"] == 0.5 and m["rl_steps"] == 20
 
 
