@@ -17,6 +17,10 @@ side, the trajectory at most ``--max-ahead`` steps ahead (its observations spool
 resumes from there. Its outputs are the one-process run's (the same rows, wall seconds aside);
 a failure of either process stops both.
 
+``--drafters`` measures a subset (the by-product needs frozen and adaptive, the speedups the
+sibling drafter; what a run lacks is left out of its outputs): a rerun of the adaptive drafter
+against the frozen one skips the ceiling's and the sibling's hours.
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/staleness_run.py --steps 400 --out runs/staleness
     .venv/bin/python benchmarks/staleness_run.py --split --steps 400 --out runs/staleness
 """
@@ -32,7 +36,7 @@ import torch
 from workbench.adapt import SpotConfig
 from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
-from workbench.rl.staleness import StalenessConfig, staleness_setup
+from workbench.rl.staleness import DRAFTERS, StalenessConfig, staleness_setup
 from workbench.rl.staleness_drafters import CeilingConfig
 from workbench.rl.staleness_split import (clear_for_resume, run_side_by_side, split_setup,
                                           split_state)
@@ -67,6 +71,8 @@ def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap.add_argument("--speedup-groups", type=int, default=2,
                     help="the sibling drafter's speedup: prompt groups of the next step")
     ap.add_argument("--repeats", type=int, default=3, help="the speedup's repeats (>= 3)")
+    ap.add_argument("--drafters", nargs="+", default=list(DRAFTERS), choices=DRAFTERS,
+                    help="the drafters measured (default: all)")
     ap.add_argument("--split", action="store_true",
                     help="two processes on two cores: the trajectory and the drafters")
     ap.add_argument("--max-ahead", type=int, default=2,
@@ -119,6 +125,7 @@ def main():
     config = StalenessConfig(grpo=grpo, spot=SpotConfig(history_steps=args.history_steps),
                              ceiling=CeilingConfig(max_steps=args.ceiling_max_steps),
                              spec_k=args.spec_k, measure_groups=args.measure_groups,
+                             drafters=tuple(args.drafters),
                              eval_every=args.eval_every,
                              checkpoint_every=args.checkpoint_every)
     t0 = time.perf_counter()
@@ -132,11 +139,13 @@ def main():
         history = run.run_to(args.steps, progress=False, on_step=logger(t0))
     print(json.dumps({"steps_run": None if start is None else run.rl_step - start,
                       "wall_s": time.perf_counter() - t0}), flush=True)
-    table, speedups = byproduct(run, final), sibling_speedups(run, final)
+    table = byproduct(run, final) if {"frozen", "adaptive"} <= set(args.drafters) else None
+    speedups = sibling_speedups(run, final) if "sibling" in args.drafters else None
     for name, frame in (("history", history), ("positions", run.positions),
                         ("evals", run.evals), ("byproduct", table),
                         ("sibling_speedups", speedups)):
-        write_table(frame, out / f"{name}.csv")
+        if frame is not None:
+            write_table(frame, out / f"{name}.csv")
     metrics = staleness_metrics(history, run.evals, table, speedups, grpo.rollout.temperature)
     write_metrics(out, {**metrics, "threads": torch.get_num_threads(),
                         "processes": 2 if args.split else 1})

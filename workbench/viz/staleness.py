@@ -44,9 +44,11 @@ def tau_over_steps(history: pd.DataFrame, evals: pd.DataFrame | None = None, lab
                 label=name if smooth is None else None, color=color)
         if smooth is not None:
             ax.plot(history["step"], tau.rolling(smooth, min_periods=1).mean(), lw=2.0,
-                    color=color, label=f"{name} (mean of {smooth} steps)")
+                    color=color, label=name)
     ax.set_ylabel("tau (tokens per verify step)" + (f", k={k}" if k else ""))
-    ax.legend(fontsize=7, ncols=4, loc="lower left")
+    ax.legend(fontsize=7, ncols=4, loc="lower left",
+              title=None if smooth is None else f"points: each step; lines: mean of the "
+                                                f"last {smooth}", title_fontsize=7)
     _caption(ax, label)
     axes[1].plot(history["step"], history["kl_start"], color="#984ea3")
     axes[1].set_ylabel("KL to the start (k3)")
