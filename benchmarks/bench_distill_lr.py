@@ -1,7 +1,10 @@
 """Which peak learning rate should distillation's warm-up + cosine schedule default to? A
 short sweep: width-pruned students of the default policy near the teacher (70%) and further
-from it (50%), each distilled by logit KD at every peak lr over several seeds (batch order and
-projections), on the same data as notebooks 05-07 (``compress_setup``).
+from it (50%), each the width plan near its target with the lowest held-out loss right after
+pruning (``architecture_search``'s first ranking, as notebook 05 picks), each distilled by
+logit KD at every peak lr over several seeds (the seed orders the batches,
+``data.seeded_order``, as the notebooks' studies do), on the same data as notebooks 05-07
+(``compress_setup``).
 
 Per (target, lr): the held-out LM loss before KD, of the last weights (what the schedule alone
 gives: ``keep_best=False``'s result) and of the weights a run keeps (the best evaluation,
@@ -25,10 +28,11 @@ import pandas as pd
 import torch
 
 from common import command_line, print_table
+from workbench.compress.data import seeded_order
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.compress.importance import importance_from_batches
-from workbench.compress.iterative import pick_plan
 from workbench.compress.prune import prune
+from workbench.compress.studies import architecture_search
 from workbench.compress.setup import compress_setup
 from workbench.results import write_table
 
@@ -37,13 +41,25 @@ def one_run(setup, student, lr: float, seed: int, args) -> dict:
     """Distil a copy of ``student`` once; the losses the sweep reports."""
     config = DistillConfig.flat(horizon=args.steps, batch_size=args.batch_size, lr=lr,
                                 seed=seed, eval_every=args.eval_every, progress=False)
-    distiller = Distiller(copy.deepcopy(student), setup.teacher, setup.train, config,
-                          setup.held_out)
+    distiller = Distiller(copy.deepcopy(student), setup.teacher,
+                          seeded_order(setup.train, seed), config, setup.held_out)
     distiller.run()
     evals = distiller.evals
     return {"start": evals["eval_loss"].iloc[0], "last": evals["eval_loss"].iloc[-1],
             "kept": evals.loc[evals["best"], "eval_loss"].iloc[0],
             "kept_step": distiller.restored}
+
+
+def best_pruned_plan(setup, target: float, scores):
+    """The width plan near ``target`` with the lowest held-out LM loss right after pruning."""
+    search = architecture_search(setup.teacher, target, setup.calibration, setup.train,
+                                 setup.held_out, top=1, kinds=("width",), scores=scores,
+                                 config=DistillConfig.flat(horizon=1, progress=False),
+                                 progress=False)
+    best = search.sort_values("loss_pruned").iloc[0]
+    print(f"target {target:g}: {best['plan']}, {best['params_ratio']:.2f} of the parameters, "
+          f"held-out LM loss after pruning {best['loss_pruned']:.4f}", flush=True)
+    return best["plan"]
 
 
 def summary(runs: pd.DataFrame, teacher_loss: float) -> pd.DataFrame:
@@ -68,7 +84,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--out", default="runs/distill_lr.csv",
+    ap.add_argument("--out", default="runs/distill_lr2.csv",
                     help="the runs' rows, kept as they end; rows already there are not rerun")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -82,7 +98,7 @@ def main():
     rows = pd.read_csv(out).to_dict("records") if out.is_file() else []
     done = {(r["target"], r["lr"], r["seed"]) for r in rows}
     for target in args.targets:
-        student = prune(setup.teacher, pick_plan(setup.teacher.config, target, "width"), scores)
+        student = prune(setup.teacher, best_pruned_plan(setup, target, scores), scores)
         for lr in args.lrs:
             for seed in args.seeds:
                 if (target, lr, seed) in done:
