@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 
 from ..evaluate import evaluate_policy
+from ..memory import release_memory
 from ..progress import tqdm
 from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import VARIANTS, TLTConfig, TLTTrainer
@@ -100,7 +101,9 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
     ``evaluate(step)`` measures one, and, with a ``store`` (``AblationStore``), the
     evaluations and the checkpoint where due. A run restored from a later checkpoint than
     the others (a save interrupted between runs) waits for them at its step; one past
-    ``steps`` is refused before any step."""
+    ``steps`` is refused before any step. After each run's step the freed memory goes back
+    to the system (``workbench.memory.release_memory``), so that the process holds one
+    update's peak, not a fragment of every run's."""
     order, done = list(runs), {key: steps_done(tr) for key, tr in runs.items()}
     if max(done.values(), default=0) > steps:
         raise ValueError(f"steps={steps}, but restored runs have done more: {done}; accepted: "
@@ -121,6 +124,7 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
         for key in order[shift:] + order[:shift]:
             if steps_done(runs[key]) == step:
                 turns.step(key)
+                release_memory()  # the update's peak back to the system (workbench.memory)
         boundary(step + 1, first=False)
 
 
