@@ -23,6 +23,8 @@ def command_line(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
         flag = action.option_strings[-1]
         if isinstance(action, argparse._StoreTrueAction):
             parts += [flag] if value else []
+        elif isinstance(action, argparse.BooleanOptionalAction):  # --x / --no-x
+            parts += [action.option_strings[0] if value else action.option_strings[1]]
         elif value is not None:
             values = value if isinstance(value, (list, tuple)) else [value]
             parts += [flag, *map(str, values)]
