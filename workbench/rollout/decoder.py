@@ -193,7 +193,7 @@ class BatchDecoder:
         for r in reqs:
             r.start_s = start
         (logits, hidden), fwd_s = self._timed(self.forward, ids, pos, new.mask, new.col_pos,
-                                         new.cache)
+                                              new.cache)
         tok, lp = self.sample_next(new, logits[:, -1])
         states = [hidden[row, -len(r.prompt_ids):] for row, r in enumerate(reqs)]
         self._finish_step(new, "prefill", [[t] for t in tok.tolist()],
@@ -221,8 +221,8 @@ class BatchDecoder:
         """Feed every row's last token, sample the next; ``(tokens emitted, forward s)``."""
         b = self.batch
         pos = b.append_columns(1)
-        (logits, hidden), fwd_s = self._timed(self.forward, b.last_token[:, None], pos, b.mask,
-                                         b.col_pos, b.cache)
+        (logits, hidden), fwd_s = self._timed(self.forward, b.last_token[:, None], pos,
+                                              b.mask, b.col_pos, b.cache)
         b.next_pos += 1
         tok, lp = self.sample_next(b, logits[:, -1])
         n = self._finish_step(b, "decode", [[t] for t in tok.tolist()],
@@ -255,8 +255,8 @@ class BatchDecoder:
         width = b.width
         fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)
         pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))
-        (logits, hidden), fwd_s = self._timed(self.forward, fed, pos, b.mask, b.col_pos, b.cache,
-                                         logits_from=0, tree=draft.visible)
+        (logits, hidden), fwd_s = self._timed(self.forward, fed, pos, b.mask, b.col_pos,
+                                              b.cache, logits_from=0, tree=draft.visible)
         verdict = draft.accept(self, fed, logits, hidden)
         b.mask[:, width:] = verdict.keep.to(b.mask.dtype)
         b.trim_right()
