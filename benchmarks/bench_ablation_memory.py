@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 
 from common import command_line
-from workbench.memory import release_memory
+from workbench.memory import release_memory, resident_bytes
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import rl_setup
 from workbench.rl.ablation_runs import build_run
 
 
 def resident_gb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**30
+    return resident_bytes() / 2**30
 
 
 def main():

@@ -3,12 +3,11 @@ runs in one process from holding every run's update peak)."""
 import pytest
 import torch
 
-from workbench.memory import release_memory
+from workbench.memory import release_memory, resident_bytes
 
 
 def _resident_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 2**20
+    return resident_bytes() / 2**20
 
 
 @pytest.mark.skipif(not release_memory(), reason="no malloc_trim in this C library")

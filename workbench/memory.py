@@ -13,8 +13,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 
-__all__ = ["release_memory"]
+__all__ = ["release_memory", "resident_bytes"]
 
 
 def _malloc_trim():
@@ -27,6 +28,13 @@ def _malloc_trim():
 
 
 _TRIM = _malloc_trim()
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux ``/proc/self/statm``), in bytes: what
+    :func:`release_memory` shrinks."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def release_memory() -> bool:
