@@ -1,4 +1,6 @@
-"""The drafter as a by-product of RL: export it, and measure it against the pre-RL drafter.
+"""What RL leaves behind, as models: the drafter (a by-product: export it, and measure it
+against the pre-RL drafter) and the policy of any RL checkpoint (a deployable model, or the
+start of another run).
 
 After RL the adaptive drafter is aligned with the final policy; the drafter trained only
 before RL is aligned with the starting one. :func:`probe_acceptance` measures both (or any
@@ -7,6 +9,7 @@ differ in the drafter only.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pandas as pd
 from ..rollout import RolloutConfig, RolloutEngine, StaticSchedule
 from ..speculative.measure import acceptance_length
 
-__all__ = ["export_drafter", "probe_acceptance"]
+__all__ = ["export_drafter", "export_policy", "probe_acceptance"]
 
 
 def export_drafter(trainer, path: str | os.PathLike) -> Path:
@@ -25,6 +28,37 @@ def export_drafter(trainer, path: str | os.PathLike) -> Path:
         raise ValueError("this run has no drafter (the baseline variant); export a "
                          "speculative variant's")
     return trainer.drafter.head.save_pretrained(path)
+
+
+def export_policy(checkpoint: str | os.PathLike, path: str | os.PathLike,
+                  model: str | os.PathLike = "default") -> Path:
+    """Save the policy of an RL checkpoint as an HF model folder (atomically), with a
+    ``provenance.json`` naming the checkpoint and its RL step.
+
+    ``checkpoint`` is the state file of a GRPO, TLT, remedy or staleness run, or the folder
+    holding it; ``model`` is the policy the run started from (its architecture and
+    tokenizer: the weights come from the checkpoint). ``load_model(path)`` loads the result,
+    and every notebook's ``model`` parameter takes it: a run that starts where another one
+    stood (notebook 11's long run starts mid-RL, where held-out accuracy moves)."""
+    from ..models import load_model, save_model
+    from .checkpoint import load_state
+    source = Path(checkpoint)
+    files = sorted(source.glob("*.pt")) if source.is_dir() else [source]
+    if len(files) != 1 or not files[0].is_file():
+        raise ValueError(f"checkpoint {str(checkpoint)!r}: accepted an RL run's state file "
+                         f"(*.pt) or the folder holding exactly one; found "
+                         f"{[f.name for f in files]}")
+    state = load_state(files[0].parent, files[0].name)
+    grpo = state.get("grpo", state)
+    if not isinstance(grpo, dict) or "model" not in grpo.get("trainer", {}):
+        raise ValueError(f"{str(files[0])!r} holds no RL policy (keys {sorted(state)}); accepted "
+                         "the state file of a GRPO, TLT, remedy or staleness run")
+    policy, tokenizer = load_model(model, device="cpu")
+    policy.load_state_dict(grpo["trainer"]["model"])
+    provenance = {"checkpoint": str(files[0]), "rl_step": int(grpo["rl_step"]),
+                  "base_model": str(model)}
+    return save_model(policy, tokenizer, path,
+                      extra_files={"provenance.json": json.dumps(provenance, indent=2) + "\n"})
 
 
 def probe_acceptance(policy, tokenizer, drafters: dict, prompts, k: int = 4,
