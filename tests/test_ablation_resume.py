@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from workbench.adapt import SpotConfig
+from workbench.cli import main
 from workbench.rl.ablation import run_ablation
 from workbench.rl.ablation_runs import Turns
-from workbench.rl.ablation_store import PROGRESS_FILE, SETTINGS_FILE
+from workbench.rl.ablation_store import PROGRESS_FILE, SETTINGS_FILE, merge_ablations
 from workbench.rollout.timeline import Timeline
 from workbench.speculative.eagle import EagleHead
 
@@ -29,8 +30,8 @@ HELD_OUT = PROBLEMS[:6]
 GRPO = _grpo(max_new_tokens=12)
 
 
-def _ablation(tokenizer, steps, folder=None, **kw):
-    args = dict(variants=VARIANTS, seeds=[0, 1], reward=_length_reward, progress=False,
+def _ablation(tokenizer, steps, folder=None, seeds=(0, 1), **kw):
+    args = dict(variants=VARIANTS, seeds=list(seeds), reward=_length_reward, progress=False,
                 eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8, **kw)
     if folder is not None:
         args.update(checkpoint_dir=folder, checkpoint_every=args.pop("checkpoint_every", 1))
@@ -114,6 +115,46 @@ def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(toke
     assert stepped.count(("partial", 1)) == 1 and len(stepped) == 3 + 4
     assert resumed.history[COLUMNS].equals(whole.history[COLUMNS])
     assert resumed.evals.equals(whole.evals)
+
+
+def test_seeds_run_apart_and_merged_give_the_ablation_run_together(tokenizer, tmp_path,
+                                                                     monkeypatch):
+    """Each seed in a process (here: a call) of its own, interrupted or not, then merged: the
+    merged folder resumes and returns what one call with both seeds returns."""
+    whole = _ablation(tokenizer, 3)
+    _ablation(tokenizer, 3, tmp_path / "seed0", seeds=[0])
+    _interrupted(tokenizer, 3, tmp_path / "seed1", 2 * 2 + 1, monkeypatch, seeds=[1])  # in step 2
+    merged = tmp_path / "all"  # by the command line, as a user joins runs made apart
+    assert main(["ablation", "merge", str(tmp_path / "seed0"), str(tmp_path / "seed1"),
+                 "--into", str(merged)]) == 0
+    assert json.loads((merged / SETTINGS_FILE).read_text())["seeds"] == [0, 1]
+    stepped = _count_steps(monkeypatch)
+    joined = _ablation(tokenizer, 3, merged)
+    assert sorted(set(stepped)) == [("baseline", 1), ("partial", 1)] and len(stepped) == 2
+    assert joined.history[COLUMNS].equals(whole.history[COLUMNS])
+    order = ["variant", "seed", "step"]
+    assert joined.evals.sort_values(order).reset_index(drop=True).equals(
+        whole.evals.sort_values(order).reset_index(drop=True))
+    # the sources are left as they were: the seed-1 folder still stands at its interruption
+    assert json.loads((tmp_path / "seed1" / PROGRESS_FILE).read_text())["steps_done"] == 2
+
+
+def test_merging_other_ablations_or_overlapping_seeds_is_refused(tokenizer, tmp_path, capsys):
+    _ablation(tokenizer, 1, tmp_path / "a", seeds=[0])
+    _ablation(tokenizer, 1, tmp_path / "b", seeds=[0])
+    _ablation(tokenizer, 1, tmp_path / "c", seeds=[1], threshold=8)
+    with pytest.raises(ValueError, match=r"seeds \[\[0\], \[0\]\] overlap"):
+        merge_ablations([tmp_path / "a", tmp_path / "b"], tmp_path / "all")
+    with pytest.raises(ValueError, match=r"'.*c' holds another ablation than '.*a' \(they "
+                                         r"differ in \['tlt'\]\)"):
+        merge_ablations([tmp_path / "a", tmp_path / "c"], tmp_path / "all")
+    with pytest.raises(ValueError, match=r"target '.*b' exists"):
+        merge_ablations([tmp_path / "a", tmp_path / "c"], tmp_path / "b")
+    # the command line says the same in one line and exits 2
+    assert main(["ablation", "merge", str(tmp_path / "a"), str(tmp_path / "b"), "--into",
+                 str(tmp_path / "all")]) == 2
+    assert "workbench ablation merge: error: the folders' seeds" in capsys.readouterr().err
+    assert not (tmp_path / "all").exists()
 
 
 def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, tmp_path,

@@ -46,6 +46,20 @@ def _drafter_train(args) -> int:
     return 0
 
 
+def _ablation_merge(args) -> int:
+    """Exit 0 with the merged folder written, 2 when the folders cannot be merged (nothing
+    written)."""
+    from .rl.ablation_store import merge_ablations
+    try:
+        path = merge_ablations(args.sources, args.into)
+    except (ValueError, OSError) as exc:
+        print(f"workbench ablation merge: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.sources)} ablation folders into {path}; run the ablation with "
+          "every seed and this checkpoint_dir")
+    return 0
+
+
 def _pipeline_report(args) -> int:
     """Exit 0 with the report written, 2 when the folder holds no pipeline results."""
     from .report import write_report
@@ -130,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an EAGLE head (default) or a small LM")
     dt.add_argument("--seed", type=int, default=0)
     dt.set_defaults(func=_drafter_train)
+
+    ablation = sub.add_parser("ablation", help="an RL ablation's checkpoint folders")
+    asub = ablation.add_subparsers(dest="ablation_command", required=True)
+    am = asub.add_parser("merge", help="join the folders of one ablation's seeds run apart "
+                         "(each its own process or machine) into one")
+    am.add_argument("sources", nargs="+", help="the runs' checkpoint_dir folders")
+    am.add_argument("--into", required=True, help="the merged folder (must not exist)")
+    am.set_defaults(func=_ablation_merge)
 
     pipe = sub.add_parser("pipeline", help="run notebook pipelines with papermill")
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)

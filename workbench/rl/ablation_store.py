@@ -17,21 +17,28 @@ trainer checkpoint holds. The folder:
 
 Every file is written atomically (a temporary sibling, then ``os.replace``): an interruption
 leaves the last version whole.
+
+An ablation's seeds may run apart, as processes of their own (one core each, or other
+machines), each with its own folder and ``seeds=[s]``: :func:`merge_ablations` joins the
+folders into one, with which a call listing every seed returns the whole ablation's tables
+(each pair the speedups compare, a variant against the baseline at one seed and step, ran in
+one process).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
-from ..atomic import write_json
+from ..atomic import atomic_dir, write_json
 from ..checks import check_int
 from ..clock import reads_cpu_time
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
 
-__all__ = ["AblationStore", "ablation_settings"]
+__all__ = ["AblationStore", "ablation_settings", "merge_ablations"]
 
 SETTINGS_FILE = "ablation.json"
 PROGRESS_FILE = "progress.json"
@@ -145,3 +152,60 @@ def _check_same(saved: dict, settings: dict, path: Path) -> None:
                          "settings:\n  " + "\n  ".join(differ) + "\naccepted: the settings "
                          f"saved in {str(path)!r} (the same arguments), another folder, or "
                          "delete this one to start over")
+
+
+def merge_ablations(sources, target: str | os.PathLike) -> Path:
+    """Join the folders of one ablation's seeds run apart (``sources``: each ``run_ablation``'s
+    ``checkpoint_dir``, with the same settings but disjoint seeds) into ``target``, a new
+    folder: its settings list every seed in the order of ``sources``, every run's folder is
+    hard-linked in (copied across file systems; a trainer replaces its checkpoint whole, so
+    neither side changes the other's), and the evaluations are joined. ``run_ablation``
+    with the joined seeds and ``checkpoint_dir=target`` then goes on from where each run
+    stands, or returns the tables of a finished ablation. Everything is checked before
+    ``target`` is written, and it appears whole or not at all."""
+    folders = [Path(f) for f in sources]
+    target = Path(target)
+    if len(folders) < 2:
+        raise ValueError(f"sources {[str(f) for f in folders]}: accepted two or more ablation "
+                         "folders")
+    if target.exists():
+        raise ValueError(f"target {str(target)!r} exists; accepted: a new folder")
+    settings, progress = [], []
+    for folder in folders:
+        if not (folder / SETTINGS_FILE).is_file():
+            raise ValueError(f"{str(folder)!r} has no {SETTINGS_FILE}; accepted: the "
+                             "checkpoint_dir of a run_ablation call")
+        settings.append(json.loads((folder / SETTINGS_FILE).read_text()))
+        path = folder / PROGRESS_FILE
+        progress.append(json.loads(path.read_text()) if path.is_file() else {})
+    first = {k: v for k, v in settings[0].items() if k != "seeds"}
+    for folder, other in zip(folders[1:], settings[1:]):
+        differ = sorted(k for k in {*first, *other} - {"seeds"} if first.get(k) != other.get(k))
+        if differ:
+            raise ValueError(f"{str(folder)!r} holds another ablation than {str(folders[0])!r} "
+                             f"(they differ in {differ}); accepted: folders of one ablation's "
+                             "seeds, whose settings differ in the seeds alone")
+    seeds = [seed for s in settings for seed in s["seeds"]]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"the folders' seeds {[s['seeds'] for s in settings]} overlap; "
+                         "accepted: each seed in one folder")
+    evals = [e for p in progress for e in p.get("evals", [])]
+    with atomic_dir(target) as tmp:
+        for folder, s in zip(folders, settings):
+            for variant in s["variants"]:
+                for seed in s["seeds"]:
+                    run = folder / f"{variant}-seed{seed}"
+                    if run.is_dir():
+                        shutil.copytree(run, tmp / run.name, copy_function=_link_or_copy)
+        write_json(tmp / SETTINGS_FILE, {**settings[0], "seeds": seeds})
+        write_json(tmp / PROGRESS_FILE, {"steps_done": min(p.get("steps_done", 0)
+                                                           for p in progress),
+                                         "evals": evals}, indent=None)
+    return target
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(source, destination)
