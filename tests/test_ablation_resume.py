@@ -39,6 +39,19 @@ def _ablation(tokenizer, steps, folder=None, seeds=(0, 1), **kw):
                         **args)
 
 
+@pytest.fixture(scope="module")
+def straight(tokenizer):
+    """``straight(steps)``: the ablation run straight through, once per module and length
+    (the tests only read it)."""
+    done = {}
+
+    def run(steps: int):
+        if steps not in done:
+            done[steps] = _ablation(tokenizer, steps)
+        return done[steps]
+    return run
+
+
 def _count_steps(monkeypatch) -> list:
     """Every run's step from here on, as (variant, seed)."""
     stepped, real = [], Turns.step
@@ -78,8 +91,8 @@ def _interrupted(tokenizer, steps, folder, after: int, monkeypatch, **kw) -> Non
 
 
 def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tmp_path,
-                                                                    monkeypatch):
-    whole = _ablation(tokenizer, 5)
+                                                                    monkeypatch, straight):
+    whole = straight(5)
     folder = tmp_path / "ckpt"
     # interrupted inside step 3 (0-based): 2 variants x 2 seeds x 3 steps, then 2 runs more
     _interrupted(tokenizer, 5, folder, 2 * 2 * 3 + 2, monkeypatch, checkpoint_every=3)
@@ -101,9 +114,10 @@ def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tm
 
 def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(tokenizer,
                                                                           tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch,
+                                                                          straight):
     """A save interrupted between runs leaves some a step ahead: they wait for the rest."""
-    whole = _ablation(tokenizer, 3)
+    whole = straight(3)
     folder = tmp_path / "ckpt"
     _interrupted(tokenizer, 3, folder, 2 * 2 + 1, monkeypatch)  # saved after step 1
     ahead = _ablation(tokenizer, 2).trainers["partial", 1]  # one run's state after 2 steps
@@ -118,10 +132,10 @@ def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(toke
 
 
 def test_seeds_run_apart_and_merged_give_the_ablation_run_together(tokenizer, tmp_path,
-                                                                     monkeypatch):
+                                                                     monkeypatch, straight):
     """Each seed in a process (here: a call) of its own, interrupted or not, then merged: the
     merged folder resumes and returns what one call with both seeds returns."""
-    whole = _ablation(tokenizer, 3)
+    whole = straight(3)
     _ablation(tokenizer, 3, tmp_path / "seed0", seeds=[0])
     _interrupted(tokenizer, 3, tmp_path / "seed1", 2 * 2 + 1, monkeypatch, seeds=[1])  # in step 2
     merged = tmp_path / "all"  # by the command line, as a user joins runs made apart
