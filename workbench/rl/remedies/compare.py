@@ -129,7 +129,8 @@ def reading(m: dict) -> list[str]:
     if target <= start:
         lines.append(f"The baseline gained no held-out accuracy here ({start:.3f} to "
                      f"{target:.3f}), so every variant reaches it at once and time to accuracy "
-                     "says nothing: a longer run decides (pipelines/tlt.yaml, remedies_long).")
+                     "says nothing: a longer run decides (pipelines/remedies.yaml: from a "
+                     "mid-RL start, where held-out accuracy moves).")
     else:
         best = m["best_time_to_accuracy"]
         lines.append(f"First to the baseline's final accuracy {target:.3f}: {best}, after "
