@@ -3,7 +3,7 @@ runs in one process from holding every run's update peak)."""
 import pytest
 import torch
 
-from workbench.memory import release_memory, resident_bytes
+from workbench.memory import MemoryReleaser, release_memory, resident_bytes
 
 
 def _resident_mb() -> float:
@@ -19,3 +19,21 @@ def test_freed_heap_pages_go_back_to_the_system():
     del held
     release_memory()
     assert _resident_mb() < start + 50
+
+
+@pytest.mark.skipif(not release_memory(), reason="no malloc_trim in this C library")
+def test_the_releaser_releases_only_after_the_process_has_grown_by_its_threshold():
+    release_memory()
+    small, large = MemoryReleaser(threshold=100 * 2**20), MemoryReleaser(threshold=2**30)
+    start = _resident_mb()
+    held = [torch.ones(16 * 1024) for _ in range(3000)]  # 192 MB
+    del held  # freed, but malloc keeps the pages
+    assert _resident_mb() > start + 150
+    assert large() is False and _resident_mb() > start + 150  # grown 192 MB < 1 GB: kept
+    assert small() is True and _resident_mb() < start + 50
+    assert small() is False  # nothing grew since its release
+
+
+def test_a_releaser_threshold_must_be_bytes():
+    with pytest.raises(ValueError, match=r"threshold=-1: accepted a whole number of bytes"):
+        MemoryReleaser(threshold=-1)

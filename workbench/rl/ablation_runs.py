@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 
 from ..evaluate import evaluate_policy
-from ..memory import release_memory
+from ..memory import MemoryReleaser
 from ..progress import tqdm
 from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import VARIANTS, TLTConfig, TLTTrainer
@@ -102,13 +102,14 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
     evaluations and the checkpoint where due. A run restored from a later checkpoint than
     the others (a save interrupted between runs) waits for them at its step; one past
     ``steps`` is refused before any step. After each run's step the freed memory goes back
-    to the system (``workbench.memory.release_memory``), so that the process holds one
-    update's peak, not a fragment of every run's."""
+    to the system once the process has grown by 256 MB (``workbench.memory.MemoryReleaser``),
+    so that it holds one update's peak, not a fragment of every run's."""
     order, done = list(runs), {key: steps_done(tr) for key, tr in runs.items()}
     if max(done.values(), default=0) > steps:
         raise ValueError(f"steps={steps}, but restored runs have done more: {done}; accepted: "
                          f"steps >= {max(done.values())}")
     start = min(done.values(), default=0)
+    release = MemoryReleaser()
 
     def boundary(step: int, first: bool) -> None:
         due = evaluation_due(step)
@@ -124,7 +125,7 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
         for key in order[shift:] + order[:shift]:
             if steps_done(runs[key]) == step:
                 turns.step(key)
-                release_memory()  # the update's peak back to the system (workbench.memory)
+                release()  # the update's peak back to the system (workbench.memory)
         boundary(step + 1, first=False)
 
 
