@@ -4,7 +4,7 @@ Why: an ablation steps tens of RL runs in one process (``rl.ablation_runs.lockst
 run's policy update needs its activations at once (~2.8 GB at the lead setting, P 16 x G 16,
 256 tokens), and glibc's malloc keeps the freed pages in its arenas, where the next run's
 differently shaped tensors fragment them: ``remedies_long`` (30 runs) held 11 GB resident in its
-first lockstep step. Three runs of that setting stepped in turn held 3.7 GB resident between
+first lockstep step. Three runs of that setting stepped in turn held 3.6 GB resident between
 steps without a trim, 0.69 GB with ``malloc_trim(0)`` after each (this machine, BENCHMARKS
 "Memory of an ablation").
 
