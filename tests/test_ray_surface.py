@@ -17,7 +17,7 @@ from workbench.cli import main
 from workbench.pipeline import load_results, run_pipeline
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl import ablation_runs
-from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation import close_backend, notebook_backend, run_ablation
 from workbench.rollout import LocalBackend, RayBackend, RolloutEngine, make_backend
 
 from .conftest import tiny_model
@@ -171,6 +171,25 @@ def test_a_ray_backend_made_for_a_run_keeps_a_local_rays_logs_in_its_folder(tmp_
         make_backend("local", log_dir=tmp_path)
 
 
+def test_a_notebooks_backend_is_local_as_it_is_or_one_made_for_all_its_ablations(tmp_path,
+                                                                                  monkeypatch):
+    """Notebook 04's ablation and coupled pair share what ``notebook_backend`` gives: "local"
+    (each run its own local backend), or one Ray backend made here, not started (the first
+    ablation starts it, the next finds its actors running: TestOneSetOfActors), closed by
+    ``close_backend``."""
+    assert notebook_backend("local", run_dir=tmp_path) == "local"
+    close_backend("local")  # nothing to close
+    with pytest.raises(ValueError, match="the Ray address '127.0.0.1:1' given with "
+                                         "backend='local'"):
+        notebook_backend("local", "127.0.0.1:1")
+    made = notebook_backend("ray", run_dir=tmp_path)
+    assert isinstance(made, RayBackend) and made.log_dir == tmp_path.resolve() / "ray"
+    closed = []
+    monkeypatch.setattr(RayBackend, "close", lambda self: closed.append(self))
+    close_backend(made)
+    assert closed == [made]
+
+
 @pytest.mark.parametrize("name", ["01_long_tail_rollout", "03_adaptive_drafter", "04_tlt_rl"])
 def test_the_rl_notebooks_take_backend_and_pass_it_on(name):
     path = ROOT / "notebooks" / f"{name}.ipynb"
@@ -184,7 +203,9 @@ def test_the_rl_notebooks_take_backend_and_pass_it_on(name):
     # ... with the run's folder, where a local Ray keeps its logs
     passed = [g for g in given if g.get("backend") == "backend"
               and g.get("ray_address") == "ray_address" and g.get("run_dir") == "out"]
-    made = [call for call, g in zip(calls, given) if ast.unparse(call.func) == "make_backend"
+    # ... or made once for the notebook (and then passed on as an object)
+    made = [call for call, g in zip(calls, given)
+            if ast.unparse(call.func) in ("make_backend", "notebook_backend")
             and [ast.unparse(a) for a in call.args] == ["backend", "ray_address"]
             and g.get("run_dir") == "out"]
     assert passed or made

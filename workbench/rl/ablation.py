@@ -30,7 +30,8 @@ from .remedies import REMEDIES
 from .remedies.compare import remedy_metrics
 from .tlt import VARIANTS, first_divergence
 
-__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "ALL_VARIANTS"]
+__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "notebook_backend",
+           "close_backend", "ALL_VARIANTS"]
 
 # every variant an ablation runs: TLT's, then the long-tail remedies' (rl.remedies), whose
 # baseline is TLT's, then TLT beside each remedy ("tlt+<remedy>")
@@ -329,6 +330,25 @@ def _open_store(checkpoint_dir, checkpoint_every, steps: int, settings: dict):
     store = AblationStore(checkpoint_dir, settings, checkpoint_every)
     store.check_steps(steps)
     return store
+
+
+def notebook_backend(backend="local", ray_address: str | None = None,
+                     run_dir: str | Path | None = None):
+    """The rollout backend every ablation of one notebook shares: ``"local"`` as it is (each
+    run on a local backend of its own), any other made here once (``make_backend``: a local
+    Ray keeps its logs in ``run_dir/ray``), so that the ablation and the coupled pair after
+    it run on one set of actors, started by the first call and used as it is by the next
+    (``run_ablation``: an object stays the caller's). :func:`close_backend` ends it."""
+    if isinstance(backend, str) and backend == "local":
+        make_backend(backend, ray_address)  # refuses a Ray address given with "local"
+        return backend
+    return make_backend(backend, ray_address, run_dir=run_dir)
+
+
+def close_backend(backend) -> None:
+    """Close what :func:`notebook_backend` made (nothing to close for ``"local"``)."""
+    if not isinstance(backend, str):
+        backend.close()
 
 
 def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed: int = 0,
