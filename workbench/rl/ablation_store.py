@@ -146,12 +146,17 @@ class AblationStore:
 def _check_same(saved: dict, settings: dict, path: Path) -> None:
     """Refuse ``settings`` that differ from the ``saved`` ones, naming each difference."""
     differ = [f"{k}: saved {saved.get(k)!r}, this call {settings.get(k)!r}"
-              for k in dict.fromkeys([*saved, *settings]) if saved.get(k) != settings.get(k)]
+              for k in _differing(saved, settings)]
     if differ:
         raise ValueError(f"checkpoint_dir {str(path.parent)!r} holds an ablation with other "
                          "settings:\n  " + "\n  ".join(differ) + "\naccepted: the settings "
                          f"saved in {str(path)!r} (the same arguments), another folder, or "
                          "delete this one to start over")
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    """The keys whose values differ between two ablations' settings, in their order."""
+    return [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
 
 
 def merge_ablations(sources, target: str | os.PathLike) -> Path:
@@ -178,9 +183,8 @@ def merge_ablations(sources, target: str | os.PathLike) -> Path:
         settings.append(json.loads((folder / SETTINGS_FILE).read_text()))
         path = folder / PROGRESS_FILE
         progress.append(json.loads(path.read_text()) if path.is_file() else {})
-    first = {k: v for k, v in settings[0].items() if k != "seeds"}
     for folder, other in zip(folders[1:], settings[1:]):
-        differ = sorted(k for k in {*first, *other} - {"seeds"} if first.get(k) != other.get(k))
+        differ = [k for k in _differing(settings[0], other) if k != "seeds"]
         if differ:
             raise ValueError(f"{str(folder)!r} holds another ablation than {str(folders[0])!r} "
                              f"(they differ in {differ}); accepted: folders of one ablation's "
