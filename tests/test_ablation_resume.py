@@ -4,6 +4,7 @@ straight through, redoing no evaluation; a folder made with other settings is re
 anything runs; a finished one returns its tables without stepping."""
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -11,7 +12,8 @@ from workbench.adapt import SpotConfig
 from workbench.cli import main
 from workbench.rl.ablation import run_ablation
 from workbench.rl.ablation_runs import Turns
-from workbench.rl.ablation_store import PROGRESS_FILE, SETTINGS_FILE, merge_ablations
+from workbench.rl.ablation_store import (PROGRESS_FILE, SETTINGS_FILE, ablation_progress,
+                                         merge_ablations)
 from workbench.rollout.timeline import Timeline
 from workbench.speculative.eagle import EagleHead
 
@@ -131,13 +133,23 @@ def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(toke
     assert resumed.evals.equals(whole.evals)
 
 
-def test_seeds_run_apart_and_merged_give_the_ablation_run_together(tokenizer, tmp_path,
-                                                                     monkeypatch, straight):
-    """Each seed in a process (here: a call) of its own, interrupted or not, then merged: the
-    merged folder resumes and returns what one call with both seeds returns."""
+def test_seeds_run_apart_watched_and_merged_give_the_ablation_run_together(
+        tokenizer, tmp_path, monkeypatch, straight, capsys):
+    """Each seed in a process (here: a call) of its own, interrupted or not, watched from their
+    progress files, then merged: the merged folder resumes and returns what one call with both
+    seeds returns."""
     whole = straight(3)
     _ablation(tokenizer, 3, tmp_path / "seed0", seeds=[0])
     _interrupted(tokenizer, 3, tmp_path / "seed1", 2 * 2 + 1, monkeypatch, seeds=[1])  # in step 2
+    # watched: seed 0 finished (evaluated after 0, 2, 3 steps), seed 1 saved after 2 steps
+    steps, accuracy = ablation_progress([tmp_path / "seed0", tmp_path / "seed1"])
+    assert steps == {str(tmp_path / "seed0"): 3, str(tmp_path / "seed1"): 2}
+    assert list(dict.fromkeys(accuracy["variant"])) == VARIANTS
+    for variant in VARIANTS:
+        rows = accuracy[accuracy["variant"] == variant].set_index("step")
+        assert rows["seeds"].to_dict() == {0: 2, 2: 2, 3: 1}
+    assert main(["ablation", "status", str(tmp_path / "seed0"), str(tmp_path / "seed1")]) == 0
+    assert f"{tmp_path / 'seed1'}: 2 RL steps checkpointed" in capsys.readouterr().out
     merged = tmp_path / "all"  # by the command line, as a user joins runs made apart
     assert main(["ablation", "merge", str(tmp_path / "seed0"), str(tmp_path / "seed1"),
                  "--into", str(merged)]) == 0
@@ -151,6 +163,36 @@ def test_seeds_run_apart_and_merged_give_the_ablation_run_together(tokenizer, tm
         whole.evals.sort_values(order).reset_index(drop=True))
     # the sources are left as they were: the seed-1 folder still stands at its interruption
     assert json.loads((tmp_path / "seed1" / PROGRESS_FILE).read_text())["steps_done"] == 2
+
+
+def test_the_status_of_seeds_run_apart_is_their_evaluations_pooled(tmp_path, capsys):
+    """Accuracy so far per variant and step: mean and sd over the seeds evaluated there (a
+    seed ahead of the others stands alone at its later steps), variants in run order."""
+    variants = ["baseline", "april"]
+    for seed, steps, acc in [(0, 20, {0: 0.40, 10: 0.45, 20: 0.50}), (1, 10, {0: 0.40, 10: 0.41})]:
+        folder = tmp_path / f"seed{seed}"
+        folder.mkdir()
+        (folder / SETTINGS_FILE).write_text(json.dumps({"variants": variants, "seeds": [seed]}))
+        evals = [{"variant": v, "seed": seed, "step": k, "accuracy": a - 0.1 * (v == "april")}
+                 for k, a in acc.items() for v in variants]
+        (folder / PROGRESS_FILE).write_text(json.dumps({"steps_done": steps, "evals": evals}))
+    steps, accuracy = ablation_progress([tmp_path / "seed0", tmp_path / "seed1"])
+    assert steps == {str(tmp_path / "seed0"): 20, str(tmp_path / "seed1"): 10}
+    assert accuracy["variant"].tolist() == ["baseline"] * 3 + ["april"] * 3
+    base = accuracy[accuracy["variant"] == "baseline"].set_index("step")
+    assert base["accuracy"].to_dict() == pytest.approx({0: 0.40, 10: 0.43, 20: 0.50})
+    assert base.loc[10, "accuracy_sd"] == pytest.approx(0.04 / 2 ** 0.5)
+    assert base["seeds"].to_dict() == {0: 2, 10: 2, 20: 1} and pd.isna(base.loc[20, "accuracy_sd"])
+    april = accuracy[accuracy["variant"] == "april"].set_index("step")["accuracy"]
+    assert april.to_dict() == pytest.approx({0: 0.30, 10: 0.33, 20: 0.40})
+    assert main(["ablation", "status", str(tmp_path / "seed0"), str(tmp_path / "seed1")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"{tmp_path / 'seed0'}: 20 RL steps checkpointed" in out
+    baseline_row = next(line for line in out if line.startswith("baseline"))
+    assert baseline_row.split()[1:] == ["0.400", "±", "0.000", "(2)", "0.430", "±", "0.028",
+                                        "(2)", "0.500", "(1)"]
+    with pytest.raises(ValueError, match=r"folders \[\]: accepted one or more"):
+        ablation_progress([])
 
 
 def test_merging_other_ablations_or_overlapping_seeds_is_refused(tokenizer, tmp_path, capsys):
@@ -169,6 +211,9 @@ def test_merging_other_ablations_or_overlapping_seeds_is_refused(tokenizer, tmp_
                  str(tmp_path / "all")]) == 2
     assert "workbench ablation merge: error: the folders' seeds" in capsys.readouterr().err
     assert not (tmp_path / "all").exists()
+    # a folder that is not an ablation's, watched: the same kind of message
+    assert main(["ablation", "status", str(tmp_path / "a"), str(tmp_path)]) == 2
+    assert f"{str(tmp_path)!r} has no ablation.json" in capsys.readouterr().err
 
 
 def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, tmp_path,

@@ -60,6 +60,30 @@ def _ablation_merge(args) -> int:
     return 0
 
 
+def _ablation_status(args) -> int:
+    """Print how far each folder has got and the held-out accuracy so far; exit 2 when a
+    folder is not an ablation's."""
+    from .rl.ablation_store import ablation_progress
+    try:
+        steps, accuracy = ablation_progress(args.folders)
+    except (ValueError, OSError) as exc:
+        print(f"workbench ablation status: error: {exc}", file=sys.stderr)
+        return 2
+    for folder, done in steps.items():
+        print(f"{folder}: {done} RL steps checkpointed")
+    if accuracy.empty:
+        print("no held-out evaluation yet")
+        return 0
+    cells = accuracy.assign(cell=[
+        f"{a:.3f}" + ("" if n < 2 else f" ± {sd:.3f}") + f" ({n})"
+        for a, sd, n in zip(accuracy["accuracy"], accuracy["accuracy_sd"], accuracy["seeds"])])
+    table = cells.pivot(index="variant", columns="step", values="cell")
+    table = table.reindex(list(dict.fromkeys(accuracy["variant"]))).fillna("")
+    print("held-out accuracy after each evaluated RL step: mean ± sd (seeds)")
+    print(table.rename_axis(index=None, columns="step").to_string())
+    return 0
+
+
 def _pipeline_report(args) -> int:
     """Exit 0 with the report written, 2 when the folder holds no pipeline results."""
     from .report import write_report
@@ -152,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     am.add_argument("sources", nargs="+", help="the runs' checkpoint_dir folders")
     am.add_argument("--into", required=True, help="the merged folder (must not exist)")
     am.set_defaults(func=_ablation_merge)
+    ast = asub.add_parser("status", help="how far a running or finished ablation has got: its "
+                          "RL steps checkpointed and held-out accuracy so far, over the folders "
+                          "of its seeds (read from their progress files; loads no model)")
+    ast.add_argument("folders", nargs="+", help="the runs' checkpoint_dir folders")
+    ast.set_defaults(func=_ablation_status)
 
     pipe = sub.add_parser("pipeline", help="run notebook pipelines with papermill")
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)

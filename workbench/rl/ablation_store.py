@@ -32,13 +32,15 @@ import os
 import shutil
 from pathlib import Path
 
+import pandas as pd
+
 from ..atomic import atomic_dir, write_json
 from ..checks import check_int
 from ..clock import reads_cpu_time
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
 
-__all__ = ["AblationStore", "ablation_settings", "merge_ablations"]
+__all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations"]
 
 SETTINGS_FILE = "ablation.json"
 PROGRESS_FILE = "progress.json"
@@ -159,6 +161,39 @@ def _differing(a: dict, b: dict) -> list[str]:
     return [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
 
 
+def _read_folder(folder: Path) -> tuple[dict, dict]:
+    """An ablation folder's settings and progress (empty before its first checkpoint)."""
+    if not (folder / SETTINGS_FILE).is_file():
+        raise ValueError(f"{str(folder)!r} has no {SETTINGS_FILE}; accepted: the "
+                         "checkpoint_dir of a run_ablation call")
+    path = folder / PROGRESS_FILE
+    return (json.loads((folder / SETTINGS_FILE).read_text()),
+            json.loads(path.read_text()) if path.is_file() else {})
+
+
+def ablation_progress(folders) -> tuple[dict[str, int], pd.DataFrame]:
+    """How far the ablations in ``folders`` (``run_ablation`` checkpoint folders: one, or the
+    folders of one ablation's seeds run apart) have got, from their progress files alone: no
+    model is loaded, and the running processes write those files atomically, so a long run
+    can be watched while it goes on. Returns each folder's RL steps checkpointed, and the
+    held-out accuracy so far per variant (in run order) and evaluated step: ``accuracy`` and
+    ``accuracy_sd`` (mean and standard deviation over the seeds evaluated there) and
+    ``seeds`` (how many)."""
+    folders = [Path(f) for f in folders]
+    if not folders:
+        raise ValueError("folders []: accepted one or more ablation folders")
+    read = [_read_folder(f) for f in folders]
+    steps = {str(f): int(p.get("steps_done", 0)) for f, (_, p) in zip(folders, read)}
+    evals = pd.DataFrame([e for _, p in read for e in p.get("evals", [])],
+                         columns=["variant", "seed", "step", "accuracy"])
+    order = list(dict.fromkeys(v for s, _ in read for v in s["variants"]))
+    table = (evals.groupby(["variant", "step"])["accuracy"]
+             .agg(accuracy="mean", accuracy_sd="std", seeds="count").reset_index())
+    table["variant"] = pd.Categorical(table["variant"], order, ordered=True)
+    table = table.sort_values(["variant", "step"]).reset_index(drop=True)
+    return steps, table.assign(variant=table["variant"].astype(str))
+
+
 def merge_ablations(sources, target: str | os.PathLike) -> Path:
     """Join the folders of one ablation's seeds run apart (``sources``: each ``run_ablation``'s
     ``checkpoint_dir``, with the same settings but disjoint seeds) into ``target``, a new
@@ -175,14 +210,7 @@ def merge_ablations(sources, target: str | os.PathLike) -> Path:
                          "folders")
     if target.exists():
         raise ValueError(f"target {str(target)!r} exists; accepted: a new folder")
-    settings, progress = [], []
-    for folder in folders:
-        if not (folder / SETTINGS_FILE).is_file():
-            raise ValueError(f"{str(folder)!r} has no {SETTINGS_FILE}; accepted: the "
-                             "checkpoint_dir of a run_ablation call")
-        settings.append(json.loads((folder / SETTINGS_FILE).read_text()))
-        path = folder / PROGRESS_FILE
-        progress.append(json.loads(path.read_text()) if path.is_file() else {})
+    settings, progress = zip(*(_read_folder(f) for f in folders))
     for folder, other in zip(folders[1:], settings[1:]):
         differ = [k for k in _differing(settings[0], other) if k != "seeds"]
         if differ:
