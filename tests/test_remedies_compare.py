@@ -18,16 +18,22 @@ RUNS = {"baseline": ([2.0, 4.0], [[0.1, 0.2, 0.4], [0.1, 0.4, 0.6]], None),
         "async": ([1.0, 2.0], [[0.1, 0.5, 0.5], [0.1, 0.5, 0.5]], 1.0),
         "overprovision": ([1.0, 1.0], [[0.1, 0.1, 0.2], [0.1, 0.1, 0.2]], 0.0),
         "tlt+partial": ([0.5, 1.0], [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]], 0.25)}
+# variant -> training reward of seeds 0 and 1 (every step)
+REWARDS = {"baseline": [0.3, 0.5], "async": [0.35, 0.45], "overprovision": [0.1, 0.1],
+           "tlt+partial": [0.2, 0.2]}
 
 
-def _tables():
+def _tables(names=None):
+    """The runs' tables; ``names`` renames variants (the same numbers under other names)."""
     rows, evals = [], []
     for v, (secs, acc, share) in RUNS.items():
+        reward, v = REWARDS[v], (names or {}).get(v, v)
         for seed, s in enumerate(secs):
             for step in range(4):
                 step_s = s * (2 if step == 3 and v == "async" else 1)
                 row = {"variant": v, "seed": seed, "step": step, "step_s": step_s,
-                       "rollout_s": 0.75 * step_s, "idle_fraction": 0.4}
+                       "rollout_s": 0.75 * step_s, "idle_fraction": 0.4,
+                       "reward": reward[seed]}
                 if share is not None:
                     row.update(offpolicy_token_share=share, mean_staleness=share,
                                max_staleness=int(share > 0), groups_trained=2 - step % 2)
@@ -85,10 +91,37 @@ def test_the_reading_is_the_numbers_own():
     assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after "
                               "3.0 s")
     assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step")
-               and "-0.300" in t and "never" in t for t in text)
+               and "-0.300 against the baseline, standard error 0.100: beyond 2 standard "
+               "errors" in t and "never" in t for t in text)
+    assert any(t.startswith("async: 2.00x") and "+0.000 against the baseline, standard error "
+               "0.100: within noise" in t for t in text)
     flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
     text = reading(Ablation(history, flat).remedy_metrics())
     assert any("gained no held-out accuracy" in t for t in text)
+
+
+def test_final_accuracy_noise_and_tlts_reward_against_the_run_it_speeds():
+    """The seeds' spread: each final accuracy's sd and the standard error of its cost; TLT
+    against the baseline and tlt+<remedy> against its remedy on the final training reward,
+    within 2 of the reference's sd (lossless) or not."""
+    history, evals = _tables({"async": "tlt", "overprovision": "partial"})
+    m = Ablation(history, evals).remedy_metrics()
+    # baseline final accuracy 0.4 and 0.6 (sd 0.141), partial's 0.2 and 0.2 (sd 0)
+    assert m["accuracy_final_sd_baseline"] == pytest.approx(0.02 ** 0.5)
+    assert m["accuracy_final_sd_partial"] == 0.0
+    assert m["accuracy_cost_se_partial"] == pytest.approx((0.02 / 2) ** 0.5)
+    assert m["reward_final_baseline"] == pytest.approx(0.4)
+    assert m["reward_final_sd_baseline"] == pytest.approx(0.02 ** 0.5)
+    assert m["reward_final_tlt+partial"] == pytest.approx(0.2)
+    text = reading(m)
+    assert ("tlt (lossless SD): final training reward 0.400 against baseline's 0.400 ± 0.141 "
+            "(sd over seeds): within 2 sd.") in text
+    assert ("tlt+partial (lossless SD): final training reward 0.200 against partial's "
+            "0.100 ± 0.000 (sd over seeds): beyond 2 sd.") in text
+    # one seed: no spread to read the cost against
+    one = Ablation(history[history["seed"] == 0], evals[evals["seed"] == 0]).remedy_metrics()
+    assert one["accuracy_cost_se_partial"] is None
+    assert not any("standard error" in t for t in reading(one))
 
 
 def test_remedy_figures_draw_the_tables():

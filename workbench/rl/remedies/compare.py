@@ -17,6 +17,9 @@ speedup              per (seed, RL step) the baseline's step time over the varia
 off-policy share     the mean over the variant's RL steps of the share of trained tokens an
                      older policy version sampled (0 for a variant that trains on-policy
                      only: the baseline and TLT's).
+noise                a final accuracy's cost against the baseline's is read against the
+                     standard error of the difference of the two means over seeds,
+                     sqrt(sd_v^2 / n_v + sd_b^2 / n_b): within 2 of them it is noise.
 time to accuracy     the first point of the variant's accuracy curve (mean over seeds) at or
                      above ``target`` (the baseline's final accuracy), on the cumulative time
                      axis: the mean over seeds of the summed step times before that
@@ -33,7 +36,8 @@ __all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "reading"]
 def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
     """Per variant and evaluated step: ``time_s`` (the mean over seeds of the sim seconds of
     the RL steps before that evaluation), ``accuracy`` and ``accuracy_sd`` (mean and
-    standard deviation over seeds), in run order and by step."""
+    standard deviation over seeds) and ``seeds`` (how many were evaluated there), in run
+    order and by step."""
     h = history.sort_values(["variant", "seed", "step"])
     done = h.assign(time_s=h.groupby(["variant", "seed"])["step_s"].cumsum(),
                     step=h["step"] + 1)[["variant", "seed", "step", "time_s"]]
@@ -49,7 +53,8 @@ def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame
     order = list(dict.fromkeys(history["variant"]))
     out = e.groupby(["variant", "step"]).agg(time_s=("time_s", "mean"),
                                              accuracy=("accuracy", "mean"),
-                                             accuracy_sd=("accuracy", "std")).reset_index()
+                                             accuracy_sd=("accuracy", "std"),
+                                             seeds=("accuracy", "count")).reset_index()
     out["variant"] = pd.Categorical(out["variant"], order, ordered=True)
     out = out.sort_values(["variant", "step"]).reset_index(drop=True)
     out["variant"] = out["variant"].astype(str)
@@ -69,7 +74,11 @@ def time_to_accuracy(curves: pd.DataFrame, target: float) -> dict[str, float | N
 def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -> dict:
     """The flat scalars of notebook 11. Per variant ``v``: ``speedup_<v>`` (``speedups[v]``,
     the median of its paired step-time ratios over the baseline), ``offpolicy_share_<v>``,
-    ``accuracy_final_<v>``, ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
+    ``accuracy_final_<v>`` and ``accuracy_final_sd_<v>`` (mean and sd over seeds),
+    ``accuracy_cost_se_<v>`` (the standard error of its difference from the baseline's,
+    glossary), ``reward_final_<v>`` and ``reward_final_sd_<v>`` (the training reward of the
+    last RL step, mean and sd over seeds; with a ``reward`` column), ``time_to_accuracy_<v>``
+    (glossary; None with fewer than 2 seeds on either side), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
     trains fewer groups is cheaper for that alone); and
     ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
@@ -81,8 +90,10 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
                          f"evaluation here (evaluated: {sorted(set(evals.get('variant', ())))})"
                          "; accepted: an ablation with 'baseline' and eval_problems")
     curves = accuracy_vs_time(history, evals)
-    final = curves.groupby("variant", sort=False).last()["accuracy"]
+    last = curves.groupby("variant", sort=False).last()
+    final = last["accuracy"]
     target = float(final["baseline"])
+    se2 = (last["accuracy_sd"].fillna(0.0) ** 2 / last["seeds"])  # per variant: sd^2 / n
     reach = time_to_accuracy(curves, target)
     share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
              if "offpolicy_token_share" in history else pd.Series(dtype=float))
@@ -100,6 +111,15 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
         stale = share.get(v)  # NaN or absent: the variant trains on-policy only
         out[f"offpolicy_share_{v}"] = float(stale) if pd.notna(stale) else 0.0
         out[f"accuracy_final_{v}"] = float(final[v])
+        out[f"accuracy_final_sd_{v}"] = float(last.loc[v, "accuracy_sd"]) \
+            if pd.notna(last.loc[v, "accuracy_sd"]) else 0.0
+        out[f"accuracy_cost_se_{v}"] = float((se2[v] + se2["baseline"]) ** 0.5) \
+            if min(last.loc[v, "seeds"], last.loc["baseline", "seeds"]) > 1 else None
+        if "reward" in history:
+            end = history[history["variant"] == v]
+            end = end[end["step"] == end["step"].max()]["reward"]
+            out[f"reward_final_{v}"] = float(end.mean())
+            out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else 0.0
         out[f"time_to_accuracy_{v}"] = reach[v]
     reached = [(t, v) for v, t in reach.items() if t is not None]
     best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
@@ -111,8 +131,10 @@ def reading(m: dict) -> list[str]:
     """What ``m`` (``remedy_metrics``) says, sentence by sentence, from its numbers alone:
     the fastest step, who first reached the baseline's final accuracy (and whether that
     means anything: a baseline that gained nothing is reached at once by all), what each
-    variant that trains stale data or drops groups paid in accuracy, how they fare against
-    TLT alone, and how much time the baseline's step left to take back."""
+    variant that trains stale data or drops groups paid in accuracy and whether that is
+    beyond the seeds' noise, whether TLT's final training reward stayed within 2 sd of the
+    run it speeds (it is lossless), how they fare against TLT alone, and how much time the
+    baseline's step left to take back."""
     variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
     others = [v for v in variants if v != "baseline"]
     target, start = m["accuracy_final_baseline"], m["accuracy_start"]
@@ -141,11 +163,15 @@ def reading(m: dict) -> list[str]:
         never = m[f"time_to_accuracy_{v}"] is None
         groups = m.get(f"groups_per_step_{v}")
         trains = "" if groups is None else f"{groups:.1f} groups trained a step, "
+        se = m.get(f"accuracy_cost_se_{v}")
+        noise = "" if se is None else f", standard error {se:.3f}: " + (
+            "within noise" if abs(cost) <= 2 * se else "beyond 2 standard errors")
         lines.append(f"{v}: {m[f'speedup_{v}']:.2f}x per step, {trains}"
                      f"{m[f'offpolicy_share_{v}']:.0%} of trained tokens off-policy, final "
                      f"accuracy {m[f'accuracy_final_{v}']:.3f} ({cost:+.3f} against the "
-                     "baseline)" + ("; never reached the baseline's final accuracy." if never
-                                    else "."))
+                     f"baseline{noise})" + ("; never reached the baseline's final accuracy."
+                                            if never else "."))
+    lines += _lossless(m, variants)
     if "tlt" in variants and m["time_to_accuracy_tlt"] is not None:
         t = m["time_to_accuracy_tlt"]
         sooner = [v for v in others if v != "tlt" and m[f"time_to_accuracy_{v}"] is not None
@@ -153,4 +179,21 @@ def reading(m: dict) -> list[str]:
         lines.append(f"Against TLT alone ({t:.1f} s to the target): "
                      + (f"sooner: {', '.join(sooner)}." if sooner else
                         "no remedy or combination got there sooner in this run."))
+    return lines
+
+
+def _lossless(m: dict, variants: list[str]) -> list[str]:
+    """TLT is lossless: its final training reward against the baseline's, and each
+    ``tlt+<remedy>``'s against its remedy's, within 2 of the reference's sd over seeds, where
+    the rewards were recorded."""
+    lines = []
+    for v in [v for v in variants if v == "tlt" or v.startswith("tlt+")]:
+        ref = "baseline" if v == "tlt" else v.removeprefix("tlt+")
+        if f"reward_final_{v}" not in m or f"reward_final_{ref}" not in m:
+            continue
+        r, base, sd = m[f"reward_final_{v}"], m[f"reward_final_{ref}"], \
+            m[f"reward_final_sd_{ref}"]
+        verdict = "within" if abs(r - base) <= 2 * sd else "beyond"
+        lines.append(f"{v} (lossless SD): final training reward {r:.3f} against {ref}'s "
+                     f"{base:.3f} ± {sd:.3f} (sd over seeds): {verdict} 2 sd.")
     return lines
