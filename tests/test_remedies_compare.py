@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 
 from workbench.rl.ablation import Ablation  # noqa: E402
 from workbench.rl.remedies.compare import (accuracy_vs_time, reading,  # noqa: E402
-                                           remedy_metrics, time_to_accuracy)
+                                           remedy_metrics, remedy_table, time_to_accuracy)
 from workbench.viz import remedies as remviz  # noqa: E402
 
 # variant -> (step seconds of seeds 0 and 1, held-out accuracy after 0, 2, 4 steps per seed,
@@ -118,6 +118,16 @@ def test_final_accuracy_noise_and_tlts_reward_against_the_run_it_speeds():
             "(sd over seeds): within 2 sd.") in text
     assert ("tlt+partial (lossless SD): final training reward 0.200 against partial's "
             "0.100 ± 0.000 (sd over seeds): beyond 2 sd.") in text
+    # the same as one row per variant
+    t = remedy_table(m).set_index("variant")
+    assert list(t.index) == ["baseline", "tlt", "partial", "tlt+partial"]
+    assert t.loc["partial", "accuracy_cost"] == pytest.approx(-0.3)
+    assert t.loc["partial", "accuracy_cost_se"] == pytest.approx((0.02 / 2) ** 0.5)
+    assert t.loc["tlt", "time_to_accuracy_s"] == 3.0 and pd.isna(t.loc["partial",
+                                                                      "time_to_accuracy_s"])
+    assert t.loc["tlt", "speedup"] == 2.0 and t.loc["tlt", "groups_per_step"] == 1.5
+    assert pd.isna(t.loc["baseline", "groups_per_step"])
+    assert t.loc["tlt+partial", "reward_final"] == pytest.approx(0.2)
     # one seed: no spread to read the cost against
     one = Ablation(history[history["seed"] == 0], evals[evals["seed"] == 0]).remedy_metrics()
     assert one["accuracy_cost_se_partial"] is None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "reading"]
+__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "remedy_table", "reading"]
 
 
 def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
@@ -125,6 +125,32 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
     out["best_time_to_accuracy"], out["best_time_to_accuracy_s"] = best[1], best[0]
     return out
+
+
+def remedy_table(m: dict) -> pd.DataFrame:
+    """``m`` (``remedy_metrics``) as one row per variant, in run order: ``speedup``,
+    ``offpolicy_share``, ``groups_per_step`` (NaN for a variant that trains P groups a
+    step), ``accuracy_final`` and ``accuracy_final_sd``, ``accuracy_cost`` (against the
+    baseline's final accuracy) and ``accuracy_cost_se`` (glossary: noise),
+    ``time_to_accuracy_s`` (NaN: never reached), ``reward_final`` and ``reward_final_sd``
+    (NaN without rewards): the table to pick a remedy from, beside the accuracy-against-time
+    figure."""
+    variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+    target = m["accuracy_final_baseline"]
+
+    def value(key):
+        return float("nan") if m.get(key) is None else m[key]
+    return pd.DataFrame([{
+        "variant": v, "speedup": m[f"speedup_{v}"],
+        "offpolicy_share": m[f"offpolicy_share_{v}"],
+        "groups_per_step": value(f"groups_per_step_{v}"),
+        "accuracy_final": m[f"accuracy_final_{v}"],
+        "accuracy_final_sd": m[f"accuracy_final_sd_{v}"],
+        "accuracy_cost": m[f"accuracy_final_{v}"] - target,
+        "accuracy_cost_se": value(f"accuracy_cost_se_{v}"),
+        "time_to_accuracy_s": value(f"time_to_accuracy_{v}"),
+        "reward_final": value(f"reward_final_{v}"),
+        "reward_final_sd": value(f"reward_final_sd_{v}")} for v in variants])
 
 
 def reading(m: dict) -> list[str]:
