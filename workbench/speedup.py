@@ -171,12 +171,6 @@ def compare(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN_RE
     return summarize(runs, baseline, wide), runs
 
 
-def format_ratio(ratio: float, lo: float, hi: float, wide: bool, digits: int = 2) -> str:
-    """``"1.85x (1.70-1.93)"``, with ``" WIDE SPREAD"`` appended when the spread is wide."""
-    text = f"{ratio:.{digits}f}x ({lo:.{digits}f}-{hi:.{digits}f})"
-    return text + (" WIDE SPREAD" if wide else "")
-
-
 def spread_note(table: pd.DataFrame, flag: str = "spread_wide", wide: float = WIDE_SPREAD,
                 what: str = "rows") -> str:
     """A sentence for the printout: how many ``what`` have a wide spread, or that none has."""

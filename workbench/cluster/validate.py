@@ -29,7 +29,6 @@ __all__ = ["trace_problems"]
 RECORDS = ("request", "step")
 REQUEST_FIELDS = ("prompt_tokens", "response_tokens", "group")
 STEP_FIELDS = ("batch_size", "kind", "seconds")
-OPTIONAL_FIELDS = ("worker", "tau")
 PLAIN_KINDS = ("plain", "prefill")
 SPECULATIVE = re.compile(r"(chain|sibling):k=[1-9]\d*|tree:k=[1-9]\d*,b=[1-9]\d*(,n=[1-9]\d*)?")
 KIND_FORMS = ("'plain', 'prefill', 'chain:k=K', 'tree:k=K,b=B[,n=N]' or 'sibling:k=K' "

@@ -269,17 +269,6 @@ def _windows(config) -> list[int | None]:
     return [window] * config.num_hidden_layers
 
 
-def layer_flops(config, plan: PrunePlan | None = None, context: int = 512) -> list[int]:
-    """Forward FLOPs per token of each kept layer: 2 x the multiply-adds of its matmuls, plus
-    attention's scores and weighted values over ``context`` earlier tokens (or the layer's
-    sliding window, if shorter). Norms, activations, RoPE and softmax are left out: they are
-    linear in the width and small beside the matmuls."""
-    plan, heads = _shape(config, plan)
-    spans = attention_spans(config, context)
-    return [int(_flops(config, plan.hidden_size, plan.intermediate_size, heads, 1, spans[i]))
-            for i in plan.layers]
-
-
 def attention_spans(config, context: int) -> list[int]:
     """How many earlier tokens each source layer attends to at ``context``."""
     return [context if w is None else min(context, w) for w in _windows(config)]
@@ -295,8 +284,11 @@ def _flops(config, hidden, mlp, heads, num_layers, span_sum):
 
 
 def flops_per_token(config, plan: PrunePlan | None = None, context: int = 512) -> int:
-    """Forward FLOPs per token of the whole model: its layers (:func:`layer_flops`) and the LM
-    head (the embedding lookup costs none)."""
+    """Forward FLOPs per token of the whole model: its kept layers (2 x the multiply-adds of
+    their matmuls, plus attention's scores and weighted values over ``context`` earlier
+    tokens, or a layer's sliding window if shorter; norms, activations, RoPE and softmax are
+    left out: linear in the width and small beside the matmuls) and the LM head (the
+    embedding lookup costs none)."""
     plan, heads = _shape(config, plan)
     span_sum = sum(attention_spans(config, context)[i] for i in plan.layers)
     return int(shape_flops(config, plan.hidden_size, plan.intermediate_size, heads,
