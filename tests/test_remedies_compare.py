@@ -145,6 +145,16 @@ def test_remedy_figures_draw_the_tables():
     lines = fig.axes[0].lines
     assert list(lines[0].get_xdata()) == [0.0, 6.0, 12.0]
     assert list(lines[-1].get_ydata()) == [0.5, 0.5]           # the target line
+    fig = remviz.learning_over_steps(history, evals, window=2)
+    reward_ax, accuracy_ax = fig.axes
+    assert len(reward_ax.lines) == len(RUNS) and len(accuracy_ax.lines) == len(RUNS)
+    # baseline rewards 0.3 and 0.5 every step: 0.4 each step, and so its moving mean
+    assert list(reward_ax.lines[0].get_ydata()) == pytest.approx([0.4] * 4)
+    assert list(accuracy_ax.lines[0].get_xdata()) == [0, 2, 4]
+    assert list(accuracy_ax.lines[0].get_ydata()) == pytest.approx([0.1, 0.3, 0.5])
+    assert reward_ax.lines[3].get_linestyle() == "--"          # tlt+partial: composed
+    rising = remviz.learning_over_steps(history.assign(reward=history["step"]), evals, window=2)
+    assert list(rising.axes[0].lines[0].get_ydata()) == pytest.approx([0, 0.5, 1.5, 2.5])
     fig = remviz.offpolicy_share(history)
     assert [p.get_height() for p in fig.axes[0].patches] == pytest.approx([0, 1, 0, 0.25])
     fig = remviz.offpolicy_share(history.drop(columns=["offpolicy_token_share"]))

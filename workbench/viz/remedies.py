@@ -4,19 +4,22 @@ table (``rl.remedies.compare.accuracy_vs_time``: variant, step, time_s, accuracy
 accuracy_sd).
 
 The three a practitioner reads to pick a remedy: what a step costs, what accuracy each buys
-for the time spent, and how much of the data it trains on is stale. Times are on the sim
+for the time spent, and how much of the data it trains on is stale; and beside them what each
+does to learning per RL step, whatever the step costs. Times are on the sim
 clock (N workers side by side, the policy update charged as its time / N), and each figure
 says so; ``label`` is the RL configuration stated beside every figure.
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from .rl import VARIANT_COLORS, _caption
 from .timeline import _axes
 
-__all__ = ["step_times", "accuracy_vs_time", "offpolicy_share"]
+__all__ = ["step_times", "accuracy_vs_time", "learning_over_steps", "offpolicy_share"]
 
 REMEDY_COLORS = {**VARIANT_COLORS, "overprovision": "#6a3d9a", "april": "#cab2d6",
                  "partial": "#ff7f00", "async": "#b15928", "tail_batching": "#a6cee3"}
@@ -73,6 +76,38 @@ def accuracy_vs_time(curves: pd.DataFrame, target: float | None = None, ax=None,
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.legend(fontsize=7, ncol=2)
     _caption(ax, label)
+    return fig
+
+
+def learning_over_steps(history: pd.DataFrame, evals: pd.DataFrame, window: int = 5,
+                        label: str = ""):
+    """Two panels against RL steps, one line per variant (``tlt+...`` dashed): the training
+    reward (mean over seeds, then a trailing moving mean over ``window`` steps: one step's
+    batch is a few prompts, so its reward is noisy) and the held-out accuracy (mean over seeds,
+    one standard deviation shaded). Per step, not per second: what a remedy's stale or
+    dropped data does to learning, which its speedup then buys back or not."""
+    fig = plt.figure(figsize=(10.0, 3.8), layout="constrained")
+    reward_ax, accuracy_ax = fig.subplots(1, 2)
+    reward = history.groupby(["variant", "step"], sort=False)["reward"].mean()
+    acc = evals.groupby(["variant", "step"], sort=False)["accuracy"].agg(["mean", "std"])
+    for i, v in enumerate(dict.fromkeys(history["variant"])):
+        style = dict(color=_color(v, i), linestyle="--" if v.startswith("tlt+") else "-")
+        r = reward.loc[v].sort_index()
+        reward_ax.plot(r.index, r.rolling(window, min_periods=1).mean(), label=v, **style)
+        if v in acc.index.get_level_values(0):
+            a = acc.loc[v].sort_index()
+            accuracy_ax.plot(a.index, a["mean"], marker="o", ms=3, label=v, **style)
+            sd = a["std"].fillna(0.0)
+            accuracy_ax.fill_between(a.index, a["mean"] - sd, a["mean"] + sd,
+                                     color=style["color"], alpha=0.12, linewidth=0)
+    reward_ax.set_ylabel(f"training reward\n(mean over seeds, {window}-step moving mean)")
+    accuracy_ax.set_ylabel("held-out accuracy\n(greedy, mean over seeds)")
+    reward_ax.set_xlabel("RL step (its rollout's reward)")
+    accuracy_ax.set_xlabel("RL steps done before the evaluation")
+    for ax in (reward_ax, accuracy_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    accuracy_ax.legend(fontsize=7, ncol=2)
+    _caption(reward_ax, label, clock=False)  # per step: no clock in it
     return fig
 
 
