@@ -76,9 +76,9 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     the median of its paired step-time ratios over the baseline), ``offpolicy_share_<v>``,
     ``accuracy_final_<v>`` and ``accuracy_final_sd_<v>`` (mean and sd over seeds),
     ``accuracy_cost_se_<v>`` (the standard error of its difference from the baseline's,
-    glossary), ``reward_final_<v>`` and ``reward_final_sd_<v>`` (the training reward of the
-    last RL step, mean and sd over seeds; with a ``reward`` column), ``time_to_accuracy_<v>``
-    (glossary; None with fewer than 2 seeds on either side), ``groups_per_step_<v>``
+    glossary; None with fewer than 2 seeds on either side), ``reward_final_<v>`` and
+    ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds;
+    with a ``reward`` column), ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
     trains fewer groups is cheaper for that alone); and
     ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
