@@ -116,6 +116,44 @@ notebooks:
     assert (run_dir / "run.json").stat().st_mtime_ns != stamps["run.json"]
 
 
+def test_only_runs_the_named_entries_and_keeps_the_others_finished_runs(project, tmp_path,
+                                                                        capsys):
+    from workbench.cli import main
+    yaml_path = write_pipeline(project, """
+name: some
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    name: first
+    parameters: {x: 1}
+  - notebook: notebooks/toy.ipynb
+    name: second
+    parameters: {x: 2}
+""")
+    runs_root = tmp_path / "runs"
+    second = run_pipeline(yaml_path, runs_root=runs_root, only=["second"])
+    assert list(second["entry"]) == ["second"] and not second["skipped"].any()
+    assert list(second["metric.y"]) == [4]
+    assert not any(p.name.startswith("first") for p in (runs_root / "some").iterdir())
+    # by the command line: the first runs, the second's finished run is reused beside it
+    assert main(["pipeline", "run", str(yaml_path), "--runs-root", str(runs_root),
+                 "--only", "first"]) == 0
+    both = load_results(runs_root / "some")
+    assert list(both["entry"]) == ["first", "second"]
+    assert list(both["skipped"]) == [False, True] and list(both["metric.y"]) == [2, 4]
+    # --redo with --only redoes the picked entry alone
+    redone = run_pipeline(yaml_path, runs_root=runs_root, only="first", redo=True)
+    assert list(redone["skipped"]) == [False, True]
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"only \['thrid'\] \(no entry named \['thrid'\]\): "
+                                         r"accepted: one or more of this pipeline's entries "
+                                         r"\['first', 'second'\]"):
+        run_pipeline(yaml_path, runs_root=tmp_path / "other", only=["thrid"])
+    assert not (tmp_path / "other").exists()
+    assert main(["pipeline", "run", str(yaml_path), "--runs-root", str(runs_root),
+                 "--only", "thrid"]) == 2
+    assert "no entry named ['thrid']" in capsys.readouterr().err
+
+
 def test_failing_run_is_recorded_and_others_go_on_then_retried(project, tmp_path):
     yaml_path = write_pipeline(project, """
 notebooks:

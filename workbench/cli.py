@@ -103,7 +103,8 @@ def _pipeline_run(args) -> int:
     from .pipeline import run_pipeline
     try:
         table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root, jobs=args.jobs,
-                             ray=args.ray, ray_address=args.ray_address, threads=args.threads)
+                             ray=args.ray, ray_address=args.ray_address, threads=args.threads,
+                             only=args.only)
     except (ValueError, ConnectionError) as exc:  # PipelineError is a ValueError
         print(f"workbench pipeline run: error: {exc}", file=sys.stderr)
         return 2
@@ -187,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = psub.add_parser("run", help="run every notebook x parameter set of a pipeline YAML")
     pr.add_argument("yaml", help="pipeline file, e.g. pipelines/quickstart.yaml")
     pr.add_argument("--redo", action="store_true", help="rerun runs that already finished")
+    pr.add_argument("--only", action="append", metavar="ENTRY", default=None,
+                    help="run only this entry (its name; repeatable); the other entries' "
+                    "finished runs stay in the results")
     pr.add_argument("--runs-root", default="runs", help="where runs/<pipeline>/<run>/ go")
     pr.add_argument("--jobs", type=_jobs, default=1,
                     help="runs at a time, the cores split among their kernels (default 1)")

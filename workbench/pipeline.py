@@ -69,7 +69,8 @@ VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench
 
 def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
                  runs_root: str | os.PathLike = "runs", jobs: int = 1, ray: bool = False,
-                 ray_address: str | None = None, threads: int | None = None) -> pd.DataFrame:
+                 ray_address: str | None = None, threads: int | None = None,
+                 only=None) -> pd.DataFrame:
     """Run every run of a pipeline YAML, write and print its results, and return the table.
 
     Validation happens first (PipelineError, or a ValueError for the arguments; nothing
@@ -77,24 +78,30 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     ``redo``; failed runs do not stop the others. ``jobs`` runs execute at a time, their
     kernels sharing the cores; or, with ``ray``, every run is a Ray task of ``threads``
     CPUs (default 1) on a local Ray or the cluster at ``ray_address`` (module docstring).
+    ``only``: the names of the entries to run (None: all); the other entries' finished runs
+    are reused into the results, their unfinished ones left out.
     """
     executor = _executor(jobs, ray, ray_address, threads)
     pipeline = load_pipeline(yaml_path)
+    picked = _picked(pipeline.runs, only)
     pipeline_dir = Path(runs_root) / pipeline.name
     _check_outputs(pipeline_dir, pipeline.runs)
     provenance = {root: _git_info(root) for root in {run.root for run in pipeline.runs}}
     versions = _package_versions()
     run_dirs = [(pipeline_dir / run.run_name).resolve() for run in pipeline.runs]
-    reused = [None if redo else _finished_record(run_dir, run)
-              for run, run_dir in zip(pipeline.runs, run_dirs)]
+    reused = [None if redo and pick else _finished_record(run_dir, run)
+              for run, run_dir, pick in zip(pipeline.runs, run_dirs, picked)]
+    shown = [pick or record is not None for pick, record in zip(picked, reused)]
 
-    progress = tqdm(total=len(pipeline.runs), desc=pipeline.name, unit="run")
+    progress = tqdm(total=sum(shown), desc=pipeline.name, unit="run")
     with executor as submit:
-        futures = [None if record is not None else
-                   submit(run, run_dir, provenance[run.root], versions)
-                   for run, run_dir, record in zip(pipeline.runs, run_dirs, reused)]
+        futures = [submit(run, run_dir, provenance[run.root], versions)
+                   if pick and record is None else None
+                   for run, run_dir, record, pick in zip(pipeline.runs, run_dirs, reused, picked)]
         rows = []
         for run, record, future in zip(pipeline.runs, reused, futures):  # in the YAML's order
+            if future is None and record is None:
+                continue  # an entry not picked, never finished
             progress.set_postfix_str(run.run_name)
             rows.append(_row(record, run, skipped=True) if future is None
                         else _row(future.result(), run, skipped=False))
@@ -105,6 +112,20 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     _write_results(table, pipeline_dir)
     _print_report(table, pipeline_dir)
     return table
+
+
+def _picked(runs: list[RunSpec], only) -> list[bool]:
+    """Per run, whether its entry is among ``only`` (every run when None); unknown names are
+    refused, naming the pipeline's entries, before anything runs."""
+    if only is None:
+        return [True] * len(runs)
+    entries = list(dict.fromkeys(run.entry for run in runs))
+    only = [only] if isinstance(only, str) else list(only)
+    unknown = [name for name in only if name not in entries]
+    if unknown or not only:
+        raise ValueError(f"only {only!r}" + (f" (no entry named {unknown})" if unknown else "")
+                         + f": accepted: one or more of this pipeline's entries {entries}")
+    return [run.entry in only for run in runs]
 
 
 def _executor(jobs: int, ray: bool, ray_address: str | None, threads: int | None):
