@@ -33,7 +33,7 @@ def _tables(names=None):
                 step_s = s * (2 if step == 3 and v == "async" else 1)
                 row = {"variant": v, "seed": seed, "step": step, "step_s": step_s,
                        "rollout_s": 0.75 * step_s, "idle_fraction": 0.4,
-                       "reward": reward[seed]}
+                       "reward": reward[seed], "response_len": 10.0 * secs[seed]}
                 if share is not None:
                     row.update(offpolicy_token_share=share, mean_staleness=share,
                                max_staleness=int(share > 0), groups_trained=2 - step % 2)
@@ -90,7 +90,9 @@ def test_the_reading_is_the_numbers_own():
     assert "rollout is 75% of its step" in text[1] and "idle 40%" in text[1]
     assert text[2].startswith("First to the baseline's final accuracy 0.500: async, after "
                               "3.0 s")
-    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step")
+    assert any(t.startswith("overprovision: 3.00x per step, 1.5 groups trained a step, "
+                            "trained responses 10.0 tokens long on average (the baseline's "
+                            "30.0)")
                and "-0.300 against the baseline, standard error 0.100: beyond 2 standard "
                "errors" in t and "never" in t for t in text)
     assert any(t.startswith("async: 2.00x") and "+0.000 against the baseline, standard error "
@@ -128,6 +130,7 @@ def test_final_accuracy_noise_and_tlts_reward_against_the_run_it_speeds():
     assert t.loc["tlt", "speedup"] == 2.0 and t.loc["tlt", "groups_per_step"] == 1.5
     assert pd.isna(t.loc["baseline", "groups_per_step"])
     assert t.loc["tlt+partial", "reward_final"] == pytest.approx(0.2)
+    assert t.loc["partial", "response_len"] == 10.0 and t.loc["baseline", "response_len"] == 30
     # one seed: no spread to read the cost against
     one = Ablation(history[history["seed"] == 0], evals[evals["seed"] == 0]).remedy_metrics()
     assert one["accuracy_cost_se_partial"] is None

@@ -78,7 +78,10 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     ``accuracy_cost_se_<v>`` (the standard error of its difference from the baseline's,
     glossary; None with fewer than 2 seeds on either side), ``reward_final_<v>`` and
     ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds;
-    with a ``reward`` column), ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
+    with a ``reward`` column), ``response_len_<v>`` (the mean length of the responses it
+    trained, over its steps and seeds; with a ``response_len`` column: an early stop trains
+    the groups that finish first, a bias toward short responses that this shows),
+    ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
     trains fewer groups is cheaper for that alone); and
     ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
@@ -120,6 +123,9 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
             end = end[end["step"] == end["step"].max()]["reward"]
             out[f"reward_final_{v}"] = float(end.mean())
             out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else 0.0
+        if "response_len" in history:
+            out[f"response_len_{v}"] = float(
+                history.loc[history["variant"] == v, "response_len"].mean())
         out[f"time_to_accuracy_{v}"] = reach[v]
     reached = [(t, v) for v, t in reach.items() if t is not None]
     best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
@@ -133,7 +139,7 @@ def remedy_table(m: dict) -> pd.DataFrame:
     step), ``accuracy_final`` and ``accuracy_final_sd``, ``accuracy_cost`` (against the
     baseline's final accuracy) and ``accuracy_cost_se`` (glossary: noise),
     ``time_to_accuracy_s`` (NaN: never reached), ``reward_final`` and ``reward_final_sd``
-    (NaN without rewards): the table to pick a remedy from, beside the accuracy-against-time
+    (NaN without rewards), ``response_len`` (trained; NaN without lengths): the table to pick a remedy from, beside the accuracy-against-time
     figure."""
     variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
     target = m["accuracy_final_baseline"]
@@ -150,7 +156,8 @@ def remedy_table(m: dict) -> pd.DataFrame:
         "accuracy_cost_se": value(f"accuracy_cost_se_{v}"),
         "time_to_accuracy_s": value(f"time_to_accuracy_{v}"),
         "reward_final": value(f"reward_final_{v}"),
-        "reward_final_sd": value(f"reward_final_sd_{v}")} for v in variants])
+        "reward_final_sd": value(f"reward_final_sd_{v}"),
+        "response_len": value(f"response_len_{v}")} for v in variants])
 
 
 def reading(m: dict) -> list[str]:
@@ -189,6 +196,9 @@ def reading(m: dict) -> list[str]:
         never = m[f"time_to_accuracy_{v}"] is None
         groups = m.get(f"groups_per_step_{v}")
         trains = "" if groups is None else f"{groups:.1f} groups trained a step, "
+        if f"response_len_{v}" in m:
+            trains += (f"trained responses {m[f'response_len_{v}']:.1f} tokens long on average "
+                       f"(the baseline's {m['response_len_baseline']:.1f}), ")
         se = m.get(f"accuracy_cost_se_{v}")
         noise = "" if se is None else f", standard error {se:.3f}: " + (
             "within noise" if abs(cost) <= 2 * se else "beyond 2 standard errors")
