@@ -144,7 +144,12 @@ _jobs, _threads = _count("jobs"), _count("threads")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (_add_zoo, _add_drafter, _add_ablation, _add_pipeline):
+        add(sub)
+    return p
 
+
+def _add_zoo(sub) -> None:
     zoo = sub.add_parser("zoo", help="build the embedded models from their seeded recipes")
     zsub = zoo.add_subparsers(dest="zoo_command", required=True)
     zt = zsub.add_parser("train", help="train a zoo model")
@@ -155,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="wall-clock budget; the recipe's own default when omitted")
     zt.set_defaults(func=_zoo_train)
 
+
+def _add_drafter(sub) -> None:
     drafter = sub.add_parser("drafter", help="fit a drafter to any model and task")
     dsub = drafter.add_subparsers(dest="drafter_command", required=True)
     dt = dsub.add_parser("train", help="fit an EAGLE head or a small-LM drafter on the spot "
@@ -170,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--seed", type=int, default=0)
     dt.set_defaults(func=_drafter_train)
 
+
+def _add_ablation(sub) -> None:
     ablation = sub.add_parser("ablation", help="an RL ablation's checkpoint folders")
     asub = ablation.add_subparsers(dest="ablation_command", required=True)
     am = asub.add_parser("merge", help="join the folders of one ablation's seeds run apart "
@@ -183,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     ast.add_argument("folders", nargs="+", help="the runs' checkpoint_dir folders")
     ast.set_defaults(func=_ablation_status)
 
+
+def _add_pipeline(sub) -> None:
     pipe = sub.add_parser("pipeline", help="run notebook pipelines with papermill")
     psub = pipe.add_subparsers(dest="pipeline_command", required=True)
     pr = psub.add_parser("run", help="run every notebook x parameter set of a pipeline YAML")
@@ -208,7 +219,6 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("folder", help="the pipeline's run folder, e.g. runs/quickstart")
     rp.add_argument("--out", default=None, help="HTML file (default: <folder>/report.html)")
     rp.set_defaults(func=_pipeline_report)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
