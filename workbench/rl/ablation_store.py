@@ -39,6 +39,7 @@ from ..checks import check_int
 from ..clock import reads_cpu_time
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
+from .remedies.compare import accuracy_over_seeds
 
 __all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations"]
 
@@ -187,11 +188,7 @@ def ablation_progress(folders) -> tuple[dict[str, int], pd.DataFrame]:
     evals = pd.DataFrame([e for _, p in read for e in p.get("evals", [])],
                          columns=["variant", "seed", "step", "accuracy"])
     order = list(dict.fromkeys(v for s, _ in read for v in s["variants"]))
-    table = (evals.groupby(["variant", "step"])["accuracy"]
-             .agg(accuracy="mean", accuracy_sd="std", seeds="count").reset_index())
-    table["variant"] = pd.Categorical(table["variant"], order, ordered=True)
-    table = table.sort_values(["variant", "step"]).reset_index(drop=True)
-    return steps, table.assign(variant=table["variant"].astype(str))
+    return steps, accuracy_over_seeds(evals, order)
 
 
 def merge_ablations(sources, target: str | os.PathLike) -> Path:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["accuracy_vs_time", "time_to_accuracy", "remedy_metrics", "remedy_table", "reading"]
+__all__ = ["accuracy_vs_time", "accuracy_over_seeds", "time_to_accuracy", "remedy_metrics",
+           "remedy_table", "reading"]
 
 
 def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame:
@@ -50,11 +51,18 @@ def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame
         raise ValueError(f"evaluation of {row['variant']!r} seed {row['seed']} after "
                          f"{row['step']} steps has no step times in the history; accepted: "
                          "evals and history of one ablation")
-    order = list(dict.fromkeys(history["variant"]))
-    out = e.groupby(["variant", "step"]).agg(time_s=("time_s", "mean"),
-                                             accuracy=("accuracy", "mean"),
-                                             accuracy_sd=("accuracy", "std"),
-                                             seeds=("accuracy", "count")).reset_index()
+    return accuracy_over_seeds(e, list(dict.fromkeys(history["variant"])),
+                               time_s=("time_s", "mean"))
+
+
+def accuracy_over_seeds(evals: pd.DataFrame, order: list[str], **more) -> pd.DataFrame:
+    """Per variant and evaluated step of ``evals`` (variant, seed, step, accuracy):
+    ``accuracy`` and ``accuracy_sd`` (mean and standard deviation over the seeds evaluated
+    there) and ``seeds`` (how many), and any ``more`` aggregations (pandas named
+    aggregations), in the variants' ``order`` and by step."""
+    out = evals.groupby(["variant", "step"]).agg(**more, accuracy=("accuracy", "mean"),
+                                                 accuracy_sd=("accuracy", "std"),
+                                                 seeds=("accuracy", "count")).reset_index()
     out["variant"] = pd.Categorical(out["variant"], order, ordered=True)
     out = out.sort_values(["variant", "step"]).reset_index(drop=True)
     out["variant"] = out["variant"].astype(str)
