@@ -141,6 +141,11 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     return out
 
 
+def _variants(m: dict) -> list[str]:
+    """The variants of ``m`` (``remedy_metrics``), in run order: each has a ``speedup_``."""
+    return [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+
+
 def remedy_table(m: dict) -> pd.DataFrame:
     """``m`` (``remedy_metrics``) as one row per variant, in run order: ``speedup``,
     ``offpolicy_share``, ``groups_per_step`` (NaN for a variant that trains P groups a
@@ -149,7 +154,7 @@ def remedy_table(m: dict) -> pd.DataFrame:
     ``time_to_accuracy_s`` (NaN: never reached), ``reward_final`` and ``reward_final_sd``
     (NaN without rewards), ``response_len`` (trained; NaN without lengths): the table to pick a remedy from, beside the accuracy-against-time
     figure."""
-    variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+    variants = _variants(m)
     target = m["accuracy_final_baseline"]
 
     def value(key):
@@ -176,7 +181,7 @@ def reading(m: dict) -> list[str]:
     beyond the seeds' noise, whether TLT's final training reward stayed within 2 sd of the
     run it speeds (it is lossless), how they fare against TLT alone, and how much time the
     baseline's step left to take back."""
-    variants = [k.removeprefix("speedup_") for k in m if k.startswith("speedup_")]
+    variants = _variants(m)
     others = [v for v in variants if v != "baseline"]
     target, start = m["accuracy_final_baseline"], m["accuracy_start"]
     lines = []
