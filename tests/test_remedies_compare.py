@@ -102,6 +102,31 @@ def test_the_reading_is_the_numbers_own():
     assert any("gained no held-out accuracy" in t for t in text)
 
 
+def test_a_baseline_gain_within_noise_is_no_target():
+    """The baseline ends at 0.1 and 0.3 over its two seeds (mean 0.2, standard error of
+    the gain 0.1 from a start of 0.1 on both): +0.1 is within 2 standard errors, so no
+    variant's time to it is read as a win, and TLT is compared per step instead."""
+    history, evals = _tables({"async": "tlt"})
+    last = (evals["variant"] == "baseline") & (evals["step"] == 4)
+    evals.loc[last, "accuracy"] = [0.1, 0.3]
+    m = Ablation(history, evals).remedy_metrics()
+    assert m["accuracy_gain_se_baseline"] == pytest.approx(0.1)
+    text = reading(m)
+    assert ("The baseline's held-out gain (0.100 to 0.200, +0.100) is within its seeds' noise "
+            "(standard error 0.100)") in text[2]
+    assert not any(t.startswith("First to") for t in text)
+    # per step: tlt 2x; overprovision 3x and tlt+partial 4x are faster
+    assert text[-1] == ("Against TLT alone: no verdict on time to accuracy (its target is "
+                        "noise); per step faster than TLT's 2.00x: overprovision, tlt+partial.")
+    # the same gain over a spread a third as wide is beyond noise: raced to as before
+    evals.loc[last, "accuracy"] = [0.17, 0.23]
+    m = Ablation(history, evals).remedy_metrics()
+    assert m["accuracy_gain_se_baseline"] == pytest.approx(0.03)
+    assert reading(m)[2].startswith("First to the baseline's final accuracy 0.200")
+    one = Ablation(history[history["seed"] == 0], evals[evals["seed"] == 0]).remedy_metrics()
+    assert one["accuracy_gain_se_baseline"] is None
+
+
 def test_final_accuracy_noise_and_tlts_reward_against_the_run_it_speeds():
     """The seeds' spread: each final accuracy's sd and the standard error of its cost; TLT
     against the baseline and tlt+<remedy> against its remedy on the final training reward,

@@ -19,7 +19,10 @@ off-policy share     the mean over the variant's RL steps of the share of traine
                      only: the baseline and TLT's).
 noise                a final accuracy's cost against the baseline's is read against the
                      standard error of the difference of the two means over seeds,
-                     sqrt(sd_v^2 / n_v + sd_b^2 / n_b): within 2 of them it is noise.
+                     sqrt(sd_v^2 / n_v + sd_b^2 / n_b): within 2 of them it is noise. So
+                     is the baseline's own gain (its final mean against its start's): a gain
+                     within noise is no target to race to, and time to accuracy then
+                     decides nothing.
 time to accuracy     the first point of the variant's accuracy curve (mean over seeds) at or
                      above ``target`` (the baseline's final accuracy), on the cumulative time
                      axis: the mean over seeds of the summed step times before that
@@ -92,7 +95,9 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
     trains fewer groups is cheaper for that alone); and
-    ``accuracy_final_baseline``, ``accuracy_start``, ``best_time_to_accuracy`` (the variant,
+    ``accuracy_final_baseline``, ``accuracy_start``, ``accuracy_gain_se_baseline`` (the
+    standard error of the baseline's gain from its first evaluation to its last, glossary:
+    noise; None with fewer than 2 seeds), ``best_time_to_accuracy`` (the variant,
     the baseline among them, that first reached the baseline's final accuracy: the least
     time, ties to the first in run order; the baseline reaches it at the latest at its end)
     and ``best_time_to_accuracy_s``. The baseline must have run and been evaluated."""
@@ -105,12 +110,17 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     final = last["accuracy"]
     target = float(final["baseline"])
     se2 = (last["accuracy_sd"].fillna(0.0) ** 2 / last["seeds"])  # per variant: sd^2 / n
+    first = curves[curves["variant"] == "baseline"].iloc[0]
     reach = time_to_accuracy(curves, target)
     share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
              if "offpolicy_token_share" in history else pd.Series(dtype=float))
     base = history[history["variant"] == "baseline"]
     out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
            "accuracy_final_baseline": target,
+           "accuracy_gain_se_baseline": float(
+               (se2["baseline"] + (0.0 if pd.isna(first["accuracy_sd"]) else
+                                   first["accuracy_sd"] ** 2 / first["seeds"])) ** 0.5)
+           if last.loc["baseline", "seeds"] > 1 else None,
            "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
            "idle_fraction_baseline": float(base["idle_fraction"].mean())}
     groups = (history.groupby("variant", sort=False)["groups_trained"].mean()
@@ -194,11 +204,19 @@ def reading(m: dict) -> list[str]:
                  f"{idle:.0%} of it: the tail is what over-provisioning, partial rollouts and "
                  f"tail batching cut; async can hide at most the update ({1 - rf:.0%} of the "
                  "step) behind the next rollout.")
+    gain_se = m.get("accuracy_gain_se_baseline")
+    noisy_gain = target > start and gain_se is not None and target - start <= 2 * gain_se
     if target <= start:
         lines.append(f"The baseline gained no held-out accuracy here ({start:.3f} to "
                      f"{target:.3f}), so every variant reaches it at once and time to accuracy "
                      "says nothing: a longer run decides (pipelines/remedies.yaml: from a "
                      "mid-RL start, where held-out accuracy moves).")
+    elif noisy_gain:
+        lines.append(f"The baseline's held-out gain ({start:.3f} to {target:.3f}, "
+                     f"{target - start:+.3f}) is within its seeds' noise (standard error "
+                     f"{gain_se:.3f}): who first reaches it is noise as well, so time to "
+                     "accuracy decides nothing here, and the choice rests on the speed per "
+                     "step against what each variant pays, below.")
     else:
         best = m["best_time_to_accuracy"]
         lines.append(f"First to the baseline's final accuracy {target:.3f}: {best}, after "
@@ -221,7 +239,12 @@ def reading(m: dict) -> list[str]:
                      f"baseline{noise})" + ("; never reached the baseline's final accuracy."
                                             if never else "."))
     lines += _lossless(m, variants)
-    if "tlt" in variants and m["time_to_accuracy_tlt"] is not None:
+    if "tlt" in variants and noisy_gain:
+        quicker = [v for v in others if m[f"speedup_{v}"] > m["speedup_tlt"]]
+        lines.append("Against TLT alone: no verdict on time to accuracy (its target is "
+                     "noise); per step faster than TLT's "
+                     f"{m['speedup_tlt']:.2f}x: " + (", ".join(quicker) or "none") + ".")
+    elif "tlt" in variants and m["time_to_accuracy_tlt"] is not None:
         t = m["time_to_accuracy_tlt"]
         sooner = [v for v in others if v != "tlt" and m[f"time_to_accuracy_{v}"] is not None
                   and m[f"time_to_accuracy_{v}"] < t]
