@@ -158,8 +158,17 @@ def test_final_accuracy_noise_and_tlts_reward_against_the_run_it_speeds():
     assert t.loc["partial", "response_len"] == 10.0 and t.loc["baseline", "response_len"] == 30
     # one seed: no spread to read the cost against
     one = Ablation(history[history["seed"] == 0], evals[evals["seed"] == 0]).remedy_metrics()
-    assert one["accuracy_cost_se_partial"] is None
-    assert not any("standard error" in t for t in reading(one))
+    assert one["accuracy_cost_se_partial"] is None and one["reward_final_sd_partial"] is None
+    text = reading(one)
+    assert not any("standard error" in t or " sd." in t for t in text)
+    assert ("tlt+partial (lossless SD): final training reward 0.200 against partial's 0.100: "
+            "one seed, no spread to read the difference against.") in text
+    same = history[history["seed"] == 0].copy()  # tlt's rewards those of the baseline
+    same.loc[same["variant"] == "tlt", "reward"] = 0.3
+    text = reading(Ablation(same, evals[evals["seed"] == 0]).remedy_metrics())
+    assert "tlt (lossless SD): final training reward 0.300 against baseline's 0.300: equal." \
+        in text
+    assert pd.isna(remedy_table(one).set_index("variant").loc["partial", "reward_final_sd"])
 
 
 def test_remedy_figures_draw_the_tables():

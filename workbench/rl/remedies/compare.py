@@ -88,8 +88,8 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     ``accuracy_final_<v>`` and ``accuracy_final_sd_<v>`` (mean and sd over seeds),
     ``accuracy_cost_se_<v>`` (the standard error of its difference from the baseline's,
     glossary; None with fewer than 2 seeds on either side), ``reward_final_<v>`` and
-    ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds;
-    with a ``reward`` column), ``response_len_<v>`` (the mean length of the responses it
+    ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds,
+    the sd None with one seed; with a ``reward`` column), ``response_len_<v>`` (the mean length of the responses it
     trained, over its steps and seeds; with a ``response_len`` column: an early stop trains
     the groups that finish first, a bias toward short responses that this shows),
     ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
@@ -140,7 +140,7 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
             end = history[history["variant"] == v]
             end = end[end["step"] == end["step"].max()]["reward"]
             out[f"reward_final_{v}"] = float(end.mean())
-            out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else 0.0
+            out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else None
         if "response_len" in history:
             out[f"response_len_{v}"] = float(
                 history.loc[history["variant"] == v, "response_len"].mean())
@@ -257,7 +257,7 @@ def reading(m: dict) -> list[str]:
 def _lossless(m: dict, variants: list[str]) -> list[str]:
     """TLT is lossless: its final training reward against the baseline's, and each
     ``tlt+<remedy>``'s against its remedy's, within 2 of the reference's sd over seeds, where
-    the rewards were recorded."""
+    the rewards were recorded. With one seed there is no sd: only equality is read."""
     lines = []
     for v in [v for v in variants if v == "tlt" or v.startswith("tlt+")]:
         ref = "baseline" if v == "tlt" else v.removeprefix("tlt+")
@@ -265,7 +265,11 @@ def _lossless(m: dict, variants: list[str]) -> list[str]:
             continue
         r, base, sd = m[f"reward_final_{v}"], m[f"reward_final_{ref}"], \
             m[f"reward_final_sd_{ref}"]
+        head = f"{v} (lossless SD): final training reward {r:.3f} against {ref}'s {base:.3f}"
+        if sd is None:
+            lines.append(head + (": equal." if r == base else
+                                 ": one seed, no spread to read the difference against."))
+            continue
         verdict = "within" if abs(r - base) <= 2 * sd else "beyond"
-        lines.append(f"{v} (lossless SD): final training reward {r:.3f} against {ref}'s "
-                     f"{base:.3f} ± {sd:.3f} (sd over seeds): {verdict} 2 sd.")
+        lines.append(f"{head} ± {sd:.3f} (sd over seeds): {verdict} 2 sd.")
     return lines
