@@ -100,6 +100,7 @@ def test_the_reading_is_the_numbers_own():
     flat = evals.assign(accuracy=0.1)  # no learning: time to accuracy says nothing
     text = reading(Ablation(history, flat).remedy_metrics())
     assert any("gained no held-out accuracy" in t for t in text)
+    assert not any(t.startswith("Against TLT alone (") for t in text)
 
 
 def test_a_baseline_gain_within_noise_is_no_target():
@@ -116,8 +117,17 @@ def test_a_baseline_gain_within_noise_is_no_target():
             "(standard error 0.100)") in text[2]
     assert not any(t.startswith("First to") for t in text)
     # per step: tlt 2x; overprovision 3x and tlt+partial 4x are faster
-    assert text[-1] == ("Against TLT alone: no verdict on time to accuracy (its target is "
-                        "noise); per step faster than TLT's 2.00x: overprovision, tlt+partial.")
+    # tlt ends at 0.5 on both seeds: +0.3 against a standard error of 0.1
+    assert text[-1] == ("Against TLT alone: no verdict on time to accuracy (above); ended above "
+                        "the baseline beyond 2 standard errors: tlt; per step faster than "
+                        "TLT's 2.00x: overprovision, tlt+partial.")
+    # a variant that ends above the baseline beyond noise where TLT does not
+    end = evals["step"] == 4
+    evals.loc[end & (evals["variant"] == "overprovision"), "accuracy"] = 0.9
+    evals.loc[end & (evals["variant"] == "tlt"), "accuracy"] = 0.2
+    text = reading(Ablation(history, evals).remedy_metrics())
+    assert "ended above the baseline beyond 2 standard errors: overprovision (TLT did not)" \
+        in text[-1]
     # the same gain over a spread a third as wide is beyond noise: raced to as before
     evals.loc[last, "accuracy"] = [0.17, 0.23]
     m = Ablation(history, evals).remedy_metrics()
