@@ -39,7 +39,7 @@ def export_policy(checkpoint: str | os.PathLike, path: str | os.PathLike,
     holding it; ``model`` is the policy the run started from (its architecture and
     tokenizer: the weights come from the checkpoint). ``load_model(path)`` loads the result,
     and every notebook's ``model`` parameter takes it: a run that starts where another one
-    stood (notebook 11's long run starts mid-RL, where held-out accuracy moves)."""
+    stood (notebook 11's long run starts mid-RL, from a 200-step RL policy)."""
     from ..models import load_model, save_model
     from .checkpoint import load_state
     source = Path(checkpoint)
