@@ -89,8 +89,9 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     ``accuracy_cost_se_<v>`` (the standard error of its difference from the baseline's,
     glossary; None with fewer than 2 seeds on either side), ``reward_final_<v>`` and
     ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds,
-    the sd None with one seed; with a ``reward`` column), ``response_len_<v>`` (the mean length of the responses it
-    trained, over its steps and seeds; with a ``response_len`` column: an early stop trains
+    the sd None with one seed; with a ``reward`` column), ``response_len_<v>`` (the mean
+    length of the responses it trained, over its steps and seeds; with a ``response_len``
+    column: an early stop trains
     the groups that finish first, a bias toward short responses that this shows),
     ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
@@ -106,20 +107,19 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
                          f"evaluation here (evaluated: {sorted(set(evals.get('variant', ())))})"
                          "; accepted: an ablation with 'baseline' and eval_problems")
     curves = accuracy_vs_time(history, evals)
-    last = curves.groupby("variant", sort=False).last()
+    first, last = (curves.groupby("variant", sort=False).nth(0).set_index("variant"),
+                   curves.groupby("variant", sort=False).last())
     final = last["accuracy"]
     target = float(final["baseline"])
     se2 = (last["accuracy_sd"].fillna(0.0) ** 2 / last["seeds"])  # per variant: sd^2 / n
-    first = curves[curves["variant"] == "baseline"].iloc[0]
+    se2_first = first["accuracy_sd"].fillna(0.0) ** 2 / first["seeds"]
     reach = time_to_accuracy(curves, target)
     share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
              if "offpolicy_token_share" in history else pd.Series(dtype=float))
     base = history[history["variant"] == "baseline"]
     out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
            "accuracy_final_baseline": target,
-           "accuracy_gain_se_baseline": float(
-               (se2["baseline"] + (0.0 if pd.isna(first["accuracy_sd"]) else
-                                   first["accuracy_sd"] ** 2 / first["seeds"])) ** 0.5)
+           "accuracy_gain_se_baseline": float((se2["baseline"] + se2_first["baseline"]) ** 0.5)
            if last.loc["baseline", "seeds"] > 1 else None,
            "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
            "idle_fraction_baseline": float(base["idle_fraction"].mean())}
@@ -162,7 +162,8 @@ def remedy_table(m: dict) -> pd.DataFrame:
     step), ``accuracy_final`` and ``accuracy_final_sd``, ``accuracy_cost`` (against the
     baseline's final accuracy) and ``accuracy_cost_se`` (glossary: noise),
     ``time_to_accuracy_s`` (NaN: never reached), ``reward_final`` and ``reward_final_sd``
-    (NaN without rewards), ``response_len`` (trained; NaN without lengths): the table to pick a remedy from, beside the accuracy-against-time
+    (NaN without rewards, or ``reward_final_sd`` with one seed), ``response_len`` (trained;
+    NaN without lengths): the table to pick a remedy from, beside the accuracy-against-time
     figure."""
     variants = _variants(m)
     target = m["accuracy_final_baseline"]
