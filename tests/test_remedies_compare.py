@@ -192,6 +192,9 @@ def test_remedy_figures_draw_the_tables():
     lines = fig.axes[0].lines
     assert list(lines[0].get_xdata()) == [0.0, 6.0, 12.0]
     assert list(lines[-1].get_ydata()) == [0.5, 0.5]           # the target line
+    # the baseline's band: its standard error (0.5 ± 0.1414 / sqrt(2) at the end), not its sd
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert (band.min(), band.max()) == pytest.approx((0.1, 0.6))
     fig = remviz.learning_over_steps(history, evals, window=2)
     reward_ax, accuracy_ax = fig.axes
     assert len(reward_ax.lines) == len(RUNS) and len(accuracy_ax.lines) == len(RUNS)
@@ -199,6 +202,8 @@ def test_remedy_figures_draw_the_tables():
     assert list(reward_ax.lines[0].get_ydata()) == pytest.approx([0.4] * 4)
     assert list(accuracy_ax.lines[0].get_xdata()) == [0, 2, 4]
     assert list(accuracy_ax.lines[0].get_ydata()) == pytest.approx([0.1, 0.3, 0.5])
+    band = accuracy_ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert (band.min(), band.max()) == pytest.approx((0.1, 0.6))
     assert reward_ax.lines[3].get_linestyle() == "--"          # tlt+partial: composed
     rising = remviz.learning_over_steps(history.assign(reward=history["step"]), evals, window=2)
     assert list(rising.axes[0].lines[0].get_ydata()) == pytest.approx([0, 0.5, 1.5, 2.5])

@@ -57,8 +57,10 @@ def step_times(history: pd.DataFrame, ax=None, label: str = ""):
 
 def accuracy_vs_time(curves: pd.DataFrame, target: float | None = None, ax=None,
                      label: str = ""):
-    """Held-out accuracy (mean over seeds, one standard deviation shaded) against the
-    cumulative sim time of the RL steps before each evaluation, one line per variant;
+    """Held-out accuracy (mean over seeds, its standard error shaded: the band that says
+    whether two means differ, which a standard deviation's band, ten variants deep, hides)
+    against the cumulative sim time of the RL steps before each evaluation, one line per
+    variant;
     ``target`` (the baseline's final accuracy) as a dashed line: the variant whose line
     crosses it furthest left got there first."""
     fig, ax = _axes(ax, (7.0, 4.0))
@@ -66,14 +68,14 @@ def accuracy_vs_time(curves: pd.DataFrame, target: float | None = None, ax=None,
         color = _color(v, i)
         style = "--" if v.startswith("tlt+") else "-"
         ax.plot(c["time_s"], c["accuracy"], style, marker="o", ms=3, color=color, label=v)
-        sd = c["accuracy_sd"].fillna(0.0)
-        ax.fill_between(c["time_s"], c["accuracy"] - sd, c["accuracy"] + sd, color=color,
+        se = c["accuracy_sd"].fillna(0.0) / c["seeds"] ** 0.5
+        ax.fill_between(c["time_s"], c["accuracy"] - se, c["accuracy"] + se, color=color,
                         alpha=0.12, linewidth=0)
     if target is not None:
         ax.axhline(target, color="#4d4d4d", linestyle=":", linewidth=1,
                    label="baseline's final accuracy")
     ax.set_xlabel("cumulative time of the RL steps (s, sim clock)")
-    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylabel("held-out accuracy (greedy)\nmean over seeds ± standard error")
     ax.legend(fontsize=7, ncol=2)
     _caption(ax, label)
     return fig
@@ -84,12 +86,13 @@ def learning_over_steps(history: pd.DataFrame, evals: pd.DataFrame, window: int 
     """Two panels against RL steps, one line per variant (``tlt+...`` dashed): the training
     reward (mean over seeds, then a trailing moving mean over ``window`` steps: one step's
     batch is a few prompts, so its reward is noisy) and the held-out accuracy (mean over seeds,
-    one standard deviation shaded). Per step, not per second: what a remedy's stale or
+    its standard error shaded). Per step, not per second: what a remedy's stale or
     dropped data does to learning, which its speedup then buys back or not."""
     fig = plt.figure(figsize=(10.0, 3.8), layout="constrained")
     reward_ax, accuracy_ax = fig.subplots(1, 2)
     reward = history.groupby(["variant", "step"], sort=False)["reward"].mean()
-    acc = evals.groupby(["variant", "step"], sort=False)["accuracy"].agg(["mean", "std"])
+    acc = evals.groupby(["variant", "step"], sort=False)["accuracy"].agg(["mean", "std",
+                                                                          "count"])
     for i, v in enumerate(dict.fromkeys(history["variant"])):
         style = dict(color=_color(v, i), linestyle="--" if v.startswith("tlt+") else "-")
         r = reward.loc[v].sort_index()
@@ -97,11 +100,11 @@ def learning_over_steps(history: pd.DataFrame, evals: pd.DataFrame, window: int 
         if v in acc.index.get_level_values(0):
             a = acc.loc[v].sort_index()
             accuracy_ax.plot(a.index, a["mean"], marker="o", ms=3, label=v, **style)
-            sd = a["std"].fillna(0.0)
-            accuracy_ax.fill_between(a.index, a["mean"] - sd, a["mean"] + sd,
+            se = a["std"].fillna(0.0) / a["count"] ** 0.5
+            accuracy_ax.fill_between(a.index, a["mean"] - se, a["mean"] + se,
                                      color=style["color"], alpha=0.12, linewidth=0)
     reward_ax.set_ylabel(f"training reward\n(mean over seeds, {window}-step moving mean)")
-    accuracy_ax.set_ylabel("held-out accuracy\n(greedy, mean over seeds)")
+    accuracy_ax.set_ylabel("held-out accuracy (greedy,\nmean over seeds ± standard error)")
     reward_ax.set_xlabel("RL step (its rollout's reward)")
     accuracy_ax.set_xlabel("RL steps done before the evaluation")
     for ax in (reward_ax, accuracy_ax):
