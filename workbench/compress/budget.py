@@ -157,6 +157,21 @@ def _row(method, fraction, tokens, steps, seed, model, tokenizer, problems, max_
             "kept_step": kept_step, "rewards": "".join("1" if r > 0 else "0" for r in rewards)}
 
 
+def _check_study(budgets, seeds, methods, tokens_per_batch: int, out) -> tuple:
+    """``budget_study``'s arguments checked before anything is trained or written: the
+    budgets and seeds as ``check_budgets`` and ``check_seeds`` return them, and ``out`` as
+    a ``Path`` to a ``.csv``."""
+    fractions, seeds = check_budgets(budgets), check_seeds(seeds)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"methods {list(methods)!r}: accepted: a non-empty subset of {METHODS}")
+    check_int("tokens_per_batch", tokens_per_batch, 1)
+    out = Path(out)
+    if out.suffix.lower() != ".csv":
+        raise ValueError(f"out {str(out)!r}: accepted: a path ending in .csv")
+    return fractions, seeds, out
+
+
 def budget_study(teacher, student, tokenizer, problems, out: str | os.PathLike, budgets,
                  seeds=(0,), *, teacher_dir: str | os.PathLike | None = None,
                  tokens: int | None = None, source: str | os.PathLike = "running_sum",
@@ -176,16 +191,8 @@ def budget_study(teacher, student, tokenizer, problems, out: str | os.PathLike, 
     ``accuracy``, ``lm_loss``, ``kept_step`` and ``rewards`` (the per-problem 0/1 rewards as
     a string, for the two-level bootstrap), and one ``teacher`` row (budget 1.0). Rows
     already in ``out`` are not rerun."""
-    fractions = check_budgets(budgets)
-    seeds = check_seeds(seeds)
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise ValueError(f"methods {list(methods)!r}: accepted: a non-empty subset of {METHODS}")
-    check_int("tokens_per_batch", tokens_per_batch, 1)
+    fractions, seeds, out = _check_study(budgets, seeds, methods, tokens_per_batch, out)
     total = teacher_tokens(teacher_dir, tokens)
-    out = Path(out)
-    if out.suffix.lower() != ".csv":
-        raise ValueError(f"out {str(out)!r}: accepted: a path ending in .csv")
     done = _read_done(out)
     config = config if config is not None else DistillConfig()
     seqs, starts, held, held_starts = _pool(tokenizer, source, math.ceil(max(fractions) * total),

@@ -286,11 +286,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     same arguments goes on where the last stopped, redoing no evaluation, a finished one
     returns without stepping, and a folder of other settings is refused before anything runs.
     """
-    check_int("steps", steps, 0)
-    for variant in variants:
-        check_choice("variant", variant, ALL_VARIANTS)
-    if eval_every is not None:
-        check_int("eval_every", eval_every, 1)
+    _check_ablation(steps, variants, eval_every)
     max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
     store = _open_store(checkpoint_dir, checkpoint_every, steps, ablation_settings(
         variants, seeds, grpo, problems, reward, eval_problems, eval_every, max_new, backend,
@@ -312,11 +308,26 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     finally:
         if shared is not None and isinstance(backend, str):
             shared.close()
+    return _ablation_of(runs, evals)
+
+
+def _ablation_of(runs: dict, evals: list[dict]) -> Ablation:
+    """The ablation's tables from its ``runs`` (``(variant, seed)`` -> trainer, in run
+    order): every run's step rows, and the evaluations by step, then in run order."""
     order = list(runs)
     evals.sort(key=lambda e: (e["step"], order.index((e["variant"], e["seed"]))))
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
+
+
+def _check_ablation(steps: int, variants, eval_every: int | None) -> None:
+    """``run_ablation``'s own arguments, checked before anything is built or written."""
+    check_int("steps", steps, 0)
+    for variant in variants:
+        check_choice("variant", variant, ALL_VARIANTS)
+    if eval_every is not None:
+        check_int("eval_every", eval_every, 1)
 
 
 def _open_store(checkpoint_dir, checkpoint_every, steps: int, settings: dict):

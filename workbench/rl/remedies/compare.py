@@ -91,8 +91,8 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     ``reward_final_sd_<v>`` (the training reward of the last RL step, mean and sd over seeds,
     the sd None with one seed; with a ``reward`` column), ``response_len_<v>`` (the mean
     length of the responses it trained, over its steps and seeds; with a ``response_len``
-    column: an early stop trains
-    the groups that finish first, a bias toward short responses that this shows),
+    column: an early stop trains the groups that finish first, a bias toward short
+    responses that this shows),
     ``time_to_accuracy_<v>`` (glossary), ``groups_per_step_<v>``
     (the mean groups trained a step, for a variant that records it: a remedy's step that
     trains fewer groups is cheaper for that alone); and
@@ -114,8 +114,6 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
     se2 = (last["accuracy_sd"].fillna(0.0) ** 2 / last["seeds"])  # per variant: sd^2 / n
     se2_first = first["accuracy_sd"].fillna(0.0) ** 2 / first["seeds"]
     reach = time_to_accuracy(curves, target)
-    share = (history.groupby("variant", sort=False)["offpolicy_token_share"].mean()
-             if "offpolicy_token_share" in history else pd.Series(dtype=float))
     base = history[history["variant"] == "baseline"]
     out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
            "accuracy_final_baseline": target,
@@ -123,31 +121,37 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
            if last.loc["baseline", "seeds"] > 1 else None,
            "rollout_fraction_baseline": float(base["rollout_s"].sum() / base["step_s"].sum()),
            "idle_fraction_baseline": float(base["idle_fraction"].mean())}
-    groups = (history.groupby("variant", sort=False)["groups_trained"].mean()
-              if "groups_trained" in history else pd.Series(dtype=float))
     for v in curves["variant"].unique():
-        if pd.notna(groups.get(v)):  # the remedies' (the others train P groups a step)
-            out[f"groups_per_step_{v}"] = float(groups[v])
         out[f"speedup_{v}"] = float(speedups[v]) if v in speedups else 1.0
-        stale = share.get(v)  # NaN or absent: the variant trains on-policy only
-        out[f"offpolicy_share_{v}"] = float(stale) if pd.notna(stale) else 0.0
+        out |= _trained(history[history["variant"] == v], v)
         out[f"accuracy_final_{v}"] = float(final[v])
         out[f"accuracy_final_sd_{v}"] = float(last.loc[v, "accuracy_sd"]) \
             if pd.notna(last.loc[v, "accuracy_sd"]) else 0.0
         out[f"accuracy_cost_se_{v}"] = float((se2[v] + se2["baseline"]) ** 0.5) \
             if min(last.loc[v, "seeds"], last.loc["baseline", "seeds"]) > 1 else None
-        if "reward" in history:
-            end = history[history["variant"] == v]
-            end = end[end["step"] == end["step"].max()]["reward"]
-            out[f"reward_final_{v}"] = float(end.mean())
-            out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else None
-        if "response_len" in history:
-            out[f"response_len_{v}"] = float(
-                history.loc[history["variant"] == v, "response_len"].mean())
         out[f"time_to_accuracy_{v}"] = reach[v]
     reached = [(t, v) for v, t in reach.items() if t is not None]
     best = min(reached, key=lambda tv: tv[0])  # min keeps the first of equal times
     out["best_time_to_accuracy"], out["best_time_to_accuracy_s"] = best[1], best[0]
+    return out
+
+
+def _trained(h: pd.DataFrame, v: str) -> dict:
+    """What variant ``v`` trained on, from its rows ``h`` of the history: the groups a step
+    (where recorded: the remedies'; the others train P), the off-policy share (0 where
+    unrecorded: on-policy only), the last step's training reward (mean, and sd over seeds:
+    None with one) and the trained responses' mean length, where those columns exist."""
+    out = {}
+    if "groups_trained" in h and pd.notna(h["groups_trained"].mean()):
+        out[f"groups_per_step_{v}"] = float(h["groups_trained"].mean())
+    stale = h["offpolicy_token_share"].mean() if "offpolicy_token_share" in h else None
+    out[f"offpolicy_share_{v}"] = float(stale) if pd.notna(stale) else 0.0
+    if "reward" in h:
+        end = h.loc[h["step"] == h["step"].max(), "reward"]
+        out[f"reward_final_{v}"] = float(end.mean())
+        out[f"reward_final_sd_{v}"] = float(end.std()) if len(end) > 1 else None
+    if "response_len" in h:
+        out[f"response_len_{v}"] = float(h["response_len"].mean())
     return out
 
 
