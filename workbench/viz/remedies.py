@@ -1,7 +1,7 @@
 """Figures of the long-tail remedies side by side (notebook 11), drawn from an ablation's
 tables: the history (one row per variant, seed and RL step) and the accuracy-against-time
 table (``rl.remedies.compare.accuracy_vs_time``: variant, step, time_s, accuracy,
-accuracy_sd).
+accuracy_sd, accuracy_se).
 
 The three a practitioner reads to pick a remedy: what a step costs, what accuracy each buys
 for the time spent, and how much of the data it trains on is stale; and beside them what each
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from ..rl.remedies.compare import accuracy_over_seeds
 from .rl import VARIANT_COLORS, _caption
 from .timeline import _axes
 
@@ -68,7 +69,7 @@ def accuracy_vs_time(curves: pd.DataFrame, target: float | None = None, ax=None,
         color = _color(v, i)
         style = "--" if v.startswith("tlt+") else "-"
         ax.plot(c["time_s"], c["accuracy"], style, marker="o", ms=3, color=color, label=v)
-        se = c["accuracy_sd"].fillna(0.0) / c["seeds"] ** 0.5
+        se = c["accuracy_se"].fillna(0.0)
         ax.fill_between(c["time_s"], c["accuracy"] - se, c["accuracy"] + se, color=color,
                         alpha=0.12, linewidth=0)
     if target is not None:
@@ -91,17 +92,16 @@ def learning_over_steps(history: pd.DataFrame, evals: pd.DataFrame, window: int 
     fig = plt.figure(figsize=(10.0, 3.8), layout="constrained")
     reward_ax, accuracy_ax = fig.subplots(1, 2)
     reward = history.groupby(["variant", "step"], sort=False)["reward"].mean()
-    acc = evals.groupby(["variant", "step"], sort=False)["accuracy"].agg(["mean", "std",
-                                                                          "count"])
+    acc = accuracy_over_seeds(evals, list(dict.fromkeys(history["variant"])))
     for i, v in enumerate(dict.fromkeys(history["variant"])):
         style = dict(color=_color(v, i), linestyle="--" if v.startswith("tlt+") else "-")
         r = reward.loc[v].sort_index()
         reward_ax.plot(r.index, r.rolling(window, min_periods=1).mean(), label=v, **style)
-        if v in acc.index.get_level_values(0):
-            a = acc.loc[v].sort_index()
-            accuracy_ax.plot(a.index, a["mean"], marker="o", ms=3, label=v, **style)
-            se = a["std"].fillna(0.0) / a["count"] ** 0.5
-            accuracy_ax.fill_between(a.index, a["mean"] - se, a["mean"] + se,
+        a = acc[acc["variant"] == v]
+        if len(a):
+            accuracy_ax.plot(a["step"], a["accuracy"], marker="o", ms=3, label=v, **style)
+            se = a["accuracy_se"].fillna(0.0)
+            accuracy_ax.fill_between(a["step"], a["accuracy"] - se, a["accuracy"] + se,
                                      color=style["color"], alpha=0.12, linewidth=0)
     reward_ax.set_ylabel(f"training reward\n(mean over seeds, {window}-step moving mean)")
     accuracy_ax.set_ylabel("held-out accuracy (greedy,\nmean over seeds ± standard error)")

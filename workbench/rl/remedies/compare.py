@@ -61,14 +61,17 @@ def accuracy_vs_time(history: pd.DataFrame, evals: pd.DataFrame) -> pd.DataFrame
 def accuracy_over_seeds(evals: pd.DataFrame, order: list[str], **more) -> pd.DataFrame:
     """Per variant and evaluated step of ``evals`` (variant, seed, step, accuracy):
     ``accuracy`` and ``accuracy_sd`` (mean and standard deviation over the seeds evaluated
-    there) and ``seeds`` (how many), and any ``more`` aggregations (pandas named
-    aggregations), in the variants' ``order`` and by step."""
+    there), ``seeds`` (how many) and ``accuracy_se`` (the mean's standard error, sd /
+    sqrt(seeds): what the noise rule and the figures' bands read; NaN with one seed), and
+    any ``more`` aggregations (pandas named aggregations), in the variants' ``order`` and by
+    step."""
     out = evals.groupby(["variant", "step"]).agg(**more, accuracy=("accuracy", "mean"),
                                                  accuracy_sd=("accuracy", "std"),
                                                  seeds=("accuracy", "count")).reset_index()
     out["variant"] = pd.Categorical(out["variant"], order, ordered=True)
     out = out.sort_values(["variant", "step"]).reset_index(drop=True)
     out["variant"] = out["variant"].astype(str)
+    out["accuracy_se"] = out["accuracy_sd"] / out["seeds"] ** 0.5
     return out
 
 
@@ -111,8 +114,7 @@ def remedy_metrics(history: pd.DataFrame, evals: pd.DataFrame, speedups: dict) -
                    curves.groupby("variant", sort=False).last())
     final = last["accuracy"]
     target = float(final["baseline"])
-    se2 = (last["accuracy_sd"].fillna(0.0) ** 2 / last["seeds"])  # per variant: sd^2 / n
-    se2_first = first["accuracy_sd"].fillna(0.0) ** 2 / first["seeds"]
+    se2, se2_first = last["accuracy_se"].fillna(0.0) ** 2, first["accuracy_se"].fillna(0.0) ** 2
     reach = time_to_accuracy(curves, target)
     base = history[history["variant"] == "baseline"]
     out = {"accuracy_start": float(curves.loc[curves["step"] == 0, "accuracy"].mean()),
@@ -226,7 +228,7 @@ def _target(m: dict) -> tuple[bool, str]:
                        f"{target:.3f}), so every variant reaches it at once and time to "
                        "accuracy says nothing: the final accuracies below, and the "
                        "accuracy-against-time figure, are what tell the variants apart.")
-    if gain_se is not None and target - start <= 2 * gain_se:
+    if gain_se is not None and _within_noise(target - start, gain_se):
         return False, (f"The baseline's held-out gain ({start:.3f} to {target:.3f}, "
                        f"{target - start:+.3f}) is within its seeds' noise (standard error "
                        f"{gain_se:.3f}): who first reaches it is noise as well, so time to "
@@ -235,6 +237,11 @@ def _target(m: dict) -> tuple[bool, str]:
     return True, (f"First to the baseline's final accuracy {target:.3f}: "
                   f"{m['best_time_to_accuracy']}, after {m['best_time_to_accuracy_s']:.1f} s "
                   f"(the baseline: {m['time_to_accuracy_baseline']:.1f} s).")
+
+
+def _within_noise(difference: float, se: float) -> bool:
+    """The glossary's noise rule: a difference within 2 standard errors is noise."""
+    return abs(difference) <= 2 * se
 
 
 def _variant_line(m: dict, v: str) -> str:
@@ -248,7 +255,7 @@ def _variant_line(m: dict, v: str) -> str:
                    f"(the baseline's {m['response_len_baseline']:.1f}), ")
     se = m.get(f"accuracy_cost_se_{v}")
     noise = "" if se is None else f", standard error {se:.3f}: " + (
-        "within noise" if abs(cost) <= 2 * se else "beyond 2 standard errors")
+        "within noise" if _within_noise(cost, se) else "beyond 2 standard errors")
     never = m[f"time_to_accuracy_{v}"] is None
     return (f"{v}: {m[f'speedup_{v}']:.2f}x per step, {trains}"
             f"{m[f'offpolicy_share_{v}']:.0%} of trained tokens off-policy, final accuracy "
@@ -269,9 +276,9 @@ def _against_tlt(m: dict, others: list[str], decided: bool) -> list[str]:
         return [f"Against TLT alone ({t:.1f} s to the target): "
                 + (f"sooner: {', '.join(sooner)}." if sooner else
                    "no remedy or combination got there sooner in this run.")]
-    target = m["accuracy_final_baseline"]
-    above = [v for v in others if m.get(f"accuracy_cost_se_{v}") is not None
-             and m[f"accuracy_final_{v}"] - target > 2 * m[f"accuracy_cost_se_{v}"]]
+    cost = {v: m[f"accuracy_final_{v}"] - m["accuracy_final_baseline"] for v in others}
+    above = [v for v in others if m.get(f"accuracy_cost_se_{v}") is not None and cost[v] > 0
+             and not _within_noise(cost[v], m[f"accuracy_cost_se_{v}"])]
     quicker = [v for v in others if m[f"speedup_{v}"] > m["speedup_tlt"]]
     return ["Against TLT alone: no verdict on time to accuracy (above); ended above the "
             "baseline beyond 2 standard errors: " + (", ".join(above) or "none")
