@@ -195,7 +195,7 @@ def test_remedy_figures_draw_the_tables():
     # the baseline's band: its standard error (0.5 ± 0.1414 / sqrt(2) at the end), not its sd
     band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert (band.min(), band.max()) == pytest.approx((0.1, 0.6))
-    fig = remviz.learning_over_steps(history, evals, window=2)
+    fig = remviz.learning_over_steps(history, curves, window=2)
     reward_ax, accuracy_ax = fig.axes
     assert len(reward_ax.lines) == len(RUNS) and len(accuracy_ax.lines) == len(RUNS)
     # baseline rewards 0.3 and 0.5 every step: 0.4 each step, and so its moving mean
@@ -205,7 +205,8 @@ def test_remedy_figures_draw_the_tables():
     band = accuracy_ax.collections[0].get_paths()[0].vertices[:, 1]
     assert (band.min(), band.max()) == pytest.approx((0.1, 0.6))
     assert reward_ax.lines[3].get_linestyle() == "--"          # tlt+partial: composed
-    rising = remviz.learning_over_steps(history.assign(reward=history["step"]), evals, window=2)
+    rising = remviz.learning_over_steps(history.assign(reward=history["step"]), curves,
+                                        window=2)
     assert list(rising.axes[0].lines[0].get_ydata()) == pytest.approx([0, 0.5, 1.5, 2.5])
     fig = remviz.offpolicy_share(history)
     assert [p.get_height() for p in fig.axes[0].patches] == pytest.approx([0, 1, 0, 0.25])

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from ..rl.remedies.compare import accuracy_over_seeds
 from .rl import VARIANT_COLORS, _caption
 from .timeline import _axes
 
@@ -82,22 +81,21 @@ def accuracy_vs_time(curves: pd.DataFrame, target: float | None = None, ax=None,
     return fig
 
 
-def learning_over_steps(history: pd.DataFrame, evals: pd.DataFrame, window: int = 5,
+def learning_over_steps(history: pd.DataFrame, curves: pd.DataFrame, window: int = 5,
                         label: str = ""):
     """Two panels against RL steps, one line per variant (``tlt+...`` dashed): the training
     reward (mean over seeds, then a trailing moving mean over ``window`` steps: one step's
-    batch is a few prompts, so its reward is noisy) and the held-out accuracy (mean over seeds,
-    its standard error shaded). Per step, not per second: what a remedy's stale or
+    batch is a few prompts, so its reward is noisy) and the held-out accuracy (``curves``, the
+    accuracy-against-time table: mean over seeds, its standard error shaded). Per step, not per second: what a remedy's stale or
     dropped data does to learning, which its speedup then buys back or not."""
     fig = plt.figure(figsize=(10.0, 3.8), layout="constrained")
     reward_ax, accuracy_ax = fig.subplots(1, 2)
     reward = history.groupby(["variant", "step"], sort=False)["reward"].mean()
-    acc = accuracy_over_seeds(evals, list(dict.fromkeys(history["variant"])))
     for i, v in enumerate(dict.fromkeys(history["variant"])):
         style = dict(color=_color(v, i), linestyle="--" if v.startswith("tlt+") else "-")
         r = reward.loc[v].sort_index()
         reward_ax.plot(r.index, r.rolling(window, min_periods=1).mean(), label=v, **style)
-        a = acc[acc["variant"] == v]
+        a = curves[curves["variant"] == v]
         if len(a):
             accuracy_ax.plot(a["step"], a["accuracy"], marker="o", ms=3, label=v, **style)
             se = a["accuracy_se"].fillna(0.0)
