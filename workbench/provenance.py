@@ -1,0 +1,476 @@
+"""Results with their provenance: one JSON file per question in ``benchmarks/results/``, and
+the table ``RESULTS.md`` generated from them (``workbench results table``).
+
+Every benchmark (``benchmarks/common.py``: ``record``) and every notebook run that
+``BENCHMARKS.md`` quotes (``workbench results record``) writes its figures here, beside what
+is needed to trust and reproduce them: the clock they were read on, how much of the run the
+machine was busy with something else, the machine, the exact command, the commit and the date.
+
+The file ``<folder>/<name>.json`` (schema 1)::
+
+    {
+      "schema": 1,
+      "name": "bench_engine",                 # the file's stem: letters, digits, _ . -
+      "question": "Rollout engine vs HF generate: greedy tokens/s ratio per batch size",
+      "figures": {                            # at least one; names as the result's name
+        "ratio_bs1": {"value": 1.54, "min": 1.50, "max": 1.70, "n": 5, "unit": "x"},
+        "speedup":   {"value": 1.08, "q25": 1.02, "q75": 1.12, "n": 30}
+      },
+      "headline": ["ratio_bs1"],              # the figures RESULTS.md shows (default: all)
+      "clock": "wall",                        # one of CLOCKS
+      "disturbed_share": 0.0,                 # share of repeats/steps disturbed, or null
+      "disturbed_bound": 0.8,                 # the CPU share under which one is disturbed
+      "machine": {"cpu": "AMD EPYC", "flags": ["avx2", "avx512f"], "cores": 2,
+                  "usable_cores": 2, "accelerator": null, "torch": "2.13.0+cpu",
+                  "transformers": "5.25.0", "python": "3.11.9", "platform": "Linux-..."},
+      "command": ".venv/bin/python benchmarks/bench_engine.py --batch-sizes 1 8 32 ...",
+      "git": {"commit": "85262ac...", "dirty": false},   # both null outside a git checkout
+      "date": "2025-06-01T12:00:00+00:00"     # UTC, ISO 8601, when the result was written
+    }
+
+A **figure** is one number with its spread: ``value`` (required, a finite number: the median,
+or the mean where the question says so), then optionally ``q25`` and ``q75`` (quartiles),
+``min`` and ``max``, ``n`` (how many repeats, steps or seeds it summarises; an integer >= 1)
+and ``unit`` (a short string such as ``"x"``, ``"s"``, ``"tok/s"``). ``min <= q25 <= q75 <=
+max`` and ``min <= value <= max`` must hold where given. A ratio from
+``workbench.speedup.spread_stats`` maps as ``ratio -> value``, ``ratio_min -> min``,
+``ratio_max -> max``, ``repeats -> n`` (:func:`figure_from_stats`).
+
+The **clock** (:data:`CLOCKS`; docs/design.md, "clocks"): ``wall`` (time that passed, one
+process or Ray actors), ``sim-thread-cpu`` / ``sim-process-cpu`` (the sim clock's seconds read
+as the working thread's or the process's CPU time), ``sim-wall`` (the sim clock read as wall
+time: torch on more than one thread), or ``none`` (figures that are not times: acceptance
+lengths, accuracies, counts).
+
+The **disturbed share**: a repeat or step's *CPU share* is the CPU seconds of the work over
+its wall seconds times the threads it may use (``process_time`` delta / (``perf_counter``
+delta x torch threads)); on a quiet machine a CPU-bound run reads close to 1, and beside
+other work on the same cores it falls. The disturbed share is the share of repeats or steps
+whose CPU share fell under ``disturbed_bound`` (:data:`DISTURBED_BOUND`, 0.8):
+:func:`disturbed`. ``null`` when it was not measured.
+
+Writing validates everything first (an error names the bad value and what is accepted) and
+writes atomically (``workbench.atomic``); reading validates each file again and names the
+file it refuses. This module imports the foundation only (``checks``, ``atomic``), and pandas.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import platform
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from .atomic import write_text
+from .checks import check_choice, check_fraction, check_int
+
+__all__ = ["SCHEMA", "CLOCKS", "DISTURBED_BOUND", "FIGURE_FIELDS", "machine", "commit",
+           "figure_from_stats", "figures_from_metrics", "disturbed", "validate_result", "write_result", "read_result",
+           "read_results", "results_table", "RESULT_COLUMNS"]
+
+SCHEMA = 1
+CLOCKS = {
+    "wall": "wall seconds (time that passed: one process, or Ray actors)",
+    "sim-thread-cpu": "sim clock read as the working thread's CPU time",
+    "sim-process-cpu": "sim clock read as the process's CPU time",
+    "sim-wall": "sim clock read as wall time (torch on more than one thread)",
+    "none": "not a time (acceptance lengths, accuracies, counts)",
+}
+DISTURBED_BOUND = 0.8
+FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
+WIDE = 0.25  # (max - min) / |value| above this is marked WIDE in the table (speedup.WIDE_SPREAD)
+FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
+               "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
+               "amx_int8": "AMX-INT8", "asimd": "NEON", "sve": "SVE"}
+KEYS = ("schema", "name", "question", "figures", "headline", "clock", "disturbed_share",
+        "disturbed_bound", "machine", "command", "git", "date")
+RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1], "unit",
+                  "clock", "disturbed_share", "disturbed_bound", "cpu", "flags", "cores",
+                  "accelerator", "torch", "transformers", "python", "command", "commit",
+                  "dirty", "date"]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+_NAMES = "1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- provenance --------------------------------------------------------------------------
+
+def cpu_from_cpuinfo(text: str) -> tuple[str | None, list[str]]:
+    """``(model, flags)`` from the text of ``/proc/cpuinfo``: the first ``model name`` (x86)
+    or ``Hardware``/``Model`` line (ARM), and the flags of :data:`FLAG_LABELS` it lists."""
+    model = None
+    for key in ("model name", "Hardware", "Model", "cpu model"):
+        found = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
+        if found:
+            model = found.group(1).strip()
+            break
+    found = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.M)
+    present = set(found.group(1).split()) if found else set()
+    return model, [f for f in FLAG_LABELS if f in present]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict:
+    """The machine a result comes from: CPU model and its vector/matrix flags (from
+    ``/proc/cpuinfo``, else ``platform``), cores (all, and those this process may use), the
+    accelerator torch sees (only when torch is already imported: None otherwise), the
+    versions of torch, transformers and Python, and the platform string."""
+    try:
+        model, flags = cpu_from_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        model, flags = None, []
+    cores = os.cpu_count() or 1
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = cores
+    accelerator = None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                accelerator = torch.cuda.get_device_name(0)
+        except Exception:  # a broken driver must not stop a result from being written
+            accelerator = None
+    torch_version = getattr(torch, "__version__", None) or _version("torch")
+    return {"cpu": model or platform.processor() or platform.machine() or None,
+            "flags": flags, "cores": cores, "usable_cores": usable,
+            "accelerator": accelerator, "torch": str(torch_version) if torch_version else None,
+            "transformers": _version("transformers"), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def commit(root: str | os.PathLike | None = None) -> dict:
+    """``{"commit", "dirty"}`` of the git checkout at ``root`` (default: the one this package
+    lies in): the HEAD commit, and whether ``git status --porcelain`` lists anything (a
+    change or an untracked file). Both None outside a checkout or without git."""
+    root = Path(root) if root is not None else ROOT
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  check=False, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if head is None:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain")
+    return {"commit": head, "dirty": None if status is None else bool(status)}
+
+
+def figure_from_stats(stats: dict, unit: str | None = None) -> dict:
+    """A figure from ``workbench.speedup.spread_stats`` (or a ``summarize`` row): the median
+    ratio with its min, max and repeats."""
+    out = {"value": float(stats["ratio"]), "min": float(stats["ratio_min"]),
+           "max": float(stats["ratio_max"]), "n": int(stats["repeats"])}
+    return out if unit is None else {**out, "unit": unit}
+
+
+SPREAD_FIELDS = ("q25", "q75", "min", "max", "n")
+
+
+def figures_from_metrics(metrics: dict, keys) -> dict:
+    """Figures from a notebook run's flat ``metrics.json``: one per key of ``keys``, its value
+    ``metrics[key]`` and its spread from ``<key>_q25``, ``<key>_q75``, ``<key>_min``,
+    ``<key>_max``, ``<key>_n`` where present (for a key holding ``_median``, as notebook 04's
+    ``e2e_speedup_median_tlt``, also that name with ``median`` replaced:
+    ``e2e_speedup_q25_tlt``). A missing key is an error naming it and the keys there are."""
+    keys = list(keys)
+    if not keys:
+        raise ValueError("keys must name at least one metric")
+    figures = {}
+    for key in keys:
+        if key not in metrics:
+            raise ValueError(f"metric {key!r} is not in the metrics; there are: "
+                             f"{sorted(metrics)}")
+        figure = {"value": metrics[key]}
+        for field in SPREAD_FIELDS:
+            names = [f"{key}_{field}"] + ([key.replace("_median", f"_{field}", 1)]
+                                          if "_median" in key else [])
+            found = next((n for n in names if metrics.get(n) is not None), None)
+            if found is not None:
+                figure[field] = metrics[found]
+        figures[key] = figure
+    return figures
+
+
+def disturbed(cpu_shares, bound: float = DISTURBED_BOUND) -> float | None:
+    """The share of ``cpu_shares`` (one per repeat or step: CPU seconds over wall seconds times
+    threads) under ``bound``; None when there are none (not measured)."""
+    bound = check_fraction("bound", bound, low_open=True)
+    shares = [float(s) for s in cpu_shares]
+    if not shares:
+        return None
+    return sum(s < bound for s in shares) / len(shares)
+
+
+# ---- validation --------------------------------------------------------------------------
+
+def _check_name(what: str, name) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{what} must be {_NAMES}, got {name!r}")
+    return name
+
+
+def _number(what: str, value) -> float:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not math.isfinite(float(value))):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_figure(name: str, figure) -> dict:
+    what = f"figure {name!r}"
+    if not isinstance(figure, dict):
+        raise ValueError(f"{what} must be a dict with a 'value' and optionally "
+                         f"{list(FIGURE_FIELDS[1:])}, got {figure!r}")
+    unknown = sorted(set(figure) - set(FIGURE_FIELDS))
+    if unknown:
+        raise ValueError(f"{what} has unknown fields {unknown}; accepted: {list(FIGURE_FIELDS)}")
+    if figure.get("value") is None:
+        raise ValueError(f"{what} has no value: 'value' must be a finite number, got "
+                         f"{figure.get('value')!r}")
+    out = {}
+    for field in FIGURE_FIELDS[:5]:
+        if figure.get(field) is not None:
+            out[field] = _number(f"{what}: {field!r}", figure[field])
+    if figure.get("n") is not None:
+        out["n"] = check_int(f"{what}: 'n'", figure["n"], 1)
+    if figure.get("unit") is not None:
+        if not isinstance(figure["unit"], str) or len(figure["unit"]) > 20:
+            raise ValueError(f"{what}: 'unit' must be a string of at most 20 characters, got "
+                             f"{figure['unit']!r}")
+        out["unit"] = figure["unit"]
+    order = [(a, b) for a, b in (("min", "q25"), ("q25", "q75"), ("q75", "max"), ("min", "max"),
+                                 ("min", "value"), ("value", "max")) if a in out and b in out]
+    for a, b in order:
+        if out[a] > out[b]:
+            raise ValueError(f"{what}: {a!r} ({out[a]:g}) must not exceed {b!r} ({out[b]:g}); "
+                             "accepted: min <= q25 <= q75 <= max and min <= value <= max")
+    return out
+
+
+def _check_date(date) -> str:
+    try:
+        parsed = datetime.fromisoformat(date) if isinstance(date, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.utcoffset() is None or parsed.utcoffset().total_seconds():
+        raise ValueError(f"date must be a UTC ISO 8601 time such as "
+                         f"'2025-06-01T12:00:00+00:00', got {date!r}")
+    return date
+
+
+def validate_result(result) -> dict:
+    """``result`` (a result file's object) checked against schema 1 and normalised; a
+    ``ValueError`` names the first bad value and what is accepted."""
+    if not isinstance(result, dict):
+        raise ValueError(f"a result must be a JSON object, got {type(result).__name__}")
+    unknown = sorted(set(result) - set(KEYS))
+    missing = [k for k in KEYS if k not in result and k not in ("headline",)]
+    if unknown or missing:
+        raise ValueError(f"a result holds exactly the keys {list(KEYS)} ('headline' "
+                         f"optional); unknown {unknown}, missing {missing}")
+    if result["schema"] != SCHEMA:
+        raise ValueError(f"schema must be {SCHEMA}, got {result['schema']!r}")
+    name = _check_name("name", result["name"])
+    question = result["question"]
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string, got {question!r}")
+    figures = result["figures"]
+    if not isinstance(figures, dict) or not figures:
+        raise ValueError(f"figures must be a non-empty dict of figure name -> figure, got "
+                         f"{figures!r}")
+    figures = {_check_name("a figure name", k): _check_figure(k, v) for k, v in figures.items()}
+    headline = result.get("headline")
+    if headline is None:
+        headline = list(figures)
+    if (not isinstance(headline, list) or not headline
+            or any(h not in figures for h in headline)):
+        raise ValueError(f"headline must be a non-empty list of figure names out of "
+                         f"{list(figures)}, got {headline!r}")
+    check_choice("clock", result["clock"], list(CLOCKS))
+    share = check_fraction("disturbed_share", result["disturbed_share"],
+                           optional="not measured")
+    bound = check_fraction("disturbed_bound", result["disturbed_bound"], low_open=True)
+    box = result["machine"]
+    if not isinstance(box, dict) or not box.get("cpu") or not isinstance(box.get("flags"), list):
+        raise ValueError("machine must be a dict with at least 'cpu' (a model name) and "
+                         f"'flags' (a list), as machine() gives, got {box!r}")
+    command = result["command"]
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError(f"command must be the non-empty command that produced the result, "
+                         f"got {command!r}")
+    git = result["git"]
+    if not isinstance(git, dict) or set(git) != {"commit", "dirty"}:
+        raise ValueError(f"git must be {{'commit': ..., 'dirty': ...}} as commit() gives, "
+                         f"got {git!r}")
+    return {"schema": SCHEMA, "name": name, "question": question.strip(), "figures": figures,
+            "headline": list(headline), "clock": result["clock"], "disturbed_share": share,
+            "disturbed_bound": bound, "machine": box, "command": command.strip(),
+            "git": {"commit": git["commit"], "dirty": git["dirty"]},
+            "date": _check_date(result["date"])}
+
+
+# ---- writing and reading -----------------------------------------------------------------
+
+def default_folder() -> Path:
+    """``benchmarks/results`` of this checkout."""
+    return ROOT / "benchmarks" / "results"
+
+
+def write_result(name: str, question: str, figures: dict, *, clock: str,
+                 disturbed_share: float | None, command: str,
+                 folder: str | os.PathLike | None = None, headline: list | None = None,
+                 disturbed_bound: float = DISTURBED_BOUND, machine_info: dict | None = None,
+                 git: dict | None = None, date: str | None = None) -> Path:
+    """Validate and write ``<folder>/<name>.json`` atomically (default folder:
+    ``benchmarks/results`` of this checkout); return its path. ``machine_info``, ``git`` and
+    ``date`` default to this machine, this checkout's commit and now (UTC); a recorded
+    notebook run passes its own. Nothing is written when a value is refused."""
+    _check_name("name", name)  # before the machine is read and git asked
+    result = validate_result({
+        "schema": SCHEMA, "name": name, "question": question, "figures": figures,
+        "headline": headline, "clock": clock, "disturbed_share": disturbed_share,
+        "disturbed_bound": disturbed_bound,
+        "machine": machine() if machine_info is None else machine_info,
+        "command": command, "git": commit() if git is None else git,
+        "date": date or datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    folder = Path(folder) if folder is not None else default_folder()
+    return write_text(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
+
+
+def read_result(path: str | os.PathLike) -> dict:
+    """One result file, validated; a ``ValueError`` names the file and what is wrong."""
+    path = Path(path)
+    try:
+        result = validate_result(json.loads(path.read_text(encoding="utf-8")))
+        if result["name"] != path.stem:
+            raise ValueError(f"its name {result['name']!r} is not the file's stem")
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"result file {str(path)!r}: {exc}") from exc
+    return result
+
+
+def _files(folder) -> list[Path]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no results folder {str(folder)!r} (the JSON files that "
+                                "write_result writes, e.g. benchmarks/results)")
+    return sorted(folder.glob("*.json"))
+
+
+def read_results(folder: str | os.PathLike | None = None) -> pd.DataFrame:
+    """Every result of ``folder`` as one row per figure (columns :data:`RESULT_COLUMNS`),
+    ordered by result name, then figure as written; empty with those columns when the
+    folder holds none."""
+    rows = []
+    for path in _files(folder if folder is not None else default_folder()):
+        r = read_result(path)
+        box = r["machine"]
+        for fig, values in r["figures"].items():
+            rows.append({"name": r["name"], "question": r["question"], "figure": fig,
+                         "headline": fig in r["headline"],
+                         **{f: values.get(f) for f in FIGURE_FIELDS},
+                         "clock": r["clock"], "disturbed_share": r["disturbed_share"],
+                         "disturbed_bound": r["disturbed_bound"], "cpu": box.get("cpu"),
+                         "flags": ",".join(box.get("flags", [])), "cores": box.get("cores"),
+                         "accelerator": box.get("accelerator"), "torch": box.get("torch"),
+                         "transformers": box.get("transformers"), "python": box.get("python"),
+                         "command": r["command"], "commit": r["git"]["commit"],
+                         "dirty": r["git"]["dirty"], "date": r["date"]})
+    table = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    table[list(FIGURE_FIELDS[:5])] = table[list(FIGURE_FIELDS[:5])].astype(float)
+    table["n"] = table["n"].astype("Int64")
+    return table
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+def _num(v: float) -> str:
+    if v != 0 and (abs(v) >= 1000 or abs(v) < 0.001):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2e}"
+    return f"{v:.3g}" if abs(v) >= 1 else f"{v:.3f}".rstrip("0").rstrip(".")
+
+
+def figure_cell(name: str, fig: dict) -> str:
+    """``name 1.54x (IQR 1.4-1.6, range 1.5-1.7, n=5)``, with ``WIDE`` when (max - min) /
+    |value| exceeds 25%."""
+    unit = fig.get("unit") or ""
+    unit = unit if unit in ("x", "%") else (f" {unit}" if unit else "")
+    spread = []
+    if "q25" in fig and "q75" in fig:
+        spread.append(f"IQR {_num(fig['q25'])}-{_num(fig['q75'])}")
+    if "min" in fig and "max" in fig:
+        spread.append(f"range {_num(fig['min'])}-{_num(fig['max'])}")
+    if "n" in fig:
+        spread.append(f"n={fig['n']}")
+    wide = ("min" in fig and "max" in fig and fig["value"]
+            and (fig["max"] - fig["min"]) / abs(fig["value"]) > WIDE)
+    text = f"{name} {_num(fig['value'])}{unit}"
+    return text + (f" ({', '.join(spread)})" if spread else "") + (" WIDE" if wide else "")
+
+
+def _cell(text) -> str:
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def _machine_cell(box: dict) -> str:
+    flags = [FLAG_LABELS.get(f, f) for f in box.get("flags", [])]
+    parts = [box.get("cpu") or "?"]
+    parts += [", ".join(flags)] if flags else []
+    parts += [f"{box['cores']} cores"] if box.get("cores") else []
+    parts += [box["accelerator"]] if box.get("accelerator") else []
+    return "; ".join(parts)
+
+
+def results_table(folder: str | os.PathLike | None = None) -> str:
+    """The markdown text of ``RESULTS.md``: one row per result file of ``folder`` (name,
+    question, headline figures with their spread, clock, disturbed share, machine, commit,
+    date, command), ordered by name. Deterministic: the same files give the same text."""
+    results = [read_result(p) for p in _files(folder if folder is not None
+                                               else default_folder())]
+    lines = ["# Results", "",
+             "Generated from `benchmarks/results/*.json` (one file per question, schema in "
+             "`workbench/provenance.py`) by `workbench results table`; do not edit by hand "
+             "(`workbench results table --check` fails when this file is stale). New figures "
+             "land here first; `BENCHMARKS.md` tells what they mean.", "",
+             "Figures: the value (median unless the question says otherwise), with its "
+             "quartiles (IQR), range and count; WIDE: (max-min)/value above 25%. Disturbed: "
+             "the share of repeats or steps whose CPU share (CPU seconds over wall seconds x "
+             "threads) fell under the bound.", ""]
+    if not results:
+        lines.append("No results recorded yet: measurement runs write them into "
+                     "`benchmarks/results/` (`benchmarks/*.py --result NAME`, "
+                     "`workbench results record`).")
+        return "\n".join(lines) + "\n"
+    lines += ["| name | question | figures | clock | disturbed | machine | commit | date | "
+              "command |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        figures = "<br>".join(figure_cell(h, r["figures"][h]) for h in r["headline"])
+        share = r["disturbed_share"]
+        disturbed_text = ("not measured" if share is None
+                          else f"{share:.0%} (< {r['disturbed_bound']:g})")
+        sha = r["git"]["commit"]
+        sha = "?" if sha is None else sha[:10] + (" (dirty)" if r["git"]["dirty"] else "")
+        cells = [r["name"], r["question"], figures, r["clock"], disturbed_text,
+                 _machine_cell(r["machine"]), sha, r["date"], "`" + r["command"].replace("`", "'") + "`"]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
