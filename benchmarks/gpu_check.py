@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from common import command_line, ratio_cells
+from workbench.checks import check_choice, check_int, check_list, check_positive
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative.defaults import default_drafters
@@ -94,23 +95,47 @@ def sd_table(device, prompts, dtype, batch_sizes, repeats, max_new_tokens) -> pd
     return pd.DataFrame(rows)
 
 
+TLT_VARIANTS = ("baseline", "tlt")
+PARTS = (0, 1, 2, 3)
+
+
+def tlt_grpo(prompts_per_step, samples, max_new_tokens):
+    """The GRPO config of the TLT part (16 workers on the sim clock)."""
+    from workbench.rl import GRPOConfig
+    return GRPOConfig.flat(prompts_per_step=prompts_per_step, samples_per_prompt=samples,
+                           max_new_tokens=max_new_tokens, workers=16, lr=2e-4)
+
+
 def tlt_table(device, steps, prompts_per_step, samples, max_new_tokens) -> tuple:
     """Baseline against TLT for ``steps`` RL steps on ``device``: docs/design.md's measures."""
-    from workbench.rl import GRPOConfig
     from workbench.rl.ablation import rl_setup, run_ablation
     setup = rl_setup()
     assert setup.policy.device.type == device.type, setup.policy.device
-    grpo = GRPOConfig.flat(prompts_per_step=prompts_per_step, samples_per_prompt=samples,
-                           max_new_tokens=max_new_tokens, workers=16, lr=2e-4)
+    grpo = tlt_grpo(prompts_per_step, samples, max_new_tokens)
     t0 = time.perf_counter()
     abl = run_ablation(setup.policy, setup.tokenizer, setup.pool, grpo, steps,
-                       variants=("baseline", "tlt"), drafter_head=setup.drafter_head,
+                       variants=TLT_VARIANTS, drafter_head=setup.drafter_head,
                        reward=setup.reward, progress=False)
     wall = time.perf_counter() - t0
     pv = abl.per_variant()
     cols = ["variant", "step_s", "rollout_s", "rollout_fraction", "e2e_speedup",
             "rollout_speedup", "amdahl_prediction", "accept_len", "reward_final"]
     return pv[cols].round(3), wall / (2 * steps)
+
+
+def check_args(args) -> None:
+    """Refuse a bad argument (a ValueError naming it and what is accepted) before the report
+    is written or anything runs: a loan's minutes are not spent on a run that fails late."""
+    for name in ("prompts", "max_new_tokens", "repeats", "rl_steps", "rl_prompts", "rl_samples"):
+        check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
+    check_list("--batch-sizes", args.batch_sizes, lambda n, b: check_int(n, b, 1, args.prompts),
+               f"integers in [1, {args.prompts}] (--prompts)")
+    check_list("--parts", args.parts, lambda n, p: check_choice(n, p, PARTS), f"of {PARTS}")
+    check_positive("--budget", args.budget)
+    if 3 in args.parts:
+        from workbench.rl.ablation import check_ablation
+        check_ablation(args.rl_steps, TLT_VARIANTS, (0,),
+                       tlt_grpo(args.rl_prompts, args.rl_samples, args.max_new_tokens))
 
 
 def main():
@@ -129,6 +154,7 @@ def main():
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds; parts not started by then are skipped")
     args = ap.parse_args()
+    check_args(args)
     device = torch.device(args.device)
     start = time.perf_counter()
     report = Report(args.out)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 __all__ = ["check_int", "check_real", "check_positive", "check_non_negative", "check_fraction",
-           "check_choice", "check_bool"]
+           "check_choice", "check_bool", "check_list"]
 
 _BOOLS = (bool, np.bool_)  # numpy's bool is no int subclass, but it is a switch all the same
 
@@ -142,3 +142,19 @@ def check_bool(name: str, value) -> bool:
     if not isinstance(value, _BOOLS):
         raise _refuse(name, "True or False", value, False)
     return bool(value)
+
+
+def check_list(name: str, values, check_item: Callable[[str, Any], Any], what: str) -> list:
+    """``values`` as a list of what ``check_item(f"{name}[{i}]", item)`` returns for each item,
+    if it is a non-empty list, tuple or range of distinct items (``what`` says what one item
+    is, e.g. ``"integers >= 0"``); else ``ValueError`` naming ``name``. An empty list is
+    refused, since it leaves nothing to run or measure, and a repeated item, since it would
+    run twice under one name; a string is no list of names."""
+    accepted = f"a non-empty list of {what}, each once"
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)) \
+            or not values:
+        raise _refuse(name, accepted, values, False)
+    items = [check_item(f"{name}[{i}]", value) for i, value in enumerate(values)]
+    if len(set(items)) < len(items):
+        raise _refuse(name, accepted, values, False)
+    return items

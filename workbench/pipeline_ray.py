@@ -18,7 +18,7 @@ from typing import Callable
 
 import ray
 
-from .ray_cluster import connect, resolve_address
+from .ray_cluster import connect, known_cpus, resolve_address
 
 __all__ = ["ray_tasks"]
 
@@ -28,16 +28,20 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 def ray_tasks(execute: Callable, address: str | None, threads: int):
     """A context that yields ``submit(*args)``: ``execute(*args)`` as a Ray task of
     ``threads`` CPUs, whose ``result()`` waits for its value. ``address`` is checked now
-    (its form; whether it answers, on entering), and a Ray this context started is shut
-    down on leaving it."""
-    return _tasks(execute, resolve_address(address), threads)
+    (its form; whether it answers, on entering), and so is ``threads`` against a local Ray
+    yet to start (this machine's CPUs: refused before it starts; a Ray already up, or a
+    cluster, on entering); a Ray this context started is shut down on leaving it."""
+    address = resolve_address(address)
+    if not ray.is_initialized() and address is None:  # one node: this machine
+        _check_fits(threads, address, known_cpus(address))
+    return _tasks(execute, address, threads)
 
 
 @contextmanager
 def _tasks(execute: Callable, address: str | None, threads: int):
     started = connect(address)
     try:
-        _check_fits(threads, address)
+        _check_fits(threads, address, _largest_node())
     except ValueError:
         if started:
             ray.shutdown()
@@ -59,11 +63,15 @@ def _tasks(execute: Callable, address: str | None, threads: int):
             ray.shutdown()
 
 
-def _check_fits(threads: int, address: str | None) -> None:
+def _largest_node() -> float:
+    """The CPUs of the Ray's largest live node (a task runs on one node)."""
+    return max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]),
+               default=0)
+
+
+def _check_fits(threads: int, address: str | None, largest: float) -> None:
     """Refuse, before any task is submitted, tasks of ``threads`` CPUs that no node of the
-    Ray holds (Ray would keep them pending for ever)."""
-    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]),
-                  default=0)
+    Ray holds (``largest``: its largest node's CPUs; Ray would keep them pending for ever)."""
     if largest < threads:
         raise ValueError(f"threads={threads}: each run's task needs {threads} CPUs on one node, "
                          f"but the largest node of {address or 'the local Ray instance'} has "

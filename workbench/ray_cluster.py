@@ -32,7 +32,7 @@ from ray._private import ray_constants
 
 from .environ import environ
 
-__all__ = ["connect", "resolve_address", "LOOPBACK", "ADDRESS_FORMS"]
+__all__ = ["connect", "resolve_address", "known_cpus", "LOOPBACK", "ADDRESS_FORMS"]
 
 LOOPBACK = "127.0.0.1"
 CONNECT_TIMEOUT_S = 3.0  # an address that does not answer within this is unreachable
@@ -46,6 +46,18 @@ def resolve_address(address: str | None) -> str | None:
     if address is not None and (not isinstance(address, str) or _host_port(address) is None):
         raise ValueError(f"address must be {ADDRESS_FORMS}, got {address!r}")
     return address
+
+
+def known_cpus(address: str | None, num_cpus: int | None = None) -> float | None:
+    """The CPUs of the Ray that :func:`connect` with these arguments reaches, where they are
+    known without starting or attaching anything, so that a caller refuses work that does
+    not fit before it writes a file or starts Ray: this process's Ray when it is up (connect
+    reuses it), or a local one yet to start (``num_cpus``, default the machine's count, as
+    connect starts it). None for a cluster at ``address`` (a resolved one) not attached yet:
+    its CPUs are known only once attached."""
+    if ray.is_initialized():
+        return ray.cluster_resources().get("CPU", 0)
+    return num_cpus or os.cpu_count() if address is None else None
 
 
 def connect(address: str | None, num_cpus: int | None = None,

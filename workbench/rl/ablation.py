@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..checks import check_choice, check_int
+from ..checks import check_choice, check_int, check_list
 from ..rollout import make_backend
+from ..rollout.backend import check_capacity
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
@@ -28,16 +29,17 @@ from .ablation_store import AblationStore, ablation_settings
 from .grpo import GRPOConfig
 from .remedies import REMEDIES
 from .remedies.compare import remedy_metrics
-from .tlt import VARIANTS, first_divergence
+from .tlt import VARIANTS, TLTConfig, first_divergence
 
-__all__ = ["Ablation", "rl_setup", "run_ablation", "coupled_first_divergence", "notebook_backend",
-           "close_backend", "ALL_VARIANTS"]
+__all__ = ["Ablation", "rl_setup", "run_ablation", "check_ablation", "coupled_first_divergence",
+           "notebook_backend", "close_backend", "ALL_VARIANTS"]
 
 # every variant an ablation runs: TLT's, then the long-tail remedies' (rl.remedies), whose
 # baseline is TLT's, then TLT beside each remedy ("tlt+<remedy>")
 REMEDY_VARIANTS = tuple(r for r in REMEDIES if r not in VARIANTS)
 COMPOSED = tuple(f"tlt+{r}" for r in REMEDY_VARIANTS)
 ALL_VARIANTS = tuple(VARIANTS) + REMEDY_VARIANTS + COMPOSED
+SEED_MAX = 2 ** 63 - 1  # a seed seeds a torch.Generator (TrainConfig.seed's range)
 
 
 @dataclass
@@ -285,13 +287,17 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     ``checkpoint_every`` steps (None: at each evaluation and the end only); a call with the
     same arguments goes on where the last stopped, redoing no evaluation, a finished one
     returns without stepping, and a folder of other settings is refused before anything runs.
+
+    Every argument (:func:`check_ablation`, the folder's settings) is checked, and every run
+    built, before a file is written or Ray started: a refused call leaves ``checkpoint_dir``
+    as it was (not made, when it was missing), so that the corrected call runs there.
     """
-    _check_ablation(steps, variants, eval_every)
+    variants, seeds = _check_runs(steps, variants, seeds, eval_every)
+    shared = _backend_for(backend, ray_address, grpo.rollout.workers, run_dir)
     max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
     store = _open_store(checkpoint_dir, checkpoint_every, steps, ablation_settings(
         variants, seeds, grpo, problems, reward, eval_problems, eval_every, max_new, backend,
         tlt_kw))
-    shared = make_backend(backend, ray_address, run_dir=run_dir)
     shared = None if isinstance(backend, str) and backend == "local" else shared
     runs = {(v, seed): build_run(v, seed, policy, tokenizer, problems, reward, grpo,
                                  drafter_head, shared, tlt_kw,
@@ -299,6 +305,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
             for seed in seeds for v in variants}
     if store is not None:
         store.restore(runs)
+        store.save_settings()
     evals = store.evals if store is not None else []
     evaluate = partial(evaluate_runs, runs, evals, eval_problems, tokenizer, max_new)
     try:
@@ -321,18 +328,49 @@ def _ablation_of(runs: dict, evals: list[dict]) -> Ablation:
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
 
 
-def _check_ablation(steps: int, variants, eval_every: int | None) -> None:
-    """``run_ablation``'s own arguments, checked before anything is built or written."""
+def check_ablation(steps: int, variants, seeds, grpo: GRPOConfig, *,
+                   eval_every: int | None = None, backend="local",
+                   ray_address: str | None = None, checkpoint_every: int | None = None,
+                   **tlt_kw) -> None:
+    """Refuse the arguments of an ablation (:func:`run_ablation`'s) that no model is needed to
+    check, each with a ValueError naming the value and what is accepted, before anything is
+    written or started: ``steps``, ``variants`` and ``seeds`` (non-empty lists, each item
+    once), ``eval_every``, ``checkpoint_every``, TLT's arguments ``tlt_kw``, the backend and
+    its capacity: ``grpo``'s workers of one Ray CPU each (``threads_per_worker``) against the
+    CPUs of the Ray they would run on, where known without starting it (this process's Ray,
+    or a local one yet to start: the machine's CPU count; a cluster at an address is checked
+    once attached, when the first step starts the workers). ``run_ablation`` checks the same
+    before it writes; an RL notebook calls this in the cell after its parameters, so that a
+    bad one stops it before its setup reads it, loads a model or writes its folder."""
+    _check_runs(steps, variants, seeds, eval_every)
+    check_int("checkpoint_every", checkpoint_every, 1, optional=True)
+    TLTConfig.variant("tlt", grpo, **tlt_kw)  # refuses bad engine and drafter arguments
+    _backend_for(backend, ray_address, grpo.rollout.workers)
+
+
+def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[list, list]:
+    """The variants and seeds as lists, after checking them, ``steps`` and ``eval_every``."""
     check_int("steps", steps, 0)
-    for variant in variants:
-        check_choice("variant", variant, ALL_VARIANTS)
-    if eval_every is not None:
-        check_int("eval_every", eval_every, 1)
+    variants = check_list("variants", variants,
+                          lambda name, v: check_choice(name, v, ALL_VARIANTS),
+                          f"variants of {list(ALL_VARIANTS)}")
+    seeds = check_list("seeds", seeds, lambda name, seed: check_int(name, seed, 0, SEED_MAX),
+                       f"integers in [0, {SEED_MAX}]")
+    check_int("eval_every", eval_every, 1, optional=True)
+    return variants, seeds
+
+
+def _backend_for(backend, ray_address: str | None, workers: int, run_dir=None):
+    """The backend the runs share (``make_backend``: made, not started), checked to hold
+    ``workers`` workers (``rollout.backend.check_capacity``) before anything starts."""
+    made = make_backend(backend, ray_address, run_dir=run_dir)
+    check_capacity(made, check_int("workers", workers, 1))
+    return made
 
 
 def _open_store(checkpoint_dir, checkpoint_every, steps: int, settings: dict):
     """The ablation's :class:`AblationStore` in ``checkpoint_dir`` (None without one), its
-    settings and ``steps`` checked against what the folder holds."""
+    settings and ``steps`` checked against what the folder holds; nothing written yet."""
     if checkpoint_dir is None:
         if checkpoint_every is not None:
             raise ValueError(f"checkpoint_every={checkpoint_every!r} without checkpoint_dir; "
@@ -371,6 +409,7 @@ def coupled_first_divergence(setup: RLSetup, grpo: GRPOConfig, steps: int, seed:
     ``tlt_kw`` go to :func:`run_ablation` (``backend`` and ``ray_address`` too).
     """
     check_int("steps", steps, 0)
+    check_int("seed", seed, 0, SEED_MAX)  # checked even where the pair is skipped
     if steps == 0 or setup.drafter_head is None:
         return None
     pair = run_ablation(setup.policy, setup.tokenizer, setup.pool,

@@ -73,9 +73,11 @@ def _digest(items) -> str:
 
 
 class AblationStore:
-    """An ablation's folder (module docstring): its settings checked on opening, its runs'
-    checkpoints, timelines and evaluations, saved every ``every`` steps (None: only at each
-    evaluation and after the last step)."""
+    """An ablation's folder (module docstring): its settings checked on opening, which writes
+    nothing (a call refused after it leaves the folder as it was), and saved by
+    :meth:`save_settings` once the runs are built; its runs' checkpoints, timelines and
+    evaluations, saved every ``every`` steps (None: only at each evaluation and after the last
+    step)."""
 
     def __init__(self, folder: str | os.PathLike, settings: dict, every: int | None):
         self.folder, self.every = Path(folder), check_int("checkpoint_every", every, 1,
@@ -83,17 +85,22 @@ class AblationStore:
         if self.folder.exists() and not self.folder.is_dir():
             raise ValueError(f"checkpoint_dir {str(folder)!r} is an existing file; accepted: a "
                              "folder (created if missing)")
-        settings = json.loads(json.dumps(settings))  # tuples as lists, as the saved file
+        self.settings = json.loads(json.dumps(settings))  # tuples as lists, as the saved file
         path = self.folder / SETTINGS_FILE
         if path.is_file():
-            _check_same(json.loads(path.read_text()), settings, path)
-        else:
-            write_json(path, settings)
+            _check_same(json.loads(path.read_text()), self.settings, path)
         progress = self.folder / PROGRESS_FILE
         saved = json.loads(progress.read_text()) if progress.is_file() else {}
         self.steps_done: int = saved.get("steps_done", 0)
         self.evals: list[dict] = saved.get("evals", [])
         self._saved: dict = {}  # run -> the steps whose timelines are on disk
+
+    def save_settings(self) -> None:
+        """Write the settings (the folder made if missing), once every check has passed and
+        the runs are built: from here on the folder holds this ablation."""
+        path = self.folder / SETTINGS_FILE
+        if not path.is_file():
+            write_json(path, self.settings)
 
     def check_steps(self, steps: int) -> None:
         """Refuse ``steps`` fewer than every run has already done here."""

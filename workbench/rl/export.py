@@ -54,11 +54,36 @@ def export_policy(checkpoint: str | os.PathLike, path: str | os.PathLike,
         raise ValueError(f"{str(files[0])!r} holds no RL policy (keys {sorted(state)}); accepted "
                          "the state file of a GRPO, TLT, remedy or staleness run")
     policy, tokenizer = load_model(model, device="cpu")
+    _check_same_architecture(grpo["trainer"]["model"], policy, files[0], model)
     policy.load_state_dict(grpo["trainer"]["model"])
     provenance = {"checkpoint": str(files[0]), "rl_step": int(grpo["rl_step"]),
                   "base_model": str(model)}
     return save_model(policy, tokenizer, path,
                       extra_files={"provenance.json": json.dumps(provenance, indent=2) + "\n"})
+
+
+def _check_same_architecture(weights: dict, policy, checkpoint: Path, model) -> None:
+    """Refuse a checkpoint whose policy is not of ``model``'s architecture, naming both and
+    the weights that differ (missing, unexpected, of another shape), before anything is
+    written: torch's own error names neither the checkpoint nor the model."""
+    own = policy.state_dict()
+    shapes = [f"{k} {tuple(weights[k].shape)} in the checkpoint, {tuple(own[k].shape)} in "
+              "the model" for k in sorted(own.keys() & weights.keys())
+              if tuple(weights[k].shape) != tuple(own[k].shape)]
+    differ = [f"{what}: {_some(keys)}" for what, keys in (
+        ("missing from the checkpoint", sorted(own.keys() - weights.keys())),
+        ("not in the model", sorted(weights.keys() - own.keys())),
+        ("of another shape", shapes)) if keys]
+    if differ:
+        raise ValueError(f"checkpoint {str(checkpoint)!r} holds a policy of another "
+                         f"architecture than model {str(model)!r}:\n  " + "\n  ".join(differ)
+                         + "\naccepted: as model, the policy the run started from")
+
+
+def _some(items: list, shown: int = 5) -> str:
+    """The first ``shown`` of ``items``, and how many more (a model has hundreds of weights)."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
 
 
 def probe_acceptance(policy, tokenizer, drafters: dict, prompts, k: int = 4,

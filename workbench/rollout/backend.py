@@ -79,7 +79,8 @@ from .request import Request
 from .timeline import IdleWindow, Timeline
 from .worker import IdleClock, Worker
 
-__all__ = ["Backend", "LocalBackend", "IdleJob", "TailJobs", "IdleRun", "WorkerFailed"]
+__all__ = ["Backend", "LocalBackend", "IdleJob", "TailJobs", "IdleRun", "WorkerFailed",
+           "check_capacity"]
 
 
 class WorkerFailed(RuntimeError):
@@ -324,6 +325,16 @@ class LocalBackend:
 
     def close(self) -> None:
         self._workers = []
+
+
+def check_capacity(backend, num_workers: int) -> None:
+    """Refuse ``num_workers`` workers that ``backend`` cannot hold, where it can tell before
+    it starts (its ``check_fits``: a Ray backend's CPUs), so that a caller refuses before it
+    writes a file or starts anything. A backend that cannot tell (the local backend holds any
+    number; another backend object) is checked by its ``start``."""
+    check = getattr(backend, "check_fits", None)
+    if check is not None:
+        check(num_workers)
 
 
 def check_placement(items: list, workers: Sequence[int] | None, num_workers: int) -> list[int]:

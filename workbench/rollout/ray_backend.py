@@ -46,7 +46,7 @@ import ray
 import torch
 
 from ..checks import check_int
-from ..ray_cluster import connect, resolve_address
+from ..ray_cluster import connect, known_cpus, resolve_address
 from .backend import IdleRun, TailJobs, WorkerFailed, check_placement, first_failure
 from .timeline import IdleWindow
 from .worker import WindowEnd, Worker
@@ -111,10 +111,11 @@ class RayBackend:
             ``/tmp/ray``).
 
     ``start`` refuses more workers x threads than the cluster has CPUs (or more workers than
-    it has GPUs, where it has any) before any actor starts. A worker that dies or raises
-    makes the call raise ``WorkerFailed`` naming it, with the other workers' results (a
-    ValueError, bad input, passes through); the other workers finish their part first, so the
-    backend is idle after the raise (a job lost in its idle window is reported in
+    it has GPUs, where it has any) before any actor starts, and a local Ray too small for them
+    before it starts that Ray; :meth:`check_fits` says so without starting anything. A
+    worker that dies or raises makes the call raise ``WorkerFailed`` naming it, with the
+    other workers' results (a ValueError, bad input, passes through); the other workers
+    finish their part first, so the backend is idle after the raise (a job lost in its idle window is reported in
     ``IdleRun.failed`` instead: backend.py, "worker fault"). An actor that died is replaced at once, in the background (its
     factories run again and the latest weights are queued behind them), so the next call
     finds it alive; :meth:`restart` does the same and waits. ``close`` kills the actors and
@@ -145,6 +146,8 @@ class RayBackend:
     # ---- life ---------------------------------------------------------------------------
     def start(self, policy_factory, drafter_factory=None, num_workers: int = 1) -> None:
         num_workers = check_int("num_workers", num_workers, 1)
+        if not ray.is_initialized():
+            self.check_fits(num_workers)  # a local Ray that cannot hold them never starts
         self._connect()
         self._gpus = self._placement(num_workers)
         self._kill_actors()
@@ -153,6 +156,16 @@ class RayBackend:
         self._actors = [self._spawn(w) for w in range(num_workers)]
         self._gather([actor.ready.remote() for actor in self._actors], range(num_workers),
                      revive=False)
+
+    def check_fits(self, num_workers: int) -> None:
+        """Refuse ``num_workers`` actors of ``threads_per_worker`` CPUs each that the Ray
+        cannot hold, where its CPUs are known without starting or attaching anything
+        (``ray_cluster.known_cpus``: this process's Ray, or a local one yet to start), so that
+        a caller refuses before it writes a file or starts Ray. A cluster at an address is
+        checked by :meth:`start`, once attached."""
+        cpus = known_cpus(self.address, self.num_cpus)
+        if cpus is not None:
+            self._check_cpus(check_int("num_workers", num_workers, 1), cpus)
 
     def restart(self, worker: int) -> None:
         """Give ``worker`` a fresh actor (its old one killed, dead or alive), built by the
@@ -229,18 +242,23 @@ class RayBackend:
         """GPUs per actor (1 on a cluster with GPUs, else 0), after checking that the
         cluster holds ``num_workers`` actors of ``threads_per_worker`` CPUs."""
         resources = ray.cluster_resources()
-        need, cpus = num_workers * self.threads_per_worker, resources.get("CPU", 0)
+        self._check_cpus(num_workers, resources.get("CPU", 0))
         where = self.address or "the local Ray instance"
-        if cpus < need:
-            raise ValueError(
-                f"num_workers={num_workers} x threads_per_worker={self.threads_per_worker} "
-                f"need {need} CPUs, but {where} has {cpus:g}; accepted: at most {cpus:g} "
-                "CPUs in all (fewer workers or threads, or a Ray with more CPUs)")
         gpus = resources.get("GPU", 0)
         if 0 < gpus < num_workers:
             raise ValueError(f"num_workers={num_workers} actors need a GPU each, but {where} "
                              f"has {gpus:g}; accepted: at most {gpus:g} workers")
         return 1 if gpus else 0
+
+    def _check_cpus(self, num_workers: int, cpus: float) -> None:
+        """Refuse ``num_workers`` x ``threads_per_worker`` CPUs more than ``cpus``."""
+        need = num_workers * self.threads_per_worker
+        if cpus < need:
+            raise ValueError(
+                f"num_workers={num_workers} x threads_per_worker={self.threads_per_worker} "
+                f"need {need} CPUs, but {self.address or 'the local Ray instance'} has "
+                f"{cpus:g}; accepted: at most {cpus:g} CPUs in all (fewer workers or threads, "
+                "or a Ray with more CPUs)")
 
     def _revive(self, worker: int) -> list:
         """Give ``worker`` a fresh actor (its old one killed, dead or alive), built by the
