@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import copy
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from ..clock import seconds_reader
+from ..clock import DISTURBED_BELOW, cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutConfig, RolloutEngine, make_backend
-from ..rollout.timeline import ROLLOUT_KINDS
+from ..rollout.timeline import ROLLOUT_KINDS, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
 from .checkpoint import has_state, load_state, save_state
@@ -158,16 +159,19 @@ class GRPO:
 
     def update(self, rl: RLStep, extra: dict | None = None) -> dict:
         """Update the policy on ``rl``'s groups; returns (and records) the step's metrics."""
-        read = seconds_reader(rl.result.timeline.clock)  # the rollout's clock (workbench.clock)
-        t0 = read()
-        data = self.update_data(rl)                                    # 2) frozen inputs
-        rows = []
-        with self.trainer.training():                                  # 3) the steps
-            for index in self.minibatch_plan(rl.step, len(data)):
-                rows.append(self.trainer.step((data, index)))
-        update_s = read() - t0
+        clock = rl.result.timeline.clock  # the rollout's clock (workbench.clock)
+        with sim_work() if clock == "sim" else nullcontext():
+            read, usage = seconds_reader(clock), usage_probe(clock)
+            t0, used = read(), usage()
+            data = self.update_data(rl)                                # 2) frozen inputs
+            rows = []
+            with self.trainer.training():                              # 3) the steps
+                for index in self.minibatch_plan(rl.step, len(data)):
+                    rows.append(self.trainer.step((data, index)))
+            update_s, update_share = read() - t0, cpu_share(used, usage())
         self.engine.policy_changed()  # workers with a copy get policy v+1 before its rollout
         row = self._metrics(rl, pd.DataFrame(rows), update_s)          # 4) the row
+        row.update(_usage_columns(rl.result.timeline, update_s, update_share))
         row.update(extra or {})
         self.rows.append(row)
         self.rl_step += 1
@@ -238,6 +242,17 @@ class GRPO:
         data, index = batch
         return minibatch_loss(self.model, data, index, self.config)
 
+    @staticmethod
+    def usage(history: pd.DataFrame) -> dict[str, float]:
+        """``disturbed_share`` and ``cpu_share`` of a run (``workbench.clock``): its rollouts'
+        steps and its updates pooled by their seconds (``Timeline.usage_s``); NaN for a
+        history recorded before the columns."""
+        if "usage_measured_s" not in history:
+            return usage_shares([])
+        return usage_shares([{"measured_s": history["usage_measured_s"].sum(),
+                              "disturbed_s": history["usage_disturbed_s"].sum(),
+                              "cpu_s": history["usage_cpu_s"].sum()}])
+
     def _metrics(self, rl: RLStep, hist: pd.DataFrame, update_s: float) -> dict:
         reqs = rl.result.requests
         lengths = [len(r.tokens) for r in reqs]
@@ -283,3 +298,14 @@ class GRPO:
 
     def load_checkpoint(self, path) -> None:
         self.load_state_dict(load_state(path, STATE_FILE))
+
+
+def _usage_columns(timeline, update_s: float, update_share: float) -> dict[str, float]:
+    """A step's history columns for :meth:`GRPO.usage`: its rollout's ``Timeline.usage_s``
+    and its update's seconds, pooled, and the update's own CPU share."""
+    rollout = timeline.usage_s()
+    disturbed = update_s if update_share < DISTURBED_BELOW else 0.0
+    return {"update_cpu_share": update_share,
+            "usage_measured_s": rollout["measured_s"] + update_s,
+            "usage_disturbed_s": rollout["disturbed_s"] + disturbed,
+            "usage_cpu_s": rollout["cpu_s"] + update_s * update_share}

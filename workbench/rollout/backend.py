@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from ..checks import check_int
+from ..clock import sim_work
 from .request import Request
 from .timeline import IdleWindow, Timeline
 from .worker import IdleClock, Worker
@@ -228,7 +229,9 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """All workers in this process, one after another; times laid side by side (sim clock)."""
+    """All workers in this process, one after another; times laid side by side (sim clock).
+    Each worker's work runs inside ``clock.sim_work()`` (torch on one thread), so that its
+    seconds are its thread's CPU time, which other work on the machine does not stretch."""
 
     name = "local"
     clock = "sim"
@@ -257,7 +260,8 @@ class LocalBackend:
         for w, item in zip(workers, items):
             worker = self._workers[w]
             try:
-                results[w] = _on(w, lambda: fn(worker, item), getattr(item, "requests", ()))
+                with sim_work():
+                    results[w] = _on(w, lambda: fn(worker, item), getattr(item, "requests", ()))
             except WorkerFailed as failed:
                 failures.append(failed)
         if failures:
@@ -301,7 +305,8 @@ class LocalBackend:
                 continue
             worker = self._workers[window.worker]
             try:
-                runs.append(_on(window.worker, lambda: worker.run_idle(job, window)))
+                with sim_work():
+                    runs.append(_on(window.worker, lambda: worker.run_idle(job, window)))
             except WorkerFailed as failed:
                 runs.append(failed)
             used.append(window)

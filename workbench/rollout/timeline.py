@@ -13,7 +13,10 @@ steps     one row per engine call on a worker
           the drafter that drafted the step, ``drafts.serving_drafter``; NA when none did);
           preempted (boolean: a drafter training step cut at the end of its idle window,
           its work discarded; NA elsewhere); rerun (boolean: a rollout step re-running
-          requests of a worker that failed; NA elsewhere); and the *decision columns*:
+          requests of a worker that failed; NA elsewhere); cpu_share (Float64: the CPU
+          seconds the step's work got over its wall seconds, ``workbench.clock.cpu_share``;
+          under ``DISTURBED_BELOW`` the step was disturbed by other work; NA on rows
+          recorded before it and on rows no work wrote); and the *decision columns*:
           whatever scalars the schedule gave as its reasons (``Schedule.decision``), one
           column per key, typed by their values (boolean, string, Int64 or Float64), which
           this layer keeps but never interprets (the bandit's ``bucket``, ``arm``,
@@ -49,8 +52,9 @@ import pandas as pd
 
 from ..atomic import atomic_dir
 from ..checks import check_choice, check_int
+from ..clock import DISTURBED_BELOW
 
-__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS"]
+__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_shares"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train", "failed")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -61,7 +65,8 @@ PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
                 "plan_budget": "Int64", "plan_drafter": "string"}
 # every optional steps column of this layer: the plans, the flag of a preempted drafter step,
 # and that of a step re-running a failed worker's requests
-OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean"}
+OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean",
+                         "cpu_share": "Float64"}
 # the names a schedule's decision keys may not take (every other steps column is one of them)
 RESERVED_STEP_COLUMNS = frozenset(STEP_COLUMNS) | frozenset(OPTIONAL_STEP_COLUMNS)
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",
@@ -115,6 +120,18 @@ class IdleWindow:
     @property
     def seconds(self) -> float:
         return self.end_s - self.start_s
+
+
+def usage_shares(usages: list[dict[str, float]]) -> dict[str, float]:
+    """``disturbed_share`` (the share of the measured steps' seconds that were disturbed) and
+    ``cpu_share`` (the CPU seconds they got over their seconds) of ``usages``
+    (``Timeline.usage_s`` of each timeline of a run, or of one); NaN when no step recorded
+    its share (tables saved before the column)."""
+    measured = sum(u["measured_s"] for u in usages)
+    if measured <= 0:
+        return {"disturbed_share": float("nan"), "cpu_share": float("nan")}
+    return {"disturbed_share": sum(u["disturbed_s"] for u in usages) / measured,
+            "cpu_share": sum(u["cpu_s"] for u in usages) / measured}
 
 
 def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
@@ -280,12 +297,25 @@ class Timeline:
             **firsts, rows=("batch_size", "max"), tokens=("tokens", "sum"),
             seconds=("seconds", "sum")).reset_index()
 
+    def usage_s(self, below: float = DISTURBED_BELOW) -> dict[str, float]:
+        """Seconds of the steps that recorded their CPU share (``measured_s``), of those
+        whose share fell under ``below`` (``disturbed_s``: other work took their core;
+        ``workbench.clock``), and the CPU seconds they got (``cpu_s``): sums that pool
+        over the timelines of a run (:func:`usage_shares`)."""
+        s = self.steps[self.steps["cpu_share"].notna()]
+        seconds = (s["end_s"] - s["start_s"]).astype(float)
+        share = s["cpu_share"].astype(float)
+        return {"measured_s": float(seconds.sum()),
+                "disturbed_s": float(seconds[share < below].sum()),
+                "cpu_s": float((seconds * share).sum())}
+
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of docs/design.md's measures."""
         return {"num_requests": int(len(self.requests)), "workers": self.num_workers,
                 "clock": self.clock, "makespan_s": self.makespan_s,
                 "idle_fraction": self.idle_fraction(), "tail_share": self.tail_share(),
-                **self.length_percentiles(), "tokens_per_s": self.tokens_per_s()}
+                **self.length_percentiles(), "tokens_per_s": self.tokens_per_s(),
+                **usage_shares([self.usage_s()])}
 
     # ---- files --------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike) -> Path:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from ..checks import check_choice
-from ..clock import seconds_reader
+from ..clock import cpu_share, seconds_reader, usage_probe
 from .config import RolloutConfig
 from .decoder import BatchDecoder
 from .drafts import check_schedule_drafter
@@ -45,14 +45,19 @@ class StepRecorder:
     (``time.time()``) common to all workers of a step, such as the driver's at submit, so
     that workers in other processes share one timeline and the first step starts when the
     worker really began (the wait before it shows as idle). Seconds are read by ``read``
-    (``workbench.clock``: on the sim clock with torch on one thread, this thread's CPU time,
-    which other processes on the machine do not stretch; else wall time)."""
+    (``workbench.clock``: on the sim clock this thread's CPU time, which other processes on
+    the machine do not stretch; on the wall clock the time that passed). Each row records the
+    ``cpu_share`` its step got (``workbench.clock.cpu_share``, read by ``usage``: a test
+    passes a double), so that a disturbed step says so."""
 
-    def __init__(self, worker: int, clock: str, origin: float | None = None):
+    def __init__(self, worker: int, clock: str, origin: float | None = None,
+                 usage: Callable[[], tuple[float, float]] | None = None):
         self.worker, self.clock = worker, clock
         self.read = seconds_reader(clock)
+        self.usage = usage if usage is not None else usage_probe(clock)
         ahead = 0.0 if origin is None else time.time() - origin
         self.t0 = self.read() - ahead
+        self.used = self.usage()  # the usage reading where the next step starts
         self.rows: list[dict] = []
         self.mark = ahead
         self.decisions = 0  # decode steps labelled so far
@@ -75,11 +80,12 @@ class StepRecorder:
         return self.mark
 
     def end(self, kind: str, batch_size: int, tokens: int, forward_s: float) -> float:
-        end = self.now()
+        end, used = self.now(), self.usage()
         self.rows.append({"worker": self.worker, "step": len(self.rows), "kind": kind,
                           "start_s": self.mark, "end_s": end, "batch_size": batch_size,
-                          "tokens": tokens, "forward_s": forward_s, "clock": self.clock})
-        self.mark = end
+                          "tokens": tokens, "forward_s": forward_s, "clock": self.clock,
+                          "cpu_share": cpu_share(self.used, used)})
+        self.mark, self.used = end, used
         return end
 
     def label(self, first: int, report: StepReport, decision: dict) -> None:
@@ -98,7 +104,7 @@ class StepRecorder:
         really passed, and shows as idle."""
         start = max(self.now() if self.clock == "wall" else self.mark, after_s)
         self.t0 = self.read() - start
-        self.mark = start
+        self.mark, self.used = start, self.usage()
 
     def timed(self, kind: str, fn: Callable, batch_size: int = 0, tokens: int = 0):
         """Run ``fn()`` as the worker's next step of ``kind``; its value. The step starts
@@ -106,6 +112,7 @@ class StepRecorder:
         worker's last decode step, in its idle window) is charged where it would have run
         (a wall-clock caller :meth:`resume` s first, to record it at its real time)."""
         self.t0 = self.read() - self.mark  # the clock resumes at the last mark
+        self.used = self.usage()
         start = self.now()
         out = fn()
         self.end(kind, batch_size, tokens, self.now() - start)
