@@ -19,8 +19,9 @@ import statistics
 import pandas as pd
 import torch
 
-from common import add_common, header, print_table, ratio_cells
+from common import CpuShares, add_common, add_result, header, print_table, ratio_cells, record
 from workbench.models import load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
@@ -49,11 +50,13 @@ def forward_share(steps) -> float:
     return float(dec["forward_s"].sum() / (dec["end_s"] - dec["start_s"]).sum())
 
 
-def measure(engine, model, tok, prompts, bs, args) -> dict:
-    """One batch size: engine and HF interleaved; a row of the printed table."""
+def measure(engine, model, tok, prompts, bs, args, shares: CpuShares) -> tuple[dict, dict]:
+    """One batch size: engine and HF interleaved; a row of the printed table and the figures
+    of the result file (each timed call's CPU share into ``shares``)."""
     n = args.max_new_tokens
-    runs = interleave({"engine": lambda: engine_generate(engine, prompts, bs, n),
-                       "hf_generate": lambda: hf_generate(model, tok, prompts, bs, n)},
+    runs = interleave({"engine": shares.wrap(lambda: engine_generate(engine, prompts, bs, n)),
+                       "hf_generate": shares.wrap(lambda: hf_generate(model, tok, prompts, bs,
+                                                                      n))},
                       args.repeats, warmup=args.warmup)
     for r, ((tokens, _), ref) in enumerate(zip(runs.outputs["engine"],
                                                runs.outputs["hf_generate"])):
@@ -62,11 +65,16 @@ def measure(engine, model, tok, prompts, bs, args) -> dict:
     stats = summarize(runs, baseline="hf_generate", wide=args.wide).set_index("system")
     n_tokens = sum(len(t) for t in runs.outputs["engine"][0][0])
     shares = [forward_share(steps) for _, steps in runs.outputs["engine"]]
+    figures = {f"ratio_bs{bs}": figure_from_stats(stats.loc["engine"], "x"),
+               f"engine_tok_s_bs{bs}": {"value": n_tokens / stats.loc["engine", "value"],
+                                        "n": args.repeats, "unit": "tok/s"},
+               f"hf_tok_s_bs{bs}": {"value": n_tokens / stats.loc["hf_generate", "value"],
+                                    "n": args.repeats, "unit": "tok/s"}}
     return {"batch size": bs, "tokens": n_tokens,
             "engine tok/s": f"{n_tokens / stats.loc['engine', 'value']:.1f}",
             "HF generate tok/s": f"{n_tokens / stats.loc['hf_generate', 'value']:.1f}",
             **ratio_cells(stats.loc["engine"]), "forward share": f"{statistics.median(shares):.1%}",
-            "spread_wide": bool(stats.loc["engine", "spread_wide"])}
+            "spread_wide": bool(stats.loc["engine", "spread_wide"])}, figures
 
 
 def main():
@@ -78,14 +86,17 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     add_common(ap, repeats=5)
+    add_result(ap)
     args = ap.parse_args()
 
     model, tok = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     engine = RolloutEngine(model, tok)
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=HELDOUT_SEED)]
-    rows = []
+    rows, figures, shares = [], {}, CpuShares()
     for bs in args.batch_sizes:
-        rows.append(measure(engine, model, tok, prompts, bs, args))
+        row, mine = measure(engine, model, tok, prompts, bs, args, shares)
+        rows.append(row)
+        figures.update(mine)
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     print("\n" + header(ap, args, f"model={args.model} device={args.device} dtype={args.dtype} "
@@ -94,6 +105,11 @@ def main():
     print_table("Engine vs HF generate (same tokens, checked every repeat); ratio = engine "
                 "tok/s over HF tok/s", table.drop(columns="spread_wide"), table["spread_wide"],
                 args.wide, "batch sizes")
+    record(args, f"Rollout engine vs HF generate, greedy, same tokens: engine tok/s over HF "
+           f"tok/s (median of per-repeat ratios) at batch sizes {args.batch_sizes}, "
+           f"{args.prompts} held-out prompts, max_new_tokens={args.max_new_tokens}, "
+           f"{args.device} {args.dtype}", figures, "wall", shares.disturbed(),
+           headline=[f"ratio_bs{bs}" for bs in args.batch_sizes])
 
 
 if __name__ == "__main__":

@@ -43,8 +43,9 @@ import warnings
 import pandas as pd
 import torch
 
-from common import command_line, print_table, ratio_cells
+from common import CpuShares, add_result, command_line, print_table, ratio_cells, record
 from workbench.models import load_model
+from workbench.provenance import figure_from_stats
 from workbench.rl import GRPO, GRPOConfig
 from workbench.speedup import WIDE_SPREAD, interleave, summarize
 from workbench.tasks import RL_SEED, exact_match_reward, get_problems
@@ -240,6 +241,20 @@ def system_table(runs, stats: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def step_figures(runs, stats: pd.DataFrame) -> dict:
+    """The result file's figures: the ratio TRL s / our s, and each system's step, rollout
+    and update seconds over the timed steps (median, quartiles, range)."""
+    figures = {"step_ratio": figure_from_stats(stats.loc["ours"], "x")}
+    for name in SYSTEMS:
+        for part in ("step", "rollout", "update"):
+            seconds = pd.Series([o[f"{part}_s"] for o in runs.outputs[name]], dtype=float)
+            figures[f"{name}_{part}_s"] = {
+                "value": float(seconds.median()), "q25": float(seconds.quantile(0.25)),
+                "q75": float(seconds.quantile(0.75)), "min": float(seconds.min()),
+                "max": float(seconds.max()), "n": int(seconds.size), "unit": "s"}
+    return figures
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5,
@@ -257,6 +272,7 @@ def parse_args():
                     help="TRL as it ships: recompute activations in the backward")
     ap.add_argument("--wide", type=float, default=WIDE_SPREAD,
                     help="(max-min)/median of the per-step ratios above this is flagged")
+    add_result(ap)
     return ap, ap.parse_args()
 
 
@@ -272,7 +288,9 @@ def main():
         config = trl_config(args, out_dir, rounds, ours.config.train.clip_norm,
                             ours.config.train.betas[1])
         trl = TRLStepper(copy.deepcopy(policy), tok, trl_dataset(ours, rounds), config)
-        runs = interleave({"trl": trl.step, "ours": lambda: ours_step(ours)}, args.steps,
+        shares = CpuShares()
+        runs = interleave({"trl": shares.wrap(trl.step),
+                           "ours": shares.wrap(lambda: ours_step(ours))}, args.steps,
                           warmup=args.warmup)
     check_same_prompts(runs, args)
     stats = summarize(runs, baseline="trl", wide=args.wide).set_index("system")
@@ -287,6 +305,11 @@ def main():
     print_table("Per step (wall seconds)", per_step_table(runs, args))
     print_table("GRPO step, TRL vs ours (medians over the timed steps)",
                 table.drop(columns="spread_wide"), table["spread_wide"], args.wide, "systems")
+    record(args, f"Our GRPO step vs TRL {trl_version} GRPOTrainer's, same prompts: TRL seconds "
+           f"over ours per step (median of per-step ratios), P={args.prompts} G={args.samples} "
+           f"max_new_tokens={args.max_new_tokens}, {args.steps} timed steps, "
+           f"threads={torch.get_num_threads()}", step_figures(runs, stats), "wall",
+           shares.disturbed(), headline=["step_ratio", "ours_step_s", "trl_step_s"])
 
 
 if __name__ == "__main__":

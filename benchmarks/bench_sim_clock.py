@@ -19,13 +19,15 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pandas as pd
 import torch
 
 import workbench.clock as clock
-from common import add_common, header, print_table, ratio_cells
+from common import CpuShares, add_common, add_result, header, print_table, ratio_cells, record
 from workbench.models import load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speedup import spread_stats
 from workbench.tasks import RL_SEED, get_problems
@@ -33,19 +35,34 @@ from workbench.tasks import RL_SEED, get_problems
 SYSTEMS = [("cpu", "quiet"), ("wall", "quiet"), ("cpu", "loaded"), ("wall", "loaded")]
 
 
+@contextmanager
+def sim_read_as(reader: str):
+    """The sim clock's seconds read as ``reader`` (``cpu``: thread CPU time; ``wall``) inside
+    the scope: through ``clock.sim_seconds`` where the clock chooses its kind per scope, else
+    by replacing ``clock.reads_cpu_time`` (the clock before that)."""
+    if hasattr(clock, "sim_seconds"):
+        with clock.sim_seconds("thread_cpu" if reader == "cpu" else "wall"):
+            yield
+        return
+    saved = clock.reads_cpu_time
+    clock.reads_cpu_time = saved if reader == "cpu" else (lambda which: False)
+    try:
+        yield
+    finally:
+        clock.reads_cpu_time = saved
+
+
 def rollout_once(engine, prompts, config, reader: str, hogs: int) -> dict:
     """One rollout with the sim clock reading ``reader`` seconds, beside ``hogs`` spinning
     processes; its sim makespan, wall seconds and token digest."""
     spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                 for _ in range(hogs)]
-    saved = clock.reads_cpu_time
-    clock.reads_cpu_time = saved if reader == "cpu" else (lambda which: False)
     try:
         started = time.perf_counter()
-        result = engine.rollout(prompts, config, progress=False)
+        with sim_read_as(reader):
+            result = engine.rollout(prompts, config, progress=False)
         wall_s = time.perf_counter() - started
     finally:
-        clock.reads_cpu_time = saved
         for process in spinning:
             process.kill()
             process.wait()
@@ -62,6 +79,7 @@ def main():
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2,
                     help="spinning processes beside a loaded rollout (default: the cores)")
     add_common(ap, repeats=5)
+    add_result(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(header(ap, args, "Sim makespan quiet and loaded, CPU-time and wall readers"),
@@ -72,22 +90,28 @@ def main():
     config = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
                            samples_per_prompt=args.samples, workers=args.workers,
                            spec_mode="coupled", seed=0)
-    rows = []
+    rows, shares = [], CpuShares()  # CPU shares of the quiet rollouts (loaded ones are on purpose)
     for _ in range(args.warmup):
         rollout_once(engine, prompts, config, "cpu", 0)
     for repeat in range(args.repeats):
         order = SYSTEMS[repeat % 4:] + SYSTEMS[:repeat % 4]
         for reader, load in order:
-            row = rollout_once(engine, prompts, config, reader, args.hogs if load == "loaded"
-                               else 0)
+            run = rollout_once if load == "loaded" else shares.wrap(rollout_once)
+            row = run(engine, prompts, config, reader, args.hogs if load == "loaded" else 0)
             rows.append({"repeat": repeat, "reader": reader, "load": load, **row})
             print(rows[-1], flush=True)
     runs = pd.DataFrame(rows)
     assert runs["digest"].nunique() == 1, "coupled sampling: every rollout decodes the same tokens"
     wide = runs.pivot(index="repeat", columns=["reader", "load"], values="makespan_s")
-    table = []
+    table, figures = [], {}
     for reader in ("cpu", "wall"):
         stats = spread_stats(wide[(reader, "loaded")] / wide[(reader, "quiet")], wide=args.wide)
+        figures[f"loaded_over_quiet_{reader}"] = figure_from_stats(stats, "x")
+        quiet = wide[(reader, "quiet")]
+        figures[f"quiet_makespan_s_{reader}"] = {
+            "value": float(quiet.median()), "q25": float(quiet.quantile(0.25)),
+            "q75": float(quiet.quantile(0.75)), "min": float(quiet.min()),
+            "max": float(quiet.max()), "n": int(quiet.size), "unit": "s"}
         table.append({"sim seconds read as": reader,
                       "quiet makespan s (median)": f"{wide[(reader, 'quiet')].median():.3f}",
                       "loaded makespan s (median)": f"{wide[(reader, 'loaded')].median():.3f}",
@@ -101,6 +125,13 @@ def main():
           f"{cells['spread']}); wall seconds of a rollout, quiet / loaded (median): "
           f"{runs[runs.load == 'quiet'].wall_s.median():.2f} / "
           f"{runs[runs.load == 'loaded'].wall_s.median():.2f}")
+    figures["cpu_over_wall_quiet"] = figure_from_stats(agree, "x")
+    record(args, f"Does a busy machine stretch the sim clock? One rollout's sim makespan beside "
+           f"{args.hogs} spinning processes over quiet, read as thread CPU time (cpu) and as "
+           f"wall time (wall); {args.prompts} x {args.samples} requests, "
+           f"{args.max_new_tokens} tokens, {args.workers} workers, torch on one thread "
+           "(disturbed: the quiet rollouts)", figures, "sim-thread-cpu", shares.disturbed(),
+           headline=["loaded_over_quiet_cpu", "loaded_over_quiet_wall", "cpu_over_wall_quiet"])
 
 
 if __name__ == "__main__":

@@ -21,8 +21,10 @@ import argparse
 import pandas as pd
 import torch
 
-from common import add_common, header, print_table, ratio_cells
+from common import (CpuShares, add_common, add_result, header, print_table, ratio_cells,
+                    record, sim_clock)
 from workbench.models import load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative.defaults import default_drafters
 from workbench.speculative.sweep import sd_sweep
@@ -56,6 +58,25 @@ def sweep_table(table: pd.DataFrame, with_batch: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sweep_figures(table: pd.DataFrame, prefix: str = "") -> dict:
+    """The result file's figures of an sd_sweep table: per temperature, batch size and drafter
+    the speedup (median of per-repeat ratios, with its range) and tau, named
+    ``<prefix>speedup_t<temperature>_bs<batch>_<drafter>_k<k>`` and ``<prefix>tau_...``."""
+    figures = {}
+    for r in table.itertuples():
+        key = f"t{r.temperature:g}_bs{r.batch_size}_{r.drafter}_k{r.k}"
+        figures[f"{prefix}speedup_{key}"] = {"value": float(r.speedup), "min": float(r.speedup_min),
+                                     "max": float(r.speedup_max), "n": int(r.repeats),
+                                     "unit": "x"}
+        figures[f"{prefix}tau_{key}"] = {"value": float(r.tau)}
+    return figures
+
+
+# the result file's names of part 2's systems, in hf_systems' order
+SHORT = ["hf_generate", "hf_assisted_small_lm", "hf_prompt_lookup", "engine_plain",
+         "engine_small_lm", "engine_ngram", "engine_eagle"]
+
+
 def hf_systems(policy, tok, drafters, engine, prompts, k, n) -> dict:
     """Part 2's seven systems, each a callable returning responses (token lists)."""
     small_lm = drafters["small_lm"].model
@@ -76,23 +97,28 @@ def hf_systems(policy, tok, drafters, engine, prompts, k, n) -> dict:
     return runs
 
 
-def against_hf(systems: dict, eos: int, args) -> pd.DataFrame:
-    """Part 2: the systems interleaved; tok/s, ratio to HF generate with spread, same tokens."""
-    runs = interleave(systems, args.repeats, warmup=args.warmup)
+def against_hf(systems: dict, eos: int, args,
+               shares: CpuShares) -> tuple[pd.DataFrame, dict]:
+    """Part 2: the systems interleaved; tok/s, ratio to HF generate with spread, same tokens;
+    and the result file's figures (each system's ratio to HF generate)."""
+    runs = interleave({name: shares.wrap(run) for name, run in systems.items()}, args.repeats,
+                      warmup=args.warmup)
     cut = [[t[:t.index(eos) + 1] if eos in t else t for t in out]
            for outs in runs.outputs.values() for out in outs]
     reference = cut[0]
     stats = summarize(runs, wide=args.wide).set_index("system")  # baseline: HF generate
     count = sum(len(t) for t in reference)
-    rows = []
+    rows, figures = [], {}
     for i, name in enumerate(systems):
+        if i:
+            figures[f"vs_hf_{SHORT[i]}"] = figure_from_stats(stats.loc[name], "x")
         mine = cut[i * args.repeats:(i + 1) * args.repeats]
         rows.append({"system": name, "tok/s": f"{count / stats.loc[name, 'value']:.1f}",
                      **{("vs HF generate" if c == "ratio" else c): v
                         for c, v in ratio_cells(stats.loc[name], baseline=i == 0).items()},
                      "same tokens": all(m == reference for m in mine),
                      "spread_wide": bool(stats.loc[name, "spread_wide"])})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), figures
 
 
 def main():
@@ -105,6 +131,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-hf", action="store_true", help="part 1 only")
     add_common(ap, repeats=3)
+    add_result(ap)
     args = ap.parse_args()
 
     policy, tok = load_model("default", device=args.device, dtype=getattr(torch, args.dtype))
@@ -125,13 +152,25 @@ def main():
                    temperatures=[0.0, 1.0], **common)
     print_table("Every drafter at batch 1", sweep_table(at1, with_batch=False),
                 at1["spread_wide"], args.wide, "configurations")
+    curve_figures = sweep_figures(curve)
+    record(args, f"Where does SD pay? EAGLE (k={args.k}) against plain decoding of the same "
+           f"engine at batch sizes {args.batch_sizes}, and every drafter at batch 1, greedy and "
+           f"temperature 1: speedup (median of per-repeat tokens/s ratios, engine clock) and "
+           f"tau; {args.prompts} held-out prompts, max_new_tokens={args.max_new_tokens}",
+           {**curve_figures, **sweep_figures(at1, "drafters_")}, sim_clock(), None,
+           headline=[k for k in curve_figures if k.startswith("speedup_t0_")])
     if args.skip_hf:
         return
-    table = against_hf(hf_systems(policy, tok, drafters, engine, prompts, args.k,
-                                  args.max_new_tokens), tok.eos_token_id, args)
+    shares = CpuShares()
+    table, figures = against_hf(hf_systems(policy, tok, drafters, engine, prompts, args.k,
+                                           args.max_new_tokens), tok.eos_token_id, args, shares)
     print_table("Against HF at batch 1, greedy (wall clock; ratio = median of per-repeat "
                 "ratios to HF generate)", table.drop(columns="spread_wide"),
                 table["spread_wide"], args.wide, "systems")
+    record(args, f"Against HF at batch 1, greedy: each system's tokens/s over HF generate's "
+           f"(median of per-repeat ratios), {args.prompts} held-out prompts, k={args.k}, "
+           f"max_new_tokens={args.max_new_tokens}", figures, "wall", shares.disturbed(),
+           name=f"{args.result}_vs_hf")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
 """What every benchmark script prints: the exact command line and markdown tables whose ratio
-columns carry their spread (see ``workbench.speedup``)."""
+columns carry their spread (see ``workbench.speedup``); and what it records: its result with
+its provenance in ``benchmarks/results/<name>.json`` (``workbench.provenance``; ``add_result``
+and ``record``), from which ``workbench results table`` regenerates ``RESULTS.md``."""
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from workbench.provenance import DISTURBED_BOUND, disturbed, write_result
 from workbench.speedup import WIDE_SPREAD, markdown, spread_note
 
 
@@ -66,3 +70,67 @@ def print_table(title: str, table: pd.DataFrame, flag: pd.Series | None = None,
     if flag is not None:
         print("\n" + spread_note(pd.DataFrame({"spread_wide": flag}), wide=wide, what=what))
     sys.stdout.flush()
+
+
+def add_result(ap: argparse.ArgumentParser) -> None:
+    """``--result NAME`` (default: the script's stem) and ``--result-folder DIR`` (default:
+    ``benchmarks/results``): where :func:`record` writes this run's result."""
+    ap.add_argument("--result", default=Path(sys.argv[0]).stem,
+                    help="the result's name: <result-folder>/<NAME>.json (default: the "
+                    "script's stem)")
+    ap.add_argument("--result-folder", default=None,
+                    help="where the result file goes (default: benchmarks/results; a "
+                    "temporary folder for a trial run)")
+    ap.set_defaults(_parser=ap)
+
+
+def record(args: argparse.Namespace, question: str, figures: dict, clock: str,
+           disturbed_share: float | None, headline: list | None = None,
+           name: str | None = None) -> Path:
+    """Write this run's result (``workbench.provenance.write_result``) with the exact command
+    line (every option spelled out, as the printed header gives it), this machine, the commit
+    and the date; print where it went. ``figures``: ``{name: {"value", "min", "max", "n",
+    ...}}`` (``workbench.provenance.figure_from_stats`` maps a ``spread_stats`` ratio);
+    ``headline``: the figures RESULTS.md shows (default: all); ``name``: the result's name
+    when a script answers a second question (default: ``--result``)."""
+    parser = getattr(args, "_parser", None)
+    command = (command_line(parser, args) if parser is not None
+               else " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]))
+    path = write_result(name or args.result, question, figures, clock=clock,
+                        disturbed_share=disturbed_share, command=command,
+                        folder=args.result_folder, headline=headline)
+    print(f"\nResult: {path} (regenerate RESULTS.md with: .venv/bin/workbench results table)",
+          flush=True)
+    return path
+
+
+def sim_clock() -> str:
+    """The clock name (``workbench.provenance.CLOCKS``) of the sim-clock figures measured now:
+    thread CPU time or wall time, as ``workbench.clock`` reads sim seconds in this scope."""
+    import workbench.clock as clock
+    if hasattr(clock, "sim_seconds_kind"):  # sim work runs on one thread, read as its CPU time
+        return "sim-thread-cpu" if clock.sim_seconds_kind() == "thread_cpu" else "sim-wall"
+    return "sim-thread-cpu" if clock.reads_cpu_time("sim") else "sim-wall"
+
+
+class CpuShares:
+    """The CPU share of each timed call: the process's CPU seconds over wall seconds times
+    torch's threads (``workbench.provenance``, "disturbed share"). ``wrap(fn)`` times every
+    call of ``fn``; ``disturbed()`` is the share of calls under ``bound``."""
+
+    def __init__(self):
+        self.shares: list[float] = []
+
+    def wrap(self, fn):
+        def timed(*a, **kw):
+            cpu, wall = time.process_time(), time.perf_counter()
+            out = fn(*a, **kw)
+            seconds = time.perf_counter() - wall
+            if seconds > 0:
+                self.shares.append((time.process_time() - cpu)
+                                   / (seconds * torch.get_num_threads()))
+            return out
+        return timed
+
+    def disturbed(self, bound: float = DISTURBED_BOUND) -> float | None:
+        return disturbed(self.shares, bound)

@@ -51,7 +51,8 @@ whose CPU share fell under ``disturbed_bound`` (:data:`DISTURBED_BOUND`, 0.8):
 
 Writing validates everything first (an error names the bad value and what is accepted) and
 writes atomically (``workbench.atomic``); reading validates each file again and names the
-file it refuses. This module imports the foundation only (``checks``, ``atomic``), and pandas.
+file it refuses. This module imports the foundation only (``checks``, ``atomic``, ``speedup``)
+and pandas; torch only when the caller has imported it (the accelerator's name).
 """
 from __future__ import annotations
 
@@ -71,10 +72,11 @@ import pandas as pd
 
 from .atomic import write_text
 from .checks import check_choice, check_fraction, check_int
+from .speedup import WIDE_SPREAD
 
-__all__ = ["SCHEMA", "CLOCKS", "DISTURBED_BOUND", "FIGURE_FIELDS", "machine", "commit",
-           "figure_from_stats", "figures_from_metrics", "disturbed", "validate_result", "write_result", "read_result",
-           "read_results", "results_table", "RESULT_COLUMNS"]
+__all__ = ["SCHEMA", "CLOCKS", "DISTURBED_BOUND", "FIGURE_FIELDS", "RESULT_COLUMNS", "machine",
+           "commit", "figure_from_stats", "figures_from_metrics", "disturbed",
+           "validate_result", "write_result", "read_result", "read_results", "results_table"]
 
 SCHEMA = 1
 CLOCKS = {
@@ -86,7 +88,6 @@ CLOCKS = {
 }
 DISTURBED_BOUND = 0.8
 FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
-WIDE = 0.25  # (max - min) / |value| above this is marked WIDE in the table (speedup.WIDE_SPREAD)
 FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
                "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
                "amx_int8": "AMX-INT8", "asimd": "NEON", "sve": "SVE"}
@@ -99,6 +100,7 @@ RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1],
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAMES = "1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
 ROOT = Path(__file__).resolve().parent.parent
+CPUINFO = Path("/proc/cpuinfo")  # Linux; elsewhere machine() falls back to platform
 
 
 # ---- provenance --------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def machine() -> dict:
     accelerator torch sees (only when torch is already imported: None otherwise), the
     versions of torch, transformers and Python, and the platform string."""
     try:
-        model, flags = cpu_from_cpuinfo(Path("/proc/cpuinfo").read_text())
+        model, flags = cpu_from_cpuinfo(CPUINFO.read_text())
     except OSError:
         model, flags = None, []
     cores = os.cpu_count() or 1
@@ -412,7 +414,7 @@ def _num(v: float) -> str:
 
 def figure_cell(name: str, fig: dict) -> str:
     """``name 1.54x (IQR 1.4-1.6, range 1.5-1.7, n=5)``, with ``WIDE`` when (max - min) /
-    |value| exceeds 25%."""
+    |value| exceeds ``workbench.speedup.WIDE_SPREAD`` (25%)."""
     unit = fig.get("unit") or ""
     unit = unit if unit in ("x", "%") else (f" {unit}" if unit else "")
     spread = []
@@ -423,7 +425,7 @@ def figure_cell(name: str, fig: dict) -> str:
     if "n" in fig:
         spread.append(f"n={fig['n']}")
     wide = ("min" in fig and "max" in fig and fig["value"]
-            and (fig["max"] - fig["min"]) / abs(fig["value"]) > WIDE)
+            and (fig["max"] - fig["min"]) / abs(fig["value"]) > WIDE_SPREAD)
     text = f"{name} {_num(fig['value'])}{unit}"
     return text + (f" ({', '.join(spread)})" if spread else "") + (" WIDE" if wide else "")
 
@@ -470,7 +472,8 @@ def results_table(folder: str | os.PathLike | None = None) -> str:
                           else f"{share:.0%} (< {r['disturbed_bound']:g})")
         sha = r["git"]["commit"]
         sha = "?" if sha is None else sha[:10] + (" (dirty)" if r["git"]["dirty"] else "")
+        command = "`" + r["command"].replace("`", "'") + "`"
         cells = [r["name"], r["question"], figures, r["clock"], disturbed_text,
-                 _machine_cell(r["machine"]), sha, r["date"], "`" + r["command"].replace("`", "'") + "`"]
+                 _machine_cell(r["machine"]), sha, r["date"], command]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
