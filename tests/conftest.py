@@ -29,6 +29,22 @@ def busy_for(seconds: float) -> None:
         pass
 
 
+def whole_core() -> tuple[float, float]:
+    """A usage probe double (``workbench.clock.usage_probe``): the CPU time and the wall time
+    of one reading, equal, so that every call got a whole core."""
+    now = time.monotonic()
+    return now, now
+
+
+@pytest.fixture(autouse=True)
+def undisturbed_repeats(monkeypatch):
+    """A benchmark's repeats are never run again as disturbed in a test (``speedup.interleave``
+    redoes a repeat that got less than a core, and how often depends on the machine's load):
+    a test counts the calls it made. ``test_speedup`` tests the redo with its own double."""
+    import workbench.speedup as speedup
+    monkeypatch.setattr(speedup, "usage_probe", lambda clock: whole_core)
+
+
 @pytest.fixture
 def tick_clock(monkeypatch):
     """Every clock reading, wall (``perf_counter``) and thread CPU time alike (the sim clock's:

@@ -236,3 +236,40 @@ def test_sd_sweep_refuses_fewer_than_three_repeats_before_running(tokenizer):
     with pytest.raises(ValueError, match="repeats must be an integer >= 3.*got 1"):
         sd_sweep(engine, ["a1?"], {}, repeats=1, progress=False)
     assert calls == []
+
+
+class SharedCore:
+    """A usage probe double: each reading one wall second after the last, with CPU time
+    advancing by the next of ``shares`` (a call's share of a core is the share read at its
+    end)."""
+
+    def __init__(self, shares):
+        self.shares, self.cpu, self.wall = iter(shares), 0.0, 0.0
+
+    def __call__(self) -> tuple[float, float]:
+        self.wall += 1.0
+        self.cpu += next(self.shares, 1.0)
+        return self.cpu, self.wall
+
+
+def test_a_disturbed_repeat_runs_again_and_one_still_disturbed_is_flagged():
+    calls = []
+    systems = {"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 1.0}
+    # two readings per call, the second giving its share: repeat 0 disturbed once, then
+    # clean; repeat 1 disturbed on both tries (redo=1), then kept and flagged; repeat 2 clean
+    whole, half = [1.0, 1.0], [1.0, 0.5]
+    shares = (whole + half + whole + whole) + (half + whole) * 2 + whole + whole
+    runs = interleave(systems, 3, measure=lambda out, s: out, redo=1,
+                      usage=SharedCore(shares))
+    t = runs.table
+    assert t.groupby("repeat")["redone"].first().tolist() == [1, 1, 0]
+    assert t.groupby("repeat")["disturbed"].first().tolist() == [False, True, False]
+    assert len(calls) == 2 * (2 + 2 + 1)
+    assert len(runs.outputs["a"]) == 3  # one output per kept repeat
+    table = summarize(runs)
+    assert table["disturbed_share"].tolist() == [pytest.approx(1 / 3)] * 2
+
+
+def test_redo_must_be_a_count():
+    with pytest.raises(ValueError, match="redo must be an integer >= 0, got -1"):
+        interleave({"a": lambda: 1.0}, 3, redo=-1)

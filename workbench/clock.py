@@ -117,14 +117,16 @@ def _usage_thread() -> tuple[float, float]:
 
 
 def _usage_process() -> tuple[float, float]:
-    return process_time() / max(1, torch.get_num_threads()), monotonic()
+    return process_time(), monotonic()
 
 
 def usage_probe(clock: str) -> Callable[[], tuple[float, float]]:
     """A function of no arguments that reads ``(CPU seconds, wall seconds)`` of the work on
     ``clock``: this thread's CPU time on the sim clock (its work is this thread's), the
-    process's CPU time per torch thread on the wall clock (a Ray actor is a process of its
-    own); differences of two readings give a step's :func:`cpu_share`."""
+    process's CPU time on the wall clock (a Ray actor, a benchmark: a process of its own);
+    differences of two readings give a step's :func:`cpu_share`. Work on several threads
+    reads at most 1 quiet (capped: the pool's spin-waits count) and falls under the bound
+    only when it got less than that share of one core: it is flagged less readily."""
     check_choice("clock", clock, ("sim", "wall"))
     return _usage_thread if clock == "sim" else _usage_process
 

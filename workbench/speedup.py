@@ -19,8 +19,14 @@ to use something the call returns instead, e.g. a rollout's makespan, or a rate 
 tokens/s with ``higher_is_better=True``. Ratios are always oriented so that above 1 means
 "better than the baseline": baseline/system for times, system/baseline for rates.
 
-This module imports nothing else from workbench but the shared checks, so every layer may
-use it.
+A busy machine is also *seen*: each call's CPU share (``workbench.clock.cpu_share``: the
+process's CPU seconds over the call's wall seconds) is recorded, a repeat in which any call got
+less than ``clock.DISTURBED_BELOW`` of a core is run again, up to ``redo`` times, and one still
+disturbed then is kept and flagged (``disturbed``); :func:`summarize` gives each system's
+``disturbed_share``, the share of its repeats that stayed disturbed.
+
+This module imports nothing else from workbench but the foundation's checks and clock, so
+every layer may use it.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from .checks import check_choice, check_int, check_positive
+from .clock import DISTURBED_BELOW, cpu_share, usage_probe
 
 __all__ = ["WIDE_SPREAD", "interleave", "summarize", "compare", "spread_note", "markdown"]
 
@@ -45,7 +52,9 @@ class Runs:
     """What :func:`interleave` measured.
 
     ``table``: one row per run, columns ``repeat`` (0-based), ``slot`` (position inside the
-    repeat), ``system``, ``seconds`` (wall time of the call) and ``value`` (its measure).
+    repeat), ``system``, ``seconds`` (wall time of the call), ``value`` (its measure),
+    ``cpu_share`` (the share of a core the call got), ``disturbed`` (its repeat stayed
+    disturbed after every redo) and ``redone`` (how often its repeat ran again).
     ``outputs[system]``: what each call returned, one entry per repeat in repeat order.
     ``higher_is_better``: how ``value`` reads (False: a time; True: a rate).
     """
@@ -82,39 +91,59 @@ def interleave(systems: Mapping[Hashable, Callable[[], Any]], repeats: int = MIN
                measure: Callable[[Any, float], float] | None = None,
                higher_is_better: bool = False, order: str = "rotate", warmup: int = 0,
                clock: Callable[[], float] = time.perf_counter,
-               on_run: Callable[[Hashable, int], None] | None = None) -> Runs:
+               on_run: Callable[[Hashable, int], None] | None = None, redo: int = 2,
+               usage: Callable[[], tuple[float, float]] | None = None) -> Runs:
     """Run every system once per repeat, in the order :func:`run_order` gives, ``repeats`` times.
 
     ``measure(output, seconds)`` turns a call into its measure (default: the wall seconds).
     ``warmup`` untimed rounds run first (lazy initialisation, caches), in the same order.
     ``clock`` is the timer (a fake one in tests). ``on_run(system, repeat)`` is called after
-    each timed run (a progress bar). Raises ValueError for fewer than 3 repeats, no systems,
-    an unknown order or a measure that is not a positive finite number.
+    each timed run (a progress bar). A repeat with a disturbed call runs again, at most
+    ``redo`` times (module docstring); ``usage`` reads ``(CPU s, wall s)`` (default: this
+    process's, ``clock.usage_probe("wall")``; a double in tests). Raises ValueError for fewer
+    than 3 repeats, no systems, an unknown order, a negative ``redo`` or a measure that is
+    not a positive finite number.
     """
     check_repeats(repeats)
     if not systems:
         raise ValueError("interleave needs at least one system")
     check_int("warmup", warmup, 0)
+    check_int("redo", redo, 0)
     names = list(systems)
     run_order(names, 0, order)  # validates order before anything runs
+    usage = usage if usage is not None else usage_probe("wall")
     for w in range(warmup):
         for name in run_order(names, w, order):
             systems[name]()
     rows, outputs = [], {name: [] for name in names}
     for r in range(repeats):
-        for slot, name in enumerate(run_order(names, r, order)):
-            start = clock()
-            out = systems[name]()
-            seconds = clock() - start
-            value = check_positive(f"system {name!r}, repeat {r}: the measure", seconds
-                                   if measure is None else measure(out, seconds))
-            rows.append({"repeat": r, "slot": slot, "system": name, "seconds": seconds,
-                         "value": value})
-            outputs[name].append(out)
+        for redone in range(redo + 1):
+            runs = [_run_one(systems[name], name, r, slot, clock, usage, measure)
+                    for slot, name in enumerate(run_order(names, r, order))]
+            disturbed = any(row["cpu_share"] < DISTURBED_BELOW for row, _ in runs)
+            if not disturbed or redone == redo:
+                break
+        for row, out in runs:
+            rows.append({**row, "disturbed": disturbed, "redone": redone})
+            outputs[row["system"]].append(out)
             if on_run is not None:
-                on_run(name, r)
-    table = pd.DataFrame(rows, columns=["repeat", "slot", "system", "seconds", "value"])
+                on_run(row["system"], r)
+    table = pd.DataFrame(rows, columns=["repeat", "slot", "system", "seconds", "value",
+                                        "cpu_share", "disturbed", "redone"])
     return Runs(table, outputs, higher_is_better)
+
+
+def _run_one(system: Callable[[], Any], name: Hashable, repeat: int, slot: int,
+             clock: Callable[[], float], usage: Callable[[], tuple[float, float]],
+             measure: Callable[[Any, float], float] | None) -> tuple[dict, Any]:
+    """One timed call of ``system``: its row (seconds, measure, CPU share) and its output."""
+    used, start = usage(), clock()
+    out = system()
+    seconds, share = clock() - start, cpu_share(used, usage())
+    value = check_positive(f"system {name!r}, repeat {repeat}: the measure", seconds
+                           if measure is None else measure(out, seconds))
+    return {"repeat": repeat, "slot": slot, "system": name, "seconds": seconds,
+            "value": value, "cpu_share": share}, out
 
 
 def per_repeat_ratios(runs: Runs, baseline: Hashable) -> pd.DataFrame:
@@ -150,16 +179,21 @@ def summarize(runs: Runs, baseline: Hashable | None = None,
     """One row per system (in the order given to :func:`interleave`): ``system``, ``value``
     (the median measure), ``ratio`` (median of the per-repeat ratios to ``baseline``, the first
     system by default), ``ratio_min``, ``ratio_max``, ``spread`` ((max - min) / median),
-    ``spread_wide`` (spread > ``wide``) and ``repeats``. The baseline's own row has ratio 1."""
+    ``spread_wide`` (spread > ``wide``), ``repeats`` and ``disturbed_share`` (the share of
+    its repeats that stayed disturbed; NaN for runs recorded without it). The baseline's own
+    row has ratio 1."""
     check_positive("wide", wide)
     names = list(runs.outputs) or list(dict.fromkeys(runs.table["system"]))
     baseline = names[0] if baseline is None else baseline
     ratios = per_repeat_ratios(runs, baseline)
+    disturbed = runs.table.groupby("system")["disturbed"].mean() \
+        if "disturbed" in runs.table else {}
     rows = []
     for name in names:
         mine = ratios[ratios["system"] == name]
         rows.append({"system": name, "value": float(mine["value"].median()),
-                     **spread_stats(mine["ratio"], wide)})
+                     **spread_stats(mine["ratio"], wide),
+                     "disturbed_share": float(disturbed.get(name, float("nan")))})
     return pd.DataFrame(rows)
 
 

@@ -19,14 +19,15 @@ import numpy as np
 import pandas as pd
 
 from ..checks import check_choice, check_int, check_list
+from ..clock import sim_seconds, sim_seconds_kind
 from ..rollout import make_backend
 from ..rollout.backend import check_capacity
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
 from .ablation_runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
-from .ablation_store import AblationStore, ablation_settings
-from .grpo import GRPOConfig
+from .ablation_store import AblationStore, ablation_settings, saved_sim_seconds
+from .grpo import GRPO, GRPOConfig
 from .remedies import REMEDIES
 from .remedies.compare import remedy_metrics
 from .tlt import VARIANTS, TLTConfig, first_divergence
@@ -122,7 +123,8 @@ class Ablation:
 
     def per_variant(self) -> pd.DataFrame:
         """Per variant: summed sim step and rollout times (over seeds and steps), final reward
-        (mean and standard deviation over seeds), idle fractions, acceptance length."""
+        (mean and standard deviation over seeds), idle fractions, acceptance length, and the
+        share of its measured seconds that other work disturbed (``GRPO.usage``)."""
         h = self.history
         last = h[h["step"] == h["step"].max()]
         g = h.groupby("variant", sort=False)
@@ -136,6 +138,8 @@ class Ablation:
             "reward_final": last.groupby("variant")["reward"].mean(),
             "reward_final_sd": last.groupby("variant")["reward"].std(ddof=1),
         })
+        usage = pd.DataFrame({v: GRPO.usage(rows) for v, rows in g}).T
+        out = out.join(usage)  # disturbed_share, cpu_share (workbench.clock)
         base = out.loc["baseline"] if "baseline" in out.index else None
         if base is not None:
             out["e2e_speedup"] = base["step_s"] / out["step_s"]
@@ -241,6 +245,9 @@ class Ablation:
                 f"drafter_wasted_s_{v}": float(h.get("drafter_wasted_s", pd.Series([0.0])).sum()),
                 f"explore_cost_{v}": explore_cost(decisions),
                 f"plain_share_{v}": plain_share(decisions),
+                "disturbed_share_baseline": float(b["disturbed_share"]),
+                f"disturbed_share_{v}": float(t["disturbed_share"]),
+                **GRPO.usage(self.history),  # the whole run's disturbed_share and cpu_share
                 "rl_steps": int(self.history["step"].max() + 1),
                 "seeds": int(self.history["seed"].nunique())}
 
@@ -295,27 +302,29 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     variants, seeds = _check_runs(steps, variants, seeds, eval_every)
     shared = _backend_for(backend, ray_address, grpo.rollout.workers, run_dir)
     max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
-    store = _open_store(checkpoint_dir, checkpoint_every, steps, ablation_settings(
-        variants, seeds, grpo, problems, reward, eval_problems, eval_every, max_new, backend,
-        tlt_kw))
-    shared = None if isinstance(backend, str) and backend == "local" else shared
-    runs = {(v, seed): build_run(v, seed, policy, tokenizer, problems, reward, grpo,
-                                 drafter_head, shared, tlt_kw,
-                                 store.state_dir((v, seed)) if store is not None else None)
-            for seed in seeds for v in variants}
-    if store is not None:
-        store.restore(runs)
-        store.save_settings()
-    evals = store.evals if store is not None else []
-    evaluate = partial(evaluate_runs, runs, evals, eval_problems, tokenizer, max_new)
-    try:
-        lockstep(runs, Turns(runs, shared, grpo.rollout.workers, policy), steps,
-                 partial(evaluation_due, steps=steps, eval_every=eval_every), evaluate, store,
-                 progress)
-    finally:
-        if shared is not None and isinstance(backend, str):
-            shared.close()
-    return _ablation_of(runs, evals)
+    # a folder saved on wall-time sim seconds resumes on them (workbench.clock)
+    with sim_seconds(saved_sim_seconds(checkpoint_dir) or sim_seconds_kind()):
+        store = _open_store(checkpoint_dir, checkpoint_every, steps, ablation_settings(
+            variants, seeds, grpo, problems, reward, eval_problems, eval_every, max_new, backend,
+            tlt_kw))
+        shared = None if isinstance(backend, str) and backend == "local" else shared
+        runs = {(v, seed): build_run(v, seed, policy, tokenizer, problems, reward, grpo,
+                                     drafter_head, shared, tlt_kw,
+                                     store.state_dir((v, seed)) if store is not None else None)
+                for seed in seeds for v in variants}
+        if store is not None:
+            store.restore(runs)
+            store.save_settings()
+        evals = store.evals if store is not None else []
+        evaluate = partial(evaluate_runs, runs, evals, eval_problems, tokenizer, max_new)
+        try:
+            lockstep(runs, Turns(runs, shared, grpo.rollout.workers, policy), steps,
+                     partial(evaluation_due, steps=steps, eval_every=eval_every), evaluate, store,
+                     progress)
+        finally:
+            if shared is not None and isinstance(backend, str):
+                shared.close()
+        return _ablation_of(runs, evals)
 
 
 def _ablation_of(runs: dict, evals: list[dict]) -> Ablation:

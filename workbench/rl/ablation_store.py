@@ -36,12 +36,13 @@ import pandas as pd
 
 from ..atomic import atomic_dir, write_json
 from ..checks import check_int
-from ..clock import reads_cpu_time
+from ..clock import sim_seconds_kind
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
 from .remedies.compare import accuracy_over_seeds
 
-__all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations"]
+__all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations",
+           "saved_sim_seconds"]
 
 SETTINGS_FILE = "ablation.json"
 PROGRESS_FILE = "progress.json"
@@ -53,8 +54,8 @@ def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, ev
     seeds in run order (the lockstep's rotation follows it), the GRPO config, TLT's
     arguments, a digest of the RL pool and of the held-out problems, the reward's name, the
     held-out evaluation's settings, the backend (its clock), and what a sim second is in
-    this process (``workbench.clock``: the thread's CPU time with torch on one thread, else
-    wall time; a run resumed with another thread count would add seconds of another kind).
+    this scope (``workbench.clock.sim_seconds_kind``: thread CPU time; ``"wall"`` in a folder
+    saved before, which resumes on it: :func:`saved_sim_seconds`).
     ``steps`` is not among them: a finished ablation goes on to a larger ``steps``."""
     evaluation = None if eval_problems is None else {
         "problems": _digest(eval_problems), "count": len(eval_problems), "every": eval_every,
@@ -64,7 +65,7 @@ def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, ev
             "reward": getattr(reward, "__qualname__", type(reward).__qualname__),
             "eval": evaluation,
             "backend": backend if isinstance(backend, str) else type(backend).__name__,
-            "sim_seconds": "thread_cpu" if reads_cpu_time("sim") else "wall"}
+            "sim_seconds": sim_seconds_kind()}
 
 
 def _digest(items) -> str:
@@ -151,6 +152,16 @@ class AblationStore:
             trainer.save_checkpoint(self.state_dir(key))
         self.steps_done = step
         self.save_evals()
+
+
+def saved_sim_seconds(folder) -> str | None:
+    """What a sim second was in the ablation saved in ``folder`` (``workbench.clock``): a run
+    resumed there goes on measuring the same kind (``clock.sim_seconds``); None where no
+    ablation recorded one (no folder yet: a new run measures thread CPU time)."""
+    path = None if folder is None else Path(folder) / SETTINGS_FILE
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("sim_seconds")
 
 
 def _check_same(saved: dict, settings: dict, path: Path) -> None:
