@@ -44,7 +44,10 @@ def _ablation(tokenizer, steps, folder=None, seeds=(0, 1), **kw):
 @pytest.fixture(scope="module")
 def straight(tokenizer):
     """``straight(steps)``: the ablation run straight through, once per module and length
-    (the tests only read it)."""
+    (the tests only read it). Every test that compares with it runs on the tick clock
+    (``tick_clock``: each reading 1/1024 s after the one before), which it is then run on too:
+    whatever a run decides by the measured clock (an early stop, which groups finish first)
+    it decides alike straight, interrupted and resumed, however loaded the machine."""
     done = {}
 
     def run(steps: int):
@@ -93,7 +96,8 @@ def _interrupted(tokenizer, steps, folder, after: int, monkeypatch, **kw) -> Non
 
 
 def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tmp_path,
-                                                                    monkeypatch, straight):
+                                                                    monkeypatch, straight,
+                                                                    tick_clock):
     whole = straight(5)
     folder = tmp_path / "ckpt"
     # interrupted inside step 3 (0-based): 2 variants x 2 seeds x 3 steps, then 2 runs more
@@ -117,7 +121,8 @@ def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tm
 def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(tokenizer,
                                                                           tmp_path,
                                                                           monkeypatch,
-                                                                          straight):
+                                                                          straight,
+                                                                          tick_clock):
     """A save interrupted between runs leaves some a step ahead: they wait for the rest."""
     whole = straight(3)
     folder = tmp_path / "ckpt"
@@ -134,7 +139,7 @@ def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(toke
 
 
 def test_seeds_run_apart_watched_and_merged_give_the_ablation_run_together(
-        tokenizer, tmp_path, monkeypatch, straight, capsys):
+        tokenizer, tmp_path, monkeypatch, straight, capsys, tick_clock):
     """Each seed in a process (here: a call) of its own, interrupted or not, watched from their
     progress files, then merged: the merged folder resumes and returns what one call with both
     seeds returns."""
@@ -240,13 +245,6 @@ def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, t
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"steps=0, but .* already holds 1 steps.*steps >= 1"):
         _ablation(tokenizer, 0, folder)
-    torch.set_num_threads(2)  # a sim second is wall time now, not the thread's CPU time
-    try:
-        with pytest.raises(ValueError, match=r"sim_seconds: saved 'thread_cpu', this call "
-                                             r"'wall'"):
-            _ablation(tokenizer, 2, folder)
-    finally:
-        torch.set_num_threads(1)
     with pytest.raises(ValueError, match="checkpoint_every must be None or an integer >= 1, "
                                          "got 0"):
         _ablation(tokenizer, 1, tmp_path / "other", checkpoint_every=0)
@@ -297,3 +295,23 @@ def test_a_restored_tlt_run_keeps_its_timelines_bandit_and_drafter(tokenizer, tm
     assert back.spot.version == saved.spot.version > 0
     assert all(torch.equal(a, b) for a, b in zip(saved.drafter.head.state_dict().values(),
                                                  back.drafter.head.state_dict().values()))
+
+
+def test_a_folder_saved_on_wall_sim_seconds_resumes_on_them_and_a_new_one_on_cpu_time(
+        tokenizer, tmp_path, monkeypatch):
+    import workbench.clock as clock
+    walls = []
+    wall = clock._wall
+    monkeypatch.setattr(clock, "_wall", lambda: walls.append(1) or wall())
+    folder = tmp_path / "ckpt"
+    torch.set_num_threads(2)  # the notebooks' threads: a new run still reads thread CPU time
+    try:
+        _ablation(tokenizer, 1, folder)
+        assert json.loads((folder / "ablation.json").read_text())["sim_seconds"] == "thread_cpu"
+        assert walls == [] and torch.get_num_threads() == 2
+        settings = json.loads((folder / "ablation.json").read_text())
+        (folder / "ablation.json").write_text(json.dumps({**settings, "sim_seconds": "wall"}))
+        _ablation(tokenizer, 2, folder)  # saved before the CPU clock: resumed on wall time
+        assert walls and clock.sim_seconds_kind() == "thread_cpu"
+    finally:
+        torch.set_num_threads(1)
