@@ -30,15 +30,21 @@ def test_the_local_system_runs_the_grpo_steps_and_records_both_times(tokenizer):
 
 
 def test_the_measures_of_a_comparison():
-    """sim_error is |sim - wall| / wall per step (its median in the metrics); the overhead and
-    the wall speedup are means per step; tokens equal means one digest per step."""
-    rows = [("local", 0, 1.0, 2.0, 0.0, "a"), ("local", 1, 2.0, 4.0, 0.0, "b"),
-            ("ray-2", 0, 1.25, 1.5, 0.25, "a"), ("ray-2", 1, 1.6, 2.0, 0.35, "b")]
-    steps = pd.DataFrame(rows, columns=["system", "step", "makespan_s", "wall_s", "overhead_s",
-                                        "tokens_digest"]).assign(weights_s=0.01)
+    """sim_error is |sim - wall| / wall per step, Ray's dispatch out of the wall makespan (its
+    median in the metrics); the overhead and the wall speedup are means per step; tokens equal
+    means one digest per step; each system's disturbed share pools its steps' seconds."""
+    rows = [("local", 0, 1.0, 0.0, 2.0, 0.0, "a"), ("local", 1, 2.0, 0.0, 4.0, 0.0, "b"),
+            ("ray-2", 0, 1.35, 0.1, 1.5, 0.25, "a"), ("ray-2", 1, 1.8, 0.2, 2.0, 0.35, "b")]
+    usage = [(1.0, 0.0, 1.0), (2.0, 0.0, 2.0), (2.5, 2.5, 1.25), (3.2, 0.0, 3.2)]
+    steps = pd.DataFrame(rows, columns=["system", "step", "makespan_s", "dispatch_s", "wall_s",
+                                        "overhead_s", "tokens_digest"]).assign(weights_s=0.01)
+    steps[["measured_s", "disturbed_s", "cpu_s"]] = usage
     comparison = BackendComparison(steps)
     assert comparison.sim_error("ray-2").tolist() == pytest.approx([0.2, 0.25])
     m = comparison.metrics("ray-2")
     assert m["sim_error"] == pytest.approx(0.225) and m["ray_overhead_s_per_step"] == 0.3
+    assert m["ray_dispatch_s_per_step"] == pytest.approx(0.15)
+    assert m["ray_disturbed_share"] == pytest.approx(2.5 / 5.7)
+    assert m["ray_cpu_share"] == pytest.approx(4.45 / 5.7) and m["sim_disturbed_share"] == 0
     assert m["wall_speedup_ray"] == pytest.approx(3.0 / 1.75) and m["tokens_equal"]
     assert not BackendComparison(steps.assign(tokens_digest=list("abcb"))).tokens_equal()

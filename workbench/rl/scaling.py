@@ -17,9 +17,16 @@ overhead_s   what Ray adds to a step outside the workers' steps: results back (`
              minus ``makespan_s``) plus the new policy's weights out (``weights_s``:
              ``update_weights``, one ``ray.put``). 0 for the local backend, which shares the
              policy in memory.
-sim_error    the relative error of the sim clock's prediction of the wall makespan,
-             ``|sim - wall| / wall`` per step, for the local run against Ray with as many
-             actors as it has workers.
+dispatch_s   on Ray, the wait from the driver's submit to the first step of any worker
+             (Ray's dispatch: the call reaching the actors), which no simulated worker has;
+             0 for the local backend.
+sim_error    the relative error of the sim clock's prediction of the workers' wall makespan,
+             ``|sim - (wall - dispatch)| / (wall - dispatch)`` per step, for the local run
+             against Ray with as many actors as it has workers: the sim clock times the
+             workers' work, and Ray's dispatch is reported beside it (``dispatch_s``).
+disturbed    ``disturbed_share`` and ``cpu_share`` of each system's steps (``Timeline.usage_s``,
+             ``workbench.clock``: on Ray each actor measures its own process): a wall
+             makespan stretched by other work on the machine says so.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from ..adapt import SpotConfig
 from ..checks import check_int
 from ..rollout import RolloutEngine
 from ..rollout.backend import LocalBackend
+from ..rollout.timeline import usage_shares
 from .config import GRPOConfig
 from .grpo import GRPO
 from .tlt import TLTConfig, TLTTrainer, tokens_digest
@@ -43,10 +51,11 @@ __all__ = ["BackendComparison", "compare_backends", "compare_idle_rules"]
 
 @dataclass
 class BackendComparison:
-    """Per system and RL step: ``makespan_s``, ``wall_s``, ``weights_s``, ``overhead_s``,
-    ``clock``, ``workers``, ``start_s`` (starting the workers, before any step: Ray's
-    actors import torch and build their policy) and ``tokens_digest`` (module docstring) in
-    ``steps``."""
+    """Per system and RL step: ``makespan_s``, ``dispatch_s``, ``wall_s``, ``weights_s``,
+    ``overhead_s``, ``clock``, ``workers``, ``start_s`` (starting the workers, before any
+    step: Ray's actors import torch and build their policy), the rollout's ``measured_s``,
+    ``disturbed_s`` and ``cpu_s`` (``Timeline.usage_s``) and ``tokens_digest`` (module
+    docstring) in ``steps``."""
 
     steps: pd.DataFrame
 
@@ -57,18 +66,32 @@ class BackendComparison:
     def per_system(self) -> pd.DataFrame:
         """Mean makespan, wall time and overhead per step of each system."""
         return (self.steps.groupby("system", sort=False)[
-            ["makespan_s", "wall_s", "weights_s", "overhead_s"]].mean().reset_index())
+            ["makespan_s", "dispatch_s", "wall_s", "weights_s", "overhead_s"]].mean()
+            .reset_index())
 
     def sim_error(self, ray_system: str) -> pd.Series:
-        """Per step, ``|sim - wall| / wall`` of the local run against ``ray_system``."""
-        by = self.steps.set_index(["system", "step"])["makespan_s"]
-        sim, wall = by["local"], by[ray_system]
+        """Per step, ``|sim - wall| / wall`` of the local run against ``ray_system``, Ray's
+        dispatch taken out of its wall makespan (module docstring)."""
+        by = self.steps.set_index(["system", "step"])
+        sim = by.loc["local", "makespan_s"]
+        wall = by.loc[ray_system, "makespan_s"] - by.loc[ray_system, "dispatch_s"]
         return ((sim - wall).abs() / wall).rename("sim_error")
+
+    def usage(self, system: str) -> dict[str, float]:
+        """``disturbed_share`` and ``cpu_share`` of ``system``'s steps, pooled by their
+        seconds (``rollout.timeline.usage_shares``)."""
+        mine = self.steps[self.steps["system"] == system]
+        return usage_shares(mine[["measured_s", "disturbed_s", "cpu_s"]].to_dict("records"))
 
     def metrics(self, ray_system: str) -> dict:
         """notebook 08's metrics.json figures against ``ray_system`` (e.g. ``"ray-2"``)."""
         per = self.per_system().set_index("system")
+        ray_usage, sim_usage = self.usage(ray_system), self.usage("local")
         return {"ray_makespan_s": float(per.loc[ray_system, "makespan_s"]),
+                "ray_dispatch_s_per_step": float(per.loc[ray_system, "dispatch_s"]),
+                "ray_disturbed_share": ray_usage["disturbed_share"],
+                "ray_cpu_share": ray_usage["cpu_share"],
+                "sim_disturbed_share": sim_usage["disturbed_share"],
                 "sim_makespan_s": float(per.loc["local", "makespan_s"]),
                 "sim_error": float(self.sim_error(ray_system).median()),
                 "ray_overhead_s_per_step": float(per.loc[ray_system, "overhead_s"]),
@@ -133,7 +156,8 @@ def _run(name, policy, tokenizer, problems, reward, grpo, steps, backend, thread
             started = time.perf_counter()
             rl = trainer.rollout()
             wall = time.perf_counter() - started
-            makespan = rl.result.timeline.makespan_s
+            timeline = rl.result.timeline
+            makespan = timeline.makespan_s
             # 2) the update, then its weights out to the workers that hold copies
             trainer.update(rl)
             started = time.perf_counter()
@@ -144,6 +168,8 @@ def _run(name, policy, tokenizer, problems, reward, grpo, steps, backend, thread
                          "weights_s": weights,
                          "overhead_s": (max(0.0, wall - makespan) + weights
                                         if backend.runs_copies else 0.0),
+                         "dispatch_s": float(timeline.steps["start_s"].min()),
+                         **timeline.usage_s(),
                          "tokens_digest": tokens_digest(rl.result)})
             if progress:
                 print(f"{name} step {step}: makespan {makespan:.2f} s ({backend.clock}), "
