@@ -365,7 +365,8 @@ def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[li
                           f"variants of {list(ALL_VARIANTS)}")
     seeds = check_list("seeds", seeds, lambda name, seed: check_int(name, seed, 0, SEED_MAX),
                        f"integers in [0, {SEED_MAX}]")
-    check_int("eval_every", eval_every, 1, optional=True)
+    if eval_every is not None:
+        check_int("eval_every", eval_every, 1)
     return variants, seeds
 
 
