@@ -20,7 +20,7 @@ from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import EagleTrainer
 
 from .conftest import PROMPTS, tiny_model
-from .test_ray_backend import SlowOn
+from .gates import HeldOn, Signalled
 from .test_worker_backend import BrokenDrafter
 
 COUPLED = RolloutConfig(max_new_tokens=24, workers=2, temperature=1.0, seed=3)
@@ -53,6 +53,8 @@ class LostJob(drafter_job.DrafterJob):
 
     def run(self, window, clock):
         if window.worker == 1:
+            if getattr(self, "marks", None) is not None:  # a gate waits for it to begin
+                (Path(self.marks) / f"job-{window.worker}").touch()
             if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
                 os._exit(1)
             raise RuntimeError("worker 1 lost in its window (pretend)")
@@ -241,10 +243,20 @@ def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_ser
     config = replace(COUPLED, harvest=True)
     spot = _ray_spot(model, tmp_path)
     before = copy.deepcopy(spot.serving.head.state_dict())
-    with monkeypatch.context() as patch:  # worker 1 finishes first and dies in its job
-        patch.setattr(drafter_job, "DrafterJob", LostJob)
+    # worker 1 finishes first and dies in its job: worker 0 is held at its first decode step
+    # until that job has begun (tests/gates.py), an order no load can change
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+
+    def lost(*args, **kw):
+        job = LostJob(*args, **kw)
+        job.marks = str(first)
+        return job
+    with monkeypatch.context() as patch:
+        patch.setattr(drafter_job, "DrafterJob", lost)
         tail = spot.tail(2)
-        res = engine.rollout(PROMPTS, config, schedule=SlowOn(0), tail=tail, progress=False)
+        res = engine.rollout(PROMPTS, config, schedule=HeldOn(0, first, "job-1"), tail=tail,
+                             progress=False)
     out = spot.merge(res, tail)
     assert out["drafter_failed_workers"] == 1 and out["drafter_steps"] == 0
     assert spot.version == 0 and not (tmp_path / "head").exists()  # nothing published
@@ -252,13 +264,15 @@ def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_ser
     assert all(torch.equal(served[k], before[k]) for k in before)
     assert res.timeline.steps.query("kind == 'failed'")["worker"].tolist() == [1]
     # the next step: the replaced actor trains a copy on its own policy, which the job
-    # never carried; the copy is the one the same training gives here
+    # never carried; the copy is the one the same training gives here. Worker 0 is held
+    # until the copy has taken both its steps (max_steps)
     jobs, real_job = [], drafter_job.DrafterTail.job
     monkeypatch.setattr(drafter_job.DrafterTail, "job",
-                        lambda self, w, returned: jobs.append(real_job(self, w, returned))
-                        or jobs[-1])
+                        lambda self, w, returned: Signalled.around(
+                            jobs.append(real_job(self, w, returned)) or jobs[-1], second))
     tail = spot.tail(2)
-    res = engine.rollout(PROMPTS, config, schedule=SlowOn(0), tail=tail, progress=False)
+    res = engine.rollout(PROMPTS, config, schedule=HeldOn(0, second, "step-2"), tail=tail,
+                         progress=False)
     out = spot.merge(res, tail)
     (job,) = jobs
     assert out["drafter_steps"] == 2 and out["drafter_failed_workers"] == 0 and spot.version == 1

@@ -16,11 +16,11 @@ from workbench.adapt import SpotConfig, SpotTrainer
 from workbench.rollout import (PlainSchedule, RayBackend, RolloutConfig, RolloutEngine,
                                WorkerFailed)
 from workbench.rollout import ray_backend
-from workbench.rollout.schedule import PLAIN
 from workbench.rollout.worker import WorkerTask
 from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model
+from .gates import WAIT_S, HeldOn, Signalled, Together, signal
 from .test_worker_backend import SleepJob, Tail
 
 GREEDY = RolloutConfig(max_new_tokens=24, workers=2)
@@ -45,12 +45,18 @@ def _tokens(model, tokenizer, config, **kw):
     return RolloutEngine(model, tokenizer).rollout(PROMPTS, config, progress=False, **kw).tokens
 
 
-def test_ray_rollouts_equal_the_local_backends_on_the_wall_clock(backend, models, tokenizer):
+def test_ray_rollouts_equal_the_local_backends_on_the_wall_clock(backend, models, tokenizer,
+                                                                tmp_path):
+    """The actors meet at their first decode step (``gates.Together``), so that they decode
+    at once whatever else the machine runs (a loaded one could run one shard whole before
+    the other actor gets a core); the tokens are plain decoding's."""
     old, _ = models
     engine = RolloutEngine(old, tokenizer, backend=backend)
-    for config in (GREEDY, COUPLED):
+    for n, config in enumerate((GREEDY, COUPLED)):
+        (tmp_path / f"rollout{n}").mkdir()
         t = time.time()
-        res = engine.rollout(PROMPTS, config, progress=False)
+        res = engine.rollout(PROMPTS, config, progress=False,
+                             schedule=Together((0, 1), tmp_path / f"rollout{n}"))
         wall = time.time() - t
         assert res.tokens == _tokens(old, tokenizer, config)
         tl = res.timeline
@@ -87,20 +93,6 @@ def test_an_exception_in_fn_is_the_workers_failure_and_bad_input_passes(backend)
     assert backend.map(lambda worker, x: (worker.index, x), [10, 20]) == [(0, 10), (1, 20)]
 
 
-class SlowOn(PlainSchedule):
-    """Plain decoding; worker ``worker`` sleeps ``nap_s`` before each decode step (a long
-    shard: the other worker's idle window is long, ~1 s at 24 tokens, enough for the other
-    shard to come back first on a busy machine). Tokens are plain decoding's."""
-
-    def __init__(self, worker: int, nap_s: float = 0.05):
-        self.worker, self.nap_s = worker, nap_s
-
-    def plan(self, batch_size, worker):
-        if worker == self.worker:
-            time.sleep(self.nap_s)
-        return PLAIN
-
-
 def _check_tail_rows(timeline, runs_on: int, long: int):
     """The drafter rows of ``timeline`` (on worker ``runs_on``) begin while worker ``long``
     still decodes and none ends past the window's end (the long shard's last step) but a
@@ -120,11 +112,16 @@ def _check_tail_rows(timeline, runs_on: int, long: int):
 
 
 def test_a_tail_job_runs_on_the_early_actor_while_the_long_shard_decodes(backend, models,
-                                                                        tokenizer):
+                                                                        tokenizer, tmp_path):
+    """Actor 1 is held at its first decode step until the job on actor 0 has taken two steps
+    (tests/gates.py): actor 0's shard comes back first, and its job runs while actor 1
+    decodes, however loaded the machine."""
     old, _ = models
     engine = RolloutEngine(old, tokenizer, backend=backend)
-    tail = Tail(SleepJob(10_000, 0.01))
-    res = engine.rollout(PROMPTS, GREEDY, schedule=SlowOn(1), tail=tail, progress=False)
+    naps, nap_s = 10_000, 0.01
+    tail = Tail(Signalled(SleepJob(naps, nap_s), tmp_path))
+    res = engine.rollout(PROMPTS, GREEDY, schedule=HeldOn(1, tmp_path, "step-2"), tail=tail,
+                         progress=False)
     assert res.tokens == _tokens(old, tokenizer, GREEDY)
     (window, returned), = tail.asked  # asked once: when worker 0's shard came back alone
     assert window.worker == 0 and returned == [0] and window.end_s == float("inf")
@@ -133,30 +130,43 @@ def test_a_tail_job_runs_on_the_early_actor_while_the_long_shard_decodes(backend
     assert run.windows[0].end_s == res.timeline.makespan_s  # closed at the long shard's end
     assert len(run.outcomes[0]["done"]) >= 2
     assert _check_tail_rows(res.timeline, runs_on=0, long=1) > 0
-    assert 0 < run.stop_wait_s < 1.0  # the step in flight, not the job's 10 000 naps
+    # the step in flight at most, not the job's naps left (100 s of them)
+    assert 0 < run.stop_wait_s < (naps - len(run.outcomes[0]["done"]) - 1) * nap_s
 
 
 def test_the_drafter_trains_on_the_early_actor_while_the_long_shard_decodes(backend, models,
-                                                                           tokenizer):
+                                                                           tokenizer, tmp_path,
+                                                                           monkeypatch):
     """issue 21: the spot trainer's copy starts on actor 0 as soon as its shard is back and
     stops when actor 1's is; the tokens are the local backend's (greedy and coupled); the one
-    copy is the merge, published whole: it drafts, losslessly."""
+    copy is the merge, published whole: it drafts, losslessly. The order is fixed by gates
+    (tests/gates.py), not by naps a loaded machine can outrun: actor 1 is held at its first
+    decode step until the copy has taken two whole steps, and the copy's third step stays in
+    flight until the rollout is back, so the stop settles it at exactly two steps without
+    waiting for the step in flight (a driver that waited would wait ``WAIT_S``)."""
+    from workbench.adapt import drafter_job
     old, _ = models
     engine = RolloutEngine(old, tokenizer, backend=backend)
     torch.manual_seed(1)
     drafter = EagleDrafter(EagleHead(old).eval(), old)
     spot = SpotTrainer(old, drafter, SpotConfig.flat(batch_size=4, max_steps=400))
-    for config in (GREEDY, COUPLED):
+    real_job = drafter_job.DrafterTail.job
+    for n, config in enumerate((GREEDY, COUPLED)):
+        marks = tmp_path / f"rollout{n}"
+        marks.mkdir()
+        monkeypatch.setattr(drafter_job.DrafterTail, "job", lambda self, window, returned:
+                            Signalled.around(real_job(self, window, returned), marks, hold=3))
         tail = spot.tail(2)
-        res = engine.rollout(PROMPTS, replace(config, harvest=True), schedule=SlowOn(1),
-                             tail=tail, progress=False)
+        res = engine.rollout(PROMPTS, replace(config, harvest=True), tail=tail, progress=False,
+                             schedule=HeldOn(1, marks, "step-2"))
+        signal(marks, "release")  # the copy's third step may end now
         assert res.tokens == _tokens(old, tokenizer, config)
         inside = _check_tail_rows(res.timeline, runs_on=0, long=1)
         (trained,) = res.idle.outcomes
         out = spot.merge(res, tail)
-        assert out["drafter_steps"] == len(trained.losses) >= 2 and out["drafter_workers"] == 1
+        assert out["drafter_steps"] == len(trained.losses) == 2 and out["drafter_workers"] == 1
         assert out["drafter_train_s"] <= inside and out["drafter_overrun_s"] == 0
-        assert 0 < out["drafter_stop_wait_s"] < 1.0
+        assert 0 < out["drafter_stop_wait_s"] < WAIT_S  # the step in flight not waited for
         served = drafter.head.state_dict()  # one copy: the merge is that copy
         assert all(torch.equal(served[k], trained.state["model"][k]) for k in served)
     assert spot.version == 2
@@ -269,14 +279,28 @@ def test_close_undoes_only_the_ray_init_that_the_backend_made(backend, models, m
 
 
 def test_an_address_that_cannot_be_reached_is_named_within_seconds(monkeypatch):
+    """Named by one connection attempt bounded by ``CONNECT_TIMEOUT_S`` (a few seconds),
+    before Ray's own connect (which retries for a minute) is tried: checked on the calls
+    made, not on a stopwatch that a loaded machine stretches."""
+    from workbench import ray_cluster
+    tries, real_connect = [], socket.create_connection
+
+    def connect(address, timeout=None, *args, **kw):
+        tries.append(timeout)
+        return real_connect(address, timeout, *args, **kw)
+
+    def init(*args, **kw):
+        raise AssertionError("ray.init was called for an address that does not answer")
+    monkeypatch.setattr(socket, "create_connection", connect)
+    monkeypatch.setattr(ray_cluster.ray, "init", init)
     with socket.socket() as s:  # a port that nothing listens on
         s.bind(("127.0.0.1", 0))
         free = f"127.0.0.1:{s.getsockname()[1]}"
     for address in (free, "127.0.0.1:1"):
-        t = time.monotonic()
+        tries.clear()
         with pytest.raises(ConnectionError, match=f"no Ray cluster answers at '{address}'"):
             RayBackend(address=address).start(lambda w: 1 / 0)
-        assert time.monotonic() - t < 5
+        assert tries == [ray_cluster.CONNECT_TIMEOUT_S] and ray_cluster.CONNECT_TIMEOUT_S <= 5
     monkeypatch.setenv("RAY_ADDRESS", free)
     with pytest.raises(ConnectionError, match=free):
         RayBackend().start(lambda w: 1 / 0)
