@@ -105,15 +105,17 @@ def test_a_layout_draws_whole_groups_and_deals_them_round_robin():
 
 
 def test_1024_workers_of_64_requests_run_within_10_s():
+    """Within 10 s of this process's CPU time (``time.process_time``), which other processes
+    on the cores do not stretch as they stretch wall time (under load the wall time doubled)."""
     trace = lognormal_trace()
     cost = StepCost(pd.DataFrame({"batch_size": [1, 64, 1, 64], "kind": ["plain"] * 2 +
                                   ["chain:k=4"] * 2, "seconds": [0.02, 0.03, 0.03, 0.07],
                                   "tau": [1.0, 1.0, 3.0, 3.0]}))
-    start = time.perf_counter()
+    start = time.process_time()
     p = simulate(trace, cost, workers=1024, per_worker=64, threshold=16, strategy="chain:k=4",
                  drafter_step_s=0.1)
     s = p.summary()
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     assert s["requests"] == 1024 * 64 and s["sd_speedup"] > 1
 
 
