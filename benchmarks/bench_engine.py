@@ -19,7 +19,7 @@ import statistics
 import pandas as pd
 import torch
 
-from common import CpuShares, add_common, add_result, header, print_table, ratio_cells, record
+from common import add_common, add_result, disturbed_of, header, print_table, ratio_cells, record
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
@@ -50,13 +50,12 @@ def forward_share(steps) -> float:
     return float(dec["forward_s"].sum() / (dec["end_s"] - dec["start_s"]).sum())
 
 
-def measure(engine, model, tok, prompts, bs, args, shares: CpuShares) -> tuple[dict, dict]:
-    """One batch size: engine and HF interleaved; a row of the printed table and the figures
-    of the result file (each timed call's CPU share into ``shares``)."""
+def measure(engine, model, tok, prompts, bs, args) -> tuple[dict, dict, pd.DataFrame]:
+    """One batch size: engine and HF interleaved; a row of the printed table, the figures of
+    the result file and the summary (its disturbed share)."""
     n = args.max_new_tokens
-    runs = interleave({"engine": shares.wrap(lambda: engine_generate(engine, prompts, bs, n)),
-                       "hf_generate": shares.wrap(lambda: hf_generate(model, tok, prompts, bs,
-                                                                      n))},
+    runs = interleave({"engine": lambda: engine_generate(engine, prompts, bs, n),
+                       "hf_generate": lambda: hf_generate(model, tok, prompts, bs, n)},
                       args.repeats, warmup=args.warmup)
     for r, ((tokens, _), ref) in enumerate(zip(runs.outputs["engine"],
                                                runs.outputs["hf_generate"])):
@@ -74,7 +73,7 @@ def measure(engine, model, tok, prompts, bs, args, shares: CpuShares) -> tuple[d
             "engine tok/s": f"{n_tokens / stats.loc['engine', 'value']:.1f}",
             "HF generate tok/s": f"{n_tokens / stats.loc['hf_generate', 'value']:.1f}",
             **ratio_cells(stats.loc["engine"]), "forward share": f"{statistics.median(shares):.1%}",
-            "spread_wide": bool(stats.loc["engine", "spread_wide"])}, figures
+            "spread_wide": bool(stats.loc["engine", "spread_wide"])}, figures, stats
 
 
 def main():
@@ -92,11 +91,12 @@ def main():
     model, tok = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     engine = RolloutEngine(model, tok)
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=HELDOUT_SEED)]
-    rows, figures, shares = [], {}, CpuShares()
+    rows, figures, summaries = [], {}, []
     for bs in args.batch_sizes:
-        row, mine = measure(engine, model, tok, prompts, bs, args, shares)
+        row, mine, stats = measure(engine, model, tok, prompts, bs, args)
         rows.append(row)
         figures.update(mine)
+        summaries.append(stats)
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     print("\n" + header(ap, args, f"model={args.model} device={args.device} dtype={args.dtype} "
@@ -108,7 +108,7 @@ def main():
     record(args, f"Rollout engine vs HF generate, greedy, same tokens: engine tok/s over HF "
            f"tok/s (median of per-repeat ratios) at batch sizes {args.batch_sizes}, "
            f"{args.prompts} held-out prompts, max_new_tokens={args.max_new_tokens}, "
-           f"{args.device} {args.dtype}", figures, "wall", shares.disturbed(),
+           f"{args.device} {args.dtype}", figures, "wall", disturbed_of(*summaries),
            headline=[f"ratio_bs{bs}" for bs in args.batch_sizes])
 
 

@@ -43,7 +43,7 @@ import warnings
 import pandas as pd
 import torch
 
-from common import CpuShares, add_result, command_line, print_table, ratio_cells, record
+from common import add_result, command_line, disturbed_of, print_table, ratio_cells, record
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
 from workbench.rl import GRPO, GRPOConfig
@@ -288,10 +288,10 @@ def main():
         config = trl_config(args, out_dir, rounds, ours.config.train.clip_norm,
                             ours.config.train.betas[1])
         trl = TRLStepper(copy.deepcopy(policy), tok, trl_dataset(ours, rounds), config)
-        shares = CpuShares()
-        runs = interleave({"trl": shares.wrap(trl.step),
-                           "ours": shares.wrap(lambda: ours_step(ours))}, args.steps,
-                          warmup=args.warmup)
+        # redo=0: a step cannot run again (each system's state moves on, and TRL's run has
+        # exactly warmup + steps); a disturbed step is kept and counted in disturbed_share
+        runs = interleave({"trl": trl.step, "ours": lambda: ours_step(ours)}, args.steps,
+                          warmup=args.warmup, redo=0)
     check_same_prompts(runs, args)
     stats = summarize(runs, baseline="trl", wide=args.wide).set_index("system")
     table = system_table(runs, stats)
@@ -309,7 +309,7 @@ def main():
            f"over ours per step (median of per-step ratios), P={args.prompts} G={args.samples} "
            f"max_new_tokens={args.max_new_tokens}, {args.steps} timed steps, "
            f"threads={torch.get_num_threads()}", step_figures(runs, stats), "wall",
-           shares.disturbed(), headline=["step_ratio", "ours_step_s", "trl_step_s"])
+           disturbed_of(stats), headline=["step_ratio", "ours_step_s", "trl_step_s"])
 
 
 if __name__ == "__main__":

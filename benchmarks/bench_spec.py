@@ -21,7 +21,7 @@ import argparse
 import pandas as pd
 import torch
 
-from common import (CpuShares, add_common, add_result, header, print_table, ratio_cells,
+from common import (add_common, add_result, disturbed_of, header, print_table, ratio_cells,
                     record, sim_clock)
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
@@ -97,12 +97,10 @@ def hf_systems(policy, tok, drafters, engine, prompts, k, n) -> dict:
     return runs
 
 
-def against_hf(systems: dict, eos: int, args,
-               shares: CpuShares) -> tuple[pd.DataFrame, dict]:
+def against_hf(systems: dict, eos: int, args) -> tuple[pd.DataFrame, dict, float | None]:
     """Part 2: the systems interleaved; tok/s, ratio to HF generate with spread, same tokens;
-    and the result file's figures (each system's ratio to HF generate)."""
-    runs = interleave({name: shares.wrap(run) for name, run in systems.items()}, args.repeats,
-                      warmup=args.warmup)
+    the result file's figures (each system's ratio to HF generate) and disturbed share."""
+    runs = interleave(systems, args.repeats, warmup=args.warmup)
     cut = [[t[:t.index(eos) + 1] if eos in t else t for t in out]
            for outs in runs.outputs.values() for out in outs]
     reference = cut[0]
@@ -118,7 +116,7 @@ def against_hf(systems: dict, eos: int, args,
                         for c, v in ratio_cells(stats.loc[name], baseline=i == 0).items()},
                      "same tokens": all(m == reference for m in mine),
                      "spread_wide": bool(stats.loc[name, "spread_wide"])})
-    return pd.DataFrame(rows), figures
+    return pd.DataFrame(rows), figures, disturbed_of(stats)
 
 
 def main():
@@ -161,15 +159,15 @@ def main():
            headline=[k for k in curve_figures if k.startswith("speedup_t0_")])
     if args.skip_hf:
         return
-    shares = CpuShares()
-    table, figures = against_hf(hf_systems(policy, tok, drafters, engine, prompts, args.k,
-                                           args.max_new_tokens), tok.eos_token_id, args, shares)
+    table, figures, disturbed = against_hf(hf_systems(policy, tok, drafters, engine, prompts,
+                                                      args.k, args.max_new_tokens),
+                                           tok.eos_token_id, args)
     print_table("Against HF at batch 1, greedy (wall clock; ratio = median of per-repeat "
                 "ratios to HF generate)", table.drop(columns="spread_wide"),
                 table["spread_wide"], args.wide, "systems")
     record(args, f"Against HF at batch 1, greedy: each system's tokens/s over HF generate's "
            f"(median of per-repeat ratios), {args.prompts} held-out prompts, k={args.k}, "
-           f"max_new_tokens={args.max_new_tokens}", figures, "wall", shares.disturbed(),
+           f"max_new_tokens={args.max_new_tokens}", figures, "wall", disturbed,
            name=f"{args.result}_vs_hf")
 
 

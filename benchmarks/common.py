@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -113,22 +112,32 @@ def sim_clock() -> str:
     return "sim-thread-cpu" if clock.reads_cpu_time("sim") else "sim-wall"
 
 
+def disturbed_of(*summaries: pd.DataFrame) -> float | None:
+    """The disturbed share of runs timed by ``workbench.speedup.interleave``: the share of
+    their repeats that stayed disturbed (``summarize``'s ``disturbed_share``, the same for
+    every system of one run), averaged over ``summaries``; None where none measured it."""
+    shares = [float(s["disturbed_share"].iloc[0]) for s in summaries
+              if "disturbed_share" in s and len(s) and pd.notna(s["disturbed_share"].iloc[0])]
+    return sum(shares) / len(shares) if shares else None
+
+
 class CpuShares:
-    """The CPU share of each timed call: the process's CPU seconds over wall seconds times
-    torch's threads (``workbench.provenance``, "disturbed share"). ``wrap(fn)`` times every
-    call of ``fn``; ``disturbed()`` is the share of calls under ``bound``."""
+    """The CPU share of each call timed outside ``interleave`` (which measures its own): the
+    share of a core it got, as ``workbench.clock.usage_probe("wall")`` and ``cpu_share`` read
+    it (the process's CPU seconds per torch thread over wall seconds). ``wrap(fn)`` times
+    every call of ``fn``; ``disturbed()`` is the share of calls under ``bound``."""
 
     def __init__(self):
         self.shares: list[float] = []
 
     def wrap(self, fn):
+        from workbench.clock import cpu_share, usage_probe
+        probe = usage_probe("wall")
+
         def timed(*a, **kw):
-            cpu, wall = time.process_time(), time.perf_counter()
+            before = probe()
             out = fn(*a, **kw)
-            seconds = time.perf_counter() - wall
-            if seconds > 0:
-                self.shares.append((time.process_time() - cpu)
-                                   / (seconds * torch.get_num_threads()))
+            self.shares.append(cpu_share(before, probe()))
             return out
         return timed
 

@@ -180,6 +180,8 @@ def test_figures_from_spread_stats_and_metrics():
 
 
 def test_the_disturbed_share():
+    from workbench.clock import DISTURBED_BELOW
+    assert provenance.DISTURBED_BOUND == DISTURBED_BELOW  # one bound for runs and results
     assert disturbed([1.0, 0.95, 0.5, 0.79]) == 0.5
     assert disturbed([0.7], bound=0.6) == 0.0
     assert disturbed([]) is None
@@ -325,6 +327,10 @@ def test_a_benchmark_records_its_result_with_its_command_line(tmp_path, monkeypa
     args = ap.parse_args(["--result-folder", str(tmp_path)])
     shares = common.CpuShares()
     assert shares.wrap(lambda x: x + 1)(1) == 2 and len(shares.shares) == 1
+    assert 0 <= shares.shares[0] <= 1
+    summary = pd.DataFrame({"system": ["a", "b"], "disturbed_share": [0.5, 0.5]})
+    assert common.disturbed_of(summary, summary.assign(disturbed_share=0.0)) == 0.25
+    assert common.disturbed_of(summary.assign(disturbed_share=float("nan"))) is None
     path = common.record(args, "Demo?", {"ratio": {"value": 1.2, "n": 3}}, "wall",
                          shares.disturbed())
     assert path == tmp_path / "bench_demo.json"

@@ -42,12 +42,14 @@ as the working thread's or the process's CPU time), ``sim-wall`` (the sim clock 
 time: torch on more than one thread), or ``none`` (figures that are not times: acceptance
 lengths, accuracies, counts).
 
-The **disturbed share**: a repeat or step's *CPU share* is the CPU seconds of the work over
-its wall seconds times the threads it may use (``process_time`` delta / (``perf_counter``
-delta x torch threads)); on a quiet machine a CPU-bound run reads close to 1, and beside
-other work on the same cores it falls. The disturbed share is the share of repeats or steps
-whose CPU share fell under ``disturbed_bound`` (:data:`DISTURBED_BOUND`, 0.8):
-:func:`disturbed`. ``null`` when it was not measured.
+The **disturbed share**: a repeat or step's *CPU share* is the share of a core its work got,
+CPU seconds over wall seconds (``workbench.clock.cpu_share``: the working thread's CPU time
+on the sim clock, the process's per torch thread on the wall clock); on a quiet machine a
+CPU-bound run reads close to 1, and beside other work on the same cores it falls. The
+disturbed share is the share of repeats or steps whose CPU share fell under
+``disturbed_bound`` (:data:`DISTURBED_BOUND`, 0.8, ``workbench.clock.DISTURBED_BELOW``):
+``summarize``'s ``disturbed_share`` of ``workbench.speedup``, a run's ``GRPO.usage``, or
+:func:`disturbed` of the shares. ``null`` when it was not measured.
 
 Writing validates everything first (an error names the bad value and what is accepted) and
 writes atomically (``workbench.atomic``); reading validates each file again and names the
