@@ -1,8 +1,9 @@
 """Does a busy machine stretch the sim clock? The same rollout's sim makespan, quiet and beside
-CPU hogs, read as the working thread's CPU time (the sim clock's seconds with torch on one
-thread: ``workbench.clock``) and as wall time (what the sim clock read before).
+CPU hogs, read as the working thread's CPU time with the work on one torch thread (the sim
+clock's seconds: ``workbench.clock``) and as wall time on the process's threads (what the sim
+clock read before, at the notebooks' default of one thread per core).
 
-One rollout of the default policy on N local workers (sim clock, one torch thread, coupled
+One rollout of the default policy on N local workers (sim clock, torch at ``--threads``, coupled
 sampling: the same tokens every time, checked by digest), four ways in every repeat, the order
 rotating: {cpu, wall} seconds x {quiet, loaded}. *Loaded*: ``--hogs`` processes spinning in
 pure Python beside it (as many as the cores: a test suite, a second run). Per reader, the ratio
@@ -38,18 +39,9 @@ SYSTEMS = [("cpu", "quiet"), ("wall", "quiet"), ("cpu", "loaded"), ("wall", "loa
 @contextmanager
 def sim_read_as(reader: str):
     """The sim clock's seconds read as ``reader`` (``cpu``: thread CPU time; ``wall``) inside
-    the scope: through ``clock.sim_seconds`` where the clock chooses its kind per scope, else
-    by replacing ``clock.reads_cpu_time`` (the clock before that)."""
-    if hasattr(clock, "sim_seconds"):
-        with clock.sim_seconds("thread_cpu" if reader == "cpu" else "wall"):
-            yield
-        return
-    saved = clock.reads_cpu_time
-    clock.reads_cpu_time = saved if reader == "cpu" else (lambda which: False)
-    try:
+    the scope (``clock.sim_seconds``)."""
+    with clock.sim_seconds("thread_cpu" if reader == "cpu" else "wall"):
         yield
-    finally:
-        clock.reads_cpu_time = saved
 
 
 def rollout_once(engine, prompts, config, reader: str, hogs: int) -> dict:
@@ -78,10 +70,12 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hogs", type=int, default=os.cpu_count() or 2,
                     help="spinning processes beside a loaded rollout (default: the cores)")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                    help="torch threads of the process (default: torch's, one per core)")
     add_common(ap, repeats=5)
     add_result(ap)
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     print(header(ap, args, "Sim makespan quiet and loaded, CPU-time and wall readers"),
           flush=True)
     model, tokenizer = load_model("default")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from workbench.provenance import DISTURBED_BOUND, disturbed, write_result
+from workbench.clock import DISTURBED_BELOW
+from workbench.provenance import disturbed, write_result
 from workbench.speedup import WIDE_SPREAD, markdown, spread_note
 
 
@@ -107,9 +108,7 @@ def sim_clock() -> str:
     """The clock name (``workbench.provenance.CLOCKS``) of the sim-clock figures measured now:
     thread CPU time or wall time, as ``workbench.clock`` reads sim seconds in this scope."""
     import workbench.clock as clock
-    if hasattr(clock, "sim_seconds_kind"):  # sim work runs on one thread, read as its CPU time
-        return "sim-thread-cpu" if clock.sim_seconds_kind() == "thread_cpu" else "sim-wall"
-    return "sim-thread-cpu" if clock.reads_cpu_time("sim") else "sim-wall"
+    return "sim-thread-cpu" if clock.sim_seconds_kind() == "thread_cpu" else "sim-wall"
 
 
 def disturbed_of(*summaries: pd.DataFrame) -> float | None:
@@ -124,7 +123,7 @@ def disturbed_of(*summaries: pd.DataFrame) -> float | None:
 class CpuShares:
     """The CPU share of each call timed outside ``interleave`` (which measures its own): the
     share of a core it got, as ``workbench.clock.usage_probe("wall")`` and ``cpu_share`` read
-    it (the process's CPU seconds per torch thread over wall seconds). ``wrap(fn)`` times
+    it (the process's CPU seconds over wall seconds). ``wrap(fn)`` times
     every call of ``fn``; ``disturbed()`` is the share of calls under ``bound``."""
 
     def __init__(self):
@@ -141,5 +140,5 @@ class CpuShares:
             return out
         return timed
 
-    def disturbed(self, bound: float = DISTURBED_BOUND) -> float | None:
+    def disturbed(self, bound: float = DISTURBED_BELOW) -> float | None:
         return disturbed(self.shares, bound)

@@ -180,8 +180,6 @@ def test_figures_from_spread_stats_and_metrics():
 
 
 def test_the_disturbed_share():
-    from workbench.clock import DISTURBED_BELOW
-    assert provenance.DISTURBED_BOUND == DISTURBED_BELOW  # one bound for runs and results
     assert disturbed([1.0, 0.95, 0.5, 0.79]) == 0.5
     assert disturbed([0.7], bound=0.6) == 0.0
     assert disturbed([]) is None

@@ -308,7 +308,7 @@ def _add_results(sub) -> None:
     rr.add_argument("--command", required=True,
                     help="the exact command that produced the run (the papermill command)")
     rr.add_argument("--clock", default=None, help="the figures' clock, when the metrics "
-                    "hold no 'clock' (wall, sim-thread-cpu, sim-process-cpu, sim-wall, none)")
+                    "hold no 'clock' (wall, sim-thread-cpu, sim-wall, none)")
     rr.add_argument("--disturbed-share", type=float, default=None,
                     help="when the metrics hold no 'disturbed_share' (default: not measured)")
     rr.add_argument("--folder", default="benchmarks/results", help="where the file goes")

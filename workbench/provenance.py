@@ -37,17 +37,17 @@ max`` and ``min <= value <= max`` must hold where given. A ratio from
 ``ratio_max -> max``, ``repeats -> n`` (:func:`figure_from_stats`).
 
 The **clock** (:data:`CLOCKS`; docs/design.md, "clocks"): ``wall`` (time that passed, one
-process or Ray actors), ``sim-thread-cpu`` / ``sim-process-cpu`` (the sim clock's seconds read
-as the working thread's or the process's CPU time), ``sim-wall`` (the sim clock read as wall
-time: torch on more than one thread), or ``none`` (figures that are not times: acceptance
+process or Ray actors), ``sim-thread-cpu`` (the sim clock's seconds read as the working
+thread's CPU time), ``sim-wall`` (the sim clock read as wall time: a run resumed from a folder
+saved before sim work ran on one thread), or ``none`` (figures that are not times: acceptance
 lengths, accuracies, counts).
 
 The **disturbed share**: a repeat or step's *CPU share* is the share of a core its work got,
 CPU seconds over wall seconds (``workbench.clock.cpu_share``: the working thread's CPU time
-on the sim clock, the process's per torch thread on the wall clock); on a quiet machine a
+on the sim clock, the process's on the wall clock); on a quiet machine a
 CPU-bound run reads close to 1, and beside other work on the same cores it falls. The
 disturbed share is the share of repeats or steps whose CPU share fell under
-``disturbed_bound`` (:data:`DISTURBED_BOUND`, 0.8, ``workbench.clock.DISTURBED_BELOW``):
+``disturbed_bound`` (``workbench.clock.DISTURBED_BELOW``, 0.8):
 ``summarize``'s ``disturbed_share`` of ``workbench.speedup``, a run's ``GRPO.usage``, or
 :func:`disturbed` of the shares. ``null`` when it was not measured.
 
@@ -74,9 +74,10 @@ import pandas as pd
 
 from .atomic import write_text
 from .checks import check_choice, check_fraction, check_int
+from .clock import DISTURBED_BELOW
 from .speedup import WIDE_SPREAD
 
-__all__ = ["SCHEMA", "CLOCKS", "DISTURBED_BOUND", "FIGURE_FIELDS", "RESULT_COLUMNS", "machine",
+__all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "machine",
            "commit", "figure_from_stats", "figures_from_metrics", "disturbed",
            "validate_result", "write_result", "read_result", "read_results", "results_table"]
 
@@ -84,11 +85,9 @@ SCHEMA = 1
 CLOCKS = {
     "wall": "wall seconds (time that passed: one process, or Ray actors)",
     "sim-thread-cpu": "sim clock read as the working thread's CPU time",
-    "sim-process-cpu": "sim clock read as the process's CPU time",
-    "sim-wall": "sim clock read as wall time (torch on more than one thread)",
+    "sim-wall": "sim clock read as wall time (a run saved before one-thread sim work)",
     "none": "not a time (acceptance lengths, accuracies, counts)",
 }
-DISTURBED_BOUND = 0.8
 FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
 FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
                "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
@@ -215,7 +214,7 @@ def figures_from_metrics(metrics: dict, keys) -> dict:
     return figures
 
 
-def disturbed(cpu_shares, bound: float = DISTURBED_BOUND) -> float | None:
+def disturbed(cpu_shares, bound: float = DISTURBED_BELOW) -> float | None:
     """The share of ``cpu_shares`` (one per repeat or step: CPU seconds over wall seconds times
     threads) under ``bound``; None when there are none (not measured)."""
     bound = check_fraction("bound", bound, low_open=True)
@@ -343,7 +342,7 @@ def default_folder() -> Path:
 def write_result(name: str, question: str, figures: dict, *, clock: str,
                  disturbed_share: float | None, command: str,
                  folder: str | os.PathLike | None = None, headline: list | None = None,
-                 disturbed_bound: float = DISTURBED_BOUND, machine_info: dict | None = None,
+                 disturbed_bound: float = DISTURBED_BELOW, machine_info: dict | None = None,
                  git: dict | None = None, date: str | None = None) -> Path:
     """Validate and write ``<folder>/<name>.json`` atomically (default folder:
     ``benchmarks/results`` of this checkout); return its path. ``machine_info``, ``git`` and
