@@ -353,6 +353,12 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     assert m["compared_variant"] == "baseline" and m["e2e_speedup_baseline"] == 1.0
     assert "e2e_speedup_tlt" not in m and "reward_final_tlt" not in m
     assert m["rl_steps"] == 3 and m["accuracy_final_baseline"] == ab.evals["accuracy"].iloc[-1]
+    # what its seconds are, and how much of them other work disturbed: its steps' rows pooled
+    assert m["clock"] == "sim" and m["sim_seconds"] == "thread_cpu"
+    usage = ab.history[["usage_measured_s", "usage_disturbed_s"]].sum()
+    assert m["disturbed_share"] == m["disturbed_share_baseline"] == pytest.approx(
+        usage["usage_disturbed_s"] / usage["usage_measured_s"])
+    assert 0 < m["cpu_share"] <= 1
     assert ab.bandit_choices("tlt").empty and "tokens_per_s" in ab.bandit_choices("tlt")
     with pytest.raises(ValueError, match=r"variant 'tlt' did not run; ran: \['baseline'\]"):
         ab.metrics("tlt")

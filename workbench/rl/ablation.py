@@ -101,6 +101,7 @@ class Ablation:
     history: pd.DataFrame                   # one row per variant, seed, RL step
     evals: pd.DataFrame                     # variant, seed, step, accuracy (held-out, greedy)
     trainers: dict = field(default_factory=dict)   # (variant, seed) -> TLTTrainer
+    sim_seconds: str = "thread_cpu"         # what its sim seconds are (workbench.clock)
 
     def timeline(self, variant: str, seed: int, step: int):
         """The timeline of one RL step of one run."""
@@ -248,8 +249,15 @@ class Ablation:
                 "disturbed_share_baseline": float(b["disturbed_share"]),
                 f"disturbed_share_{v}": float(t["disturbed_share"]),
                 **GRPO.usage(self.history),  # the whole run's disturbed_share and cpu_share
+                "clock": _first(self.history, "clock"), "sim_seconds": self.sim_seconds,
                 "rl_steps": int(self.history["step"].max() + 1),
                 "seeds": int(self.history["seed"].nunique())}
+
+
+def _first(history: pd.DataFrame, column: str) -> str | None:
+    """The first value of ``column`` over every run (None when no run has it)."""
+    values = history[column].dropna() if column in history else []
+    return str(values.iloc[0]) if len(values) else None
 
 
 def _max_or_zero(history: pd.DataFrame, column: str) -> float:
@@ -324,17 +332,17 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
         finally:
             if shared is not None and isinstance(backend, str):
                 shared.close()
-        return _ablation_of(runs, evals)
+        return _ablation_of(runs, evals, sim_seconds_kind())
 
 
-def _ablation_of(runs: dict, evals: list[dict]) -> Ablation:
+def _ablation_of(runs: dict, evals: list[dict], sim_seconds: str) -> Ablation:
     """The ablation's tables from its ``runs`` (``(variant, seed)`` -> trainer, in run
     order): every run's step rows, and the evaluations by step, then in run order."""
     order = list(runs)
     evals.sort(key=lambda e: (e["step"], order.index((e["variant"], e["seed"]))))
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
             for row in tr.grpo.rows]
-    return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs)
+    return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs, sim_seconds)
 
 
 def check_ablation(steps: int, variants, seeds, grpo: GRPOConfig, *,
