@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import command_line
+from common import add_result, command_line, record
 from workbench.memory import release_memory, resident_bytes
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import rl_setup
@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    add_result(ap)
     args = ap.parse_args()
     print(f"Command:\n\n```bash\n{command_line(ap, args)}\n```\n", flush=True)
     s = rl_setup("default", "running_sum", 4000, 8)
@@ -50,6 +51,12 @@ def main():
             print(f"step {step} {name}: {resident_gb():.2f} GB resident", flush=True)
     print(f"release after each step: {args.release}; largest resident set between steps "
           f"{largest:.2f} GB")
+    # one result per way (the two runs are two processes): <result>_release, <result>_no_release
+    record(args, f"Largest resident set between the steps of {len(runs)} runs ({args.variants}) "
+           f"stepped in turn in one process, {args.steps} steps each, freed pages handed back "
+           f"after each step: {args.release}", {"largest_resident_gb": {
+               "value": largest, "n": args.steps * len(runs), "unit": "GB"}}, "none", None,
+           name=f"{args.result}_{'release' if args.release else 'no_release'}")
 
 
 if __name__ == "__main__":

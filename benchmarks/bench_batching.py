@@ -20,8 +20,10 @@ import dataclasses
 import pandas as pd
 import torch
 
-from common import add_common, header, print_table, ratio_cells
+from common import (add_common, add_result, disturbed_of, header, print_table, ratio_cells,
+                    record, sim_clock)
 from workbench.models import load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speedup import interleave, summarize
 from workbench.tasks import get_problems
@@ -62,8 +64,7 @@ def check_same_tokens(runs) -> bool:
     return True
 
 
-def table_of(runs, args) -> pd.DataFrame:
-    stats = summarize(runs, baseline=MODES[0], wide=args.wide).set_index("system")
+def table_of(runs, stats: pd.DataFrame, args) -> pd.DataFrame:
     tokens = sum(len(t) for t in runs.outputs[MODES[0]][0].tokens)
     rows = []
     for mode in MODES:
@@ -92,6 +93,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     add_common(ap, repeats=7)
+    add_result(ap)
     args = ap.parse_args()
     require_batching()
     cfgs = configs(args)  # validates before the model loads
@@ -102,7 +104,8 @@ def main():
     runs = interleave({mode: (lambda c=cfgs[mode]: engine.rollout(prompts, c, progress=False))
                        for mode in MODES}, args.repeats, warmup=args.warmup,
                       measure=lambda res, seconds: res.timeline.makespan_s)
-    table = table_of(runs, args)
+    stats = summarize(runs, baseline=MODES[0], wide=args.wide).set_index("system")
+    table = table_of(runs, stats, args)
     print(header(ap, args, f"model={args.model} task={args.task} one worker, "
                            f"max_batch_size={args.max_batch_size} "
                            f"max_new_tokens={args.max_new_tokens} "
@@ -111,6 +114,15 @@ def main():
     print_table("Continuous batching vs waves (same tokens, checked every repeat); ratio = "
                 "waves makespan over continuous makespan", table.drop(columns="spread_wide"),
                 table["spread_wide"].iloc[1:], args.wide, "comparisons")
+    tokens = sum(len(t) for t in runs.outputs[MODES[0]][0].tokens)
+    record(args, f"Continuous batching vs waves on one worker, same tokens: waves makespan over "
+           f"continuous (median of per-repeat ratios, engine clock), {args.requests} requests, "
+           f"max_batch_size={args.max_batch_size}, max_new_tokens={args.max_new_tokens}, "
+           f"temperature={args.temperature:g}",
+           {"waves_over_continuous": figure_from_stats(stats.loc["continuous"], "x"),
+            **{f"{mode}_tok_s": {"value": tokens / stats.loc[mode, "value"],
+                                 "n": args.repeats, "unit": "tok/s"} for mode in MODES}},
+           sim_clock(), disturbed_of(stats), headline=["waves_over_continuous"])
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from common import add_common, header, print_table
+from bench_spec import sweep_figures
+from common import add_common, add_result, header, print_table, record, sim_clock
 from workbench.compress.data import CALIBRATION_SEED, distill_data
 from workbench.compress.distill import DistillConfig, Distiller, kl_to_teacher
 from workbench.compress.drafter_kd import agreement, distill_drafter, rollout_batches
@@ -226,6 +227,7 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/compressed_drafter")
     add_common(ap, repeats=3)
+    add_result(ap)
     return ap
 
 
@@ -264,6 +266,19 @@ def main():
             bad = table[~table["identical"].astype(bool)]
             raise SystemExit(f"part {name}: SD tokens differ from plain decoding's for "
                              f"{sorted(set(bad['drafter']))}: not lossless")
+    if tau is not None:  # one run each; the bound from step times on the engine clock
+        figures = {f"{m}_{r.drafter.replace(' ', '_')}_k{r.k}": {"value": float(getattr(r, m))}
+                   for r in tau.itertuples() for m in ("tau", "bound")}
+        record(args, f"Compressed drafters {args.students} before/after drafter-KD vs EAGLE at "
+               f"batch 1, greedy, {args.prompts} held-out prompts: tau and the bound "
+               "tau / (k c_draft + c_verify) from step times (one run each)", figures,
+               sim_clock(), None, name=f"{args.result}_tau")
+    if speed is not None:
+        figures = sweep_figures(speed.assign(drafter=speed["drafter"].str.replace(" ", "_")))
+        record(args, f"Does a compressed drafter pay? Speedup over plain decoding (median of "
+               f"per-repeat tokens/s ratios, engine clock) and tau of every drafter at batch "
+               f"sizes {args.batch_sizes}, greedy, {args.prompts} held-out prompts", figures,
+               sim_clock(), None, headline=[k for k in figures if k.startswith("speedup_")])
 
 
 if __name__ == "__main__":

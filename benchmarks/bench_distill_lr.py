@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from common import command_line, print_table
+from common import add_result, command_line, print_table, record
 from workbench.compress.data import seeded_order
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.compress.importance import importance_from_batches
@@ -86,6 +86,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--out", default="runs/distill_lr2.csv",
                     help="the runs' rows, kept as they end; rows already there are not rerun")
+    add_result(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
     setup = compress_setup("default", batch_size=args.batch_size)
@@ -108,6 +109,16 @@ def main():
                 write_table(pd.DataFrame(rows), out)
     print_table("Held-out LM loss (nats) by target and peak lr, mean ± sd over seeds",
                 summary(pd.DataFrame(rows), setup.teacher_loss))
+    figures = {f"{which}_t{target:g}_lr{lr:g}": {
+        "value": float(part[which].mean()), "min": float(part[which].min()),
+        "max": float(part[which].max()), "n": len(part), "unit": "nats"}
+        for (target, lr), part in pd.DataFrame(rows).groupby(["target", "lr"])
+        for which in ("kept", "last")}
+    record(args, f"Which peak lr should distillation default to? Held-out LM loss (mean over "
+           f"seeds {args.seeds}, with their range) of the kept and the last weights of "
+           f"{args.steps}-step logit KD of width-pruned students at targets {args.targets}, by "
+           f"peak lr; teacher {setup.teacher_loss:.4f}", figures, "none", None,
+           headline=[k for k in figures if k.startswith("kept_")])
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ import copy
 import pandas as pd
 import torch
 
-from common import add_common, header, print_table, ratio_cells
+from common import add_common, add_result, disturbed_of, header, print_table, ratio_cells, record
 from workbench.models import DEFAULT_EAGLE, load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative.eagle import EagleHead
 from workbench.speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
@@ -97,6 +98,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
     add_common(ap, repeats=5)
+    add_result(ap)
     args = ap.parse_args()
 
     policy, tok = load_model("default", device="cpu")
@@ -114,6 +116,15 @@ def main():
     same = all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
     steps = {name: t.steps_done for name, t in trainers.items()}
     print(f"\nsteps taken {steps}; same head weights after them: {same}")
+    by = stats.set_index("system")
+    record(args, f"A spot-trainer drafter step: train(steps=1) per step over steps in one "
+           f"session, wall seconds (median of per-repeat ratios), {args.steps} steps of batch "
+           f"{args.batch_size} per repeat", {
+               "speedup": figure_from_stats(by.loc[SYSTEMS[1]], "x"),
+               **{f"{key}_ms_per_step": {"value": 1e3 * by.loc[name, "value"] / args.steps,
+                                         "n": args.repeats, "unit": "ms"}
+                  for key, name in zip(("train1", "step"), SYSTEMS)}},
+           "wall", disturbed_of(stats), headline=["speedup"])
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ import argparse
 
 import pandas as pd
 
-from common import add_common, header, print_table, ratio_cells
+from common import (add_common, add_result, disturbed_of, header, print_table, ratio_cells,
+                    record, sim_clock)
 from workbench.models import DEFAULT_EAGLE, load_model
+from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative.bandit import AdaptiveSchedule
 from workbench.speculative.drafters import EagleDrafter, SlowedDrafter
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--delay", type=float, default=0.01, help="seconds per drafted depth")
     ap.add_argument("--learn", type=int, default=10, help="rollouts the engine learns on first")
     add_common(ap, repeats=40)
+    add_result(ap)
     args = ap.parse_args()
 
     policy, tok = load_model("default")
@@ -86,6 +89,15 @@ def main():
                 summary["spread_wide"], args.wide, "systems")
     print(f"\nSame tokens in every repeat: {same}. What the engine learned:\n")
     print(markdown(schedule.learned()))
+    by = summary.set_index("system")
+    record(args, f"What does TLT's adaptive engine cost where SD cannot pay (drafter slowed "
+           f"{args.delay:g} s per depth)? Plain makespan over TLT's fallen back to plain (median "
+           f"of per-repeat ratios, engine clock), 1 worker x {args.samples} requests, T=1 "
+           f"coupled, after {args.learn} learning rollouts",
+           {"plain_over_tlt": figure_from_stats(by.loc["tlt"], "x"),
+            **{f"{name}_makespan_ms": {"value": 1e3 * by.loc[name, "value"],
+                                       "n": args.repeats, "unit": "ms"} for name in calls}},
+           sim_clock(), disturbed_of(summary), headline=["plain_over_tlt"])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import argparse
 import pandas as pd
 import torch
 
-from common import add_common, header, print_table, ratio_cells
+from common import add_common, add_result, header, print_table, ratio_cells, record, sim_clock
 from workbench.compress.evaluate import decode_throughput
 from workbench.compress.importance import random_scores
 from workbench.compress.plan import head_dim
@@ -47,6 +47,7 @@ def main():
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256])
     ap.add_argument("--decode-tokens", type=int, default=64)
     add_common(ap, repeats=3)
+    add_result(ap)
     args = ap.parse_args()
     torch.manual_seed(0)
     teacher, tok = load_model("default")
@@ -76,6 +77,16 @@ def main():
     print_table("Teacher tokens/s", teacher_rows.round(0))
     print_table("Students against the teacher", table,
                 speed[speed["model"] != "teacher"]["spread_wide"], wide=args.wide)
+    figures = {f"speedup_bs{r.batch}_{r.model.replace(' ', '_')}": {
+        "value": r.ratio, "min": r.ratio_min, "max": r.ratio_max, "n": args.repeats, "unit": "x"}
+        for r in speed.itertuples() if r.model != "teacher"}
+    figures.update({f"teacher_tok_s_bs{r.batch}": {"value": r.tok_s, "n": args.repeats,
+                                                    "unit": "tok/s"}
+                    for r in teacher_rows.itertuples()})
+    record(args, f"Which width plans decode fast? Decode tokens/s of ~{args.target:.0%} pruned "
+           f"students over the teacher's (median of per-repeat ratios, engine clock) at batch "
+           f"sizes {args.batch_sizes}, {args.decode_tokens} tokens", figures, sim_clock(), None,
+           headline=[k for k in figures if k.startswith("speedup_")])
 
 
 if __name__ == "__main__":

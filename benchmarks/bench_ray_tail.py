@@ -22,7 +22,8 @@ import time
 
 import pandas as pd
 
-from common import command_line
+from common import add_result, command_line, record
+from workbench.provenance import figure_from_stats
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import rl_setup
 from workbench.rl.tlt import TLTConfig, TLTTrainer
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    add_result(ap)
     args = ap.parse_args()
     print(f"Command:\n\n```bash\n{command_line(ap, args)}\n```\n", flush=True)
 
@@ -90,6 +92,15 @@ def main():
           f"{stats['ratio']:.3f}, min-max {stats['ratio_min']:.3f}-{stats['ratio_max']:.3f}, "
           f"spread {stats['spread']:.0%}; drafter training inside the tail "
           f"{spot['drafter_train_s'].iloc[1:].sum():.2f} s of {spot['tail_s'].iloc[1:].sum():.2f} s")
+    record(args, f"On Ray (2 actors x 1 thread), does the drafter's training in the rollout's "
+           f"tail cost the RL step wall time? Static-SD step wall s over adaptive-drafter's "
+           f"(median of per-step ratios, steps 1..{args.steps - 1}), P={args.prompts} "
+           f"G={args.samples}, {args.max_new_tokens} tokens",
+           {"static_over_adaptive": figure_from_stats(stats, "x"),
+            "train_share_of_tail": {"value": float(spot["drafter_train_s"].iloc[1:].sum()
+                                                   / spot["tail_s"].iloc[1:].sum()),
+                                    "n": args.steps - 1}},
+           "wall", None, headline=["static_over_adaptive"])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import argparse
 
 import pandas as pd
 
-from common import command_line
+from common import add_result, command_line, record
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import rl_setup
 from workbench.rl.scaling import compare_idle_rules
@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--samples", type=int, default=8, help="G (notebook 04: 8)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    add_result(ap)
     args = ap.parse_args()
     print(f"Command:\n\n```bash\n{command_line(ap, args)}\n```\n", flush=True)
 
@@ -57,6 +58,18 @@ def main():
           f"tau over steps 1..{args.steps - 1} (served by a drafter the rule trained): first "
           f"{wide['accept_len']['first'].iloc[1:].mean():.3f}, all "
           f"{wide['accept_len']['all'].iloc[1:].mean():.3f}")
+    figures = {"all_over_first": {"value": float(total["all"] / max(1, total["first"])),
+                                  "n": args.steps, "unit": "x"}}
+    for rule in ("first", "all"):
+        steps, tau = wide["drafter_steps"][rule], wide["accept_len"][rule].iloc[1:]
+        for name, v in ((f"drafter_steps_{rule}", steps), (f"tau_{rule}", tau)):
+            figures[name] = {"value": float(v.mean()), "min": float(v.min()),
+                             "max": float(v.max()), "n": len(v)}
+    record(args, f"Drafter steps per RL step (mean) when every idle worker trains against the "
+           f"first finisher only, and tau (mean over steps 1..{args.steps - 1}) of the drafter "
+           f"each rule trained; {args.workers} workers, P={args.prompts} G={args.samples}, "
+           f"sim clock, coupled", figures, "none", None,
+           headline=["all_over_first", "tau_first", "tau_all"])
 
 
 if __name__ == "__main__":

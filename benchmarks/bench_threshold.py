@@ -18,8 +18,8 @@ import argparse
 
 import pandas as pd
 
-from bench_spec import sweep_table
-from common import add_common, header, print_table
+from bench_spec import sweep_figures, sweep_table
+from common import add_common, add_result, header, print_table, record, sim_clock
 from workbench.models import load_model
 from workbench.rollout import RolloutEngine
 from workbench.speculative.defaults import default_drafters
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=384)
     add_common(ap, repeats=5)
+    add_result(ap)
     args = ap.parse_args()
 
     policy, tok = load_model("default")
@@ -63,9 +64,16 @@ def main():
     print_table("EAGLE vs plain decoding, by batch size (engine clock, median of per-repeat "
                 "tokens/s ratios)", sweep_table(curve), curve["spread_wide"], args.wide,
                 "configurations")
+    thresholds = {}
     for t in sorted(curve["temperature"].unique()):
-        print(f"\nT = {t}: SD paid at every measured batch up to "
-              f"{measured_threshold(curve, 'eagle', args.k, t)} (0: at none)")
+        threshold = measured_threshold(curve, "eagle", args.k, t)
+        thresholds[f"threshold_t{t:g}"] = {"value": threshold, "unit": "batch"}
+        print(f"\nT = {t}: SD paid at every measured batch up to {threshold} (0: at none)")
+    record(args, f"Where does SD stop paying on this machine? The largest batch size up to which "
+           f"EAGLE (k={args.k}) beat plain decoding at every measured batch size "
+           f"{args.batch_sizes}, greedy and T=1, and the speedups (median of per-repeat tokens/s "
+           f"ratios, engine clock)", {**thresholds, **sweep_figures(curve)}, sim_clock(), None,
+           headline=list(thresholds))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 
+from common import add_result, record
 from workbench.evaluate import evaluate_policy
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.ablation import rl_setup
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ckpt", default="runs/grpo_heldout/state")
+    add_result(ap)
     args = ap.parse_args()
     s = rl_setup(eval_problems=args.eval, reward=args.reward)
     cfg = GRPOConfig.flat(prompts_per_step=args.prompts, samples_per_prompt=args.samples,
@@ -42,9 +44,13 @@ def main():
                           temperature=args.temperature, workers=16, seed=args.seed)
     grpo = GRPO(s.policy, s.tokenizer, s.pool, s.reward, cfg, checkpoint_dir=args.ckpt)
 
+    accuracies = {}  # this run's evaluations (a resumed run's earlier ones are in its log)
+
     def accuracy():
-        return evaluate_policy(grpo.model, s.tokenizer, s.held_out, progress=False,
-                               max_new_tokens=args.max_new_tokens).summary()["accuracy"]
+        acc = evaluate_policy(grpo.model, s.tokenizer, s.held_out, progress=False,
+                              max_new_tokens=args.max_new_tokens).summary()["accuracy"]
+        accuracies[f"accuracy_step{grpo.rl_step}"] = {"value": float(acc)}
+        return acc
 
     if grpo.rl_step == 0:
         print(json.dumps({"step": 0, "accuracy": accuracy()}), flush=True)
@@ -57,6 +63,10 @@ def main():
         if grpo.rl_step % args.every == 0:
             grpo.save_checkpoint(args.ckpt)
             print(json.dumps({"step": grpo.rl_step, "accuracy": accuracy()}), flush=True)
+    if accuracies:
+        record(args, f"Held-out greedy accuracy ({args.eval} problems) every {args.every} steps "
+               f"of baseline GRPO, P={args.prompts} G={args.samples} lr={args.lr:g} "
+               f"kl={args.kl:g}", accuracies, "none", None, headline=[list(accuracies)[-1]])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from common import command_line, print_table
+from common import add_result, command_line, print_table, record
 from workbench import viz
 from workbench.compress.budget import budget_study
 from workbench.compress.budget_summary import budget_summary
@@ -43,6 +43,7 @@ def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     ap.add_argument("--mlp", type=int, default=320, help="the student's MLP size")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak lr of every run")
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    add_result(ap)
     return ap, ap.parse_args()
 
 
@@ -72,6 +73,14 @@ def main():
     print_table("accuracy per method and budget (mean over seeds, two-level bootstrap 95%)",
                 summary)
     print(json.dumps(headline, indent=2))
+    figures = {"teacher_accuracy": {"value": headline["teacher_accuracy"]},
+               **{f"accuracy_{r.method}_b{r.budget_fraction:g}": {"value": r.accuracy,
+                                                                  "n": int(r.seeds)}
+                  for r in summary.itertuples()}}
+    record(args, f"Minitron at our scale: held-out greedy accuracy ({len(problems)} problems, "
+           f"mean over seeds {args.seeds}) of the {plan} student distilled (kd) and from "
+           f"scratch at {args.budgets} of the teacher's pretraining tokens", figures, "none",
+           None)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import argparse
 import json
 import time
 
+from common import add_result, record
 from workbench.evaluate import evaluate_policy
 from workbench.lm_train import final_loss, length_batches, lm_train_config, train_lm
 from workbench.rl.ablation import rl_setup
@@ -30,28 +31,37 @@ def main():
     ap.add_argument("--problems", type=int, default=40_000, help="RL-pool problems to train on")
     ap.add_argument("--eval", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    add_result(ap)
     args = ap.parse_args()
     s = rl_setup(rl_problems=args.problems, eval_problems=args.eval)
     recipe = PolicyRecipe(seed=args.seed)
     examples = encode_examples(s.pool, s.tokenizer)
     batches = length_batches(examples, recipe.tokens_per_batch, seed=args.seed)
 
-    def accuracy():
-        return evaluate_policy(s.policy, s.tokenizer, s.held_out, progress=False,
-                               max_new_tokens=256).summary()["accuracy"]
+    accuracies = {}
 
-    print(json.dumps({"step": 0, "accuracy": accuracy()}), flush=True)
+    def accuracy(step: int):
+        acc = evaluate_policy(s.policy, s.tokenizer, s.held_out, progress=False,
+                              max_new_tokens=256).summary()["accuracy"]
+        accuracies[f"accuracy_step{step}"] = {"value": float(acc)}
+        return acc
+
+    print(json.dumps({"step": 0, "accuracy": accuracy(0)}), flush=True)
     t0 = time.perf_counter()
 
     def on_step(trainer):
         if trainer.steps_done % args.every == 0:
-            print(json.dumps({"step": trainer.steps_done, "accuracy": accuracy(),
+            print(json.dumps({"step": trainer.steps_done, "accuracy": accuracy(trainer.steps_done),
                               "loss": final_loss(trainer, last=20),
                               "wall_s": round(time.perf_counter() - t0)}), flush=True)
 
     config = lm_train_config(recipe, recipe.weight_decay, horizon=args.steps, lr=args.lr,
                              warmup=args.warmup, progress=False, max_minutes=24 * 60)
     train_lm(s.policy, examples, batches, s.tokenizer.pad_token_id, config, on_step=on_step)
+    record(args, f"Held-out greedy accuracy ({args.eval} problems) every {args.every} steps of "
+           f"continued supervised training of the default policy on RL-pool references, "
+           f"lr={args.lr:g}: the yardstick for grpo_heldout", accuracies, "none", None,
+           headline=[list(accuracies)[-1]])
 
 
 if __name__ == "__main__":

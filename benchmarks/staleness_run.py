@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from workbench.adapt import SpotConfig
+from workbench.provenance import figures_from_metrics
 from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
 from workbench.rl.staleness import DRAFTERS, StalenessConfig, staleness_setup
@@ -44,7 +45,7 @@ from workbench.rl.staleness_spool import Spool
 from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
                                            staleness_metrics)
 
-from common import command_line
+from common import add_result, command_line, record, sim_clock
 
 
 def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -77,6 +78,7 @@ def parse() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
                     help="two processes on two cores: the trajectory and the drafters")
     ap.add_argument("--max-ahead", type=int, default=2,
                     help="--split: steps the trajectory may run ahead of the drafters")
+    add_result(ap)
     return ap, ap.parse_args()
 
 
@@ -150,6 +152,20 @@ def main():
     write_metrics(out, {**metrics, "threads": torch.get_num_threads(),
                         "processes": 2 if args.split else 1})
     print(json.dumps(metrics), flush=True)
+    drift = [k for d in args.drafters for k in (f"tau_{d}_first", f"tau_{d}_final",
+                                                 f"tau_{d}_change") if k in metrics]
+    record(args, f"Does a drafter go stale during RL? tau (means of the first and last "
+           f"{metrics['tau_window']} of {metrics['rl_steps']} steps, and their change) of the "
+           f"drafters {args.drafters} on each step's own rollout, k={args.spec_k}",
+           figures_from_metrics(metrics, [k for k in (*drift, "byproduct_gain", "accuracy_start",
+                                                      "accuracy_final") if k in metrics]),
+           "none", None, headline=[k for k in drift if k.endswith("_change")])
+    if speedups is not None:  # times on the engine clock: a result of their own
+        record(args, "The sibling drafter's SD speedup over plain decoding after the run (median "
+               "of per-repeat ratios, engine clock), and its tau", figures_from_metrics(
+                   metrics, [f"sibling_{m}_bs{r.batch_size}" for r in speedups.itertuples()
+                             for m in ("speedup", "tau")]),
+               sim_clock(), None, name=f"{args.result}_sibling")
 
 
 if __name__ == "__main__":
