@@ -28,7 +28,7 @@ from workbench.rollout.schedule import PLAIN, PlainSchedule
 
 __all__ = ["WAIT_S", "wait_for", "signal", "HeldOn", "Together", "Signalled"]
 
-WAIT_S = 120.0  # the longest a gate waits for its signal
+WAIT_S = 300.0  # the longest a gate waits for its signal (a loaded machine starts Ray slowly)
 
 
 def signal(marks, name: str) -> None:

@@ -270,6 +270,9 @@ def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_ser
     monkeypatch.setattr(drafter_job.DrafterTail, "job",
                         lambda self, w, returned: Signalled.around(
                             jobs.append(real_job(self, w, returned)) or jobs[-1], second))
+    # the replaced actor is up (on a loaded machine its start takes minutes) before worker 0's
+    # gate starts waiting for its drafter steps
+    backend.map(lambda worker, item: item, [0, 1])
     tail = spot.tail(2)
     res = engine.rollout(PROMPTS, config, schedule=HeldOn(0, second, "step-2"), tail=tail,
                          progress=False)
