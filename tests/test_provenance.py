@@ -345,3 +345,11 @@ def test_the_committed_results_table_is_what_the_results_folder_gives():
     assert (folder / "README.md").is_file()
     assert (ROOT / "RESULTS.md").read_text() == results_table(folder), (
         "RESULTS.md is stale: run .venv/bin/workbench results table")
+
+
+def test_a_runs_clock_names_what_its_sim_seconds_were():
+    assert provenance.clock_of({"clock": "sim", "sim_seconds": "thread_cpu"}) == "sim-thread-cpu"
+    assert provenance.clock_of({"clock": "sim", "sim_seconds": "wall"}) == "sim-wall"
+    assert provenance.clock_of({"clock": "wall"}) == "wall"
+    assert provenance.clock_of({"clock": "sim"}) is None  # saved before it said
+    assert provenance.clock_of({}) is None

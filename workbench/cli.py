@@ -148,7 +148,7 @@ def _results_record(args) -> int:
     import json
     from pathlib import Path
 
-    from .provenance import figures_from_metrics, machine, write_result
+    from .provenance import clock_of, figures_from_metrics, machine, write_result
     try:
         path = Path(args.metrics)
         metrics = json.loads(path.read_text(encoding="utf-8"))
@@ -156,9 +156,10 @@ def _results_record(args) -> int:
             raise ValueError(f"{path} must hold a JSON object of metrics")
         figures = figures_from_metrics(metrics, [k.strip() for k in args.keys.split(",")
                                                  if k.strip()])
-        clock = args.clock if args.clock is not None else metrics.get("clock")
+        clock = args.clock if args.clock is not None else clock_of(metrics)
         if clock is None:
-            raise ValueError(f"{path} has no 'clock' metric; pass --clock")
+            raise ValueError(f"{path} has no 'clock' metric (or a sim clock without "
+                             "'sim_seconds'); pass --clock")
         share = (args.disturbed_share if args.disturbed_share is not None
                  else metrics.get("disturbed_share"))
         run = path.with_name("run.json")

@@ -78,7 +78,7 @@ from .clock import DISTURBED_BELOW
 from .speedup import WIDE_SPREAD
 
 __all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "machine",
-           "commit", "figure_from_stats", "figures_from_metrics", "disturbed",
+           "commit", "clock_of", "figure_from_stats", "figures_from_metrics", "disturbed",
            "validate_result", "write_result", "read_result", "read_results", "results_table"]
 
 SCHEMA = 1
@@ -212,6 +212,16 @@ def figures_from_metrics(metrics: dict, keys) -> dict:
                 figure[field] = metrics[found]
         figures[key] = figure
     return figures
+
+
+def clock_of(metrics: dict) -> str | None:
+    """The result clock (:data:`CLOCKS`) of a run's metrics: its ``clock`` as it is, except
+    ``sim``, named by what its sim seconds were (``sim_seconds``: ``thread_cpu`` or ``wall``,
+    ``workbench.clock``); None where the metrics cannot say."""
+    clock = metrics.get("clock")
+    if clock != "sim":
+        return clock
+    return {"thread_cpu": "sim-thread-cpu", "wall": "sim-wall"}.get(metrics.get("sim_seconds"))
 
 
 def disturbed(cpu_shares, bound: float = DISTURBED_BELOW) -> float | None:
