@@ -467,8 +467,9 @@ def results_table(folder: str | os.PathLike | None = None) -> str:
              "land here first; `BENCHMARKS.md` tells what they mean.", "",
              "Figures: the value (median unless the question says otherwise), with its "
              "quartiles (IQR), range and count; WIDE: (max-min)/value above 25%. Disturbed: "
-             "the share of repeats or steps whose CPU share (CPU seconds over wall seconds x "
-             "threads) fell under the bound.", ""]
+             "the share of repeats or steps (by their seconds) whose CPU share (the CPU "
+             "seconds the work got over its wall seconds: `workbench.clock`) fell under the "
+             "bound.", ""]
     if not results:
         lines.append("No results recorded yet: measurement runs write them into "
                      "`benchmarks/results/` (`benchmarks/*.py --result NAME`, "
