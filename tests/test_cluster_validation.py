@@ -95,6 +95,10 @@ def test_held_out_runs_are_predicted_from_their_lengths_and_the_calibration(vali
     assert m["sim_error_small_n"] == v.median_error("sim") and math.isnan(m["sim_error_wall"])
     assert m["worker_spread"] == v.spread and m["validation_runs"] == 2
     assert m["busy_error_small_n"] == table["busy_error"].abs().median()
+    usage = [t.usage_s() for runs in v.held_out.values() for t in runs]
+    assert m["disturbed_share_small_n"] == pytest.approx(
+        sum(u["disturbed_s"] for u in usage) / sum(u["measured_s"] for u in usage))
+    assert math.isnan(m["disturbed_share_wall"])
 
 
 def test_each_held_out_run_is_bracketed_by_its_own_calibration_passes(validated):

@@ -54,7 +54,7 @@ import pandas as pd
 
 from ..checks import check_choice, check_int
 from ..rollout import RolloutConfig, RolloutEngine, make_backend
-from ..rollout.timeline import Timeline
+from ..rollout.timeline import Timeline, usage_shares
 from .cost import StepCost
 from .importers import trace_from_timeline
 from .simulate import Layout, layout, plain_makespan, simulate_rollout
@@ -198,14 +198,24 @@ class Validation:
         errors = self.table.loc[self.table["clock"] == clock, column].abs()
         return float(errors.median()) if len(errors) else float("nan")
 
+    def disturbed_share(self, clock: str) -> float:
+        """The share of the held-out runs' measured seconds on ``clock`` that other work on
+        the machine disturbed (``Timeline.usage_s``, ``workbench.clock``): a wall-clock error
+        measured on a busy machine says so (NaN: no runs, or none recorded it)."""
+        usages = [t.usage_s() for runs in self.held_out.values() for t in runs
+                  if t.clock == clock]
+        return usage_shares(usages)["disturbed_share"]
+
     def metrics(self) -> dict[str, float]:
         """notebook 10's validation figures: the median absolute errors per clock, of the
-        makespan and of the mean worker's busy time (NaN for a clock without runs), and the
-        workers' spread."""
+        makespan and of the mean worker's busy time (NaN for a clock without runs), the
+        share of each clock's measured seconds that were disturbed, and the workers' spread."""
         return {"sim_error_small_n": self.median_error("sim"),
                 "sim_error_wall": self.median_error("wall"),
                 "busy_error_small_n": self.median_error("sim", "busy_error"),
                 "busy_error_wall": self.median_error("wall", "busy_error"),
+                "disturbed_share_small_n": self.disturbed_share("sim"),
+                "disturbed_share_wall": self.disturbed_share("wall"),
                 "worker_spread": self.spread,
                 "validation_runs": int(len(self.table))}
 
