@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench import atomic, provenance
+from workbench import atomic, machine, provenance
 from workbench.cli import main as cli
 from workbench.provenance import (CLOCKS, RESULT_COLUMNS, disturbed, figure_from_stats,
                                   figures_from_metrics, read_result, read_results,
@@ -137,18 +137,18 @@ def test_the_write_is_atomic(tmp_path, monkeypatch):
 def test_cpu_model_and_flags_from_cpuinfo(monkeypatch, tmp_path):
     x86 = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
            "flags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n")
-    assert provenance.cpu_from_cpuinfo(x86) == (
+    assert machine.cpu_from_cpuinfo(x86) == (
         "Intel(R) Xeon(R) Platinum 8480+",
         ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"])
     arm = "processor\t: 0\nFeatures\t: fp asimd sve\nModel\t: Raspberry Pi 5\n"
-    assert provenance.cpu_from_cpuinfo(arm) == ("Raspberry Pi 5", ["asimd", "sve"])
-    monkeypatch.setattr(provenance, "CPUINFO", tmp_path / "absent")
-    box = provenance.machine()  # no /proc/cpuinfo: the platform's name, no flags
+    assert machine.cpu_from_cpuinfo(arm) == ("Raspberry Pi 5", ["asimd", "sve"])
+    monkeypatch.setattr(machine, "CPUINFO", tmp_path / "absent")
+    box = machine.machine()  # no /proc/cpuinfo: the platform's name, no flags
     assert box["cpu"] and box["flags"] == []
 
 
 def test_commit_and_dirty_flag_of_a_checkout(tmp_path):
-    assert provenance.commit(tmp_path) == {"commit": None, "dirty": None}
+    assert machine.commit(tmp_path) == {"commit": None, "dirty": None}
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(git + ["init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / "a.txt").write_text("a")
@@ -156,9 +156,9 @@ def test_commit_and_dirty_flag_of_a_checkout(tmp_path):
     subprocess.run(git + ["commit", "-q", "-m", "a"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert provenance.commit(tmp_path) == {"commit": head, "dirty": False}
+    assert machine.commit(tmp_path) == {"commit": head, "dirty": False}
     (tmp_path / "a.txt").write_text("b")
-    assert provenance.commit(tmp_path) == {"commit": head, "dirty": True}
+    assert machine.commit(tmp_path) == {"commit": head, "dirty": True}
 
 
 def test_figures_from_spread_stats_and_metrics():
@@ -309,7 +309,7 @@ def test_cli_record_needs_a_clock(tmp_path, capsys):
     assert cli(args + ["--clock", "none"]) == 0
     saved = read_result(tmp_path / "out" / "n.json")
     assert saved["clock"] == "none" and saved["disturbed_share"] is None
-    assert saved["git"] == provenance.commit()  # no run.json: this checkout
+    assert saved["git"] == machine.commit()  # no run.json: this checkout
 
 
 # ---- the benchmarks' helper and the committed table ----------------------------------------

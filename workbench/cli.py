@@ -148,7 +148,8 @@ def _results_record(args) -> int:
     import json
     from pathlib import Path
 
-    from .provenance import clock_of, figures_from_metrics, machine, write_result
+    from .machine import machine
+    from .provenance import clock_of, figures_from_metrics, write_result
     try:
         path = Path(args.metrics)
         metrics = json.loads(path.read_text(encoding="utf-8"))

@@ -53,8 +53,9 @@ disturbed share is the share of repeats or steps whose CPU share fell under
 
 Writing validates everything first (an error names the bad value and what is accepted) and
 writes atomically (``workbench.atomic``); reading validates each file again and names the
-file it refuses. This module imports the foundation only (``checks``, ``atomic``, ``speedup``)
-and pandas; torch only when the caller has imported it (the accelerator's name).
+file it refuses. The machine and the commit come from ``workbench.machine``. This module
+imports the foundation only (``checks``, ``atomic``, ``clock``, ``machine``, ``speedup``) and
+pandas.
 """
 from __future__ import annotations
 
@@ -62,12 +63,8 @@ import json
 import math
 import numbers
 import os
-import platform
 import re
-import subprocess
-import sys
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -75,11 +72,11 @@ import pandas as pd
 from .atomic import write_text
 from .checks import check_choice, check_fraction, check_int
 from .clock import DISTURBED_BELOW
+from .machine import FLAG_LABELS, ROOT, commit, machine
 from .speedup import WIDE_SPREAD
 
-__all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "machine",
-           "commit", "clock_of", "figure_from_stats", "figures_from_metrics", "disturbed",
-           "validate_result", "write_result", "read_result", "read_results", "results_table"]
+__all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "clock_of", "figure_from_stats",
+           "figures_from_metrics", "disturbed", "validate_result", "write_result", "read_result", "read_results", "results_table"]
 
 SCHEMA = 1
 CLOCKS = {
@@ -89,9 +86,6 @@ CLOCKS = {
     "none": "not a time (acceptance lengths, accuracies, counts)",
 }
 FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
-FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
-               "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
-               "amx_int8": "AMX-INT8", "asimd": "NEON", "sve": "SVE"}
 KEYS = ("schema", "name", "question", "figures", "headline", "clock", "disturbed_share",
         "disturbed_bound", "machine", "command", "git", "date")
 RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1], "unit",
@@ -100,82 +94,6 @@ RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1],
                   "dirty", "date"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAMES = "1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
-ROOT = Path(__file__).resolve().parent.parent
-CPUINFO = Path("/proc/cpuinfo")  # Linux; elsewhere machine() falls back to platform
-
-
-# ---- provenance --------------------------------------------------------------------------
-
-def cpu_from_cpuinfo(text: str) -> tuple[str | None, list[str]]:
-    """``(model, flags)`` from the text of ``/proc/cpuinfo``: the first ``model name`` (x86)
-    or ``Hardware``/``Model`` line (ARM), and the flags of :data:`FLAG_LABELS` it lists."""
-    model = None
-    for key in ("model name", "Hardware", "Model", "cpu model"):
-        found = re.search(rf"^{key}\s*:\s*(.+)$", text, re.M)
-        if found:
-            model = found.group(1).strip()
-            break
-    found = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.M)
-    present = set(found.group(1).split()) if found else set()
-    return model, [f for f in FLAG_LABELS if f in present]
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def machine() -> dict:
-    """The machine a result comes from: CPU model and its vector/matrix flags (from
-    ``/proc/cpuinfo``, else ``platform``), cores (all, and those this process may use), the
-    accelerator torch sees (only when torch is already imported: None otherwise), the
-    versions of torch, transformers and Python, and the platform string."""
-    try:
-        model, flags = cpu_from_cpuinfo(CPUINFO.read_text())
-    except OSError:
-        model, flags = None, []
-    cores = os.cpu_count() or 1
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = cores
-    accelerator = None
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                accelerator = torch.cuda.get_device_name(0)
-        except Exception:  # a broken driver must not stop a result from being written
-            accelerator = None
-    torch_version = getattr(torch, "__version__", None) or _version("torch")
-    return {"cpu": model or platform.processor() or platform.machine() or None,
-            "flags": flags, "cores": cores, "usable_cores": usable,
-            "accelerator": accelerator, "torch": str(torch_version) if torch_version else None,
-            "transformers": _version("transformers"), "python": platform.python_version(),
-            "platform": platform.platform()}
-
-
-def commit(root: str | os.PathLike | None = None) -> dict:
-    """``{"commit", "dirty"}`` of the git checkout at ``root`` (default: the one this package
-    lies in): the HEAD commit, and whether ``git status --porcelain`` lists anything (a
-    change or an untracked file). Both None outside a checkout or without git."""
-    root = Path(root) if root is not None else ROOT
-
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  check=False, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    head = git("rev-parse", "HEAD")
-    if head is None:
-        return {"commit": None, "dirty": None}
-    status = git("status", "--porcelain")
-    return {"commit": head, "dirty": None if status is None else bool(status)}
 
 
 def figure_from_stats(stats: dict, unit: str | None = None) -> dict:
