@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from workbench.clock import DISTURBED_BELOW
-from workbench.provenance import disturbed, write_result
+from workbench.clock import DISTURBED_BELOW, sim_seconds_kind
+from workbench.provenance import clock_of, disturbed, write_result
 from workbench.speedup import WIDE_SPREAD, markdown, spread_note
 
 
@@ -93,11 +93,8 @@ def record(args: argparse.Namespace, question: str, figures: dict, clock: str,
     ...}}`` (``workbench.provenance.figure_from_stats`` maps a ``spread_stats`` ratio);
     ``headline``: the figures RESULTS.md shows (default: all); ``name``: the result's name
     when a script answers a second question (default: ``--result``)."""
-    parser = getattr(args, "_parser", None)
-    command = (command_line(parser, args) if parser is not None
-               else " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]))
     path = write_result(name or args.result, question, figures, clock=clock,
-                        disturbed_share=disturbed_share, command=command,
+                        disturbed_share=disturbed_share, command=command_line(args._parser, args),
                         folder=args.result_folder, headline=headline)
     print(f"\nResult: {path} (regenerate RESULTS.md with: .venv/bin/workbench results table)",
           flush=True)
@@ -107,8 +104,7 @@ def record(args: argparse.Namespace, question: str, figures: dict, clock: str,
 def sim_clock() -> str:
     """The clock name (``workbench.provenance.CLOCKS``) of the sim-clock figures measured now:
     thread CPU time or wall time, as ``workbench.clock`` reads sim seconds in this scope."""
-    import workbench.clock as clock
-    return "sim-thread-cpu" if clock.sim_seconds_kind() == "thread_cpu" else "sim-wall"
+    return clock_of({"clock": "sim", "sim_seconds": sim_seconds_kind()})
 
 
 def disturbed_of(*summaries: pd.DataFrame) -> float | None:
