@@ -36,10 +36,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..clock import DISTURBED_BELOW, cpu_share, seconds_reader, sim_work, usage_probe
+from ..clock import cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutConfig, RolloutEngine, make_backend
-from ..rollout.timeline import ROLLOUT_KINDS, usage_shares
+from ..rollout.timeline import ROLLOUT_KINDS, usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
 from .checkpoint import has_state, load_state, save_state
@@ -303,9 +303,6 @@ class GRPO:
 def _usage_columns(timeline, update_s: float, update_share: float) -> dict[str, float]:
     """A step's history columns for :meth:`GRPO.usage`: its rollout's ``Timeline.usage_s``
     and its update's seconds, pooled, and the update's own CPU share."""
-    rollout = timeline.usage_s()
-    disturbed = update_s if update_share < DISTURBED_BELOW else 0.0
+    rollout, update = timeline.usage_s(), usage_of([update_s], [update_share])
     return {"update_cpu_share": update_share,
-            "usage_measured_s": rollout["measured_s"] + update_s,
-            "usage_disturbed_s": rollout["disturbed_s"] + disturbed,
-            "usage_cpu_s": rollout["cpu_s"] + update_s * update_share}
+            **{f"usage_{key}": rollout[key] + update[key] for key in rollout}}

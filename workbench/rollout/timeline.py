@@ -54,7 +54,7 @@ from ..atomic import atomic_dir
 from ..checks import check_choice, check_int
 from ..clock import DISTURBED_BELOW
 
-__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_shares"]
+__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_of", "usage_shares"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train", "failed")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
@@ -120,6 +120,18 @@ class IdleWindow:
     @property
     def seconds(self) -> float:
         return self.end_s - self.start_s
+
+
+def usage_of(seconds, shares, below: float = DISTURBED_BELOW) -> dict[str, float]:
+    """``measured_s``, ``disturbed_s`` and ``cpu_s`` (``Timeline.usage_s``) of pieces of work
+    that took ``seconds`` and got ``shares`` of a core (``workbench.clock.cpu_share``): the
+    one rule by which a piece under ``below`` counts as disturbed, for steps rows and for
+    work outside them (a policy update)."""
+    seconds = np.asarray(seconds, dtype=float)
+    shares = np.asarray(shares, dtype=float)
+    return {"measured_s": float(seconds.sum()),
+            "disturbed_s": float(seconds[shares < below].sum()),
+            "cpu_s": float((seconds * shares).sum())}
 
 
 def usage_shares(usages: list[dict[str, float]]) -> dict[str, float]:
@@ -303,11 +315,7 @@ class Timeline:
         ``workbench.clock``), and the CPU seconds they got (``cpu_s``): sums that pool
         over the timelines of a run (:func:`usage_shares`)."""
         s = self.steps[self.steps["cpu_share"].notna()]
-        seconds = (s["end_s"] - s["start_s"]).astype(float)
-        share = s["cpu_share"].astype(float)
-        return {"measured_s": float(seconds.sum()),
-                "disturbed_s": float(seconds[share < below].sum()),
-                "cpu_s": float((seconds * share).sum())}
+        return usage_of(s["end_s"] - s["start_s"], s["cpu_share"], below)
 
     def summary(self) -> dict[str, float]:
         """The scalars every notebook reports, under the names of docs/design.md's measures."""
