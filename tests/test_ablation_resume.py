@@ -315,3 +315,27 @@ def test_a_folder_saved_on_wall_sim_seconds_resumes_on_them_and_a_new_one_on_cpu
         assert walls and clock.sim_seconds_kind() == "thread_cpu"
     finally:
         torch.set_num_threads(1)
+
+
+def test_runs_side_by_side_give_the_tables_of_runs_one_at_a_time(tokenizer, straight,
+                                                                 monkeypatch):
+    """With two torch threads the runs go two at a time, each on a thread of its own
+    (``workbench.side_by_side``); what they compute does not move."""
+    import threading
+    one_at_a_time = _ablation(tokenizer, 3)
+    threads, real = set(), Turns.step
+
+    def step(self, key):
+        threads.add(threading.current_thread().name)
+        real(self, key)
+    monkeypatch.setattr(Turns, "step", step)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        together = _ablation(tokenizer, 3)
+    finally:
+        torch.set_num_threads(before)
+    assert len(threads) >= 2 and threading.main_thread().name not in threads
+    assert together.history[COLUMNS].equals(one_at_a_time.history[COLUMNS])
+    assert together.evals.equals(one_at_a_time.evals)
+    assert (together.history["clock"] == "sim").all()

@@ -6,10 +6,12 @@ checkpoint) goes through the same doors as a fresh one."""
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 from ..evaluate import evaluate_policy
 from ..memory import MemoryReleaser
 from ..progress import tqdm
+from ..side_by_side import side_by_side
 from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import VARIANTS, TLTConfig, TLTTrainer
 
@@ -47,27 +49,35 @@ def evaluation_due(step: int, steps: int, eval_every: int | None) -> bool:
 
 
 def evaluate_runs(runs: dict, evals: list[dict], problems, tokenizer, max_new_tokens: int,
-                  step: int) -> bool:
+                  step: int, width: int = 1) -> bool:
     """Append the held-out greedy accuracy after ``step`` steps of every run that stands at
-    ``step`` and has none there yet to ``evals`` (nothing without ``problems``); whether any
-    was measured. At step 0 every run starts from one policy: measured once (or taken from a
-    run measured there before a resume)."""
+    ``step`` and has none there yet to ``evals``, in run order (nothing without
+    ``problems``); whether any was measured. At step 0 every run starts from one policy:
+    measured once (or taken from a run measured there before a resume). The runs' policies
+    are evaluated ``width`` at a time (``workbench.side_by_side``)."""
     if problems is None:
         return False
     have = {(e["variant"], e["seed"]) for e in evals if e["step"] == step}
     start = next((e for e in evals if e["step"] == 0), None)
     todo = [(key, tr) for key, tr in runs.items() if key not in have and steps_done(tr) == step]
-    for (v, seed), trainer in todo:
-        if step == 0 and start is not None:
-            evals.append({**start, "variant": v, "seed": seed})
-            continue
-        report = evaluate_policy(trainer.model, tokenizer, problems, progress=False,
-                                 max_new_tokens=max_new_tokens)
-        evals.append({"variant": v, "seed": seed, "step": step,
-                      "accuracy": report.summary()["accuracy"]})
-        if step == 0:
-            start = evals[-1]
+    if step == 0 and todo:  # one policy: measured once, on the first run to need it
+        if start is None:
+            (v, seed), first = todo[0]
+            start = {"variant": v, "seed": seed, "step": 0,
+                     "accuracy": _accuracy(first.model, tokenizer, problems, max_new_tokens)}
+        evals.extend({**start, "variant": v, "seed": seed} for (v, seed), _ in todo)
+        return True
+    accuracies = side_by_side([partial(_accuracy, tr.model, tokenizer, problems, max_new_tokens)
+                               for _, tr in todo], width)
+    evals.extend({"variant": v, "seed": seed, "step": step, "accuracy": accuracy}
+                 for ((v, seed), _), accuracy in zip(todo, accuracies))
     return bool(todo)
+
+
+def _accuracy(model, tokenizer, problems, max_new_tokens: int) -> float:
+    report = evaluate_policy(model, tokenizer, problems, progress=False,
+                             max_new_tokens=max_new_tokens)
+    return report.summary()["accuracy"]
 
 
 class Turns:
@@ -94,7 +104,7 @@ class Turns:
 
 
 def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, store,
-             progress: bool = True) -> None:
+             progress: bool = True, width: int = 1) -> None:
     """Every run from the step it stands at up to ``steps``: one step of each in an order
     that rotates by one each step (a machine that slows for a while slows every run alike),
     then at the boundary after the step held-out accuracy where ``evaluation_due(step)`` and
@@ -103,7 +113,10 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
     the others (a save interrupted between runs) waits for them at its step; one past
     ``steps`` is refused before any step. After each run's step the freed memory goes back
     to the system once the process has grown by 256 MB (``workbench.memory.MemoryReleaser``),
-    so that it holds one update's peak, not a fragment of every run's."""
+    so that it holds one update's peak, not a fragment of every run's. With ``width`` > 1
+    the runs of a step go ``width`` at a time, side by side (``workbench.side_by_side``:
+    runs on local backends of their own, whose sim seconds are thread CPU time, so that no
+    figure moves), in the same rotated order."""
     order, done = list(runs), {key: steps_done(tr) for key, tr in runs.items()}
     if max(done.values(), default=0) > steps:
         raise ValueError(f"steps={steps}, but restored runs have done more: {done}; accepted: "
@@ -122,10 +135,10 @@ def lockstep(runs: dict, turns: Turns, steps: int, evaluation_due, evaluate, sto
     for step in tqdm(range(start, steps), desc="RL steps (all variants)", initial=start,
                      total=steps, disable=not progress):
         shift = step % len(order)
-        for key in order[shift:] + order[:shift]:
-            if steps_done(runs[key]) == step:
-                turns.step(key)
-                release()  # the update's peak back to the system (workbench.memory)
+        due = [key for key in order[shift:] + order[:shift] if steps_done(runs[key]) == step]
+        for at in range(0, len(due), width):
+            side_by_side([partial(turns.step, key) for key in due[at:at + width]], width)
+            release()  # the updates' peak back to the system (workbench.memory)
         boundary(step + 1, first=False)
 
 
