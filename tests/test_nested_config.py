@@ -44,3 +44,15 @@ def test_unknown_and_refused_values_are_named():
     with pytest.raises(ValueError, match=r"Holder\.eagle: EagleTrainConfig\.noise must be a "
                                          r"finite number >= 0, got -1"):
         Holder.flat(noise=-1)
+
+
+def test_a_flat_keyword_to_a_nested_constructor_names_the_config_that_holds_it_and_flat():
+    from workbench.rl import GRPOConfig
+    with pytest.raises(TypeError, match=r"'samples_per_prompt' is a field of GRPOConfig.rollout"
+                                        r".*GRPOConfig.flat\(samples_per_prompt=\.\.\.\)"):
+        GRPOConfig(samples_per_prompt=3)
+    with pytest.raises(TypeError, match=r"GRPOConfig.rollout and GRPOConfig.train"):
+        GRPOConfig(seed=1)
+    with pytest.raises(TypeError, match=r"no parameter 'bogus'; accepted: \[.*'lr'"):
+        GRPOConfig(bogus=1)
+    assert GRPOConfig.flat(samples_per_prompt=3).rollout.samples_per_prompt == 3

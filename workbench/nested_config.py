@@ -45,6 +45,29 @@ class NestedConfig:
     ``GRPOConfig``). Every config involved validates itself as it is built.
     """
 
+    def __new__(cls, *args, **values):
+        """Refuse a flat keyword given to the constructor, naming the config that holds it
+        and :meth:`flat` (the dataclass's own ``__init__`` would say only "unexpected keyword
+        argument", and code written against a flat constructor would not know where the
+        field went)."""
+        own = {f.name for f in fields(cls) if f.init}
+        stray = [key for key in values if key not in own]
+        if stray:
+            default = cls()
+            homes = {key: [name for name, part in _parts(default).items()
+                           if key in _accepted(part)] for key in stray}
+            unknown = [key for key in stray if not homes[key]]
+            if unknown:
+                raise TypeError(f"{cls.__name__} has no parameter {unknown[0]!r}; accepted: "
+                                f"{sorted(_accepted(default))}")
+            where = "; ".join(f"{key!r} is a field of "
+                              + " and ".join(f"{cls.__name__}.{name}" for name in homes[key])
+                              for key in stray)
+            raise TypeError(f"{cls.__name__}({', '.join(f'{k}=...' for k in stray)}): {where}; "
+                            f"pass it inside that config, or build with "
+                            f"{cls.__name__}.flat({stray[0]}=...), which routes flat keywords")
+        return super().__new__(cls)
+
     @classmethod
     def flat(cls, **values):
         """The default config with ``values`` set wherever they are declared."""
