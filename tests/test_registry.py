@@ -114,3 +114,16 @@ def test_plugin_files_and_modules_load_and_bad_ones_are_refused_before_any_loads
         check_plugins(["no_such_module_anywhere"])
     with pytest.raises(ValueError, match="accepted a list"):
         check_plugins(3)
+
+
+def test_the_cli_loads_plugins_before_its_command_and_refuses_a_missing_one(tmp_path, capsys):
+    from workbench.cli import main
+    seen = tmp_path / "seen.txt"
+    plugin = tmp_path / "cli_plugin.py"
+    plugin.write_text(f"open({str(seen)!r}, 'a').write('loaded')\n")
+    table = tmp_path / "RESULTS.md"
+    assert main(["--plugins", str(plugin), "results", "table", "--folder", str(tmp_path),
+                 "--out", str(table)]) == 0
+    assert seen.read_text() == "loaded"
+    assert main(["--plugins", str(tmp_path / "missing.py"), "results", "table"]) == 2
+    assert "missing.py" in capsys.readouterr().err

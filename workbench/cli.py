@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from .checks import check_int, check_positive
+from .plugins import load_plugins
 
 __all__ = ["main"]
 
@@ -211,6 +212,11 @@ _jobs, _threads = _count("jobs"), _count("threads")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    p.add_argument("--plugins", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="a .py file or importable module that registers drafters, decoding "
+                        "arms, RL variants or importance scores, loaded before the command "
+                        "(repeatable; docs/extending.md). A pipeline's notebooks take theirs "
+                        "as the 'plugins' parameter in its YAML")
     sub = p.add_subparsers(dest="command", required=True)
     for add in (_add_zoo, _add_drafter, _add_ablation, _add_pipeline, _add_results):
         add(sub)
@@ -319,4 +325,9 @@ def _add_results(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        load_plugins(args.plugins)
+    except ValueError as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return 2
     return args.func(args)
