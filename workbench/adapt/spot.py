@@ -120,7 +120,7 @@ class SpotTrainer:
     def __init__(self, policy, drafter, config: SpotConfig | None = None,
                  out_dir: str | os.PathLike | None = None):
         self.config = config if config is not None else SpotConfig()
-        if getattr(drafter, "head", None) is None:
+        if drafter.head is None:
             raise ValueError(f"the spot trainer trains EAGLE heads; got a "
                              f"{type(drafter).__name__} (use EagleDrafter)")
         self.serving, self.out_dir = drafter, out_dir
@@ -155,8 +155,6 @@ class SpotTrainer:
             self.publish()
         buffered = self.buffer.state()
         self.buffer.end_step()  # this step's longest sequences are the next step's carry
-        steps = result.timeline.steps
-        rollout_end = float(steps.loc[steps["kind"] != "drafter_train", "end_s"].max())
         losses = [loss for o in outcomes for loss in o.losses]
         return {"drafter_steps": len(losses),
                 "drafter_workers": sum(1 for o in outcomes if o.losses),
@@ -167,7 +165,7 @@ class SpotTrainer:
                 "drafter_preempted": sum(o.preempted for o in outcomes),
                 "drafter_wasted_s": sum(o.wasted_s for o in outcomes),
                 "drafter_failed_workers": len(run.failed),
-                "drafter_overrun_s": result.timeline.makespan_s - rollout_end,
+                "drafter_overrun_s": result.timeline.makespan_s - result.timeline.rollout_end_s,
                 "drafter_stop_wait_s": run.stop_wait_s,
                 "drafter_loss": sum(losses) / len(losses) if losses else float("nan"),
                 "drafter_pairs": next(iter(tail.pairs.values()), 0),

@@ -39,7 +39,7 @@ import torch
 from ..clock import cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutConfig, RolloutEngine, make_backend
-from ..rollout.timeline import ROLLOUT_KINDS, usage_of, usage_shares
+from ..rollout.timeline import usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
 from .checkpoint import has_state, load_state, save_state
@@ -258,7 +258,7 @@ class GRPO:
         lengths = [len(r.tokens) for r in reqs]
         tl = rl.result.timeline
         n = self.config.rollout.workers
-        rollout_s = float(tl.steps.loc[tl.steps["kind"].isin(ROLLOUT_KINDS), "end_s"].max())
+        rollout_s = tl.rollout_end_s
         groups = torch.tensor(rl.rewards).view(-1, self.config.rollout.samples_per_prompt)
         signal = (groups != groups[:, :1]).any(dim=1).float().mean()
         return {"step": rl.step, "reward": sum(rl.rewards) / len(rl.rewards),

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .backend import Backend, IdleRun, TailJobs, WorkerFailed, failure_row
+from .timeline import rollout_end_s
 from .worker import WorkerResult, WorkerTask
 
 __all__ = ["Shards", "run_shards"]
@@ -69,7 +70,8 @@ def run_shards(backend: Backend, fn: Callable, tasks: list[WorkerTask],
 
 def _rerun(backend: Backend, fn: Callable, tasks: dict[int, WorkerTask], failed: WorkerFailed,
            progress) -> Shards:
-    survivors = sorted(failed.results, key=lambda w: (_last_end(failed.results[w]), w))
+    survivors = sorted(failed.results,
+                       key=lambda w: (rollout_end_s(failed.results[w].steps), w))
     if not survivors:
         raise failed
     shares: dict[int, list[WorkerFailed]] = {}
@@ -83,7 +85,3 @@ def _rerun(backend: Backend, fn: Callable, tasks: dict[int, WorkerTask], failed:
                   [failure_row(lost, 0) for lost in failed.failures],
                   {q.uid: lost.worker for lost in failed.failures for q in lost.requests})
 
-
-def _last_end(result: WorkerResult) -> float:
-    """The end of a worker's last step in its result (0 with none)."""
-    return max((row["end_s"] for row in result.steps), default=0.0)

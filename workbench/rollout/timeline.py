@@ -54,10 +54,25 @@ from ..atomic import atomic_dir
 from ..checks import check_choice, check_int
 from ..clock import DISTURBED_BELOW
 
-__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_of", "usage_shares"]
+__all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_of", "usage_shares", "rollout_end_s"]
 
 STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train", "failed")
 ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
+
+
+def rollout_end_s(steps, default: float = 0.0) -> float:
+    """Where a rollout ends in ``steps`` (a steps table, or its rows as dicts): the end of
+    its latest step of a rollout kind (:data:`ROLLOUT_KINDS`); ``default`` with none.
+
+    The one definition every site uses: a worker's idle window starts at its own rollout's
+    end, an RL step's rollout seconds end at the latest worker's, and what drafter training
+    runs past that is overrun. Idle work (``drafter_train``, ``train``) and ``failed`` rows
+    never end a rollout."""
+    if isinstance(steps, pd.DataFrame):
+        ends = steps.loc[steps["kind"].isin(ROLLOUT_KINDS), "end_s"]
+        return float(ends.max()) if len(ends) else default
+    return max((float(row["end_s"]) for row in steps if row["kind"] in ROLLOUT_KINDS),
+               default=default)
 STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tokens",
                 "forward_s", "clock"]
 # the steps table's plan columns and their dtypes (nullable: NA where nothing was decided)
@@ -215,15 +230,24 @@ class Timeline:
         """Each worker's idle window after its last rollout step (``IdleWindow``), the first
         to finish first (ties by worker): a worker with no rollout step idles from 0, a
         worker that failed in the step (a ``failed`` row) has none."""
-        rollout = self.steps[self.steps["kind"].isin(ROLLOUT_KINDS)]
-        last = rollout.groupby("worker")["end_s"].max().reindex(range(self.num_workers),
-                                                                 fill_value=0.0)
-        end = float(last.max()) if len(last) else 0.0
+        last = self.rollout_ends()
+        end = self.rollout_end_s
         lost = set(self.steps.loc[self.steps["kind"] == "failed", "worker"])
         return sorted((IdleWindow(int(w), float(t), end) for w, t in last.items()
                        if w not in lost), key=lambda window: (window.start_s, window.worker))
 
     # ---- measures -----------------------------------------------------------------------
+    def rollout_ends(self) -> pd.Series:
+        """Each worker's rollout end (:func:`rollout_end_s` of its steps; 0 for a worker
+        with no rollout step), indexed by worker 0..N-1."""
+        ends = {w: rollout_end_s(s) for w, s in self.steps.groupby("worker")}
+        return pd.Series(ends, dtype=float).reindex(range(self.num_workers), fill_value=0.0)
+
+    @property
+    def rollout_end_s(self) -> float:
+        """The rollout's end: its latest worker's (:func:`rollout_end_s`)."""
+        return rollout_end_s(self.steps)
+
     @property
     def makespan_s(self) -> float:
         """Time from the step's start (0) to the end of the latest step on any worker."""

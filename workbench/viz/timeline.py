@@ -19,7 +19,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from ..checks import check_int
-from ..rollout.timeline import ROLLOUT_KINDS, STEP_KINDS, Timeline, length_percentiles
+from ..rollout.timeline import STEP_KINDS, Timeline, length_percentiles
 
 __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles"]
 
@@ -112,11 +112,10 @@ def _draw_steps(ax, timeline: Timeline, kinds=STEP_KINDS) -> list[str]:
 def _draw_idle(ax, timeline: Timeline) -> list[str]:
     """Hatch each worker's bubble after its last rollout step; the tick label per worker."""
     m = timeline.makespan_s
-    rollout = timeline.steps[timeline.steps["kind"].isin(ROLLOUT_KINDS)]
-    last_end = rollout.groupby("worker")["end_s"].max()
+    last_end = timeline.rollout_ends()
     labels = []
     for w in range(timeline.num_workers):
-        start = float(last_end.get(w, 0.0))
+        start = float(last_end[w])
         ax.broken_barh([(start, m - start)], (w + 0.04, 0.92), zorder=0.5,
                        gid=f"idle-w{w}", **IDLE_STYLE)
         share = (m - start) / m if m > 0 else 0.0
