@@ -32,7 +32,7 @@ from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepReport, decision_of, plan_columns
-from .timeline import IdleWindow
+from .timeline import IdleWindow, rollout_end_s
 
 __all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock", "WindowEnd"]
 IDLE_KINDS = ("drafter_train", "train")  # work an idle window runs
@@ -59,7 +59,7 @@ class StepRecorder:
         self.t0 = self.read() - ahead
         self.used = self.usage()  # the usage reading where the next step starts
         self.rows: list[dict] = []
-        self.mark = ahead
+        self.start_s = self.mark = ahead
         self.decisions = 0  # decode steps labelled so far
 
     def now(self) -> float:
@@ -221,9 +221,12 @@ class Worker:
 
     @property
     def rollout_end_s(self) -> float | None:
-        """Where this worker's idle window starts after its latest rollout: the end of its
-        last step on the step's clock (``None`` before a rollout)."""
-        return None if self.recorder is None else self.recorder.mark
+        """Where this worker's idle window starts after its latest rollout, on the step's
+        clock (``timeline.rollout_end_s`` of its rows; where the rollout started, for one
+        with no step); ``None`` before a rollout."""
+        if self.recorder is None:
+            return None
+        return rollout_end_s(self.recorder.rows, self.recorder.start_s)
 
     def run_idle(self, job, window: IdleWindow,
                  end: "WindowEnd | None" = None) -> tuple[object, list[dict]]:
@@ -260,7 +263,7 @@ class Worker:
         if policy is not None:
             self.model.load_state_dict(policy)
         if drafter is not None:
-            if getattr(self.drafter, "module", None) is None:
+            if self.drafter is None or self.drafter.module is None:
                 raise ValueError(f"worker {self.index} has no drafter with weights to update")
             self.drafter.module.load_state_dict(drafter)
 
