@@ -125,17 +125,20 @@ def failure_row(failed: WorkerFailed, step: int, start_s: float = 0.0,
             "forward_s": 0.0}
 
 
-class IdleJob(Protocol):
-    """Work for an idle window (module docstring, "idle job")."""
+class IdleJob:
+    """Work for an idle window (module docstring, "idle job"): subclass it and define
+    ``run``; ``settled`` has a default."""
 
     def run(self, window: IdleWindow, clock: IdleClock) -> object:
         """Work in ``window`` through ``clock``; the outcome the caller folds in."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} defines no run(window, clock)")
 
-    # optional, for the wall clock's stop not to wait for a step in flight:
-    # settled(rows) -> outcome | None, called from another thread while ``run`` may still
-    # run, with the window's rows as they stand at its end (``IdleClock.rows_at``): the
-    # outcome of the work those rows count (None: it cannot say; the run's return answers)
+    def settled(self, rows: list[dict]) -> object | None:
+        """The outcome of the work ``rows`` count, asked from another thread while ``run``
+        may still run (the wall clock's stop, so as not to wait for a step in flight), with
+        the window's rows as they stand at its end (``IdleClock.rows_at``). None (the
+        default): it cannot say, and the run's return answers."""
+        return None
 
 
 class TailJobs(Protocol):
@@ -271,7 +274,7 @@ class LocalBackend:
     def update_weights(self, policy=None, drafter=None) -> None:
         loaded = set()  # workers may share one module here: load each module once
         for worker in self._workers:
-            module = getattr(worker.drafter, "module", None)
+            module = None if worker.drafter is None else worker.drafter.module
             worker.load_weights(policy if id(worker.model) not in loaded else None,
                                 drafter if id(module) not in loaded else None)
             loaded |= {id(worker.model), id(module)}

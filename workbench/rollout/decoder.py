@@ -128,7 +128,7 @@ class BatchDecoder:
         self.drafter = drafter
         self.params: SamplingParams = config.sampling
         self.eos_id, self.pad_id, self.on_finish = eos_id, pad_id, on_finish
-        self.draft_hidden = bool(getattr(drafter, "needs_hidden", False))
+        self.draft_hidden = drafter is not None and bool(drafter.needs_hidden)
         self.reqs = []                                   # every request admitted, in order
         self.pending_hidden: list[list[torch.Tensor]] = []  # per request, for the drafter
         self.harvest: list[list[torch.Tensor]] = []         # per request, for the caller

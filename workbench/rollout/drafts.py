@@ -61,9 +61,9 @@ def serving_drafter(drafter, name: str | None, asker="a plan"):
     member, and a plan naming none with its main one; a lone drafter serves plans naming
     none or its own ``name``. Any other name is refused, naming what the drafter has
     (``asker`` says who asked)."""
-    members = getattr(drafter, "members", None)
+    members = drafter.members
     if members is None:
-        own = getattr(drafter, "name", "?")
+        own = drafter.name
         if name is None or name == own:
             return own, drafter
         have = [own]
@@ -82,12 +82,12 @@ def check_tree_drafter(drafter, asker) -> None:
     schedule with ``needs_trees``) asks for trees, before anything is drafted (every
     verification mode verifies trees losslessly, so the drafter is the only thing that can be
     missing)."""
-    if getattr(drafter, "supports_trees", False):
+    if drafter.supports_trees:
         return
     what = (f"the plan {asker}" if isinstance(asker, StepPlan)
             else f"the schedule {type(asker).__name__} (needs_trees=True)")
     raise ValueError(f"{what} asks for draft trees, but drafter "
-                     f"{getattr(drafter, 'name', '?')!r} ({type(drafter).__name__}) drafts "
+                     f"{drafter.name!r} ({type(drafter).__name__}) drafts "
                      f"chains only; {_TREE_DRAFTERS}")
 
 

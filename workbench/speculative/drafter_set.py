@@ -32,7 +32,7 @@ class DrafterSet(Drafter):
         bad = [n for n in members if not isinstance(n, str) or not n]
         if bad:
             raise ValueError(f"member names must be non-empty strings, got {bad!r}")
-        nested = [n for n, d in members.items() if getattr(d, "members", None) is not None]
+        nested = [n for n, d in members.items() if d.members is not None]
         if nested:
             raise ValueError(f"members {nested} are drafter sets themselves; accepted: "
                              "drafters, one set of them")
@@ -43,15 +43,15 @@ class DrafterSet(Drafter):
 
     @property
     def needs_hidden(self) -> bool:
-        return any(getattr(d, "needs_hidden", False) for d in self.members.values())
+        return any(d.needs_hidden for d in self.members.values())
 
     @property
     def supports_trees(self) -> bool:
-        return getattr(self.members[self.main], "supports_trees", False)
+        return self.members[self.main].supports_trees
 
     @property
     def module(self):
-        return getattr(self.members[self.main], "module", None)
+        return self.members[self.main].module
 
     def check_compatible(self, policy, tokenizer) -> None:
         for drafter in self.members.values():

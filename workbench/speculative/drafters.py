@@ -1,6 +1,11 @@
 """Drafters: anything that proposes ``k`` tokens per row for the policy to verify.
 
-Every drafter implements the same calls, which the engine makes:
+:class:`Drafter` is the protocol: it declares every hook the code calls, with its default, so
+the engine reads a hook directly and a drafter overrides only what it needs. ``DRAFTERS`` is
+the registry of named drafters (``workbench.registry``): the built-ins ``"ngram"`` and
+``"sibling"``, and whatever a plugin registers (``@DRAFTERS.register("name")``, the
+entry-point group ``workbench.drafters``; docs/extending.md). Every parameter that takes a
+drafter name accepts every registered one (``speculative.resolve``). The engine's calls:
 
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
 - ``begin()`` at the start of each worker's rollout: forget all per-row state.
@@ -17,9 +22,11 @@ Every drafter implements the same calls, which the engine makes:
 - ``keep_rows(rows)`` when finished rows leave the batch, ``add_rows(n)`` when ``n`` new
   rows join it at the bottom (continuous batching).
 
-``module`` is the drafter's trainable ``nn.Module`` (``None`` for model-free drafters): what a
-backend's ``update_weights`` loads new weights into. Several drafters serve one rollout as a
-``speculative.DrafterSet``, whose plans pick the member that drafts (``StepPlan.drafter``).
+``build(policy, tokenizer)`` (a classmethod, default ``cls()``) makes a registered drafter
+for a policy when its name is resolved. ``module`` is the drafter's trainable ``nn.Module``
+(``None`` for model-free drafters): what a backend's ``update_weights`` loads new weights
+into. Several drafters serve one rollout as a ``speculative.DrafterSet`` (``members``,
+``main``), whose plans pick the member that drafts (``StepPlan.drafter``).
 
 Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
 :class:`~workbench.rollout.batch.DecodeBatch`: each round first drops the speculative tail it
@@ -38,11 +45,12 @@ import numpy as np
 import torch
 
 from ..checks import check_non_negative
+from ..registry import PluginError, Registry
 from ..rollout.batch import DecodeBatch
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
 from ..rollout.tree import DraftTree, grow_tree
 
-__all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
+__all__ = ["Drafter", "DRAFTERS", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "SlowedDrafter"]
 
 
@@ -58,32 +66,66 @@ def _vocab_size(model) -> int:
 
 
 class Drafter:
-    """Base class: vocabulary bookkeeping shared by every drafter."""
+    """The drafter protocol: every hook the engine, the backends and the trainers call, each
+    with its default. A drafter subclasses it and overrides ``draft`` (required) and what
+    else it needs; the code reads the hooks directly (no ``getattr`` with a fallback), so a
+    hook exists on every drafter and a misspelled override is refused when it registers
+    (``DRAFTERS``). When the engine calls each one is in the module docstring.
+
+    Attributes (hooks read, not called):
+        name: the drafter's name in tables, figures and plans (``StepPlan.drafter``); set to
+            the registered name when a class registers without its own.
+        needs_hidden: True when the engine must keep the policy's hidden states for it.
+        supports_trees: True when :meth:`draft_tree` drafts trees.
+        module: the trainable ``nn.Module`` (None: model-free): what a backend's
+            ``update_weights`` loads new weights into, and what checkpoints hold.
+        head: the EAGLE head, for the spot trainer (``adapt.spot``); None for any other.
+        members, main: a drafter set's ``{name: drafter}`` and the name of its main member
+            (``speculative.DrafterSet``); None for one drafter.
+    """
 
     name = "drafter"
-    needs_hidden = False  # True: the engine keeps the policy's hidden states for it
-    supports_trees = False  # True: draft_tree(ctx, k, branch) drafts trees
-    module = None         # the trainable nn.Module, if any
+    needs_hidden = False
+    supports_trees = False
+    module = None
+    head = None
+    members = None
+    main = None
 
     vocab_size: int = 0
 
+    @classmethod
+    def build(cls, policy, tokenizer) -> "Drafter":
+        """The drafter a registered name resolves to for ``policy`` and ``tokenizer``
+        (``speculative.resolve.resolve_drafter``); default ``cls()``."""
+        return cls()
+
     def check_compatible(self, policy, tokenizer) -> None:
+        """Before a rollout: refuse a policy whose vocabulary or tokenizer this drafter cannot
+        serve; the default records the vocabulary size and the dtype of ``logq``."""
         self.vocab_size = _vocab_size(policy)
         self.dtype = policy.get_output_embeddings().weight.dtype
         if self.dtype in (torch.float16, torch.bfloat16):
             self.dtype = torch.float32
 
     def begin(self) -> None:
-        pass
+        """At the start of each worker's rollout: forget every row's state."""
 
     def keep_rows(self, rows: list[int]) -> None:
-        pass
+        """Finished rows left the batch: keep the state of ``rows`` (old indices, in order)."""
 
     def add_rows(self, n: int) -> None:
-        pass
+        """``n`` new rows joined the batch at the bottom."""
 
     def draft(self, ctx, k: int):
-        raise NotImplementedError
+        """``(tokens [B, k], logq [B, k, V] or None)`` for the rows of ``ctx``; required."""
+        raise NotImplementedError(f"{type(self).__name__} defines no draft(ctx, k)")
+
+    def draft_tree(self, ctx, k: int, branch: int) -> DraftTree:
+        """A tree ``k`` deep, ``branch`` candidates per node and depth; called only when
+        ``supports_trees``."""
+        raise NotImplementedError(f"{type(self).__name__} drafts chains only "
+                                  "(supports_trees is False)")
 
     def proposal(self, ctx, tokens: torch.Tensor):
         """``(tokens, logq)`` of a deterministic drafter: logq one-hot, built only if read."""
@@ -93,6 +135,52 @@ class Drafter:
     def stacked(tokens: list[torch.Tensor], logqs: list[torch.Tensor | None]):
         """``(tokens [B, k], logq [B, k, V] or None)`` from per-depth lists."""
         return torch.stack(tokens, 1), None if logqs[0] is None else torch.stack(logqs, 1)
+
+
+# the protocol's hooks: a registered drafter must define ``draft``; the others have defaults
+REQUIRED_HOOKS = ("draft",)
+OPTIONAL_HOOKS = ("build", "check_compatible", "begin", "keep_rows", "add_rows", "draft_tree",
+                  "name", "needs_hidden", "supports_trees", "module", "head", "members", "main")
+# names that ``speculative.resolve`` gives another meaning: a plugin may not take them
+RESERVED_NAMES = ("auto", "none", "eagle", "small_lm", "lm")
+
+
+def _check_drafter(name: str, plugin) -> None:
+    """The drafter registry's own checks (the hooks' presence and spelling are the
+    registry's): a class, not a reserved name, ``draft`` overridden, trees drafted where
+    claimed; a structural drafter (no :class:`Drafter` subclass) defines every hook. A class
+    without a ``name`` of its own takes the registered one."""
+    if name in RESERVED_NAMES:
+        raise PluginError(f"drafter name {name!r} is reserved (it means something else to "
+                          f"speculative.resolve: {list(RESERVED_NAMES)}); register under another")
+    if not isinstance(plugin, type):
+        raise PluginError(f"drafter {name!r}: registered {plugin!r}, accepted a class (a "
+                          "subclass of workbench.speculative.drafters.Drafter, or one defining "
+                          f"every hook: {list(REQUIRED_HOOKS + OPTIONAL_HOOKS)})")
+    if issubclass(plugin, Drafter):
+        if plugin.draft is Drafter.draft:
+            raise PluginError(f"drafter {name!r} ({plugin.__qualname__}) lacks the required hook "
+                              "'draft'; it inherits Drafter's, which drafts nothing")
+        trees = plugin.__dict__.get("supports_trees", None)
+        if trees is True and plugin.draft_tree is Drafter.draft_tree:
+            raise PluginError(f"drafter {name!r} ({plugin.__qualname__}) says supports_trees but "
+                              "defines no draft_tree(ctx, k, branch)")
+    else:
+        missing = [h for h in REQUIRED_HOOKS + OPTIONAL_HOOKS if not hasattr(plugin, h)]
+        if missing:
+            raise PluginError(f"drafter {name!r} ({plugin.__qualname__}) is no Drafter subclass "
+                              f"and lacks the hook(s) {missing}; subclass workbench.speculative."
+                              "drafters.Drafter for their defaults")
+    own = plugin.__dict__.get("name")
+    if own is None:
+        plugin.name = name
+    elif isinstance(own, str) and own != name:
+        raise PluginError(f"drafter {name!r} ({plugin.__qualname__}) has name {own!r}; register "
+                          f"it as {own!r}, or drop its name (registering sets it)")
+
+
+DRAFTERS: Registry = Registry("drafter", "workbench.drafters", required=REQUIRED_HOOKS,
+                              optional=OPTIONAL_HOOKS, check=_check_drafter)
 
 
 class CachedDrafter(Drafter):
@@ -189,6 +277,7 @@ class CachedDrafter(Drafter):
         return tree
 
 
+@DRAFTERS.register("ngram", builtin=True)
 class NGramDrafter(Drafter):
     """Model-free prompt lookup: continue the latest earlier match of the sequence's last
     ``n``-gram (``n`` from ``max_ngram`` down to ``min_ngram``); repeat the last token when
@@ -333,14 +422,18 @@ class EagleDrafter(CachedDrafter):
 class SlowedDrafter:
     """``drafter`` made slower by ``delay_s`` seconds per drafted depth (a chain of ``k``
     drafts, or a tree ``k`` deep, waits ``k * delay_s`` more): a hostile machine on which SD
-    cannot pay, for the tests and benchmarks of the adaptive engine. Its tokens, and
-    everything else (``head``, ``module``, ``begin``...), are the wrapped drafter's."""
+    cannot pay, for the tests and benchmarks of the adaptive engine. Its tokens, and every
+    other hook of the :class:`Drafter` protocol (``head``, ``module``, ``begin``...), are the
+    wrapped drafter's, delegated one by one; any other attribute is the wrapped drafter's too."""
+
+    members = main = None  # one drafter, never a set (refused below)
 
     def __init__(self, drafter, delay_s: float):
-        if getattr(drafter, "members", None) is not None:  # its members would draft unslowed
+        delay_s = self.check_delay(delay_s)
+        if drafter.members is not None:  # its members would draft unslowed
             raise ValueError("SlowedDrafter wraps one drafter, not a DrafterSet; slow its "
                              "members instead: DrafterSet({name: SlowedDrafter(d, delay_s)})")
-        self.drafter, self.delay_s = drafter, self.check_delay(delay_s)
+        self.drafter, self.delay_s = drafter, delay_s
 
     @staticmethod
     def check_delay(delay_s) -> float:
@@ -352,6 +445,24 @@ class SlowedDrafter:
         if "drafter" not in self.__dict__:  # while unpickling
             raise AttributeError(name)
         return getattr(self.__dict__["drafter"], name)
+
+    name = property(lambda self: self.drafter.name)
+    needs_hidden = property(lambda self: self.drafter.needs_hidden)
+    supports_trees = property(lambda self: self.drafter.supports_trees)
+    module = property(lambda self: self.drafter.module)
+    head = property(lambda self: self.drafter.head)
+
+    def check_compatible(self, policy, tokenizer) -> None:
+        self.drafter.check_compatible(policy, tokenizer)
+
+    def begin(self) -> None:
+        self.drafter.begin()
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.drafter.keep_rows(rows)
+
+    def add_rows(self, n: int) -> None:
+        self.drafter.add_rows(n)
 
     def draft(self, ctx, k):
         self._wait(ctx, k)

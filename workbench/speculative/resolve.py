@@ -4,10 +4,12 @@
 on the spot (``speculative.fit``) and cached under the model's fingerprint
 (``speculative.cache``), so the next run reuses it. A folder: an EAGLE head saved by
 ``EagleHead.save_pretrained``, or a small causal LM saved by ``save_pretrained`` with the
-policy's tokenizer. ``"ngram"``: prompt lookup, model-free. ``"sibling"``: drafts from the
-other responses to the same prompt (``speculative.sibling``), model-free. ``"none"``: no
+policy's tokenizer. A registered name (``speculative.drafters.DRAFTERS``): the built-ins
+``"ngram"`` (prompt lookup, model-free) and ``"sibling"`` (drafts from the other responses to
+the same prompt: ``speculative.sibling``, model-free), and every name a plugin registers
+(docs/extending.md), built by its class's ``build(policy, tokenizer)``. ``"none"``: no
 drafter, where the caller can run without SD. Every name is checked (:func:`drafter_form`)
-before anything runs.
+before anything runs; an error lists the registered names.
 """
 from __future__ import annotations
 
@@ -18,36 +20,44 @@ from ..atomic import recover_dir
 from ..checks import check_choice
 from ..models import DEFAULT_EAGLE, load_model, resolve_model_path
 from .cache import fitted_dir, is_default_policy, model_fingerprint
-from .drafters import EagleDrafter, LMDrafter, NGramDrafter
+# DRAFTERS holds "sibling" too: the package (speculative/__init__) imports speculative.sibling
+from .drafters import DRAFTERS, EagleDrafter, LMDrafter
 from .eagle import EagleHead
 from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
-from .sibling import SiblingDrafter
 
 __all__ = ["drafter_form", "auto_drafter", "resolve_drafter", "resolve_head", "comparison_names",
            "compared_drafters"]
 
-DRAFTER_FORMS = ("'auto'", "'ngram'", "'sibling'", "'none'",
-                 "a folder saved by EagleHead.save_pretrained", "a folder holding a small causal LM with the policy's tokenizer "
-                 "(save_pretrained)")
-KEYWORDS = ("auto", "ngram", "sibling", "none")
-MODEL_FREE = {"ngram": NGramDrafter, "sibling": SiblingDrafter}  # keyword -> drafter class
-# what a comparison may put beside the named drafter, and what it puts there unless told
-OTHER_DRAFTERS = ("ngram", "sibling", "small_lm")
+FOLDER_FORMS = ("a folder saved by EagleHead.save_pretrained",
+                "a folder holding a small causal LM with the policy's tokenizer (save_pretrained)")
+# what a comparison puts beside the named drafter unless told (any of other_drafter_names())
 DEFAULT_OTHERS = ("ngram", "small_lm")
-_NAMES = {"auto": "eagle", "eagle": "eagle", "lm": "small_lm", "ngram": "ngram",
-          "sibling": "sibling"}
+_NAMES = {"auto": "eagle", "eagle": "eagle", "lm": "small_lm"}  # form -> comparison name
+
+
+def keywords() -> list[str]:
+    """The names :func:`drafter_form` takes: ``"auto"``, every registered drafter (the
+    built-ins, then the plugins'), ``"none"``."""
+    return ["auto", *DRAFTERS.names(), "none"]
+
+
+def other_drafter_names() -> list[str]:
+    """What a comparison may put beside the named drafter: every registered drafter and
+    ``"small_lm"`` (the ``"auto"`` small LM)."""
+    return [*DRAFTERS.names(), "small_lm"]
 
 
 def _accepted(allow_none: bool) -> str:
-    forms = [f for f in DRAFTER_FORMS if allow_none or f != "'none'"]
-    return ", ".join(forms)
+    names = [f"{n!r}" for n in keywords() if allow_none or n != "none"]
+    return ", ".join([*names, *FOLDER_FORMS])
 
 
 def drafter_form(spec, allow_none: bool = True) -> str:
-    """What ``spec`` names: ``"auto"``, ``"ngram"``, ``"sibling"``, ``"none"``, ``"eagle"`` (a
-    head's folder) or ``"lm"`` (a small LM's folder). A ``ValueError`` names a bad value and
-    the accepted forms; ``allow_none=False`` where the caller cannot run without a drafter."""
-    if isinstance(spec, str) and spec in KEYWORDS:
+    """What ``spec`` names: ``"auto"``, a registered drafter's name (``"ngram"``,
+    ``"sibling"``, a plugin's), ``"none"``, ``"eagle"`` (a head's folder) or ``"lm"`` (a small
+    LM's folder). A ``ValueError`` names a bad value and the accepted forms (the registered
+    names among them); ``allow_none=False`` where the caller cannot run without a drafter."""
+    if isinstance(spec, str) and spec in keywords():
         if spec == "none" and not allow_none:
             raise ValueError(f"drafter 'none': this run needs a drafter; accepted here: "
                              f"{_accepted(False)}")
@@ -63,15 +73,15 @@ def drafter_form(spec, allow_none: bool = True) -> str:
         return "lm"
     why = ("is a folder without eagle_config.json or config.json" if path.is_dir()
            else "is a file" if path.exists() else "does not exist")
-    raise ValueError(f"drafter {str(spec)!r} is not one of {list(KEYWORDS)}, and as a path it "
+    raise ValueError(f"drafter {str(spec)!r} is not one of {keywords()}, and as a path it "
                      f"{why}; accepted: {_accepted(allow_none)}")
 
 
 def drafter_name(spec) -> str:
     """The name a comparison gives the drafter ``spec`` names: ``"eagle"`` (``"auto"`` or a
-    head's folder), ``"small_lm"`` (a small LM's folder), ``"ngram"`` or ``"sibling"``."""
+    head's folder), ``"small_lm"`` (a small LM's folder), or the registered name itself."""
     form = drafter_form(spec, allow_none=False)
-    return _NAMES[form]
+    return _NAMES.get(form, form)
 
 
 def auto_drafter(policy, tokenizer, task="running_sum", kind: str = "eagle",
@@ -112,13 +122,14 @@ def resolve_drafter(spec, policy, tokenizer, task="running_sum", *, kind: str = 
                     allow_none: bool = True, fit: FitConfig | None = None, cache_root=None,
                     progress: bool = True):
     """The drafter ``spec`` names for ``policy`` (None for ``"none"``); ``"auto"`` is the
-    ``kind`` drafter of :func:`auto_drafter`. Nothing is loaded or trained for a bad name."""
+    ``kind`` drafter of :func:`auto_drafter`; a registered name, its class's
+    ``build(policy, tokenizer)``. Nothing is loaded or trained for a bad name."""
     form = drafter_form(spec, allow_none)
     check_choice("drafter kind", kind, FIT_KINDS)
     if form == "none":
         return None
-    if form in MODEL_FREE:
-        return MODEL_FREE[form]()
+    if form in DRAFTERS:
+        return DRAFTERS[form].build(policy, tokenizer)
     path = (auto_drafter(policy, tokenizer, task, kind, fit, cache_root, progress=progress)
             if form == "auto" else Path(spec).expanduser())
     return load_drafter(path, policy, tokenizer)
@@ -148,22 +159,26 @@ def resolve_head(spec, policy, tokenizer, task="running_sum", fit: FitConfig | N
 def comparison_names(spec, others=DEFAULT_OTHERS) -> list[str]:
     """The names of a comparison's drafters, the one ``spec`` names first
     (:func:`drafter_name`), then each of ``others`` not already there; both checked before
-    anything loads. ``"none"`` is refused: there is nothing to compare without a drafter."""
-    if isinstance(others, str) or any(o not in OTHER_DRAFTERS for o in others):
-        raise ValueError(f"other drafters {others!r}: accepted a list of {list(OTHER_DRAFTERS)}")
+    anything loads. ``"none"`` is refused: there is nothing to compare without a drafter.
+    ``others`` may name any of :func:`other_drafter_names` (a plugin's drafter too)."""
+    accepted = other_drafter_names()
+    if isinstance(others, str) or any(not isinstance(o, str) or o not in accepted
+                                      for o in others):
+        raise ValueError(f"other drafters {others!r}: accepted a list of {accepted} (a plugin "
+                         "registers more: docs/extending.md)")
     return list(dict.fromkeys([drafter_name(spec), *others]))
 
 
 def compared_drafters(spec, policy, tokenizer, task="running_sum", others=DEFAULT_OTHERS,
                       fit: FitConfig | None = None, cache_root=None,
                       progress: bool = True) -> dict:
-    """``{name: drafter}`` of :func:`comparison_names`: the drafter ``spec`` names, then
-    ``"ngram"`` (prompt lookup), ``"sibling"`` (siblings' responses) and ``"small_lm"`` (the
-    ``"auto"`` small LM) as ``others`` asks."""
+    """``{name: drafter}`` of :func:`comparison_names`: the drafter ``spec`` names, then each
+    of ``others``: a registered drafter (``"ngram"``: prompt lookup, ``"sibling"``: siblings'
+    responses, a plugin's) or ``"small_lm"`` (the ``"auto"`` small LM)."""
     main, *rest = comparison_names(spec, others)
     common = dict(fit=fit, cache_root=cache_root, progress=progress)
     out = {main: resolve_drafter(spec, policy, tokenizer, task, allow_none=False, **common)}
     for name in rest:
-        out[name] = resolve_drafter(name if name in MODEL_FREE else "auto", policy, tokenizer,
+        out[name] = resolve_drafter(name if name in DRAFTERS else "auto", policy, tokenizer,
                                     task, kind="lm", **common)
     return out

@@ -43,7 +43,7 @@ from itertools import islice
 import torch
 
 from ..checks import check_int
-from .drafters import Drafter, NGramDrafter
+from .drafters import DRAFTERS, Drafter, NGramDrafter
 
 __all__ = ["SiblingDrafter", "NGramIndex"]
 
@@ -106,6 +106,7 @@ class NGramIndex:
         return best
 
 
+@DRAFTERS.register("sibling", builtin=True)
 class SiblingDrafter(Drafter):
     """Drafts each row from its siblings and from its prompt's earlier responses (module
     docstring); model-free and deterministic (``logq`` one-hot).
