@@ -10,6 +10,7 @@ import torch
 
 from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
                                StaticSchedule, WorkerFailed)
+from workbench.rollout.backend import IdleJob
 from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.worker import IdleClock, StepRecorder, WindowEnd, WorkerTask
 from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
@@ -64,7 +65,7 @@ def test_workers_return_results_without_touching_the_requests_they_were_given(to
     assert {row["worker"] for row in results[1].steps} == {1}
 
 
-class SleepJob:
+class SleepJob(IdleJob):
     """An idle job: ``naps`` steps of ``nap_s`` seconds each, until one is preempted; steps
     that ended past an open window's late end are undone (``clock.settle``). Its outcome is
     what it did, and its preempted row, if any."""
@@ -148,7 +149,7 @@ def test_a_finished_rollouts_windows_run_tail_jobs_after_the_fact(tokenizer):
 def test_bad_idle_input_is_refused_before_any_work(tokenizer):
     engine, res = _two_worker_rollout(tokenizer)
 
-    class Training:
+    class Training(IdleJob):
         def run(self, window, clock):
             return clock.timed("decode", lambda: None)
     with pytest.raises(ValueError, match=r"kind must be one of 'drafter_train', 'train', "

@@ -32,6 +32,7 @@ import copy
 import weakref
 from dataclasses import dataclass, field
 
+from ..rollout.backend import IdleJob
 from ..speculative.eagle import EagleHead
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from ..train import isolated_rng
@@ -107,7 +108,18 @@ class DrafterTail:
                           self.step_s, self.local)
 
 
-class DrafterJob:
+@dataclass
+class JobProgress:
+    """What a drafter job has done so far in its window, written by its ``run`` and read by
+    ``settled`` from another thread (the wall clock's stop): the outcome as it grows, and the
+    trainer state after each whole step that can still be undone. ``outcome`` is None until
+    the run begins (the window closed before it did)."""
+
+    outcome: DrafterOutcome | None = None
+    after: dict[int, dict] = field(default_factory=dict)  # whole steps -> the state after
+
+
+class DrafterJob(IdleJob):
     """Drafter training in one idle window (``rollout.backend.IdleJob``): a copy of
     ``start`` trains on ``pairs``, step after step while the estimate still fits the window.
 
@@ -129,6 +141,7 @@ class DrafterJob:
         self.config, self.start, self.pairs = config, start, pairs
         self.rank, self.copies = rank, copies
         self.max_steps, self.step_s, self.local = max_steps, step_s, local
+        self.progress = JobProgress()
 
     def __getstate__(self) -> dict:
         # what travels: the state, config and pairs; the local trainer holds the policy
@@ -152,8 +165,8 @@ class DrafterJob:
         crosses its end is preempted there and its update discarded, and so are the steps
         that ended past an open window's end before it was known (module docstring,
         "undo")."""
-        out = self._live = DrafterOutcome(step_s=self.step_s)
-        self._after: dict[int, dict] = {}  # whole steps -> the state after them (the latest)
+        progress = self.progress = JobProgress(DrafterOutcome(step_s=self.step_s))
+        out = progress.outcome
         if not self.pairs or not clock.fits(out.step_s):  # nothing to train, or no time left
             return out
         eagle = self.trainer_on(clock.policy)
@@ -175,8 +188,8 @@ class DrafterJob:
                     out.preempted = 1
                     break
                 out.losses.append(trained["loss"])
-                self._after[len(out.losses)] = trainer_snapshot(eagle.trainer)
-                self._after.pop(len(out.losses) - undoable - 1, None)  # beyond undoing
+                progress.after[len(out.losses)] = trainer_snapshot(eagle.trainer)
+                progress.after.pop(len(out.losses) - undoable - 1, None)  # beyond undoing
             # 3) an open window's end is known now: the steps that ended past it go too
             late = clock.settle(min(undoable, len(out.losses)))
             if late:
@@ -185,7 +198,7 @@ class DrafterJob:
         out.wasted_s = clock.wasted_s()
         # the state after the last whole step kept (the trainer itself is reset by the next
         # window, and the spot trainer folds in the outcomes' states alone)
-        out.state = self._after.get(len(out.losses)) if out.losses else None
+        out.state = progress.after.get(len(out.losses)) if out.losses else None
         return out
 
     def settled(self, rows: list[dict]) -> DrafterOutcome | None:
@@ -194,11 +207,12 @@ class DrafterJob:
         they stand at the end, say how many whole steps count; their
         losses, and the state after them, are this job's. None when that state is no longer
         kept (more late steps than ``UNDO_STEPS``): the run's own outcome answers then."""
-        live = getattr(self, "_live", None)
+        progress = self.progress  # the run's, as it stands (it replaces the record whole)
+        live = progress.outcome
         if live is None:  # the window closed before the job began
             return DrafterOutcome(step_s=self.step_s)
         whole = sum(1 for row in rows if not row.get("preempted"))
-        state = self._after.get(whole) if whole else None
+        state = progress.after.get(whole) if whole else None
         if whole and state is None:
             return None
         wasted = [row["end_s"] - row["start_s"] for row in rows if row.get("preempted")]

@@ -251,7 +251,7 @@ class Worker:
         without waiting for its step in flight; None when no job runs, or the job cannot
         say (then its run's own return is the answer)."""
         running = self._idle
-        if running is None or not hasattr(running[0], "settled"):
+        if running is None:
             return None
         job, clock = running
         rows = clock.rows_at(end_s)
