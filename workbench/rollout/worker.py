@@ -88,6 +88,16 @@ class StepRecorder:
         self.mark, self.used = end, used
         return end
 
+    def preempt(self, i: int, end_s: float) -> None:
+        """Step ``i`` preempted at ``end_s`` (an idle window's end): its row ends there,
+        flagged ``preempted``; the rows after it go, and so does its own when it began at or
+        after the end (a wall-clock step started before the stop arrived), so that no row
+        lies past the end; the next step starts where the rows now end."""
+        rows = self.rows
+        rows[i].update(end_s=max(end_s, rows[i]["start_s"]), preempted=True)
+        del rows[i + (rows[i]["start_s"] < end_s):]
+        self.mark = rows[-1]["end_s"] if rows else end_s
+
     def label(self, first: int, report: StepReport, decision: dict) -> None:
         """Write the plan of the decode step whose rows start at ``rows[first]`` (what it did:
         ``report``), and the schedule's ``decision`` columns, onto those rows (timeline.py,
@@ -388,13 +398,7 @@ class IdleClock:
                          if row.get("preempted")))
 
     def _cut(self, i: int, end: float) -> None:
-        """Preempt the window's step ``i`` at ``end``: its row ends there, flagged; the rows
-        after it go, and so does its own when it began at or after the end (a wall-clock step
-        started before the stop arrived): no row lies past the window's end."""
-        rows = self._rec.rows
-        rows[i].update(end_s=max(end, rows[i]["start_s"]), preempted=True)
-        del rows[i + (rows[i]["start_s"] < end):]
-        self._rec.mark = rows[-1]["end_s"] if rows else end
+        self._rec.preempt(i, end)
 
     @property
     def rows(self) -> list[dict]:
