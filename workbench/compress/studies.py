@@ -1,7 +1,8 @@
 """The comparisons notebooks 05-07 report, as functions that return tidy tables.
 
-- :func:`ranking_ablation`: one plan, many rankings (every batch/sequence aggregation of the
-  activation scores, weight magnitude, random), judged by LM loss right after pruning.
+- :func:`ranking_ablation`: one plan, many rankings (registered importance scores,
+  :mod:`.rankings`; by default every batch/sequence aggregation of the activation scores,
+  weight magnitude, random), judged by LM loss right after pruning.
 - :func:`architecture_search`: candidate plans near a target, ranked by LM loss right after
   pruning, the best few retrained by a short distillation and ranked again.
 - :func:`width_against_depth`: a width and a depth student of about the same size, right after
@@ -26,11 +27,11 @@ from ..progress import tqdm
 
 from .data import check_seeds, lm_loss, seeded_order
 from .distill import DistillConfig, Distiller, scratch_like
-from .importance import AGGREGATIONS, Aggregation, importance_from_batches, magnitude_scores, \
-    random_scores
+from .importance import importance_from_batches
 from .iterative import compress_step
 from .plan import check_model_type, param_count
 from .prune import prune
+from .rankings import DEFAULT_RANKINGS, check_rankings, resolve
 from .search import feasible_plans, nearest_plan, rank_candidates, snap_note
 
 __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "retraining_study",
@@ -39,32 +40,28 @@ __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "re
 RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
                "scratch + CE")
 
-SEQUENCE_AGGREGATIONS = ("mean", "l2")
-
-
 def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
-                     progress: bool = True, seeds=None) -> pd.DataFrame:
+                     progress: bool = True, seeds=None,
+                     rankings=DEFAULT_RANKINGS) -> pd.DataFrame:
     """LM loss on ``held_out`` right after pruning ``teacher`` to ``plan`` with the units each
-    ranking keeps: activation importance under every (batch, sequence) aggregation (the
-    default L2/mean first), weight magnitude, and a random draw; best first. The random
-    ranking is drawn once per seed of ``seeds`` (default: ``[seed]``) and reported as the mean
-    with ``lm_loss_sd`` over the draws (0 for the rankings that draw nothing)."""
+    of ``rankings`` keeps (registered importance scores, :mod:`.rankings`; default: activation
+    importance under every (batch, sequence) aggregation, the default L2/mean first, weight
+    magnitude, and a random draw); one row per ranking, by its label, best first. A ranking
+    that draws randomly is drawn once per seed of ``seeds`` (default: ``[seed]``) and reported
+    as the mean with ``lm_loss_sd`` over the draws (0 for the rankings that draw nothing);
+    the others score once, with the first seed. ``rankings`` is checked before any model runs
+    (an unknown name is refused listing the registered ones)."""
     check_model_type(teacher)
     seeds = check_seeds([seed] if seeds is None else seeds)
-    rankings = {}
-    combos = [("l2", "mean")] + [(b, s) for b in AGGREGATIONS for s in SEQUENCE_AGGREGATIONS
-                                 if (b, s) != ("l2", "mean")]
-    for b, s in tqdm(combos, desc="aggregations", disable=not progress):
-        rankings[f"activation {b}/{s}"] = [importance_from_batches(
-            teacher, calibration, Aggregation(batch=b, sequence=s), progress=False).scores]
-    rankings["weight magnitude"] = [magnitude_scores(teacher)]
-    rankings["random"] = [random_scores(teacher, s) for s in seeds]
+    chosen = [resolve(r) for r in check_rankings(rankings)]
     rows = []
-    for name, draws in rankings.items():
-        losses = pd.Series([lm_loss(prune(teacher, plan, scores), held_out) for scores in draws])
-        rows.append({"ranking": name, "lm_loss": float(losses.mean()),
+    for ranking in tqdm(chosen, desc="rankings", disable=not progress):
+        draws = seeds if ranking.draws_randomly else seeds[:1]
+        losses = pd.Series([lm_loss(prune(teacher, plan, ranking.scores(teacher, calibration, s)),
+                                    held_out) for s in draws])
+        rows.append({"ranking": ranking.label, "lm_loss": float(losses.mean()),
                      "lm_loss_sd": float(losses.std()) if len(losses) > 1 else 0.0})
-    return pd.DataFrame(rows).sort_values("lm_loss").reset_index(drop=True)
+    return pd.DataFrame(rows).sort_values("lm_loss", kind="stable").reset_index(drop=True)
 
 
 def _search_table(config, target, kinds, max_flops_ratio, candidates) -> pd.DataFrame:

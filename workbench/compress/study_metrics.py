@@ -27,17 +27,21 @@ def _row(table: pd.DataFrame, key, what: str) -> pd.Series:
 def ranking_metrics(ablation: pd.DataFrame) -> dict:
     """From ``studies.ranking_ablation``'s table: the LM loss right after pruning with the
     default activation ranking (L2 over the batch, mean over the sequence), the best
-    activation ranking, weight magnitude and random (its mean and sd over the draws)."""
+    activation ranking, weight magnitude and random (its mean and sd over the draws), each
+    where the ablation ran it (``rankings``: a ranking left out leaves its metrics out)."""
     by = ablation.set_index("ranking")
     activation = by[by.index.str.startswith("activation")]["lm_loss"]
-    if activation.empty:
-        raise ValueError(f"the ranking ablation has no activation ranking; rows: {list(by.index)}")
-    return {"loss_after_prune_l2mean": _row(by, "activation l2/mean", "the ranking ablation")["lm_loss"],
-            "loss_after_prune_best_activation": activation.min(),
-            "loss_after_prune_random": _row(by, "random", "the ranking ablation")["lm_loss"],
-            "loss_after_prune_random_sd": by.loc["random", "lm_loss_sd"],
-            "loss_after_prune_magnitude": _row(by, "weight magnitude",
-                                               "the ranking ablation")["lm_loss"]}
+    out = {}
+    if "activation l2/mean" in by.index:
+        out["loss_after_prune_l2mean"] = by.loc["activation l2/mean", "lm_loss"]
+    if not activation.empty:
+        out["loss_after_prune_best_activation"] = activation.min()
+    if "random" in by.index:
+        out["loss_after_prune_random"] = by.loc["random", "lm_loss"]
+        out["loss_after_prune_random_sd"] = by.loc["random", "lm_loss_sd"]
+    if "weight magnitude" in by.index:
+        out["loss_after_prune_magnitude"] = by.loc["weight magnitude", "lm_loss"]
+    return out
 
 
 def width_depth_test(per_seed: pd.DataFrame) -> dict:
