@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..checks import check_choice, check_int, check_list
+from ..checks import check_int, check_list
 from ..clock import sim_seconds, sim_seconds_kind
 from ..rollout import make_backend
 from ..rollout.backend import check_capacity
@@ -29,18 +29,14 @@ from ..tasks import exact_match_reward
 from .ablation_runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
 from .ablation_store import AblationStore, ablation_settings, saved_sim_seconds
 from .grpo import GRPO, GRPOConfig
-from .remedies import REMEDIES
 from .remedies.compare import remedy_metrics
-from .tlt import VARIANTS, TLTConfig, first_divergence
+from .tlt import TLTConfig, first_divergence
+from .variants import check_variant, speculates
 
 __all__ = ["Ablation", "rl_setup", "run_ablation", "check_ablation", "coupled_first_divergence",
-           "notebook_backend", "close_backend", "ALL_VARIANTS"]
+           "notebook_backend", "close_backend"]
 
-# every variant an ablation runs: TLT's, then the long-tail remedies' (rl.remedies), whose
-# baseline is TLT's, then TLT beside each remedy ("tlt+<remedy>")
-REMEDY_VARIANTS = tuple(r for r in REMEDIES if r not in VARIANTS)
-COMPOSED = tuple(f"tlt+{r}" for r in REMEDY_VARIANTS)
-ALL_VARIANTS = tuple(VARIANTS) + REMEDY_VARIANTS + COMPOSED
+DEFAULT_VARIANTS = ("baseline", "static_sd", "adaptive_drafter", "tlt")  # TLT's ablation
 SEED_MAX = 2 ** 63 - 1  # a seed seeds a torch.Generator (TrainConfig.seed's range)
 
 
@@ -60,25 +56,23 @@ class RLSetup:
 
 def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int = 4000,
              eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
-             variants=tuple(VARIANTS), fit=None) -> RLSetup:
+             variants=DEFAULT_VARIANTS, fit=None) -> RLSetup:
     """Load ``model``, draw the RL pool (``RL_SEED``) and held-out problems (``HELDOUT_SEED``)
     of ``task``, pick the reward by name (``tasks.REWARDS``), and the pre-RL EAGLE head that
     ``drafter`` names (``speculative.resolve.resolve_head``: ``"auto"``, the shipped head of
     the default model and for any other one a head fitted on the spot with ``fit``, a
     ``FitConfig``, and cached; or a head's folder).
 
-    When no variant of ``variants`` speculates (``["baseline"]``) no head is needed: none is
-    loaded or trained and ``drafter`` may be ``"none"``. Every argument is checked before
-    the model loads.
+    When no variant of ``variants`` (any RL variant's name: ``rl.variants``) speculates
+    (``["baseline"]``) no head is needed: none is loaded or trained and ``drafter`` may be
+    ``"none"``. Every argument is checked before the model loads.
     """
     from ..models import load_model
     from ..speculative.resolve import check_head_spec, drafter_form, resolve_head
     from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
-    if isinstance(variants, str) or any(v not in ALL_VARIANTS for v in variants):
-        raise ValueError(f"variants {variants!r}: accepted a list of {list(ALL_VARIANTS)}")
+    variants = _check_variants(variants)
     scorer = get_reward(reward, task)
-    speculative = any(VARIANTS[v][0] for v in variants if v in VARIANTS) or \
-        any(v in COMPOSED for v in variants)
+    speculative = speculates(variants)
     if speculative:
         check_head_spec(drafter)
     else:
@@ -180,9 +174,9 @@ class Ablation:
         """What the adaptive engine of each seed of ``variant`` learned of this machine by
         the end of its run (``AdaptiveSchedule.learned``, with a ``seed`` column): per bucket,
         plain's tokens/s, the best SD arm's, their ratio and the arm it now chooses."""
-        tables = [tr.schedule.learned().assign(seed=seed)
-                  for (v, seed), tr in self.trainers.items()
-                  if v == variant and hasattr(tr.schedule, "learned")]
+        tables = [learned.assign(seed=seed) for (v, seed), tr in self.trainers.items()
+                  if v == variant and tr.schedule is not None
+                  and (learned := tr.schedule.learned()) is not None]
         return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
     def paired_speedups(self, variant: str) -> pd.Series:
@@ -268,18 +262,19 @@ def _max_or_zero(history: pd.DataFrame, column: str) -> float:
 
 
 def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
-                 variants=tuple(VARIANTS), seeds=(0,), drafter_head=None,
+                 variants=DEFAULT_VARIANTS, seeds=(0,), drafter_head=None,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
                  eval_every: int | None = None, progress: bool = True, backend="local",
                  ray_address: str | None = None, run_dir=None, checkpoint_dir=None,
                  checkpoint_every: int | None = None, **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
-    ``variants``: any of TLT's (:data:`~workbench.rl.tlt.VARIANTS`) and the long-tail
-    remedies' (:data:`~workbench.rl.remedies.REMEDIES`: ``overprovision``, ``april``,
-    ``partial``, ``async``, ``tail_batching``, each at ``RemedyConfig.variant``'s defaults),
-    and TLT beside each remedy (``tlt+<remedy>``: TLT's SD, spot-trained drafter and
-    adaptive engine in the remedy's rollouts; ``tlt_kw`` as for ``tlt``).
+    ``variants``: any registered RL variant (``rl.variants.variant_names``): TLT's
+    (``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``), the long-tail remedies'
+    (``overprovision``, ``april``, ``partial``, ``async``, ``tail_batching``, each at
+    ``RemedyConfig.variant``'s defaults), a plugin's (docs/extending.md), and TLT beside each
+    composable one (``tlt+<remedy>``: TLT's SD, spot-trained drafter and adaptive engine in
+    the remedy's rollouts; ``tlt_kw`` as for ``tlt``).
 
     Every run starts from its own copy of ``policy`` (and of ``drafter_head``); seed ``s``
     sets the GRPO seed (prompt order, sampling). ``tlt_kw`` go to every :class:`TLTConfig`
@@ -375,14 +370,19 @@ def check_ablation(steps: int, variants, seeds, grpo: GRPOConfig, *,
 def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[list, list]:
     """The variants and seeds as lists, after checking them, ``steps`` and ``eval_every``."""
     check_int("steps", steps, 0)
-    variants = check_list("variants", variants,
-                          lambda name, v: check_choice(name, v, ALL_VARIANTS),
-                          f"variants of {list(ALL_VARIANTS)}")
+    variants = _check_variants(variants)
     seeds = check_list("seeds", seeds, lambda name, seed: check_int(name, seed, 0, SEED_MAX),
                        f"integers in [0, {SEED_MAX}]")
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
     return variants, seeds
+
+
+def _check_variants(variants) -> list[str]:
+    """``variants`` as a list of registered RL variants' names (``rl.variants``), each once;
+    ``ValueError`` naming the first bad one and every accepted name."""
+    return check_list("variants", variants, lambda name, v: check_variant(v, name),
+                      "RL variants' names (rl.variants.variant_names())")
 
 
 def _backend_for(backend, ray_address: str | None, workers: int, run_dir=None):

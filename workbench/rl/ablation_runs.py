@@ -12,29 +12,21 @@ from ..evaluate import evaluate_policy
 from ..memory import MemoryReleaser
 from ..progress import tqdm
 from ..side_by_side import side_by_side
-from .remedies import RemedyConfig, RemedyTrainer
-from .tlt import VARIANTS, TLTConfig, TLTTrainer
+from .variants import VariantRun, get_variant
 
 __all__ = ["build_run", "steps_done", "evaluation_due", "evaluate_runs", "Turns", "lockstep"]
 
 
 def build_run(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
               tlt_kw, checkpoint_dir=None):
-    """One run of the ablation: its own copy of ``policy`` (and of the head, where it
-    speculates), on the ``shared`` backend or a local one of its own; a remedy's variant is
-    a :class:`~workbench.rl.remedies.RemedyTrainer` at its defaults (``tlt_kw`` are TLT's).
-    With ``checkpoint_dir`` the trainer resumes from the checkpoint there, if any."""
-    backend = shared if shared is not None else "local"
-    if variant not in VARIANTS:
-        remedy, grpo = variant.removeprefix("tlt+"), grpo.updated(seed=seed)
-        tlt = TLTConfig.variant("tlt", grpo, **tlt_kw) if remedy != variant else None
-        return RemedyTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
-                             RemedyConfig.variant(remedy, grpo), backend=backend, tlt=tlt,
-                             drafter_head=drafter_head, checkpoint_dir=checkpoint_dir)
-    cfg = TLTConfig.variant(variant, grpo.updated(seed=seed), **tlt_kw)
-    return TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward, cfg,
-                      drafter_head=drafter_head if cfg.speculative else None,
-                      backend=backend, checkpoint_dir=checkpoint_dir)
+    """One run of the ablation: RL variant ``variant`` (``rl.variants``: its ``build``) on its
+    own copy of ``policy`` (and of the head, where it speculates), on the ``shared`` backend
+    or a local one of its own, with the GRPO seed ``seed`` (``tlt_kw`` are TLT's). With
+    ``checkpoint_dir`` the trainer resumes from the checkpoint there, if any."""
+    run = VariantRun(seed, copy.deepcopy(policy), tokenizer, problems, reward,
+                     grpo.updated(seed=seed), drafter_head,
+                     shared if shared is not None else "local", dict(tlt_kw), checkpoint_dir)
+    return get_variant(variant).build(run)
 
 
 def steps_done(trainer) -> int:

@@ -1,6 +1,7 @@
 """The TLT trainer: GRPO whose rollouts use SD, an adaptive drafter and an adaptive engine.
 
-Each part has a switch, so one loop runs the whole ablation (:data:`VARIANTS`):
+Each part has a switch, so one loop runs the whole ablation (TLT's variants, registered in
+``rl.variants`` with those of the long-tail remedies and any plugin's):
 
 - ``baseline``: GRPO, every decode step plain;
 - ``static_sd``: SD with the drafter trained before RL, never updated, a fixed chain of
@@ -37,14 +38,8 @@ from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPOConfig
 from .grpo import GRPO
 
-__all__ = ["TLTConfig", "TLTTrainer", "VARIANTS"]
+__all__ = ["TLTConfig", "TLTTrainer"]
 
-VARIANTS = {  # name: (speculative, adaptive_drafter, adaptive_engine)
-    "baseline": (False, False, False),
-    "static_sd": (True, False, False),
-    "adaptive_drafter": (True, True, False),
-    "tlt": (True, True, True),
-}
 STATE_FILE = "tlt_state.pt"
 
 
@@ -93,11 +88,12 @@ class TLTConfig:
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
-        """The config of ablation variant ``name`` (one of :data:`VARIANTS`)."""
-        check_choice("variant", name, tuple(VARIANTS))
-        sd, drafter, engine = VARIANTS[name]
-        return cls(grpo=grpo or GRPOConfig(), speculative=sd, adaptive_drafter=drafter,
-                   adaptive_engine=engine, **kw)
+        """The config of RL variant ``name``: one run by this trainer (``rl.variants.
+        TLTVariant``: ``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``, or a
+        plugin's), its switches on ``grpo`` and ``kw`` the other fields."""
+        from .variants import VARIANTS, TLTVariant  # rl.variants builds on this module
+        variant = VARIANTS.get(check_choice("TLT variant", name, _names_of(TLTVariant)))
+        return variant().config(grpo, **kw)
 
     def parts(self, model, drafter_head, drafter_dir=None) -> tuple:
         """``(drafter, spot trainer, schedule)`` of this variant on ``model``: the serving
@@ -129,6 +125,12 @@ class TLTConfig:
         return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
                                 window=self.window, explore_budget=self.explore_budget,
                                 seed=self.grpo.rollout.seed)
+
+
+def _names_of(kind) -> list[str]:
+    """The registered RL variants of class ``kind`` (``rl.variants``)."""
+    from .variants import VARIANTS
+    return [n for n in VARIANTS.names() if issubclass(VARIANTS.get(n), kind)]
 
 
 def tokens_digest(result) -> str:

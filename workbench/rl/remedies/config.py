@@ -4,8 +4,8 @@ remedy's own switch.
 ``RemedyConfig`` holds a :class:`~workbench.rl.config.GRPOConfig` (as ``TLTConfig`` does)
 rather than copying its fields; ``RemedyConfig.flat(extra_groups=4, prompts_per_step=8,
 max_new_tokens=64)`` routes each keyword to the config that declares it. Every remedy is off
-by default, so the default config is plain GRPO. :data:`REMEDIES` names the ablation's
-variants.
+by default, so the default config is plain GRPO. ``RemedyConfig.variant(name)`` is the config
+of an RL variant of the ablation (``rl.variants``: the remedies, the baseline, a plugin's).
 """
 from __future__ import annotations
 
@@ -15,12 +15,9 @@ from ...checks import check_bool, check_choice, check_int, check_real
 from ...nested_config import NestedConfig
 from ..config import GRPOConfig
 
-__all__ = ["RemedyConfig", "REMEDIES", "LEFTOVERS"]
+__all__ = ["RemedyConfig", "LEFTOVERS"]
 
 LEFTOVERS = ("abort", "carry", "defer")
-# the ablation's variants: name -> what it switches on (values filled in by
-# RemedyConfig.variant from the run's P and length cap)
-REMEDIES = ("baseline", "overprovision", "april", "partial", "async", "tail_batching")
 
 
 @dataclass
@@ -81,22 +78,17 @@ class RemedyConfig(NestedConfig):
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "RemedyConfig":
-        """The config of ablation variant ``name`` (one of :data:`REMEDIES`): over-
+        """The config of RL variant ``name`` (``rl.variants``: one whose ``settings`` are
+        remedy fields: ``baseline``, every remedy, a plugin's remedy) on ``grpo``: over-
         provisioning by half of ``P`` (at least 1 group), aborting or carrying (``april``)
         the rest; partial rollouts of a quarter of the length cap per step; one-step async;
         tail batching (over-provisioning as ``overprovision``, the unfinished deferred).
         ``kw`` overrides any of it."""
-        check_choice("remedy", name, REMEDIES)
+        from ..variants import VARIANTS  # rl.variants builds on this module
         grpo = grpo or GRPOConfig()
-        extra = max(1, grpo.prompts_per_step // 2)
-        on = {"baseline": {},
-              "overprovision": {"extra_groups": extra, "leftover": "abort"},
-              "april": {"extra_groups": extra, "leftover": "carry"},
-              "partial": {"segment_tokens": max(1, grpo.rollout.max_new_tokens // 4),
-                          "leftover": "carry"},
-              "async": {"one_step_async": True},
-              "tail_batching": {"extra_groups": extra, "leftover": "defer"}}[name]
-        return cls(grpo=grpo, **{**on, **kw})
+        ours = {n: VARIANTS.get(n)().settings(grpo) for n in VARIANTS.names()}
+        name = check_choice("remedy", name, [n for n, on in ours.items() if on is not None])
+        return cls(grpo=grpo, **{**ours[name], **kw})
 
     @property
     def carries(self) -> bool:

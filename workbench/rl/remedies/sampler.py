@@ -8,7 +8,10 @@ One call of :meth:`Sampler.sample` reads top to bottom:
    slots (:meth:`Sampler.groups`);
 2. **requests**: one per live response, its prompt followed by its tokens so far, capped at
    the rest of its budget (``max_new_tokens`` minus its length, and at most
-   ``segment_tokens`` with partial rollouts); one engine rollout runs them all;
+   ``segment_tokens`` with partial rollouts), in the order ``order`` gives (default: as
+   drawn); one engine rollout runs them all (dealt to the workers round-robin in that order,
+   each worker admitting its shard in it: the seam of a scheduling policy such as
+   shortest-predicted-first);
 3. **the end of the rollout**: with over-provisioning, the time the ``target``-th group
    finished (all ``G`` responses done), and the timeline cut there (``cut``); else the
    rollout's own end;
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -82,13 +85,17 @@ class Sampler:
         target: groups a step trains on (``P``).
         problems_for: ``problems_for(s)``, the ``P`` fresh problems of stream step ``s``.
         extra_groups, leftover, segment_tokens: the remedies (``RemedyConfig``).
+        order: ``order(live)``, the order of a rollout's requests: a permutation of
+            ``range(len(live))``, where ``live[i]`` is request ``i``'s ``(Group, Response)``,
+            or None (as drawn); None: always as drawn (``rl.variants.RemedyVariant.order``).
     """
 
     def __init__(self, engine, rollout: RolloutConfig, target: int,
                  problems_for: Callable[[int], list], extra_groups: int = 0,
-                 leftover: str = "abort", segment_tokens: int | None = None):
+                 leftover: str = "abort", segment_tokens: int | None = None,
+                 order: Callable[[list], Sequence[int] | None] | None = None):
         self.engine, self.rollout, self.target = engine, rollout, target
-        self.problems_for = problems_for
+        self.problems_for, self.order = problems_for, order
         self.extra_groups, self.leftover = extra_groups, leftover
         self.segment_tokens = segment_tokens
         self.pool: list[Group] = []
@@ -121,6 +128,19 @@ class Sampler:
         rest = self.rollout.max_new_tokens - len(response.tokens)
         return rest if self.segment_tokens is None else min(rest, self.segment_tokens)
 
+    def ordered(self, live: list) -> list:
+        """``live`` (the step's ``(Group, Response)`` requests, as drawn) in ``order``'s
+        order; ``ValueError`` when it gives no permutation of their indices."""
+        picked = None if self.order is None else self.order(live)
+        if picked is None:
+            return live
+        picked = list(picked)
+        if sorted(i if isinstance(i, int) else -1 for i in picked) != list(range(len(live))):
+            raise ValueError(f"order gave {picked[:8]}{'...' if len(picked) > 8 else ''} for "
+                             f"{len(live)} requests; accepted: a permutation of "
+                             f"range({len(live)}) (each request's index once), or None")
+        return [live[i] for i in picked]
+
     def may_cut(self, long_round: bool) -> bool:
         """Whether a rollout may end before its last request (over-provisioning, not in a
         long round)."""
@@ -133,7 +153,7 @@ class Sampler:
         spot trainer's drafter jobs, run in the idle windows of the rollout as it ended
         (module docstring)."""
         groups, long_round = self.groups()                                  # 1) groups
-        live = [(g, r) for g in groups for r in g.live]
+        live = self.ordered([(g, r) for g in groups for r in g.live])
         caps = [self.cap(r) for _, r in live]
         config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
                          harvest=harvest)

@@ -63,13 +63,15 @@ class RemedyTrainer:
             None: plain decoding.
         drafter_head, drafter_dir: the pre-RL EAGLE head and where the spot trainer
             publishes (as :class:`~workbench.rl.tlt.TLTTrainer`'s).
+        order: the order of each rollout's requests (``Sampler``'s; None: as drawn).
     """
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: RemedyConfig | None = None, engine=None, backend="local",
                  ray_address: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, tlt: TLTConfig | None = None,
-                 drafter_head=None, drafter_dir: str | os.PathLike | None = None):
+                 drafter_head=None, drafter_dir: str | os.PathLike | None = None,
+                 order=None):
         self.config = c = config if config is not None else RemedyConfig()
         if tlt is not None:
             tlt.check_head(drafter_head)  # before the backend starts
@@ -87,7 +89,7 @@ class RemedyTrainer:
                              "or extra_groups=0")
         self.sampler = Sampler(self.grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
                                self.grpo.problems_for, c.extra_groups, c.leftover,
-                               c.segment_tokens)
+                               c.segment_tokens, order)
         self.queued: Sampled | None = None  # async: the data the next step trains on
         self.steps = 0
         self.last: list[Sampled] = []       # the rollouts of the latest step
