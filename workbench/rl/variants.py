@@ -40,7 +40,7 @@ from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import TLTConfig, TLTTrainer
 
 __all__ = ["RLVariant", "TLTVariant", "RemedyVariant", "VariantRun", "VARIANTS", "rl_variant",
-           "variant_names", "get_variant", "check_variant", "speculates", "COMPOSER"]
+           "variant_names", "get_variant", "check_variant", "speculates"]
 
 COMPOSER = "tlt"  # ``tlt+<name>``: the variant whose rollouts a composable variant takes on
 
