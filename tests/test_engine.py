@@ -9,6 +9,7 @@ from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, Step
 from workbench.rollout.decoder import BatchDecoder
 from workbench.rollout.forward import policy_forward
 from workbench.rollout.request import RequestOutput
+from workbench.rollout.schedule import Schedule
 from workbench.rollout.worker import StepRecorder
 from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
 from workbench.speculative.train import harvest_pairs
@@ -123,10 +124,8 @@ def test_prefill_groups_bound_padding_and_cover_every_request():
 
 
 # ---- schedules --------------------------------------------------------------------------
-class SwitchingSchedule:
+class SwitchingSchedule(Schedule):
     """Plain while the batch is large, then speculative with k cycling 1..4; keeps reports."""
-
-    needs_drafter = True
 
     def __init__(self, threshold=3):
         self.threshold, self.n, self.reports, self.asked = threshold, 0, [], []

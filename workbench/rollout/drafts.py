@@ -45,7 +45,7 @@ from .sampling import Stream, adjusted_logprobs, choose_tokens
 from .schedule import StepPlan
 from .tree import DraftTree
 
-__all__ = ["ChainDraft", "TreeDraft", "Verdict", "propose", "serving_drafter",
+__all__ = ["ChainDraft", "TreeDraft", "Verdict", "propose", "propose_shape", "serving_drafter",
            "check_tree_drafter", "check_schedule_drafter"]
 
 _RANK_STRIDE = 2**32  # accept-uniform position offset per sibling rank (module docstring)
@@ -94,11 +94,11 @@ def check_tree_drafter(drafter, asker) -> None:
 def check_schedule_drafter(schedule, drafter) -> None:
     """Before a rollout's first forward: refuse a schedule that may plan trees
     (``schedule.needs_trees``) when ``drafter`` drafts chains only, or whose plans name a
-    drafter (``schedule.drafter_names``) that ``drafter`` does not have (a schedule without
-    these attributes is checked step by step)."""
-    if getattr(schedule, "needs_trees", False):
+    drafter (``schedule.drafter_names``) that ``drafter`` does not have (a schedule that
+    declares neither, ``rollout.schedule.Schedule``'s defaults, is checked step by step)."""
+    if schedule.needs_trees:
         check_tree_drafter(drafter, schedule)
-    for name in sorted(getattr(schedule, "drafter_names", ())):
+    for name in sorted(schedule.drafter_names):
         serving_drafter(drafter, name, f"the schedule {type(schedule).__name__}")
 
 
@@ -122,8 +122,24 @@ class Verdict:
 
 def propose(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
     """The proposal of ``drafter`` (the one that serves ``plan``: :func:`serving_drafter`) for
-    one step of ``plan``, ``k`` deep (``k <= plan.k``, clipped to the context): a chain, or a
-    tree pruned to the plan's ``verify_budget``."""
+    one step of ``plan``, ``k`` deep (``k <= plan.k``, clipped to the context): what the
+    plan's arm proposes when a plugin arm made it (``StepPlan.arm``, ``rollout.arm.Arm``:
+    checked to hold every row and 1 to ``k`` drafts each), else :func:`propose_shape`."""
+    if plan.arm is None:
+        return propose_shape(drafter, ctx, plan, k)
+    draft = plan.arm.propose(drafter, ctx, plan, k)
+    rows = len(ctx.request_ids)
+    if (not isinstance(draft, (ChainDraft, TreeDraft)) or draft.tokens.shape[0] != rows
+            or draft.size < 1 or (draft.k if isinstance(draft, TreeDraft) else draft.size) > k):
+        raise ValueError(f"arm {plan.arm!r} proposed {draft!r:.120}; accepted a ChainDraft or "
+                         f"TreeDraft of the step's {rows} rows with 1 to {k} drafts each "
+                         "(rollout.arm.Arm.propose)")
+    return draft
+
+
+def propose_shape(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
+    """The proposal of the plan's own shape: a chain of ``k`` drafts, or a tree ``k`` deep
+    pruned to the plan's ``verify_budget``."""
     if not plan.tree:
         return ChainDraft(*drafter.draft(ctx, k))
     check_tree_drafter(drafter, plan)

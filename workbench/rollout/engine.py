@@ -22,7 +22,7 @@ from .config import RolloutConfig
 from .recovery import run_shards
 from .request import Request, RequestOutput
 from .sampling import make_uid
-from .schedule import PlainSchedule, Schedule, StaticSchedule
+from .schedule import PlainSchedule, Schedule, StaticSchedule, check_schedule
 from .timeline import Timeline
 from .worker import WorkerTask
 
@@ -203,6 +203,7 @@ class RolloutEngine:
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
             schedule = StaticSchedule(config.spec_k) if drafter is not None else PlainSchedule()
+        check_schedule(schedule)
         if drafter is not None:
             drafter.check_compatible(self.model, self.tokenizer)
         requests = self.make_requests(self.encode(prompts), config, caps)
@@ -227,6 +228,6 @@ class RolloutEngine:
         records = [{**r.record(), "failed_worker": shards.failed_worker.get(r.uid)}
                    for r in outputs]
         timeline = Timeline.from_records(steps, records, n, self.backend.clock)
-        if self.backend.runs_copies and hasattr(schedule, "absorb"):
+        if self.backend.runs_copies:
             schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
         return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle)

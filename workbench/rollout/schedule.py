@@ -1,7 +1,10 @@
 """Step schedules: at every decode step of every worker, plain or speculative, and how.
 
 The engine asks ``schedule.plan(batch_size, worker)`` before each decode step and answers
-with ``schedule.observe(report)`` after it. A schedule may change its mind at every step of
+with ``schedule.observe(report)`` after it. Every hook the rollout layer calls is declared, with
+its default, by :class:`Schedule`, which every schedule subclasses: callers read the hooks
+directly, so a misspelled override is the only way to lose one, and the engine refuses an
+object that is not a ``Schedule`` before its first step (:func:`check_schedule`). A schedule may change its mind at every step of
 the same batch: plain and speculative steps leave the batch in the same state (one emitted,
 unfed token per row), and the output is lossless either way, so a schedule decides speed
 only, never what is sampled. TLT's adaptive engine (a bandit per batch-size bucket that picks
@@ -15,14 +18,20 @@ the worker's to keep, and the steps table holds every step's figures for the dri
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ..checks import check_choice, check_int
 from .timeline import RESERVED_STEP_COLUMNS
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .arm import Arm
+
 __all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
-           "ThresholdSchedule"]
+           "ThresholdSchedule", "check_schedule"]
 
 PLAN_KINDS = ("plain", "speculative")
 SCALARS = (bool, int, float, str, type(None))  # what a decision column may hold
@@ -42,6 +51,10 @@ class StepPlan:
         drafter: which drafter drafts a speculative step: the name of a member of the
             rollout's drafter set (``speculative.DrafterSet``; a lone drafter answers to its
             own ``name``); ``None``: the rollout's main drafter (``drafts.serving_drafter``).
+        arm: the decoding arm that made this plan when it is a plugin's
+            (``speculative.arms``): tables name the plan by it, and the step drafts as its
+            ``propose`` says (``rollout.arm.Arm``). ``None`` for the built-in shapes, which
+            the fields above name and draft.
     """
 
     kind: str = "plain"
@@ -49,6 +62,7 @@ class StepPlan:
     branch: int = 1
     verify_budget: int | None = None
     drafter: str | None = None
+    arm: "Arm | None" = None
 
     def __post_init__(self):
         check_choice("StepPlan.kind", self.kind, PLAN_KINDS)
@@ -99,40 +113,77 @@ class StepReport:
     drafter: str | None = None
 
 
-class Schedule(Protocol):
-    """Decides each decode step (``plan``) and learns from what it did (``observe``).
+class Schedule(ABC):
+    """The step-schedule protocol: every hook the rollout layer calls, with its default.
 
-    Optionally also ``decision(worker) -> dict``: why it planned what it last planned for
-    ``worker``, as scalars (bool, int, float, str or None) under names of its own choosing.
-    Each key becomes a steps-table column beside the plan's (timeline.py, "decision
-    columns"), written on the rows of that decode step; the rollout layer keeps them and never
-    reads them, the schedule's own layer does (the bandit's: speculative/decisions.py).
+    Required: ``plan(batch_size, worker) -> StepPlan``, the plan of ``worker``'s next decode
+    step at live batch ``batch_size``. The rest have defaults a schedule overrides as needed:
 
-    Optionally also ``absorb(steps)``, for a schedule that learns: on a backend whose workers
-    run copies (``Backend.runs_copies``: Ray actors), each copy learns alone and is then
-    dropped, so the engine hands the rollout's steps table to ``absorb``, which learns from
-    the decisions recorded there what the copies learned.
+    ``needs_drafter``: whether any plan may be speculative (the worker then refuses a rollout
+    without a drafter). Default True: a schedule is there to decide when to speculate.
+
+    ``needs_trees``: whether any plan may draft a tree, and ``drafter_names``: the drafters
+    the plans name (``StepPlan.drafter``); the worker refuses a chain-only drafter, or one
+    without those members, before the rollout's first forward. Defaults: False and none
+    (every plan is still checked when it is drafted).
+
+    ``observe(report)``: what the step did (:class:`StepReport`), e.g. as a bandit's reward.
+
+    ``decision(worker) -> dict``: why it planned what it last planned for ``worker``, as
+    scalars (bool, int, float, str or None) under names of its own choosing. Each key becomes
+    a steps-table column beside the plan's (timeline.py, "decision columns"), written on the
+    rows of that decode step; the rollout layer keeps them and never reads them, the
+    schedule's own layer does (the bandit's: speculative/decisions.py). Default: none.
+
+    ``absorb(steps)``, for a schedule that learns: on a backend whose workers run copies
+    (``Backend.runs_copies``: Ray actors), each copy learns alone and is then dropped, so the
+    engine hands the rollout's steps table to ``absorb``, which learns from the decisions
+    recorded there what the copies learned. Default: nothing to learn.
+
+    ``learned() -> DataFrame | None``: what the schedule has learned of this machine, one
+    row per batch-size bucket (``AdaptiveSchedule.learned``); ``None`` (the default): it
+    learns nothing.
     """
 
-    needs_drafter: bool  # whether any plan may be speculative (the engine checks for a drafter)
+    needs_drafter: bool = True
+    needs_trees: bool = False
+    drafter_names: frozenset = frozenset()
 
+    @abstractmethod
     def plan(self, batch_size: int, worker: int) -> StepPlan: ...
-
-    def observe(self, report: StepReport) -> None: ...
-
-
-class PlainSchedule:
-    """Every step plain: the policy alone."""
-
-    needs_drafter = False
-    needs_trees = False  # whether any plan may draft a tree (the worker checks the drafter)
-    drafter_names: frozenset = frozenset()  # the drafters plans name (the worker checks them)
-
-    def plan(self, batch_size: int, worker: int) -> StepPlan:
-        return PLAIN
 
     def observe(self, report: StepReport) -> None:
         pass
+
+    def decision(self, worker: int) -> dict:
+        return {}
+
+    def absorb(self, steps: "pd.DataFrame") -> None:
+        pass
+
+    def learned(self) -> "pd.DataFrame | None":
+        return None
+
+
+def check_schedule(schedule) -> Schedule:
+    """``schedule`` when it is a :class:`Schedule`; else ``TypeError`` naming its type and
+    the protocol's hooks (its hooks are read directly, so a schedule that merely looks like one
+    would fail at its first missing hook, mid-rollout)."""
+    if isinstance(schedule, Schedule):
+        return schedule
+    raise TypeError(f"schedule {type(schedule).__name__} ({schedule!r:.80}) is not a "
+                    "workbench.rollout.schedule.Schedule: subclass it and define plan(batch_size, "
+                    "worker); the hooks needs_drafter, needs_trees, drafter_names, observe, "
+                    "decision, absorb and learned have defaults there")
+
+
+class PlainSchedule(Schedule):
+    """Every step plain: the policy alone."""
+
+    needs_drafter = False
+
+    def plan(self, batch_size: int, worker: int) -> StepPlan:
+        return PLAIN
 
 
 class StaticSchedule(PlainSchedule):
@@ -172,13 +223,10 @@ def plan_columns(plan: StepPlan, decision: int, drafter: str | None = None) -> d
             "plan_drafter": drafter}
 
 
-def decision_of(schedule, worker: int) -> dict:
+def decision_of(schedule: Schedule, worker: int) -> dict:
     """The schedule's reasons for its latest plan for ``worker`` (``{}`` if it gives none),
     checked: scalar values under names that are not the rollout's own columns."""
-    explain = getattr(schedule, "decision", None)
-    if explain is None:
-        return {}
-    decision = explain(worker)
+    decision = schedule.decision(worker)
     taken = RESERVED_STEP_COLUMNS.intersection(decision)
     if taken:
         raise ValueError(f"{type(schedule).__name__}.decision() names {sorted(taken)}, which "

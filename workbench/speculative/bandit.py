@@ -38,7 +38,9 @@ budget      an exploring pull is made only if the worker's exploring cost so far
             unspent for long cannot be spent in one burst.
 
 Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
-``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``.
+``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or any decoding arm a plugin
+registers (``speculative.arms.ARMS``): the bandit's state, its tables and the steps table's
+``arm`` column name it by its own string, and a pickled schedule (a checkpoint) keeps it.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ from typing import Sequence
 import pandas as pd
 
 from ..checks import check_fraction, check_int
-from ..rollout.schedule import PLAIN, StepPlan, StepReport
-from .strategies import PLAIN_ARM, STRATEGY_FORMS, parse_strategy, strategy_name
+from ..rollout.schedule import PLAIN, Schedule, StepPlan, StepReport
+from .arms import arm_forms
+from .strategies import PLAIN_ARM, parse_strategy, strategy_name
 
 __all__ = ["BucketedBandit", "AdaptiveSchedule", "parse_strategy", "strategy_name"]
 
@@ -248,12 +251,13 @@ class BucketedBandit:
                                            "observed", "best"])
 
 
-class AdaptiveSchedule:
+class AdaptiveSchedule(Schedule):
     """TLT's adaptive engine as a step schedule: in each batch-size bucket the bucket's bandit
     picks plain decoding or an SD strategy, and the step's tokens per second are its reward.
 
     Args:
-        arms: the SD strategies (strings, ``speculative/strategies.py``, or speculative
+        arms: the SD strategies (strings naming registered decoding arms,
+            ``speculative/strategies.py`` and ``speculative.arms``, arms, or speculative
             StepPlans); ``"plain"`` is always an arm besides them (first: a bucket with
             nothing measured decodes plain). Arms that name a drafter (``"sibling:k=4"``)
             need a rollout drafter that has it (``speculative.DrafterSet``).
@@ -271,7 +275,7 @@ class AdaptiveSchedule:
                  buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0):
         threshold = check_int("threshold", threshold, 1, optional="learned per bucket")
         if isinstance(arms, str) or not list(arms):
-            raise ValueError(f"arms must be a non-empty list of strategies ({STRATEGY_FORMS}), "
+            raise ValueError(f"arms must be a non-empty list of strategies ({arm_forms()}), "
                              f"got {arms!r}")
         plans = [parse_strategy(a) for a in arms]
         named = [strategy_name(p) for p in plans]

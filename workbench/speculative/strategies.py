@@ -1,7 +1,8 @@
 """Strategy strings: how the adaptive schedule's arms, and the steps table's ``arm`` column,
-name a decode step's plan.
+name a decode step's plan. Every form is a decoding arm registered in
+``speculative.arms.ARMS``, so a plugin's arm is named, parsed and tabled like a built-in.
 
-Forms (integers K, B, N >= 1):
+Built-in forms (integers K, B, N >= 1):
 
 plain                 plain decoding, no drafts.
 chain:k=K             a chain of K draft tokens per row by the rollout's main drafter.
@@ -11,45 +12,47 @@ sibling:k=K           a chain of K drafts by the drafter set's ``"sibling"`` mem
                       (``speculative.sibling.SiblingDrafter``): beside the EAGLE chains and
                       trees, the bandit weighs drafting from a row's siblings.
 
-:func:`strategy_name` writes a plan back in these forms; a chain plan naming another member
-``NAME`` is written ``NAME:k=K`` (an arm name; only ``sibling`` parses back).
+A plugin kind ``NAME`` is written ``NAME:field=value,...`` (its dataclass fields, the ones
+that are not None). :func:`strategy_name` writes a plan back in these forms; a chain plan
+naming another member ``NAME`` is written ``NAME:k=K`` (an arm name; only ``sibling`` parses
+back).
 """
 from __future__ import annotations
 
-import re
-
-from ..rollout.schedule import PLAIN, StepPlan
+from ..rollout.arm import Arm
+from ..rollout.schedule import StepPlan
+from .arms import BUILTIN_FORMS, arm_forms, arm_name, arm_of, plan_of
 
 __all__ = ["parse_strategy", "strategy_name"]
 
 PLAIN_ARM = "plain"
 SIBLING = "sibling"  # the member name a "sibling:k=K" plan asks for
-STRATEGY_FORMS = ("'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1), or "
-                  f"'{SIBLING}:k=K' (a chain by the drafter set's {SIBLING!r} member)")
-_CHAIN = re.compile(rf"(chain|{SIBLING}):k=(\d+)")
-_TREE = re.compile(r"tree:k=(\d+),b=(\d+)(?:,n=(\d+))?")
+STRATEGY_FORMS = BUILTIN_FORMS  # the built-in forms; arm_forms() adds the plugins'
 
 
-def parse_strategy(strategy: str | StepPlan) -> StepPlan:
-    """The :class:`StepPlan` a strategy string names (a StepPlan passes through); ValueError
-    naming anything else and the accepted forms."""
+def parse_strategy(strategy: str | StepPlan | Arm) -> StepPlan:
+    """The :class:`StepPlan` a strategy string names (a StepPlan passes through; an arm
+    gives its plan); ValueError naming anything else, what is wrong with it, and the
+    accepted forms with the registered arm kinds."""
     if isinstance(strategy, StepPlan):
         return strategy
-    text = strategy.replace(" ", "") if isinstance(strategy, str) else ""
-    if text == PLAIN_ARM:
-        return PLAIN
-    chain, tree = _CHAIN.fullmatch(text), _TREE.fullmatch(text)
-    k, b, n = (chain.group(2), "1", None) if chain else tree.groups() if tree else ("0", "1", None)
-    if int(k) < 1 or int(b) < 1 or (n is not None and int(n) < 1):  # no match reads as k=0
-        raise ValueError(f"unknown SD strategy {strategy!r}; accepted: {STRATEGY_FORMS}, "
-                         "or a StepPlan")
-    drafter = SIBLING if chain and chain.group(1) == SIBLING else None
-    return StepPlan("speculative", int(k), int(b), None if n is None else int(n), drafter)
+    try:
+        if isinstance(strategy, Arm):
+            return plan_of(strategy)
+        if not isinstance(strategy, str):
+            raise ValueError("not a string")
+        return plan_of(arm_of(strategy))
+    except ValueError as e:
+        raise ValueError(f"unknown SD strategy {strategy!r} ({e}); accepted: {arm_forms()}, "
+                         "or a StepPlan") from None
 
 
 def strategy_name(plan: StepPlan) -> str:
-    """The canonical string of a plan (what :func:`parse_strategy` reads back). A tree that
-    names a drafter has none: ValueError."""
+    """The canonical string of a plan (what :func:`parse_strategy` reads back): a plugin
+    arm's own (``StepPlan.arm``), else the built-in shape's. A tree that names a drafter has
+    none: ValueError."""
+    if plan.arm is not None:
+        return arm_name(plan.arm)
     if not plan.speculative:
         return PLAIN_ARM
     if plan.branch == 1 and plan.verify_budget is None:
