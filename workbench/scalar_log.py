@@ -1,0 +1,121 @@
+"""A run's per-step scalars where researchers watch long runs: TensorBoard (``report_to``).
+
+Why: the long RL runs here (hundreds of steps, hours) were watched through log files; TRL's
+``report_to`` and veRL's ``trainer.logger`` send the same curves to TensorBoard, which a
+researcher already has open. A run's loop hands each step's row (its history row, the same
+numbers its table holds) to a :class:`ScalarLog`; ``report_to="tensorboard"`` writes them as
+event files under the run's folder, ``"none"`` drops them.
+
+- **Tags.** Every numeric value of a row is one scalar (bools as 0/1; strings and None
+  skipped). Seconds (keys ending in ``_s``) are tagged with their clock, ``time_sim/step_s``
+  or ``time_wall/update_s``, since a sim second and a wall second are not the same measure
+  (``workbench.clock``); the rest keep their key (``reward``, ``loss``, ``kl_start``).
+  :func:`tag_of` is the one mapping.
+- **Two x axes.** The step is TensorBoard's step. Each event's wall time is the run's
+  cumulative step seconds (on the row's clock) since the epoch, so TensorBoard's "Relative"
+  axis reads the run's own (sim) time, and ``time_<clock>/cumulative_step_s`` holds it too.
+- **Resume.** A run resumed at step T opens its log with ``purge_step=T``: TensorBoard's own
+  convention, which drops whatever a crashed run wrote from step T on, so that the steps
+  run again are shown once and earlier ones are never written twice.
+- **Figures** go in as images when the run ends (:meth:`ScalarLog.figures`).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from .checks import check_choice
+
+__all__ = ["REPORT_TO", "LOG_DIR", "ScalarLog", "TensorBoardLog", "scalar_log", "scalars_of", "tag_of"]
+
+REPORT_TO = ("none", "tensorboard")
+LOG_DIR = "tensorboard"  # a run's log folder, under the run's own folder
+
+
+def tag_of(key: str, clock: str | None) -> str:
+    """The TensorBoard tag of a row's ``key``: seconds under their clock
+    (``time_sim/step_s``), everything else its key."""
+    return f"time_{clock or 'wall'}/{key}" if key.endswith("_s") else key
+
+
+def scalars_of(row: Mapping) -> dict[str, float]:
+    """The numeric values of ``row`` as floats, by tag (:func:`tag_of`, the row's ``clock``)."""
+    clock = row.get("clock")
+    return {tag_of(key, clock): float(value) for key, value in row.items()
+            if isinstance(value, (numbers.Real, np.bool_))}
+
+
+class ScalarLog:
+    """Where a run's rows go: nowhere (``report_to="none"``), or a subclass's writer."""
+
+    def row(self, step: int, row: Mapping) -> None:
+        """Log one step's ``row`` (a history row) at ``step``."""
+
+    def figures(self, figures: Mapping[str, object], step: int) -> None:
+        """Log the run's ``figures`` (matplotlib figures, by name) at ``step``."""
+
+    def close(self) -> None:
+        """Flush and close."""
+
+    def __enter__(self) -> "ScalarLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TensorBoardLog(ScalarLog):
+    """Event files in ``log_dir``, through torch's ``SummaryWriter``.
+
+    Args:
+        log_dir: the folder (made if missing); one per run.
+        resume_step: the step the run goes on from (0 for a fresh run): events a crashed run
+            wrote from there on are purged (module docstring, "Resume").
+        elapsed_s: the run's cumulative step seconds before ``resume_step``, so that the
+            time axis goes on where it stood.
+    """
+
+    def __init__(self, log_dir, resume_step: int = 0, elapsed_s: float = 0.0):
+        from torch.utils.tensorboard import SummaryWriter  # tensorboard: a default dependency
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(str(self.log_dir),
+                                    purge_step=resume_step if resume_step > 0 else None)
+        self.elapsed_s = float(elapsed_s)
+
+    def row(self, step: int, row: Mapping) -> None:
+        step_s = row.get("step_s")
+        if isinstance(step_s, (int, float)) and math.isfinite(step_s):
+            self.elapsed_s += float(step_s)
+        clock = row.get("clock") or "wall"
+        for tag, value in {**scalars_of(row),
+                           f"time_{clock}/cumulative_step_s": self.elapsed_s}.items():
+            self.writer.add_scalar(tag, value, global_step=step, walltime=self.elapsed_s)
+        self.writer.flush()
+
+    def figures(self, figures: Mapping[str, object], step: int) -> None:
+        for name, figure in figures.items():
+            self.writer.add_figure(f"figures/{name}", figure, global_step=step, close=False)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def scalar_log(report_to: str, run_dir, resume_step: int = 0,
+               elapsed_s: float = 0.0) -> ScalarLog:
+    """The log ``report_to`` names for a run whose folder is ``run_dir`` (its events in
+    ``run_dir/tensorboard``); ``ValueError`` naming a bad value or a missing folder, before
+    anything is written."""
+    check_choice("report_to", report_to, REPORT_TO)
+    if report_to == "none":
+        return ScalarLog()
+    if run_dir is None:
+        raise ValueError("report_to='tensorboard' needs the run's folder (run_dir or "
+                         "checkpoint_dir), where its log goes; accepted: a folder path, or "
+                         "report_to='none'")
+    return TensorBoardLog(Path(run_dir) / LOG_DIR, resume_step, elapsed_s)
