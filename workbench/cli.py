@@ -184,6 +184,23 @@ def _results_record(args) -> int:
     return 0
 
 
+def _timeline_export(args) -> int:
+    """Write the Chrome trace (Perfetto UI, chrome://tracing) of a run's saved timelines; exit
+    2 when there is no timeline there or a step is not saved (one message, nothing written)."""
+    from .rollout.chrome_trace import timeline_folders, write_chrome_trace
+    from .rollout.timeline import Timeline
+    try:
+        folders = timeline_folders(args.run_dir, args.step)
+        parts = {name: Timeline.load(folder) for name, folder in folders.items()}
+        path = write_chrome_trace(parts, args.out)
+    except (ValueError, OSError) as exc:
+        print(f"workbench timeline export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: {len(parts)} timeline(s) ({', '.join(parts)}) one after another; "
+          "open it in ui.perfetto.dev (Open trace file) or chrome://tracing")
+    return 0
+
+
 def _positive_minutes(text: str) -> float:
     """``--minutes`` as a number, under the shared checks' policy (a finite number > 0);
     argparse turns the error into its usage message and exit code 2."""
@@ -218,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable; docs/extending.md). A pipeline's notebooks take theirs "
                         "as the 'plugins' parameter in its YAML")
     sub = p.add_subparsers(dest="command", required=True)
-    for add in (_add_zoo, _add_drafter, _add_ablation, _add_pipeline, _add_results):
+    for add in (_add_zoo, _add_drafter, _add_ablation, _add_pipeline, _add_results,
+                _add_timeline):
         add(sub)
     return p
 
@@ -321,6 +339,19 @@ def _add_results(sub) -> None:
                     help="when the metrics hold no 'disturbed_share' (default: not measured)")
     rr.add_argument("--folder", default="benchmarks/results", help="where the file goes")
     rr.set_defaults(func=_results_record)
+
+
+def _add_timeline(sub) -> None:
+    timeline = sub.add_parser("timeline", help="a run's saved rollout timelines")
+    tsub = timeline.add_subparsers(dest="timeline_command", required=True)
+    te = tsub.add_parser("export", help="write saved timelines as one Chrome trace-event JSON "
+                         "for Perfetto UI or chrome://tracing (docs/chrome_trace.md)")
+    te.add_argument("run_dir", metavar="RUN_DIR", help="a saved timeline's folder, or a folder "
+                    "whose timelines lie in one folder of step<N> folders")
+    te.add_argument("--step", type=int, nargs="+", default=None, metavar="N",
+                    help="the RL steps to export, one after another (default: every one)")
+    te.add_argument("--out", required=True, help="the trace file, e.g. trace.json")
+    te.set_defaults(func=_timeline_export)
 
 
 def main(argv: list[str] | None = None) -> int:
