@@ -31,7 +31,7 @@ from .ablation_store import AblationStore, ablation_settings, saved_sim_seconds
 from .grpo import GRPO, GRPOConfig
 from .remedies.compare import remedy_metrics
 from .tlt import TLTConfig, first_divergence
-from .variants import check_variant, speculates
+from .variants import check_variant, speculates, variant_names
 
 __all__ = ["Ablation", "rl_setup", "run_ablation", "check_ablation", "coupled_first_divergence",
            "notebook_backend", "close_backend"]
@@ -381,6 +381,8 @@ def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[li
 def _check_variants(variants) -> list[str]:
     """``variants`` as a list of registered RL variants' names (``rl.variants``), each once;
     ``ValueError`` naming the first bad one and every accepted name."""
+    if isinstance(variants, str):  # one name is no list (it would read as its letters)
+        raise ValueError(f"variants {variants!r}: accepted a list of {variant_names()}")
     return check_list("variants", variants, lambda name, v: check_variant(v, name),
                       "RL variants' names (rl.variants.variant_names())")
 
