@@ -185,3 +185,30 @@ def test_a_decision_column_named_like_a_derived_arg_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"decision column\(s\) \['wasted_s'\]"):
         tl.to_chrome_trace(tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_timeline_explorer_exports_the_shown_timeline(tlt_step, speculative, tmp_path,
+                                                          monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    from workbench.viz.timeline_explorer import TimelineExplorer
+    run = tmp_path / "run"
+    tlt_step.save(run / "timelines" / "step0003")
+    speculative.save(run / "timelines" / "step0004")
+    (run / "metrics.json").write_text("{}")
+    explorer = TimelineExplorer(run)
+    explorer.controls["step"].value = "timelines/step0004"
+    assert explorer.export_path.placeholder == "run-timelines-step0004.chrome_trace.json"
+    explorer.export_path.value = str(tmp_path / "shown.json")
+    explorer.export_button.click()
+    assert "wrote" in explorer.export_status.value
+    _same(read_chrome_trace(tmp_path / "shown.json"), speculative)
+    monkeypatch.chdir(tmp_path)  # an empty path: the default name, in the working folder
+    explorer.export_path.value = ""
+    explorer.controls["step"].value = "timelines/step0003"
+    explorer.export_button.click()
+    _same(read_chrome_trace(tmp_path / "run-timelines-step0003.chrome_trace.json"), tlt_step)
+    explorer.export_path.value = str(tmp_path)  # a folder: refused, shown, nothing raised
+    explorer.export_button.click()
+    assert "not written" in explorer.export_status.value
+    assert explorer.export_button in explorer.widget().children[1].children

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from matplotlib.patches import Rectangle
 
+from ..rollout.chrome_trace import write_chrome_trace
 from ..rollout.timeline import STEP_KINDS, Timeline
 from .explorer import Explorer
 from .timeline import gantt
@@ -125,6 +126,8 @@ class TimelineExplorer(Explorer):
     step list follows the run), ``window`` zooms and pans the time axis, ``kinds`` shades
     only the step kinds selected, ``request`` (longest first) is outlined on the chart and
     described in the panel: worker, start and end, length, acceptance, reward and text.
+    Beside them, ``export trace`` writes the shown timeline as a Chrome trace (Perfetto UI,
+    chrome://tracing; docs/chrome_trace.md) to the path typed (:meth:`export_trace`).
     """
 
     figsize = (11.0, 4.8)
@@ -147,6 +150,14 @@ class TimelineExplorer(Explorer):
         }
         self._syncing = False
         self._select(run, step)
+        # not controls: a click writes a file, it changes nothing the figure is drawn from
+        self.export_path = widgets.Text(placeholder=self.default_trace_path(),
+                                        description="trace file", layout=wide)
+        self.export_button = widgets.Button(description="export trace",
+                                            tooltip="write the shown timeline as a Chrome "
+                                            "trace for Perfetto UI or chrome://tracing")
+        self.export_status = widgets.HTML()
+        self.export_button.on_click(lambda _: self._export_clicked())
         super().__init__(self.controls)
 
     # ---- keeping the dependent controls in step -----------------------------------------
@@ -159,6 +170,7 @@ class TimelineExplorer(Explorer):
             self._select(change["new"])
         elif change["owner"] is self.controls["step"]:
             self._select(self.controls["run"].value, change["new"])
+        self.export_path.placeholder = self.default_trace_path()
         super()._on_change(change)
 
     def _select(self, run: str, step: str | None = None) -> None:
@@ -189,6 +201,35 @@ class TimelineExplorer(Explorer):
         options = _request_options(tl.requests)
         c["request"].options = options
         c["request"].value = options[0][1] if options else None
+
+    # ---- the Chrome trace of the shown timeline -----------------------------------------
+    def default_trace_path(self) -> str:
+        """``<run>-<step>.chrome_trace.json`` in the working folder (``/`` made ``-``)."""
+        c = self.controls
+        name = f"{c['run'].value}-{c['step'].value}".replace("/", "-").replace(".", "-")
+        return f"{name}.chrome_trace.json"
+
+    def export_trace(self, path=None) -> Path:
+        """Write the shown timeline (run and step) as a Chrome trace to ``path`` (the typed
+        path when None, else :meth:`default_trace_path`), atomically; return the path."""
+        path = path or self.export_path.value.strip() or self.default_trace_path()
+        return write_chrome_trace({self.controls["step"].value: self.timeline}, path)
+
+    def _export_clicked(self) -> None:
+        try:
+            path = self.export_trace()
+        except (ValueError, OSError) as exc:
+            self.export_status.value = f"<b>not written</b>: {html.escape(str(exc))}"
+            return
+        self.export_status.value = (f"wrote {html.escape(str(path))}: open it in "
+                                    "ui.perfetto.dev (Open trace file) or chrome://tracing")
+
+    def widget(self):
+        """The controls, the export row and the side panel as one box."""
+        import ipywidgets as widgets
+        box = super().widget()
+        row = widgets.HBox([self.export_path, self.export_button, self.export_status])
+        return widgets.VBox([box.children[0], row, *box.children[1:]])
 
     # ---- drawing ------------------------------------------------------------------------
     def _row(self, uid):
