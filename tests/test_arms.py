@@ -74,6 +74,19 @@ def test_the_plugin_arm_decodes_token_identical_to_plain_decoding(confident, tok
             assert r.drafted == per_step * len(r.accepted_per_step) > 0, p
 
 
+def test_the_plugin_arm_cuts_its_chains_in_speculative_sampling_too(confident, tokenizer):
+    """Rejection sampling reads the drafter's distributions: the cut chain keeps its own."""
+    model = tiny_model("llama", tokenizer, seed=5)
+    cfg = RolloutConfig(max_new_tokens=32, temperature=1.0, seed=2, max_batch_size=3,
+                        spec_mode="speculative")
+    torch.manual_seed(0)
+    res = RolloutEngine(model, tokenizer).rollout(
+        PROMPTS, cfg, schedule=Always(parse_strategy("confident:k=3,p=1")),
+        drafter=EagleDrafter(EagleHead(model)), progress=False)
+    for r in res.requests:
+        assert r.drafted == len(r.accepted_per_step) > 0 and set(r.accepted_per_step) <= {0, 1}
+
+
 def test_the_bandit_names_the_plugin_arm_in_its_state_and_the_steps_table(confident,
                                                                           tokenizer):
     model = tiny_model("llama", tokenizer, seed=5)
