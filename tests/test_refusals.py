@@ -131,11 +131,14 @@ NOTEBOOKS = ["03_adaptive_drafter", "04_tlt_rl", "11_long_tail_remedies"]
 
 
 def _cells(name: str) -> tuple[str, str, list[str]]:
-    """A notebook's parameters cell, the cell after it, and the code cells after that."""
+    """A notebook's parameters cell, its check cell (the cell after it, or after the cell
+    that loads its ``plugins`` first, whose names the checks accept), and the code cells
+    after that."""
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     i = next(i for i, c in enumerate(code) if "parameters" in c.metadata.get("tags", []))
-    return code[i].source, code[i + 1].source, [c.source for c in code[i + 2:]]
+    j = i + 1 + ("load_plugins(plugins)" in code[i + 1].source)
+    return code[i].source, code[j].source, [c.source for c in code[j + 1:]]
 
 
 def _run_checks(name: str, tmp_path: Path, **overrides) -> None:

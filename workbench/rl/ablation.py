@@ -70,6 +70,8 @@ def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int
     from ..models import load_model
     from ..speculative.resolve import check_head_spec, drafter_form, resolve_head
     from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
+    if isinstance(variants, str):
+        raise ValueError(f"variants {variants!r}: accepted a list of {variant_names()}")
     variants = _check_variants(variants)
     scorer = get_reward(reward, task)
     speculative = speculates(variants)
@@ -381,10 +383,8 @@ def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[li
 def _check_variants(variants) -> list[str]:
     """``variants`` as a list of registered RL variants' names (``rl.variants``), each once;
     ``ValueError`` naming the first bad one and every accepted name."""
-    if isinstance(variants, str):  # one name is no list (it would read as its letters)
-        raise ValueError(f"variants {variants!r}: accepted a list of {variant_names()}")
     return check_list("variants", variants, lambda name, v: check_variant(v, name),
-                      "RL variants' names (rl.variants.variant_names())")
+                      f"variants of {variant_names()}")
 
 
 def _backend_for(backend, ray_address: str | None, workers: int, run_dir=None):

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checks import check_choice
 from ..registry import PluginError, Registry
 from .config import GRPOConfig
 from .remedies import RemedyConfig, RemedyTrainer
@@ -204,10 +205,7 @@ def variant_names() -> list[str]:
 def check_variant(name, what: str = "variant") -> str:
     """``name`` when an ablation accepts it (:func:`variant_names`); else ``ValueError``
     naming ``what``, the value and every accepted name."""
-    if isinstance(name, str) and name in variant_names():
-        return name
-    raise ValueError(f"{what} {name!r}: accepted one of {variant_names()} (a plugin registers "
-                     "more: docs/extending.md)")
+    return check_choice(what, name, variant_names())
 
 
 def get_variant(name: str) -> RLVariant:
