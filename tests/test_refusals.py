@@ -5,7 +5,6 @@ same folder runs; the RL notebooks check their parameters in the cell after them
 exported onto another architecture names the checkpoint, the model and what differs."""
 import ast
 import json
-import os
 import sys
 from argparse import Namespace
 from pathlib import Path

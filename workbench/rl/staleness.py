@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ..adapt import SpotConfig
 from ..checks import check_choice, check_int
