@@ -15,7 +15,9 @@ import torch
 from workbench.plugins import load_plugins
 from workbench.registry import PluginError
 from workbench.rollout import RolloutConfig, RolloutEngine
-from workbench.speculative.drafters import DRAFTERS, Drafter
+from workbench.speculative import NGramDrafter
+from workbench.speculative.drafters import (DRAFTERS, OPTIONAL_HOOKS, REQUIRED_HOOKS,
+                                            Drafter, SlowedDrafter)
 from workbench.speculative.resolve import comparison_names, drafter_form, resolve_drafter
 
 from .conftest import PROMPTS, tiny_model
@@ -127,3 +129,12 @@ def test_notebook_02_compares_the_plugin_drafter_like_a_built_in(tmp_path):
     assert sorted(mine["temperature"]) == [0.0, 1.0] and mine["identical"].all()
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["lossless"] is True and metrics["accept_len_repeat_ngram"] >= 1.0
+
+
+def test_a_slowed_drafter_answers_every_hook_with_the_wrapped_drafters():
+    """SlowedDrafter is no Drafter subclass: it delegates each hook of the protocol itself
+    (``build`` aside: it is never registered), so the engine reads them as on any drafter."""
+    assert set(REQUIRED_HOOKS + OPTIONAL_HOOKS) - {"build"} <= set(vars(SlowedDrafter))
+    slowed = SlowedDrafter(NGramDrafter(), 0.0)
+    assert (slowed.name, slowed.module, slowed.head, slowed.members, slowed.needs_hidden,
+            slowed.supports_trees) == ("ngram", None, None, None, False, False)
