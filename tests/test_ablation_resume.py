@@ -111,9 +111,9 @@ def test_an_interrupted_ablation_resumes_as_if_it_had_run_straight(tokenizer, tm
     assert resumed.history[COLUMNS].equals(whole.history[COLUMNS])
     assert resumed.evals.equals(whole.evals)
     for key, trainer in resumed.trainers.items():  # every step's timeline, saved or new
-        assert sorted(trainer.timelines) == list(range(5))
-        assert trainer.timelines[1].requests["response_tokens"].tolist() == \
-            whole.trainers[key].timelines[1].requests["response_tokens"].tolist()
+        assert sorted(trainer.record.timelines) == list(range(5))
+        assert trainer.record.timelines[1].requests["response_tokens"].tolist() == \
+            whole.trainers[key].record.timelines[1].requests["response_tokens"].tolist()
     assert isinstance(Timeline.load(folder / "partial-seed1" / "timelines" / "step0004"),
                       Timeline)
 
@@ -129,7 +129,7 @@ def test_runs_saved_at_different_steps_catch_up_before_the_lockstep_goes_on(toke
     _interrupted(tokenizer, 3, folder, 2 * 2 + 1, monkeypatch)  # saved after step 1
     ahead = _ablation(tokenizer, 2).trainers["partial", 1]  # one run's state after 2 steps
     run = folder / "partial-seed1"
-    ahead.timelines[1].save(run / "timelines" / "step0001")  # timelines go first
+    ahead.record.timelines[1].save(run / "timelines" / "step0001")  # timelines go first
     ahead.save_checkpoint(run / "state")
     stepped = _count_steps(monkeypatch)
     resumed = _ablation(tokenizer, 3, folder)

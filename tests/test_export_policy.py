@@ -10,6 +10,7 @@ from workbench.models import load_model, save_model
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.checkpoint import save_state
 from workbench.rl.export import export_policy
+from workbench.rl.loop import RLLoop
 from workbench.tasks import Problem
 
 from .conftest import tiny_model
@@ -21,8 +22,8 @@ def _trained(tokenizer, tmp_path):
     policy, _ = load_model(base, device="cpu")
     cfg = GRPOConfig.flat(prompts_per_step=2, samples_per_prompt=3, max_new_tokens=5, lr=1e-2)
     problems = [Problem(prompt=f"q{i}?", answer="a", uid=i) for i in range(4)]
-    g = GRPO(policy, tokenizer, problems, lambda p, c, a: float(len(c)), cfg,
-             checkpoint_dir=tmp_path / "ckpt")
+    g = RLLoop(GRPO(policy, tokenizer, problems, lambda p, c, a: float(len(c)), cfg),
+               checkpoint_dir=tmp_path / "ckpt")
     g.run(2, progress=False)
     return base, g
 
@@ -32,7 +33,7 @@ def test_the_exported_policy_has_the_checkpoints_weights(tokenizer, tmp_path, la
     base, g = _trained(tokenizer, tmp_path)
     source = tmp_path / "ckpt"
     if layout == "nested":  # a TLT, remedy or staleness run keeps GRPO's state under "grpo"
-        source = save_state(tmp_path / "tlt", "tlt_state.pt", {"grpo": g.state_dict()})
+        source = save_state(tmp_path / "tlt", "tlt_state.pt", {"grpo": g.grpo.state_dict()})
     out = export_policy(source, tmp_path / "policy", model=base)
     exported, _ = load_model(out, device="cpu")
     start, _ = load_model(base, device="cpu")

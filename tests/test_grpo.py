@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from workbench.rl import GRPO, GRPOConfig, aggregate, group_advantages, grpo_loss, k3
+from workbench.rl.loop import RLLoop
 from workbench.tasks import Problem
 
 from .conftest import tiny_model
@@ -86,7 +87,7 @@ def test_grpo_raises_the_reward_of_a_tiny_policy(tokenizer):
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     cfg = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=8, max_new_tokens=8, lr=3e-2,
                           temperature=1.0, seed=1)
-    g = GRPO(model, tokenizer, _problems(), _letters_reward, cfg)
+    g = RLLoop(GRPO(model, tokenizer, _problems(), _letters_reward, cfg))
     hist = g.run(12, progress=False)
     assert list(hist["step"]) == list(range(12))
     assert {"reward", "accuracy", "response_len", "kl_start", "rollout_s",
@@ -101,8 +102,8 @@ def test_resume_is_exact(tokenizer, tmp_path, how):
                           epochs=2, minibatches=2, kl_coef=0.1, loss_aggregation=how)
 
     def fresh(ckpt=None):
-        return GRPO(tiny_model("qwen2", tokenizer), tokenizer, _problems(), _letters_reward,
-                    cfg, checkpoint_dir=ckpt)
+        return RLLoop(GRPO(tiny_model("qwen2", tokenizer), tokenizer, _problems(),
+                           _letters_reward, cfg), checkpoint_dir=ckpt)
 
     straight = fresh()
     straight.run(2, progress=False)

@@ -187,7 +187,7 @@ def test_tlt_on_ray_trains_the_drafter_in_the_tail_with_the_local_tokens(backend
     assert first_divergence(hl, hr) == -1
     assert (hr["drafter_overrun_s"] == 0).all() and (hr["drafter_stop_wait_s"] >= 0).all()
     assert hr["drafter_version"].tolist() == (hr["drafter_steps"] > 0).cumsum().tolist()
-    assert on_ray.timelines[1].clock == "wall"
+    assert on_ray.record.timelines[1].clock == "wall"
 
 
 def test_a_learning_schedule_learns_what_every_actors_copy_saw(backend, models, tokenizer):

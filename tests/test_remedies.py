@@ -237,7 +237,7 @@ def test_async_data_is_exactly_one_version_old_and_weighted_by_its_behaviour(tok
             for r, lp in zip(responses, old):
                 assert torch.allclose(r.behaviour(), lp.double(), atol=1e-5, rtol=0)
             # the update's weights: min(pi_now / pi_behav, cap), from those log-probs
-            data = tr.grpo.update_data(tr.rl_step(tr.queued))
+            data = tr.grpo.update_data(tr.step_data(tr.queued))
             now = _logp(tr.model, prompts, [r.tokens for r in responses])
             for w, n, r in zip(data.weights, now, responses):
                 assert torch.allclose(w, torch.exp(n - r.behaviour().float()).clamp(max=1.5),
@@ -316,7 +316,7 @@ def test_the_ablation_runs_the_remedies_beside_the_baseline(tokenizer):
     h = ab.history.set_index(["variant", "step"])
     assert h.loc[("async", 1), "max_staleness"] == 1
     assert h.loc[("overprovision", 0), "groups_trained"] == 3
-    assert sorted(ab.trainers["async", 0].timelines) == [0, 1]
+    assert sorted(ab.trainers["async", 0].record.timelines) == [0, 1]
 
 
 def test_the_remedies_compose(tokenizer):

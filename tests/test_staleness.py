@@ -44,11 +44,12 @@ def _grpo(**kw):
 
 
 def _config(**kw):
-    return StalenessConfig(**{
-        "grpo": _grpo(), "spot": SpotConfig.flat(batch_size=2, max_steps=1, history_steps=1),
-        "ceiling": CeilingConfig.flat(batch_size=2, holdout_every=2, check_every=1,
-                                      patience=1, max_steps=2),
-        "measure_groups": 1, "position_bucket": 2, "spec_k": 3, **kw})
+    """The test's config; ``kw`` set wherever declared (``spec_k`` is the rollout's)."""
+    return StalenessConfig(
+        grpo=_grpo(spec_k=3), spot=SpotConfig.flat(batch_size=2, max_steps=1, history_steps=1),
+        ceiling=CeilingConfig.flat(batch_size=2, holdout_every=2, check_every=1, patience=1,
+                                   max_steps=2),
+        measure_groups=1, position_bucket=2).updated(**kw)
 
 
 def _run(tokenizer, config=None, **kw):

@@ -242,7 +242,7 @@ def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer, long_
     # TLT really speculated and really trained its drafter
     assert (ht["accept_len"] >= 1).all() and ht["drafter_steps"].min() >= 2
     assert ht["drafter_version"].tolist() == [1, 2]
-    steps = tlt.timelines[1].steps
+    steps = tlt.record.timelines[1].steps
     assert {"verify", "decode", "drafter_train"} <= set(steps["kind"])
     assert hb["accept_len"].isna().all()
 
@@ -252,7 +252,7 @@ def test_static_and_adaptive_variants(tokenizer):
     head0 = _state(static.drafter.head)
     hist = static.run(1, progress=False)
     assert "drafter_steps" not in hist.columns and _same(head0, _state(static.drafter.head))
-    assert set(static.timelines[0].steps["kind"]) >= {"verify"}
+    assert set(static.record.timelines[0].steps["kind"]) >= {"verify"}
 
 
 def test_bad_tlt_input(tokenizer):

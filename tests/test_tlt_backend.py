@@ -88,7 +88,7 @@ def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer):
     assert tlt.spot.eagle.steps_done == ht["drafter_steps"].sum()
     assert not _same(head0, _state(tlt.drafter.head))
     assert _same(_state(tlt.spot.head), _state(tlt.drafter.head))
-    steps = tlt.timelines[1].steps
+    steps = tlt.record.timelines[1].steps
     trained = steps[steps["kind"] == "drafter_train"]
     assert len(trained) == ht["drafter_steps"].iloc[1] + ht["drafter_preempted"].iloc[1]
     assert (ht["drafter_overrun_s"] == 0).all()

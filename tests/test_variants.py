@@ -134,12 +134,12 @@ def test_the_plugin_runs_beside_the_baseline_its_requests_shortest_first(tokeniz
     assert h.groupby("variant")["step"].count().to_dict() == {"baseline": 2, plugin: 2}
     assert set(ablation.per_variant()["variant"]) == {"baseline", plugin}
     assert isinstance(ablation.trainers[(plugin, 0)], RemedyTrainer)
-    for step, timeline in ablation.trainers[(plugin, 0)].timelines.items():
+    for step, timeline in ablation.trainers[(plugin, 0)].record.timelines.items():
         requests = timeline.requests.sort_values("prompt_id")  # the order the workers got
         assert requests["prompt_tokens"].is_monotonic_increasing, (step, requests)
         assert requests["prompt_tokens"].nunique() > 1  # the order had something to sort
     # the baseline's order is the one drawn: not sorted by length at every step
-    base = ablation.trainers[("baseline", 0)].timelines.values()
+    base = ablation.trainers[("baseline", 0)].record.timelines.values()
     assert not all(t.requests.sort_values("prompt_id")["prompt_tokens"].is_monotonic_increasing
                    for t in base)
 
@@ -174,7 +174,7 @@ def test_the_plugin_resumes_from_its_checkpoint_as_if_it_had_run_straight(tokeni
             _ablation(tokenizer, 3, variants, folder)
     resumed = _ablation(tokenizer, 3, variants, folder)
     pd.testing.assert_frame_equal(resumed.history[COLUMNS], whole.history[COLUMNS])
-    assert sorted(resumed.trainers[(plugin, 0)].timelines) == [0, 1, 2]
+    assert sorted(resumed.trainers[(plugin, 0)].record.timelines) == [0, 1, 2]
 
 
 # ---- through notebook 11 ------------------------------------------------------------------------

@@ -30,7 +30,8 @@ import numpy as np
 
 from .checks import check_choice
 
-__all__ = ["REPORT_TO", "LOG_DIR", "ScalarLog", "TensorBoardLog", "scalar_log", "scalars_of", "tag_of"]
+__all__ = ["REPORT_TO", "LOG_DIR", "ScalarLog", "TensorBoardLog", "scalar_log", "check_report_to",
+           "scalars_of", "tag_of"]
 
 REPORT_TO = ("none", "tensorboard")
 LOG_DIR = "tensorboard"  # a run's log folder, under the run's own folder
@@ -106,16 +107,23 @@ class TensorBoardLog(ScalarLog):
         self.writer.close()
 
 
+def check_report_to(report_to: str, run_dir) -> str:
+    """``report_to`` once it names a log (:data:`REPORT_TO`) and, for a file-backed one, the
+    run has a folder ``run_dir`` to write it in; ``ValueError`` naming the bad value and what
+    is accepted. A run checks this when it is built, before its first step."""
+    check_choice("report_to", report_to, REPORT_TO)
+    if report_to != "none" and run_dir is None:
+        raise ValueError(f"report_to={report_to!r} needs the run's folder (run_dir or "
+                         "checkpoint_dir), where its log goes; accepted: a folder path, or "
+                         "report_to='none'")
+    return report_to
+
+
 def scalar_log(report_to: str, run_dir, resume_step: int = 0,
                elapsed_s: float = 0.0) -> ScalarLog:
     """The log ``report_to`` names for a run whose folder is ``run_dir`` (its events in
     ``run_dir/tensorboard``); ``ValueError`` naming a bad value or a missing folder, before
     anything is written."""
-    check_choice("report_to", report_to, REPORT_TO)
-    if report_to == "none":
+    if check_report_to(report_to, run_dir) == "none":
         return ScalarLog()
-    if run_dir is None:
-        raise ValueError("report_to='tensorboard' needs the run's folder (run_dir or "
-                         "checkpoint_dir), where its log goes; accepted: a folder path, or "
-                         "report_to='none'")
     return TensorBoardLog(Path(run_dir) / LOG_DIR, resume_step, elapsed_s)

@@ -22,12 +22,13 @@ from ..checks import check_int, check_list
 from ..clock import sim_seconds, sim_seconds_kind
 from ..rollout import make_backend
 from ..rollout.backend import check_capacity
+from ..scalar_log import check_report_to
 from ..side_by_side import width_for
 from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..tasks import exact_match_reward
 from .ablation_runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
-from .ablation_store import AblationStore, ablation_settings, saved_sim_seconds
+from .ablation_store import AblationStore, ablation_settings, run_folder, saved_sim_seconds
 from .grpo import GRPO, GRPOConfig
 from .remedies.compare import remedy_metrics
 from .tlt import TLTConfig, first_divergence
@@ -97,12 +98,12 @@ class Ablation:
 
     history: pd.DataFrame                   # one row per variant, seed, RL step
     evals: pd.DataFrame                     # variant, seed, step, accuracy (held-out, greedy)
-    trainers: dict = field(default_factory=dict)   # (variant, seed) -> TLTTrainer
+    trainers: dict = field(default_factory=dict)   # (variant, seed) -> its RLLoop trainer
     sim_seconds: str = "thread_cpu"         # what its sim seconds are (workbench.clock)
 
     def timeline(self, variant: str, seed: int, step: int):
         """The timeline of one RL step of one run."""
-        return self.trainers[(variant, seed)].timelines[step]
+        return self.trainers[(variant, seed)].record.timelines[step]
 
     def save_timelines(self, folder, seeds=None) -> list[Path]:
         """Save every RL step's timeline of ``seeds`` (default: all) of every variant as
@@ -113,11 +114,12 @@ class Ablation:
         unknown = [s for s in seeds if s not in known]
         if unknown:
             raise ValueError(f"no runs of seed(s) {unknown}; accepted: {known}")
-        last = max((step for tr in self.trainers.values() for step in tr.timelines), default=0)
+        records = {key: tr.record for key, tr in self.trainers.items()}
+        last = max((step for r in records.values() for step in r.timelines), default=0)
         width = max(2, len(str(last)))
         return [tl.save(Path(folder) / f"{v}-seed{seed}" / f"step{step:0{width}d}")
-                for (v, seed), tr in self.trainers.items() if seed in seeds
-                for step, tl in sorted(tr.timelines.items())]
+                for (v, seed), r in records.items() if seed in seeds
+                for step, tl in sorted(r.timelines.items())]
 
     def per_variant(self) -> pd.DataFrame:
         """Per variant: summed sim step and rollout times (over seeds and steps), final reward
@@ -156,7 +158,7 @@ class Ablation:
         """The bandit's choices per batch-size bucket (``speculative.decisions.bandit_choices``)
         of every step and seed of ``variant``; empty (same columns) when it did not run."""
         tables = [bandit_choices(tl) for (v, _), tr in self.trainers.items() if v == variant
-                  for tl in tr.timelines.values()]
+                  for tl in tr.record.timelines.values()]
         if not tables:
             return pd.DataFrame({c: pd.Series(dtype=t)
                                  for c, t in BANDIT_CHOICE_COLUMNS.items()})
@@ -168,7 +170,7 @@ class Ablation:
         column; empty when none)."""
         tables = [bandit_decisions(tl).assign(seed=seed, step=step)
                   for (v, seed), tr in self.trainers.items() if v == variant
-                  for step, tl in tr.timelines.items()]
+                  for step, tl in tr.record.timelines.items()]
         return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(
             columns=[*DECIDED_COLUMNS, "seed", "step"])
 
@@ -177,8 +179,7 @@ class Ablation:
         the end of its run (``AdaptiveSchedule.learned``, with a ``seed`` column): per bucket,
         plain's tokens/s, the best SD arm's, their ratio and the arm it now chooses."""
         tables = [learned.assign(seed=seed) for (v, seed), tr in self.trainers.items()
-                  if v == variant and tr.schedule is not None
-                  and (learned := tr.schedule.learned()) is not None]
+                  if v == variant and (learned := tr.record.learned) is not None]
         return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
     def paired_speedups(self, variant: str) -> pd.Series:
@@ -268,7 +269,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                  reward=exact_match_reward, eval_problems=None, eval_max_new_tokens=None,
                  eval_every: int | None = None, progress: bool = True, backend="local",
                  ray_address: str | None = None, run_dir=None, checkpoint_dir=None,
-                 checkpoint_every: int | None = None, **tlt_kw) -> Ablation:
+                 checkpoint_every: int | None = None, report_to: str = "none",
+                 **tlt_kw) -> Ablation:
     """Run ``variants`` x ``seeds`` for ``steps`` RL steps each, in lockstep.
 
     ``variants``: any registered RL variant (``rl.variants.variant_names``): TLT's
@@ -296,6 +298,10 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     is checked before any run is built. ``run_dir``: the run's folder, where a local Ray
     keeps its logs (``run_dir/ray``: ``rollout.backends.make_backend``).
 
+    ``report_to="tensorboard"``: every run's per-step scalars (``workbench.scalar_log``) in a
+    log folder of its own, ``<folder>/<variant>-seed<seed>/tensorboard`` under
+    ``checkpoint_dir`` (else ``run_dir``); a resumed ablation writes no step twice.
+
     Runs on local backends of their own go side by side, one per torch thread the process
     has (``workbench.side_by_side``): each run's sim seconds are its own thread's CPU time,
     so its figures are those of the runs one at a time, in less wall time.
@@ -310,6 +316,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     as it was (not made, when it was missing), so that the corrected call runs there.
     """
     variants, seeds = _check_runs(steps, variants, seeds, eval_every)
+    logs = checkpoint_dir if checkpoint_dir is not None else run_dir
+    check_report_to(report_to, logs)
     shared = _backend_for(backend, ray_address, grpo.rollout.workers, run_dir)
     max_new = eval_max_new_tokens or grpo.rollout.max_new_tokens
     # a folder saved on wall-time sim seconds resumes on them (workbench.clock)
@@ -320,7 +328,9 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
         shared = None if isinstance(backend, str) and backend == "local" else shared
         runs = {(v, seed): build_run(v, seed, policy, tokenizer, problems, reward, grpo,
                                      drafter_head, shared, tlt_kw,
-                                     store.state_dir((v, seed)) if store is not None else None)
+                                     store.state_dir((v, seed)) if store is not None else None,
+                                     report_to, None if logs is None
+                                     else Path(logs) / run_folder((v, seed)))
                 for seed in seeds for v in variants}
         if store is not None:
             store.restore(runs)
@@ -334,6 +344,8 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
                      partial(evaluation_due, steps=steps, eval_every=eval_every), evaluate, store,
                      progress, width)
         finally:
+            for run in runs.values():
+                run.close_log()
             if shared is not None and isinstance(backend, str):
                 shared.close()
         return _ablation_of(runs, evals, sim_seconds_kind())
@@ -345,7 +357,7 @@ def _ablation_of(runs: dict, evals: list[dict], sim_seconds: str) -> Ablation:
     order = list(runs)
     evals.sort(key=lambda e: (e["step"], order.index((e["variant"], e["seed"]))))
     rows = [{"variant": v, "seed": seed, **row} for (v, seed), tr in runs.items()
-            for row in tr.grpo.rows]
+            for row in tr.record.rows]
     return Ablation(pd.DataFrame(rows), pd.DataFrame(evals), runs, sim_seconds)
 
 

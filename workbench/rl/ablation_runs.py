@@ -18,20 +18,22 @@ __all__ = ["build_run", "steps_done", "evaluation_due", "evaluate_runs", "Turns"
 
 
 def build_run(variant, seed, policy, tokenizer, problems, reward, grpo, drafter_head, shared,
-              tlt_kw, checkpoint_dir=None):
+              tlt_kw, checkpoint_dir=None, report_to: str = "none", run_dir=None):
     """One run of the ablation: RL variant ``variant`` (``rl.variants``: its ``build``) on its
     own copy of ``policy`` (and of the head, where it speculates), on the ``shared`` backend
     or a local one of its own, with the GRPO seed ``seed`` (``tlt_kw`` are TLT's). With
-    ``checkpoint_dir`` the trainer resumes from the checkpoint there, if any."""
+    ``checkpoint_dir`` the trainer resumes from the checkpoint there, if any; its per-step
+    scalars go where ``report_to`` says, in ``run_dir`` (``rl.loop.RLLoop``)."""
     run = VariantRun(seed, copy.deepcopy(policy), tokenizer, problems, reward,
                      grpo.updated(seed=seed), drafter_head,
-                     shared if shared is not None else "local", dict(tlt_kw), checkpoint_dir)
+                     shared if shared is not None else "local", dict(tlt_kw), checkpoint_dir,
+                     report_to, run_dir)
     return get_variant(variant).build(run)
 
 
 def steps_done(trainer) -> int:
     """The RL steps ``trainer`` has run (one history row each, with or without an update)."""
-    return len(trainer.grpo.rows)
+    return trainer.rl_step
 
 
 def evaluation_due(step: int, steps: int, eval_every: int | None) -> bool:
@@ -76,7 +78,7 @@ class Turns:
     """The runs' steps, on their own local backends or taking turns on one ``shared``
     backend: started at the first step (none when a finished ablation takes no step), its
     workers holding one copy of ``policy``; before a run steps after another, its weights go
-    to the workers (``RolloutEngine.policy_changed``)."""
+    to the workers (the run's ``policy_changed``)."""
 
     def __init__(self, runs: dict, shared, workers: int, policy):
         self.runs, self.shared, self.last = runs, shared, None
@@ -84,14 +86,14 @@ class Turns:
         self.workers, self.policy = workers, policy
 
     def step(self, key) -> None:
-        engine = self.runs[key].grpo.engine
+        run = self.runs[key]
         if self.start:
             holder = copy.deepcopy(self.policy)  # never a run's own: runs push their weights in
-            engine.start(self.workers, lambda w: holder)
+            run.start_workers(self.workers, lambda w: holder)
             self.start = False
         if self.shared is not None and key != self.last:
-            engine.policy_changed()
-        self.runs[key].step()
+            run.policy_changed()
+        run.step()
         self.last = key
 
 

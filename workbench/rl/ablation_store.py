@@ -68,6 +68,13 @@ def ablation_settings(variants, seeds, grpo, problems, reward, eval_problems, ev
             "sim_seconds": sim_seconds_kind()}
 
 
+def run_folder(key: tuple) -> str:
+    """The folder name of run ``key`` = ``(variant, seed)`` under an ablation's folder (its
+    checkpoint, timelines and log)."""
+    variant, seed = key
+    return f"{variant}-seed{seed}"
+
+
 def _digest(items) -> str:
     """A short hash of ``items``' reprs (problems are dataclasses: their fields, in order)."""
     return hashlib.sha1(repr(list(items)).encode()).hexdigest()[:16]
@@ -111,8 +118,7 @@ class AblationStore:
                              f"{self.steps_done}, or another folder")
 
     def run_dir(self, key: tuple) -> Path:
-        variant, seed = key
-        return self.folder / f"{variant}-seed{seed}"
+        return self.folder / run_folder(key)
 
     def state_dir(self, key: tuple) -> Path:
         """The trainer checkpoint's folder of run ``key`` = ``(variant, seed)``."""
@@ -124,11 +130,11 @@ class AblationStore:
         written again."""
         for key, trainer in runs.items():
             done = steps_done(trainer)
-            for folder in sorted((self.run_dir(key) / "timelines").glob("step*")):
-                step = int(folder.name.removeprefix("step"))
-                if step < done:
-                    trainer.timelines[step] = Timeline.load(folder)
-            self._saved[key] = set(trainer.timelines)
+            folders = {int(f.name.removeprefix("step")): f
+                       for f in sorted((self.run_dir(key) / "timelines").glob("step*"))}
+            trainer.restore_timelines({step: Timeline.load(f) for step, f in folders.items()
+                                       if step < done})
+            self._saved[key] = set(trainer.record.timelines)
 
     def due(self, step: int, evaluation: bool, steps: int) -> bool:
         """Whether the runs checkpoint after ``step``: every ``every`` steps, at an
@@ -145,7 +151,7 @@ class AblationStore:
         checkpoint, then ``progress.json`` once all are saved."""
         for key, trainer in runs.items():
             saved = self._saved.setdefault(key, set())
-            for n, timeline in sorted(trainer.timelines.items()):
+            for n, timeline in sorted(trainer.record.timelines.items()):
                 if n not in saved:
                     timeline.save(self.run_dir(key) / "timelines" / f"step{n:04d}")
                     saved.add(n)

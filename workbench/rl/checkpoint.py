@@ -1,4 +1,8 @@
-"""One atomic state file per RL loop: written whole or not at all, found again on resume."""
+"""One atomic state file per RL loop: written whole or not at all, found again on resume.
+
+The file is replaced by a rename (``atomic.atomic_file``), not its folder, so that what else
+a run keeps in its folder (its TensorBoard log, ``workbench.scalar_log``) stays there;
+a folder swapped whole by an older version and interrupted is still put back on resume."""
 from __future__ import annotations
 
 import os
@@ -6,16 +10,18 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_dir, load_torch_file, recover_dir
+from ..atomic import atomic_file, load_torch_file, recover_dir
 
 __all__ = ["save_state", "has_state", "load_state"]
 
 
 def save_state(path: str | os.PathLike, name: str, state: dict) -> Path:
-    """Write ``state`` to ``path/name`` by a folder swap: an interruption leaves the previous."""
+    """Write ``state`` to ``path/name`` by a rename: an interruption leaves the previous."""
     path = Path(path)
-    with atomic_dir(path) as tmp:
-        torch.save(state, tmp / name)
+    recover_dir(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path / name) as tmp:
+        torch.save(state, tmp)
     return path
 
 

@@ -46,7 +46,7 @@ class GRPOConfig(NestedConfig):
             are GRPO's to set.
         train: the policy's optimizer (AdamW, LR schedule, clipping, ``seed`` of its
             generator and of the minibatch order). Its ``checkpoint_dir`` stays None: GRPO
-            checkpoints the whole loop (``GRPO(checkpoint_dir=...)``).
+            checkpoints the whole loop (``RLLoop(grpo, checkpoint_dir=...)``).
         prompts_per_step: ``P``, prompts drawn per RL step.
         epochs: passes over the step's sequences.
         minibatches: optimizer steps per epoch (the step's sequences split evenly).
@@ -107,7 +107,8 @@ class GRPOConfig(NestedConfig):
         if self.train.checkpoint_dir is not None:
             raise ValueError(f"GRPOConfig.train.checkpoint_dir must be None, got "
                              f"{str(self.train.checkpoint_dir)!r}: GRPO checkpoints the whole "
-                             "loop into GRPO(checkpoint_dir=...)")
+                             "loop into RLLoop(grpo, checkpoint_dir=...) or a trainer's "
+                             "checkpoint_dir")
 
     @property
     def sequences_per_step(self) -> int:

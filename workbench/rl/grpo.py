@@ -24,14 +24,14 @@ of the starting policy (the KL reference and the drift measure) and the rollout 
 TLT trainer calls the halves (``rollout`` and ``update``) with drafter training in between.
 Everything a step does is a function of the config and the step number (prompt order,
 sampling draws, minibatch order), so a run resumed from its checkpoint continues exactly.
+The loop around the steps (``run``, the checkpoint, the log) is :class:`~workbench.rl.loop.
+RLLoop`'s: ``RLLoop(GRPO(...), checkpoint_dir=...).run(steps)`` is a resumable GRPO run.
 """
 from __future__ import annotations
 
 import copy
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -42,13 +42,10 @@ from ..rollout import RolloutConfig, RolloutEngine, make_backend
 from ..rollout.timeline import usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
-from .checkpoint import has_state, load_state, save_state
 from .config import GRPOConfig
 from .loss import UpdateData, group_advantages, minibatch_loss
 
 __all__ = ["GRPO", "RLStep"]
-
-STATE_FILE = "rl_state.pt"
 
 
 def _engine(model, tokenizer, engine, backend, ray_address) -> tuple:
@@ -91,8 +88,6 @@ class GRPO:
         reward: ``reward(prompt, completion, answer) -> float``.
         config: a :class:`GRPOConfig`.
         engine: the rollout engine (default: a new one on ``model`` and ``backend``).
-        checkpoint_dir: folder of the atomic RL checkpoint (policy, optimizer, step, history);
-            a run resumes from it. Refused when it is an existing file.
         backend: where the rollout workers run, without ``engine``: ``"local"`` (this process,
             the sim clock), ``"ray"`` (Ray actors, each with a copy of the policy that gets
             the new weights after every update, the wall clock) or a backend object
@@ -103,8 +98,7 @@ class GRPO:
 
     def __init__(self, model, tokenizer, problems: list[Problem], reward=exact_match_reward,
                  config: GRPOConfig | None = None, engine: RolloutEngine | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None, backend="local",
-                 ray_address: str | None = None):
+                 backend="local", ray_address: str | None = None):
         self.config = config if config is not None else GRPOConfig()
         self.config.validate()
         if not callable(reward):
@@ -113,19 +107,13 @@ class GRPO:
         if not problems or not all(isinstance(p, Problem) for p in problems):
             raise ValueError("problems must be a non-empty list of workbench.tasks.Problem "
                              "(get_problems(...) or load_jsonl(...))")
-        if checkpoint_dir is not None and Path(checkpoint_dir).is_file():
-            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
-                             "must be a folder (created if missing)")
         self.model, self.tokenizer, self.problems, self.reward = model, tokenizer, problems, reward
         self.engine, self._owned_backend = _engine(model, tokenizer, engine, backend,
                                                    ray_address)
         self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.trainer = Trainer(model, self._loss, self.config.train)
-        self.rl_step = 0
+        self.rl_step = 0  # the policy's version: updates done
         self.rows: list[dict] = []
-        self.checkpoint_dir = checkpoint_dir
-        if checkpoint_dir is not None and self.has_checkpoint(checkpoint_dir):
-            self.load_checkpoint(checkpoint_dir)
 
     # ---- data ---------------------------------------------------------------------------
     def problems_for(self, step: int) -> list[Problem]:
@@ -173,24 +161,18 @@ class GRPO:
         row = self._metrics(rl, pd.DataFrame(rows), update_s)          # 4) the row
         row.update(_usage_columns(rl.result.timeline, update_s, update_share))
         row.update(extra or {})
-        self.rows.append(row)
         self.rl_step += 1
+        return self.record_row(row)
+
+    def record_row(self, row: dict) -> dict:
+        """Add ``row`` to the history (a step's; one without an update records its own) and
+        return it."""
+        self.rows.append(row)
         return row
 
     def step(self, schedule=None, drafter=None) -> dict:
         """One RL step: rollout, rewards, update. Returns the step's metrics row."""
         return self.update(self.rollout(schedule, drafter))
-
-    def run(self, steps: int, progress: bool = True, on_step=None) -> pd.DataFrame:
-        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set)."""
-        from ..progress import tqdm
-        for _ in tqdm(range(steps), desc="GRPO", disable=not progress):
-            self.step()
-            if self.checkpoint_dir is not None:
-                self.save_checkpoint()
-            if on_step is not None:
-                on_step(self)
-        return self.history
 
     def close(self) -> None:
         """Close the backend this GRPO made from a name (a Ray backend's actors, and the
@@ -286,18 +268,6 @@ class GRPO:
         self.reference.load_state_dict(state["reference"])
         self.rl_step, self.rows = int(state["rl_step"]), list(state["rows"])
         self.engine.policy_changed()
-
-    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the RL state atomically: an interruption leaves the previous checkpoint."""
-        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE,
-                          self.state_dict())
-
-    @staticmethod
-    def has_checkpoint(path) -> bool:
-        return has_state(path, STATE_FILE)
-
-    def load_checkpoint(self, path) -> None:
-        self.load_state_dict(load_state(path, STATE_FILE))
 
 
 def _usage_columns(timeline, update_s: float, update_share: float) -> dict[str, float]:

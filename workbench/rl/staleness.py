@@ -34,22 +34,24 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
 from ..adapt import SpotConfig
 from ..checks import check_choice, check_int
 from ..evaluate import evaluate_policy
+from ..nested_config import NestedConfig
 from ..progress import tqdm
 from ..rollout import RolloutEngine
+from ..scalar_log import check_report_to
 from ..speculative.eagle import EagleHead
 from ..tasks import Problem, exact_match_reward
 from ..train import isolated_rng
 from .ablation import rl_setup
-from .checkpoint import has_state, load_state, save_state
+from .checkpoint import load_state
 from .config import GRPOConfig
 from .grpo import GRPO
+from .loop import RLLoop, check_checkpoint_dir
 from .staleness_drafters import CeilingConfig
 from .staleness_observer import StalenessObserver, rng_seed
 
@@ -75,16 +77,17 @@ def _spot() -> SpotConfig:
 
 
 @dataclass
-class StalenessConfig:
-    """Arguments of a staleness run; checked when built.
+class StalenessConfig(NestedConfig):
+    """Arguments of a staleness run; checked when built. A
+    :class:`~workbench.nested_config.NestedConfig`, as ``TLTConfig`` and ``RemedyConfig``.
 
     Args:
-        grpo: the trajectory (default: the lead setting, :func:`lead_grpo`).
+        grpo: the trajectory (default: the lead setting, :func:`lead_grpo`); its
+            ``rollout.spec_k`` is the draft tokens per speculative step, every drafter alike.
         spot: the adaptive drafter's spot trainer (default: every idle worker, the last 4
             steps' harvests in its buffer).
         ceiling: the ceiling drafter's training to convergence.
         drafters: which of :data:`DRAFTERS` to measure.
-        spec_k: draft tokens per speculative step, every drafter alike.
         measure_groups: prompt groups of each step decoded again per drafter (the first ones;
             the step's prompts are a seeded random draw).
         position_bucket: response tokens per bucket of tau against position.
@@ -102,7 +105,6 @@ class StalenessConfig:
     spot: SpotConfig = field(default_factory=_spot)
     ceiling: CeilingConfig = field(default_factory=CeilingConfig)
     drafters: tuple = DRAFTERS
-    spec_k: int = 4
     measure_groups: int = 4
     position_bucket: int = 16
     eval_every: int | None = None
@@ -114,7 +116,8 @@ class StalenessConfig:
                           ("ceiling", CeilingConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"StalenessConfig.{name} must be a {cls.__name__}, got "
-                                 f"{type(getattr(self, name)).__name__}")
+                                 f"{type(getattr(self, name)).__name__} (StalenessConfig.flat "
+                                 "takes flat parameters)")
         self.drafters = tuple(self.drafters) if isinstance(self.drafters, (list, tuple)) \
             else self.drafters
         if (not isinstance(self.drafters, tuple) or not self.drafters
@@ -123,7 +126,7 @@ class StalenessConfig:
                              f"names from {list(DRAFTERS)}, got {self.drafters!r}")
         for name in self.drafters:
             check_choice("StalenessConfig.drafters[]", name, DRAFTERS)
-        for name in ("spec_k", "position_bucket", "checkpoint_every"):
+        for name in ("position_bucket", "checkpoint_every"):
             check_int(f"StalenessConfig.{name}", getattr(self, name), 1)
         P = self.grpo.prompts_per_step
         check_int(f"StalenessConfig.measure_groups (at most P = {P})", self.measure_groups, 1,
@@ -133,12 +136,6 @@ class StalenessConfig:
         if "ceiling" in self.drafters and P < 2:
             raise ValueError(f"the ceiling drafter holds back prompt groups: prompts_per_step "
                              f"must be at least 2, got {P}")
-
-
-def _check_checkpoint_dir(checkpoint_dir) -> None:
-    if checkpoint_dir is not None and Path(checkpoint_dir).is_file():
-        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} is an existing file; it "
-                         "must be a folder (created if missing)")
 
 
 def check_run_inputs(config, held_out, checkpoint_dir) -> StalenessConfig:
@@ -153,27 +150,31 @@ def check_run_inputs(config, held_out, checkpoint_dir) -> StalenessConfig:
         raise ValueError("held_out must be a non-empty list of workbench.tasks.Problem or None")
     if c.eval_every is not None and held_out is None:
         raise ValueError(f"eval_every={c.eval_every} needs held_out problems")
-    _check_checkpoint_dir(checkpoint_dir)
+    check_checkpoint_dir(checkpoint_dir)
     return c
 
 
 def staleness_setup(config: StalenessConfig, model: str = "default",
                     task: str = "running_sum", rl_problems: int = 4000,
                     eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
-                    fit=None, checkpoint_dir: str | os.PathLike | None = None
+                    fit=None, checkpoint_dir: str | os.PathLike | None = None,
+                    report_to: str = "none", run_dir: str | os.PathLike | None = None
                     ) -> "StalenessRun":
     """A :class:`StalenessRun` of ``config`` on ``model`` and ``task`` (``rl_setup``: the RL
     pool, ``eval_problems`` held-out problems, the reward by name, the pre-RL head that
     ``drafter`` names), resuming from ``checkpoint_dir`` when it holds a checkpoint. Every
-    argument is checked before the model loads."""
+    argument is checked before the model loads; ``report_to`` and ``run_dir`` are the run's
+    log (:class:`~workbench.rl.loop.RLLoop`'s)."""
     if not isinstance(config, StalenessConfig):
         raise ValueError(f"config must be a StalenessConfig, got {type(config).__name__}")
-    _check_checkpoint_dir(checkpoint_dir)
+    check_checkpoint_dir(checkpoint_dir)
     check_int("eval_problems", eval_problems, 1)
+    check_report_to(report_to, run_dir if run_dir is not None else checkpoint_dir)
     s = rl_setup(model, task, rl_problems, eval_problems, reward, drafter=drafter,
                  variants=["static_sd"], fit=fit)  # a speculative variant: the head
     return StalenessRun(s.policy, s.tokenizer, s.pool, s.drafter_head, s.reward, config,
-                        held_out=s.held_out, checkpoint_dir=checkpoint_dir)
+                        held_out=s.held_out, checkpoint_dir=checkpoint_dir,
+                        report_to=report_to, run_dir=run_dir)
 
 
 def check_same_config(state: dict, config: StalenessConfig, checkpoint_dir) -> None:
@@ -225,8 +226,10 @@ def run_steps(run, steps: int, progress: bool = False, on_step=None) -> None:
         run.save_checkpoint()
 
 
-class StalenessRun:
-    """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring).
+class StalenessRun(RLLoop):
+    """One GRPO trajectory and ``config.drafters`` measured on every step (module docstring),
+    in the RL loop shell (:class:`~workbench.rl.loop.RLLoop`: history, timelines, log; its
+    step checkpoints every ``config.checkpoint_every`` steps, :func:`record_step`).
 
     Args:
         policy, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`'s.
@@ -235,38 +238,38 @@ class StalenessRun:
         held_out: problems of the held-out greedy accuracy (None: not measured).
         checkpoint_dir: the run's checkpoint folder; a run resumes from it (it must have been
             made with the same config).
+        report_to, run_dir: the per-step scalars' log and the run's folder (``RLLoop``'s).
     """
+
+    STATE_FILE = STATE_FILE
 
     def __init__(self, policy, tokenizer, problems: list[Problem], drafter_head,
                  reward=exact_match_reward, config: StalenessConfig | None = None,
                  held_out: list[Problem] | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None):
+                 checkpoint_dir: str | os.PathLike | None = None, report_to: str = "none",
+                 run_dir: str | os.PathLike | None = None):
         self.config = c = check_run_inputs(config, held_out, checkpoint_dir)
         if not isinstance(drafter_head, EagleHead):
             raise ValueError(f"drafter_head must be the pre-RL EagleHead, got "
                              f"{type(drafter_head).__name__} (rl_setup(...).drafter_head)")
         drafter_head.config.check(policy.config)
-        self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
-        self.tokenizer, self.held_out, self.checkpoint_dir = tokenizer, held_out, checkpoint_dir
+        self.tokenizer, self.held_out = tokenizer, held_out
         self.observer = StalenessObserver(policy, tokenizer, drafter_head, c)
         self._evals: list[dict] = []
-        if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
-            self.load_checkpoint()
+        super().__init__(GRPO(policy, tokenizer, problems, reward, c.grpo), checkpoint_dir,
+                         report_to, run_dir)
 
     @property
     def policy(self):
         return self.grpo.model
 
-    @property
-    def rl_step(self) -> int:
-        return self.grpo.rl_step
-
     # ---- one step -----------------------------------------------------------------------
-    def step(self) -> dict:
+    def _step(self) -> dict:
         """One RL step (module docstring); returns its row."""
         grpo = self.grpo
         # 1) rollout: the trajectory's own, plain (coupled draws), harvested for the drafters
         rl = grpo.rollout(harvest=True)
+        self.timelines[rl.step] = rl.result.timeline
         # 2) measure each drafter on this step's rollout, 3) the drafters learn from it
         extra = self.observer.observe(rl, grpo.engine.backend, grpo.rollout_config(rl.step))
         # 4) update the policy; the step's row holds 2) and 3)
@@ -274,6 +277,10 @@ class StalenessRun:
         # 5) record and checkpoint
         record_step(self)
         return row
+
+    def _checkpoint_due(self) -> bool:
+        """Never after :meth:`run`'s steps: the step checkpoints itself when due."""
+        return False
 
     def _evaluate(self) -> None:
         """Held-out greedy accuracy of the policy as it is now (after ``rl_step`` steps)."""
@@ -288,7 +295,10 @@ class StalenessRun:
         if steps < self.rl_step:
             raise ValueError(f"steps={steps}, but the checkpoint in "
                              f"{str(self.checkpoint_dir)!r} already holds {self.rl_step} steps")
-        run_steps(self, steps, progress, on_step)
+        try:
+            run_steps(self, steps, progress, on_step)
+        finally:
+            self.close_log()
         return self.history
 
     # ---- tables -------------------------------------------------------------------------
@@ -319,22 +329,23 @@ class StalenessRun:
         """Held-out greedy accuracy: ``step`` (RL steps done), ``accuracy``."""
         return pd.DataFrame(self._evals, columns=["step", "accuracy"])
 
-    # ---- checkpoints --------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Write the whole run's state atomically (GRPO, every drafter, the tables so far)."""
-        state = {"config": repr(self.config), "grpo": self.grpo.state_dict(),
-                 **self.observer.state_dict(), "evals": list(self._evals)}
-        return save_state(self.checkpoint_dir, STATE_FILE, state)
+    # ---- checkpoints (``RLLoop``'s, with the config, the drafters and the evaluations) --
+    def _own_state(self) -> dict:
+        return {"config": repr(self.config), **self.observer.state_dict(),
+                "evals": list(self._evals)}
 
-    def load_checkpoint(self) -> None:
-        """Resume from :attr:`checkpoint_dir`; refused when its config differs from this
-        run's (a damaged file is a ``DamagedFileError`` naming it)."""
-        self.load_state_dict(load_state(self.checkpoint_dir, STATE_FILE), self.checkpoint_dir)
+    def load_checkpoint(self, path: str | os.PathLike | None = None) -> None:
+        """Resume from ``path`` (default: :attr:`checkpoint_dir`); refused when its config
+        differs from this run's (a damaged file is a ``DamagedFileError`` naming it)."""
+        path = path if path is not None else self.checkpoint_dir
+        self.load_state_dict(load_state(path, STATE_FILE), path)
 
     def load_state_dict(self, state: dict, source="the state") -> None:
         """Take a checkpoint's ``state`` (:meth:`save_checkpoint`'s, or a two-core run's
         joined: ``staleness_split.split_state``), made with this run's config."""
         check_same_config(state, self.config, source)
-        self.grpo.load_state_dict(state["grpo"])
+        super().load_state_dict(state)
+
+    def _load_own_state(self, state: dict) -> None:
         self.observer.load_state_dict(state)
         self._evals = list(state["evals"])

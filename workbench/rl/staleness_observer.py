@@ -90,7 +90,8 @@ class StalenessObserver:
         out = {}
         for name, drafter in self.drafters.items():
             tm = measure_tau(self.measurer, drafter.drafter, prompts, reference,
-                             rollout_config, c.spec_k, self.strict, name, c.position_bucket)
+                             rollout_config, c.grpo.rollout.spec_k, self.strict, name,
+                             c.position_bucket)
             out[f"tau_{name}"], out[f"diverged_{name}"] = tm.tau, tm.diverged
             self._positions += [{"step": rl.step, "drafter": name, **r}
                                 for r in tm.positions.to_dict("records")]

@@ -80,7 +80,7 @@ def byproduct(run, final: FinalConfig | None = None) -> pd.DataFrame:
     rollout = run.config.grpo.rollout
     temperatures = final.temperatures or (0.0, rollout.temperature)
     drafters = {name: run.drafters[name].drafter for name in ("frozen", "adaptive")}
-    return probe_acceptance(run.policy, run.tokenizer, drafters, prompts, k=run.config.spec_k,
+    return probe_acceptance(run.policy, run.tokenizer, drafters, prompts, k=rollout.spec_k,
                             temperatures=tuple(dict.fromkeys(temperatures)),
                             max_new_tokens=rollout.max_new_tokens,
                             max_batch_size=final.max_batch_size, seed=rollout.seed)
@@ -98,7 +98,7 @@ def sibling_speedups(run, final: FinalConfig | None = None) -> pd.DataFrame:
     problems = run.grpo.problems_for(run.rl_step)[:final.speedup_groups]
     return group_speedups(run.measurer, run.drafters["sibling"].drafter,
                           [p.prompt for p in problems], run.grpo.rollout_config(run.rl_step),
-                          run.config.spec_k, final.speedup_batch_sizes,
+                          run.config.grpo.rollout.spec_k, final.speedup_batch_sizes,
                           final.speedup_repeats)
 
 

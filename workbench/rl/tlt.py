@@ -5,7 +5,7 @@ Each part has a switch, so one loop runs the whole ablation (TLT's variants, reg
 
 - ``baseline``: GRPO, every decode step plain;
 - ``static_sd``: SD with the drafter trained before RL, never updated, a fixed chain of
-  ``spec_k`` drafts at every step;
+  ``spec_k`` drafts at every step (``grpo.rollout.spec_k``: the rollout's one draft depth);
 - ``adaptive_drafter``: the same, plus the spot trainer, which trains the drafter in each
   step's idle window and serves the new version from the next step;
 - ``tlt``: plus the adaptive engine: a bandit per batch-size bucket picks plain decoding or
@@ -22,21 +22,19 @@ import copy
 import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
-from ..progress import tqdm
 
 from ..adapt import SpotConfig, SpotTrainer
-from ..checks import check_bool, check_choice, check_int
+from ..checks import check_bool, check_choice, check_fraction, check_int
+from ..nested_config import NestedConfig
 from ..rollout import StaticSchedule
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
 from ..speculative.drafters import EagleDrafter, SlowedDrafter
 from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
-from .checkpoint import has_state, load_state, save_state
-from .grpo import GRPOConfig
-from .grpo import GRPO
+from .grpo import GRPO, GRPOConfig
+from .loop import RLLoop
 
 __all__ = ["TLTConfig", "TLTTrainer"]
 
@@ -44,16 +42,21 @@ STATE_FILE = "tlt_state.pt"
 
 
 @dataclass
-class TLTConfig:
-    """Arguments of the TLT trainer.
+class TLTConfig(NestedConfig):
+    """Arguments of the TLT trainer; every field is checked when the config is built.
+
+    A :class:`~workbench.nested_config.NestedConfig`: ``TLTConfig.flat(spec_k=3,
+    prompts_per_step=8, threshold=16)`` routes each keyword to the config that declares it
+    (``spec_k`` is the rollout's, ``grpo.rollout.spec_k``: one draft depth for the static
+    chain and the rollout). A keyword that both GRPO and the spot trainer declare (``lr``,
+    ``seed``) goes to both; pass ``grpo=`` or ``spot=`` to set one.
 
     Args:
         grpo: the RL configuration (P, G, length cap, lr, workers, ...).
         speculative: decode with SD (False: the baseline; the other switches are ignored).
         adaptive_drafter: train the drafter on idle workers (the spot trainer).
         adaptive_engine: BEG-MAB picks plain decoding or one of ``arms`` per batch-size
-            bucket; False: a fixed chain of ``spec_k`` drafts at every step.
-        spec_k: the static strategy's draft depth.
+            bucket; False: a fixed chain of ``grpo.rollout.spec_k`` drafts at every step.
         threshold: ``None``: the adaptive engine learns per bucket whether to speculate; an
             integer: it never speculates above that many live rows.
         arms: the bandit's SD strategies (``workbench.speculative.bandit`` syntax); plain
@@ -69,7 +72,6 @@ class TLTConfig:
     speculative: bool = True
     adaptive_drafter: bool = True
     adaptive_engine: bool = True
-    spec_k: int = 4
     threshold: int | None = None
     arms: tuple = DEFAULT_ARMS
     epsilon: float = 0.1
@@ -79,12 +81,20 @@ class TLTConfig:
     drafter_delay_s: float = 0.0
 
     def __post_init__(self):
+        for name, cls in (("grpo", GRPOConfig), ("spot", SpotConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"TLTConfig.{name} must be a {cls.__name__}, got "
+                                 f"{type(getattr(self, name)).__name__} (TLTConfig.flat takes "
+                                 "flat parameters)")
         for name in ("speculative", "adaptive_drafter", "adaptive_engine"):
             check_bool(f"TLTConfig.{name}", getattr(self, name))
-        check_int("TLTConfig.spec_k", self.spec_k, 1)
+        check_int("TLTConfig.threshold", self.threshold, 1, optional="learned per bucket")
+        check_fraction("TLTConfig.epsilon", self.epsilon)
+        check_fraction("TLTConfig.explore_budget", self.explore_budget)
+        check_int("TLTConfig.window", self.window, 1)
+        SlowedDrafter.check_delay(self.drafter_delay_s)
         if self.speculative:
-            self.schedule()  # validates threshold, arms, epsilon, window and budget
-            SlowedDrafter.check_delay(self.drafter_delay_s)
+            self.schedule()  # the arms parse as strategies
 
     @classmethod
     def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
@@ -121,7 +131,7 @@ class TLTConfig:
         if not self.speculative:
             return None
         if not self.adaptive_engine:
-            return StaticSchedule(self.spec_k)
+            return StaticSchedule(self.grpo.rollout.spec_k)
         return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
                                 window=self.window, explore_budget=self.explore_budget,
                                 seed=self.grpo.rollout.seed)
@@ -150,8 +160,9 @@ def first_divergence(a: pd.DataFrame, b: pd.DataFrame) -> int:
     return -1
 
 
-class TLTTrainer:
-    """GRPO with TLT's rollout speed-ups switched on or off by ``config``.
+class TLTTrainer(RLLoop):
+    """GRPO with TLT's rollout speed-ups switched on or off by ``config``, in the RL loop
+    shell (:class:`~workbench.rl.loop.RLLoop`: checkpoint, history, timelines, log).
 
     Args:
         model, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`.
@@ -166,33 +177,26 @@ class TLTTrainer:
         backend, ray_address: where the workers run, without ``engine`` (``"local"``,
             ``"ray"`` or a backend object; as :class:`~workbench.rl.grpo.GRPO`'s); the drafter
             travels with each rollout, so Ray actors serve the published one.
+        report_to, run_dir: the per-step scalars' log and the run's folder (``RLLoop``'s).
     """
+
+    STATE_FILE = STATE_FILE
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: TLTConfig | None = None, drafter_head=None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  drafter_dir: str | os.PathLike | None = None, engine=None, backend="local",
-                 ray_address: str | None = None):
+                 ray_address: str | None = None, report_to: str = "none",
+                 run_dir: str | os.PathLike | None = None):
         self.config = config if config is not None else TLTConfig()
         c = self.config
         c.check_head(drafter_head)  # before the backend starts
-        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
-                         backend=backend, ray_address=ray_address)
+        grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
+                    backend=backend, ray_address=ray_address)
         self.drafter, self.spot, self.schedule = c.parts(model, drafter_head, drafter_dir)
-        self.timelines: dict[int, object] = {}
-        self.checkpoint_dir = checkpoint_dir
-        if checkpoint_dir is not None and self.has_checkpoint(checkpoint_dir):
-            self.load_checkpoint(checkpoint_dir)
+        super().__init__(grpo, checkpoint_dir, report_to, run_dir)
 
-    @property
-    def model(self):
-        return self.grpo.model
-
-    @property
-    def rl_step(self) -> int:
-        return self.grpo.rl_step
-
-    def step(self) -> dict:
+    def _step(self) -> dict:
         """One RL step; returns the step's metrics row."""
         spot = self.spot
         # 1) rollout (SD as configured); the drafter trains on every worker whose shard came
@@ -208,37 +212,3 @@ class TLTTrainer:
         self.timelines[rl.step] = rl.result.timeline
         # 3) the policy update
         return self.grpo.update(rl, extra)
-
-    def run(self, steps: int, progress: bool = True, desc: str = "RL") -> pd.DataFrame:
-        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set)."""
-        for _ in tqdm(range(steps), desc=desc, disable=not progress):
-            self.step()
-            if self.checkpoint_dir is not None:
-                self.save_checkpoint()
-        return self.history
-
-    @property
-    def history(self) -> pd.DataFrame:
-        return self.grpo.history
-
-    def close(self) -> None:
-        """Close the backend made from a name (``GRPO.close``)."""
-        self.grpo.close()
-
-    # ---- checkpoints --------------------------------------------------------------------
-    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the whole loop's state atomically (policy, optimizer, drafter, bandit)."""
-        state = {"grpo": self.grpo.state_dict(), "schedule": self.schedule,
-                 "spot": self.spot.state_dict() if self.spot is not None else None}
-        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE, state)
-
-    @staticmethod
-    def has_checkpoint(path) -> bool:
-        return has_state(path, STATE_FILE)
-
-    def load_checkpoint(self, path) -> None:
-        state = load_state(path, STATE_FILE)
-        self.grpo.load_state_dict(state["grpo"])
-        self.schedule = state["schedule"]
-        if self.spot is not None:
-            self.spot.load_state_dict(state["spot"])

@@ -59,9 +59,12 @@ class VariantRun:
             speculates); a speculative run copies it.
         backend: ``"local"`` (a local backend of the run's own) or the backend object every
             run of the ablation shares.
-        tlt_kw: TLT's arguments (``TLTConfig`` fields: ``spec_k``, ``threshold``, ...).
+        tlt_kw: TLT's arguments (``TLTConfig.updated`` keywords: ``spec_k``, ``threshold``,
+            ...).
         checkpoint_dir: the run's checkpoint folder (None: none); a trainer built on a
             folder that holds a checkpoint resumes from it.
+        report_to, run_dir: where the run's per-step scalars go (``RLLoop``'s: ``"none"`` or
+            ``"tensorboard"``, in ``run_dir/tensorboard``).
     """
 
     seed: int
@@ -74,6 +77,14 @@ class VariantRun:
     backend: Any = "local"
     tlt_kw: dict = field(default_factory=dict)
     checkpoint_dir: str | os.PathLike | None = None
+    report_to: str = "none"
+    run_dir: str | os.PathLike | None = None
+
+    @property
+    def loop(self) -> dict:
+        """The keywords of the trainer's loop shell (``rl.loop.RLLoop``)."""
+        return {"checkpoint_dir": self.checkpoint_dir, "report_to": self.report_to,
+                "run_dir": self.run_dir}
 
 
 class RLVariant:
@@ -85,11 +96,11 @@ class RLVariant:
         build(run, tlt=None) -> trainer: **required**. One run of the variant from ``run``
             (a :class:`VariantRun`); ``tlt`` is a ``TLTConfig`` when the variant runs beside
             TLT (``tlt+<name>``, composable variants only), else None. The trainer is what
-            the ablation steps and saves; it has what ``TLTTrainer`` and ``RemedyTrainer``
-            have: ``step()`` (one RL step; its metrics row), ``grpo`` (its ``GRPO``: ``rows``,
-            ``engine``, ``history``), ``model``, ``timelines`` (RL step -> ``Timeline``),
-            ``schedule`` (None for plain decoding) and ``save_checkpoint(folder)``, and it
-            resumes from ``run.checkpoint_dir`` when built on a checkpoint.
+            the ablation steps and saves: an ``rl.loop.RLLoop`` (as ``TLTTrainer`` and
+            ``RemedyTrainer`` are), built with ``**run.loop``, so that it resumes from
+            ``run.checkpoint_dir`` and logs as ``run.report_to`` says; the ablation reads
+            it through ``step()``, ``rl_step``, ``record``, ``model``, ``start_workers``,
+            ``policy_changed``, ``restore_timelines`` and ``save_checkpoint(folder)``.
         speculative: whether its rollouts use SD (then ``run.drafter_head`` is the pre-RL
             head; without one none is loaded). Default False.
         composable: whether it may run beside TLT as ``tlt+<name>`` (``build`` then gets
@@ -122,13 +133,13 @@ class TLTVariant(RLVariant):
         """Its ``TLTConfig`` on ``grpo`` (``tlt_kw``: the other fields)."""
         return TLTConfig(grpo=grpo or GRPOConfig(), speculative=self.speculative,
                          adaptive_drafter=self.adaptive_drafter,
-                         adaptive_engine=self.adaptive_engine, **tlt_kw)
+                         adaptive_engine=self.adaptive_engine).updated(**tlt_kw)
 
     def build(self, run: VariantRun, tlt: TLTConfig | None = None) -> TLTTrainer:
         cfg = self.config(run.grpo, **run.tlt_kw)
         return TLTTrainer(run.policy, run.tokenizer, run.problems, run.reward, cfg,
                           drafter_head=run.drafter_head if cfg.speculative else None,
-                          backend=run.backend, checkpoint_dir=run.checkpoint_dir)
+                          backend=run.backend, **run.loop)
 
 
 class RemedyVariant(RLVariant):
@@ -161,8 +172,8 @@ class RemedyVariant(RLVariant):
         custom = type(self).order is not RemedyVariant.order
         return RemedyTrainer(run.policy, run.tokenizer, run.problems, run.reward,
                              self.config(run.grpo), backend=run.backend, tlt=tlt,
-                             drafter_head=run.drafter_head, checkpoint_dir=run.checkpoint_dir,
-                             order=self.order if custom else None)
+                             drafter_head=run.drafter_head, order=self.order if custom else None,
+                             **run.loop)
 
 
 def _check(name: str, plugin) -> None:

@@ -29,15 +29,14 @@ step 0. The behaviour log-probs are the rollout's own (no forward of the trainer
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from ...evaluate import score_rollout
 from ...rollout import RequestOutput, RolloutResult
 from ...rollout.timeline import ROLLOUT_KINDS
 from ...speculative.measure import acceptance_length
 from ...tasks import exact_match_reward
-from ..checkpoint import has_state, load_state, save_state
 from ..grpo import GRPO, RLStep
+from ..loop import RLLoop
 from ..tlt import TLTConfig
 from .config import RemedyConfig
 from .offpolicy import Behaviour, staleness_metrics
@@ -48,8 +47,10 @@ __all__ = ["RemedyTrainer"]
 STATE_FILE = "remedy_state.pt"
 
 
-class RemedyTrainer:
-    """GRPO whose steps sample, end and train as ``config`` (a :class:`RemedyConfig`) says.
+class RemedyTrainer(RLLoop):
+    """GRPO whose steps sample, end and train as ``config`` (a :class:`RemedyConfig`) says,
+    in the RL loop shell (:class:`~workbench.rl.loop.RLLoop`: checkpoint, history,
+    timelines, log).
 
     Args:
         model, tokenizer, problems, reward: as :class:`~workbench.rl.grpo.GRPO`.
@@ -64,50 +65,45 @@ class RemedyTrainer:
         drafter_head, drafter_dir: the pre-RL EAGLE head and where the spot trainer
             publishes (as :class:`~workbench.rl.tlt.TLTTrainer`'s).
         order: the order of each rollout's requests (``Sampler``'s; None: as drawn).
+        report_to, run_dir: the per-step scalars' log and the run's folder (``RLLoop``'s).
     """
+
+    STATE_FILE = STATE_FILE
 
     def __init__(self, model, tokenizer, problems, reward=exact_match_reward,
                  config: RemedyConfig | None = None, engine=None, backend="local",
                  ray_address: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, tlt: TLTConfig | None = None,
                  drafter_head=None, drafter_dir: str | os.PathLike | None = None,
-                 order=None):
+                 order=None, report_to: str = "none", run_dir: str | os.PathLike | None = None):
         self.config = c = config if config is not None else RemedyConfig()
         if tlt is not None:
             tlt.check_head(drafter_head)  # before the backend starts
-        self.grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
-                         backend=backend, ray_address=ray_address)
+        grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
+                    backend=backend, ray_address=ray_address)
         # TLT's drafter, spot trainer and schedule (None each: plain decoding)
         self.drafter, self.spot, self.schedule = (
             tlt.parts(model, drafter_head, drafter_dir) if tlt is not None else (None,) * 3)
-        clock = self.grpo.engine.backend.clock
+        clock = grpo.engine.backend.clock
         if self.spot is not None and c.extra_groups and clock != "sim":
-            self.grpo.close()
+            grpo.close()
             raise ValueError(f"TLT's drafter training with over-provisioning (extra_groups="
                              f"{c.extra_groups}) on the {clock!r} clock: its jobs would train "
                              "past the early stop; accepted: the local backend (sim clock), "
                              "or extra_groups=0")
-        self.sampler = Sampler(self.grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
-                               self.grpo.problems_for, c.extra_groups, c.leftover,
+        self.sampler = Sampler(grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
+                               grpo.problems_for, c.extra_groups, c.leftover,
                                c.segment_tokens, order)
         self.queued: Sampled | None = None  # async: the data the next step trains on
-        self.steps = 0
         self.last: list[Sampled] = []       # the rollouts of the latest step
-        self.timelines: dict[int, object] = {}  # step -> its (first) rollout's timeline
-        self.checkpoint_dir = checkpoint_dir
-        if checkpoint_dir is not None and has_state(checkpoint_dir, STATE_FILE):
-            self.load_checkpoint(checkpoint_dir)
-
-    @property
-    def model(self):
-        return self.grpo.model
+        super().__init__(grpo, checkpoint_dir, report_to, run_dir)
 
     @property
     def version(self) -> int:
         """The policy's version: the updates done so far."""
         return self.grpo.rl_step
 
-    def step(self) -> dict:
+    def _step(self) -> dict:
         """One RL step (the module docstring); returns its metrics row (the rollouts of the
         step are :attr:`last`)."""
         c = self.config
@@ -121,8 +117,8 @@ class RemedyTrainer:
         else:
             train, ahead = before[0], None
         self.last = before + ([ahead] if ahead is not None else [])
-        self.timelines[self.steps] = self.last[0].timeline
-        rl = self.rl_step(train)                                            # 2) data
+        self.timelines[self.rl_step] = self.last[0].timeline
+        rl = self.step_data(train)                                          # 2) data
         extra = {"groups_trained": len(train.trained), "carried_groups": len(train.carried),
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
                  "long_round": train.long_round,
@@ -131,10 +127,8 @@ class RemedyTrainer:
         if train.trained:                                                   # 3) update
             row = self.grpo.update(rl, extra)
         else:
-            row = {"step": self.steps, "update_s": 0.0, **extra}
-            self.grpo.rows.append(row)
+            row = self.grpo.record_row({"step": self.rl_step, "update_s": 0.0, **extra})
         row.update(self.clock(before, ahead, row["update_s"]))              # 4) the clock
-        self.steps += 1
         return row
 
     def sample(self, drafts: list[dict]) -> Sampled:
@@ -154,7 +148,7 @@ class RemedyTrainer:
             drafts.append(figures)
         return sampled
 
-    def rl_step(self, sampled: Sampled) -> RLStep:
+    def step_data(self, sampled: Sampled) -> RLStep:
         """2) the trained groups of ``sampled`` as GRPO's step data, scored; their behaviour
         when an older version sampled any of their tokens."""
         c, groups = self.config, sampled.trained
@@ -169,7 +163,7 @@ class RemedyTrainer:
         stale = any(v < self.version for r in responses for v in r.versions)
         behaviour = (Behaviour([r.behaviour() for r in responses], [r.versions for r in responses],
                                self.version, c.is_cap) if stale else None)
-        return RLStep(self.steps, result, problems, rewards, {}, behaviour)
+        return RLStep(self.rl_step, result, problems, rewards, {}, behaviour)
 
     def clock(self, before: list[Sampled], ahead: Sampled | None, update_s: float) -> dict:
         """4) the step on the sim clock: ``rollout_s`` (the makespans of its rollouts),
@@ -192,42 +186,17 @@ class RemedyTrainer:
                 "wasted_fraction": wasted / span if span > 0 else 0.0,
                 "clock": runs[0].timeline.clock}
 
-    def run(self, steps: int, progress: bool = True, desc: str = "RL"):
-        """``steps`` more RL steps (checkpointing after each when ``checkpoint_dir`` is set);
-        the history."""
-        from ...progress import tqdm
-        for _ in tqdm(range(steps), desc=desc, disable=not progress):
-            self.step()
-            if self.checkpoint_dir is not None:
-                self.save_checkpoint()
-        return self.history
-
-    @property
-    def history(self):
-        return self.grpo.history
-
-    def close(self) -> None:
-        self.grpo.close()
-
-    # ---- checkpoints --------------------------------------------------------------------
-    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the whole loop's state atomically (an interruption leaves the previous)."""
+    # ---- checkpoints (``RLLoop``'s, with the sampler's and the async queue) --------------
+    def _own_state(self) -> dict:
         s = self.sampler
-        state = {"grpo": self.grpo.state_dict(), "steps": self.steps, "queued": self.queued,
-                 "sampler": {"pool": s.pool, "tail": s.tail, "drawn": s.drawn,
-                             "rollouts": s.rollouts}, "schedule": self.schedule,
-                 "spot": self.spot.state_dict() if self.spot is not None else None}
-        return save_state(path if path is not None else self.checkpoint_dir, STATE_FILE, state)
+        return {"steps": self.rl_step, "queued": self.queued,
+                "sampler": {"pool": s.pool, "tail": s.tail, "drawn": s.drawn,
+                            "rollouts": s.rollouts}}
 
-    def load_checkpoint(self, path: str | os.PathLike) -> None:
-        state = load_state(path, STATE_FILE)
-        self.grpo.load_state_dict(state["grpo"])
-        self.steps, self.queued = state["steps"], state["queued"]
+    def _load_own_state(self, state: dict) -> None:
+        self.queued = state["queued"]
         for name, value in state["sampler"].items():
             setattr(self.sampler, name, value)
-        self.schedule = state.get("schedule")  # older checkpoints: plain decoding
-        if self.spot is not None:
-            self.spot.load_state_dict(state["spot"])
 
 
 # drafter figures that add up over the rollouts of one step (async's step 0 has two); of the
