@@ -14,7 +14,7 @@ drawn at ``j`` (speculative sampling's rejection rule needs each proposed token 
 distribution it is tested against; a cut decided by the token itself would bias it).
 
 The drafter's confidence is read where it draws: a drafter that picks its drafts through the
-draft context's ``choose`` (EAGLE, a small LM) shows each depth's logits there; one that does
+draft input's ``choose`` (EAGLE, a small LM) shows each depth's logits there; one that does
 not (n-grams) shows none, and its whole chain is kept.
 
 Run it (notebook 04's ``plugins``; the arm then goes into ``arms``)::
@@ -57,8 +57,9 @@ class ConfidentChain(Arm):
 
 
 class ConfidenceProbe:
-    """The worker's draft context as the drafter sees it, noting at each depth it draws at
-    the drafter's top probability, averaged over the rows (``choose(logits, depth)``)."""
+    """The step's draft input (``rollout.drafts.DraftInput``) as the drafter sees it, noting
+    at each depth it draws at the drafter's top probability, averaged over the rows
+    (``choose(logits, depth)``)."""
 
     def __init__(self, ctx):
         self._ctx, self.confidence = ctx, {}

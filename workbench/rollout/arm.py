@@ -34,7 +34,9 @@ class Arm:
 
     Optional: ``propose(drafter, ctx, plan, k) -> ChainDraft | TreeDraft``, the step's drafts:
     ``drafter`` is the one that serves the plan (``drafts.serving_drafter``), ``ctx`` the
-    worker's ``DraftContext``, ``k`` the plan's depth clipped to the context. The proposal
+    step's frozen ``drafts.DraftInput`` (hand it to the drafter: it holds the policy states
+    the decoder took for a drafter that reads them), ``k`` the plan's depth clipped to the
+    context. The proposal
     must hold every live row and between 1 and ``k`` drafts per row (a tree: at most ``k``
     deep). Default: the plan's own shape, a chain or a tree (``drafts.propose_shape``).
     """

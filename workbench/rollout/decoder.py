@@ -12,93 +12,38 @@ not depend on when it joined or with whom.
 """
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+
 import torch
 
 from .batch import DecodeBatch
-from .drafts import propose, serving_drafter
+from .drafts import DraftInput, propose, serving_drafter
 from .forward import Forward
-from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
+from .sampling import SamplingParams
+from .sampling_mode import SamplingMode
 from .schedule import StepPlan, StepReport
 
-__all__ = ["BatchDecoder", "DraftContext", "prefill_groups"]
+__all__ = ["BatchDecoder", "StepOutcome", "prefill_groups"]
 
 
-class DraftContext:
-    """What a drafter sees each round: the live rows' full sequences so far, the policy's
-    pre-norm hidden states it has not consumed yet, and the device to draft on.
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one decode step did before the clock is read (``BatchDecoder.step`` adds the
+    worker, the plan, the rows and the elapsed time to make its ``StepReport``).
 
-    ``sequences[r]`` is prompt + response of row ``r``; ``pending_hidden[r]`` holds one state
-    per committed token the drafter has not seen, the state that predicted that token
-    (``h_t`` for token ``x_{t+1}``). ``choose(logits, depth)`` picks draft tokens the way the
-    verification mode needs and returns ``(tokens, adjusted logprobs)``.
+    ``tokens``: response tokens emitted over all rows; ``forward_s``: the policy forward's
+    seconds; ``drafted``/``accepted``: draft tokens proposed and kept over all rows;
+    ``draft_s``: the drafter's seconds; ``drafter``: the name of the drafter that drafted.
+    A plain step (or a speculative one with no room left to draft) drafts nothing: 0, 0,
+    0.0 and ``None``.
     """
 
-    def __init__(self, decoder: "BatchDecoder"):
-        self.decoder = decoder
-        self.device = decoder.forward.device
-
-    def _rows(self):
-        d = self.decoder
-        return [d.reqs[i] for i in d.batch.request_ids]
-
-    @property
-    def sequences(self) -> list[list[int]]:
-        return [r.prompt_ids + r.tokens for r in self._rows()]
-
-    @property
-    def response_lengths(self) -> list[int]:
-        return [len(r.tokens) for r in self._rows()]
-
-    @property
-    def uids(self) -> list[int]:
-        return [r.uid for r in self._rows()]
-
-    @property
-    def admitted(self) -> list:
-        """Every request admitted to this worker's rollout so far, live or finished, in
-        admission order (``RequestOutput``: ``prompt_ids``, ``tokens`` and ``finish`` grow as
-        it decodes; read, never write): what a drafter that drafts from other rows reads."""
-        return self.decoder.reqs
-
-    @property
-    def request_ids(self) -> list[int]:
-        """Each live row's index in :attr:`admitted` (read, never write)."""
-        return self.decoder.batch.request_ids
-
-    def pending_hidden(self) -> list[torch.Tensor]:
-        """Pop the unconsumed policy states of every row (a list of ``[n_r, H]`` tensors)."""
-        d = self.decoder
-        out = [torch.cat(d.pending_hidden[i]) if d.pending_hidden[i] else None
-               for i in d.batch.request_ids]
-        for i in d.batch.request_ids:
-            d.pending_hidden[i] = []
-        return out
-
-    @property
-    def needs_logq(self) -> bool:
-        """Whether verification reads the drafter's distribution (speculative sampling)."""
-        return self.decoder.mode == "speculative"
-
-    def wait(self, seconds: float) -> None:
-        """Let ``seconds`` pass on the worker's clock without work (``StepRecorder.wait``)."""
-        self.decoder.rec.wait(seconds)
-
-    def choose(self, logits: torch.Tensor, depth: int):
-        return self.decoder.choose_draft(logits, depth)
-
-    def tree_logprobs(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
-        """What a tree's candidates at ``depth`` (0 = the first level) are ranked by
-        (``rollout.tree``): the drafter's adjusted log-probabilities ``[B, f, V]``. Coupled
-        mode ranks each node's coupled draw first (logprob set to 0): the policy emits it
-        wherever the two distributions agree at that uniform, so the tree holds the chain."""
-        d = self.decoder
-        logq = adjusted_logprobs(logits, d.params)
-        if d.mode != "coupled":
-            return logq
-        u = d.uniform_grid(d.batch, 1, Stream.TOKEN, depth)             # [B, 1]
-        draw = choose_tokens(logq, d.params, np.repeat(u, logq.shape[1], axis=1))
-        return logq.scatter(-1, draw[..., None], 0.0)
+    tokens: int
+    forward_s: float
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    drafter: str | None = None
 
 
 def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[int]]:
@@ -133,45 +78,13 @@ class BatchDecoder:
         self.pending_hidden: list[list[torch.Tensor]] = []  # per request, for the drafter
         self.harvest: list[list[torch.Tensor]] = []         # per request, for the caller
         self.batch = DecodeBatch.empty(0, forward.device)
-        self.mode = "greedy" if self.params.greedy else config.spec_mode
+        self.mode = SamplingMode.of(self.params, config.spec_mode)  # keyed to rows per step
         if drafter is not None:
             drafter.begin()
 
     @property
     def size(self) -> int:
         return self.batch.size
-
-    # ---- sampling -----------------------------------------------------------------------
-    def uniform_grid(self, batch, width: int, stream: Stream = Stream.TOKEN, offset: int = 0):
-        """Coupled uniforms ``[B, width]`` at each row's response positions
-        ``len(tokens) + offset + 0..width-1``."""
-        rows = [self.reqs[i] for i in batch.request_ids]
-        uids = [[r.uid] * width for r in rows]
-        pos = [[len(r.tokens) + offset + j for j in range(width)] for r in rows]
-        return coupled_uniforms(self.params.seed, uids, pos, stream)
-
-    def sample_next(self, batch, logits: torch.Tensor):
-        """Each row's next token and its adjusted logprob (coupled draw at its position)."""
-        logp = adjusted_logprobs(logits, self.params)
-        u = None if self.params.greedy else self.uniform_grid(batch, 1)[:, 0]
-        tok = choose_tokens(logp, self.params, u)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-    def choose_draft(self, logits: torch.Tensor, depth: int):
-        """Draft tokens at ``depth`` (0 = the first draft) and the drafter's adjusted logprobs.
-
-        Greedy: argmax. Coupled: the same coupled uniform the policy will use at that position,
-        so a drafter close to the policy lands on the same token. Speculative: an independent
-        draw (``Stream.DRAFT``) from the drafter's adjusted distribution, as Leviathan et al.
-        require. The logprobs are ``None`` except in speculative mode, the only one that reads
-        them.
-        """
-        if self.mode == "greedy":
-            return logits.argmax(-1), None
-        logq = adjusted_logprobs(logits, self.params)
-        stream = Stream.TOKEN if self.mode == "coupled" else Stream.DRAFT
-        tok = choose_tokens(logq, self.params, self.uniform_grid(self.batch, 1, stream, depth)[:, 0])
-        return tok, logq if self.mode == "speculative" else None
 
     # ---- steps --------------------------------------------------------------------------
     def admit(self, reqs) -> None:
@@ -194,7 +107,7 @@ class BatchDecoder:
             r.start_s = start
         (logits, hidden), fwd_s = self._timed(self.forward, ids, pos, new.mask, new.col_pos,
                                               new.cache)
-        tok, lp = self.sample_next(new, logits[:, -1])
+        tok, lp = self.mode.at(self.reqs, new.request_ids).sample(logits[:, -1])
         states = [hidden[row, -len(r.prompt_ids):] for row, r in enumerate(reqs)]
         self._finish_step(new, "prefill", [[t] for t in tok.tolist()],
                           [[x] for x in lp.tolist()], states, fwd_s)
@@ -210,54 +123,58 @@ class BatchDecoder:
     def step(self, plan: StepPlan, worker: int) -> StepReport:
         """One decode step as ``plan`` says; what it did, for the schedule."""
         start, rows = self.rec.begin(), self.size
-        if plan.speculative:
-            n, drafted, accepted, draft_s, fwd_s, name = self.spec_step(plan)
-        else:
-            (n, fwd_s), drafted, accepted, draft_s, name = self.plain_step(), 0, 0, 0.0, None
-        return StepReport(worker, plan, rows, n, drafted, accepted, draft_s, fwd_s,
-                          self.rec.mark - start, name)
+        out = self.spec_step(plan) if plan.speculative else self.plain_step()
+        return StepReport(worker, plan, rows, out.tokens, out.drafted, out.accepted,
+                          out.draft_s, out.forward_s, self.rec.mark - start, out.drafter)
 
-    def plain_step(self) -> tuple[int, float]:
-        """Feed every row's last token, sample the next; ``(tokens emitted, forward s)``."""
+    def plain_step(self) -> StepOutcome:
+        """Feed every row's last token, sample the next."""
         b = self.batch
         pos = b.append_columns(1)
         (logits, hidden), fwd_s = self._timed(self.forward, b.last_token[:, None], pos,
                                               b.mask, b.col_pos, b.cache)
         b.next_pos += 1
-        tok, lp = self.sample_next(b, logits[:, -1])
+        tok, lp = self.mode.at(self.reqs, b.request_ids).sample(logits[:, -1])
         n = self._finish_step(b, "decode", [[t] for t in tok.tolist()],
                               [[x] for x in lp.tolist()], hidden[:, -1:].unbind(0), fwd_s)
-        return n, fwd_s
+        return StepOutcome(n, fwd_s)
 
-    def spec_step(self, plan: StepPlan):
-        """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``):
+    def spec_step(self, plan: StepPlan) -> StepOutcome:
+        """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``), over the
+        batch's ``B`` rows; ``n`` fed drafts a row (``k`` for a chain):
 
         1. clip the depth so that every fed and emitted position fits the context (no room
            for a draft: the step is plain);
-        2. draft with the drafter that serves the plan (``drafts.serving_drafter``: the
+        2. build the step's input once: the sampling mode keyed to the rows, and the
+           :class:`~workbench.rollout.drafts.DraftInput` (the unconsumed policy states taken
+           here, for a drafter that reads them);
+        3. draft with the drafter that serves the plan (``drafts.serving_drafter``: the
            member of a drafter set the plan names), timed as a ``draft`` row of its own;
-        3. feed ``[last_token] + drafts`` at their positions in one policy forward;
-        4. the policy's verdict: per row the fed columns it keeps and the tokens it emits;
-        5. rejected columns become holes, positions move past the kept ones;
-        6. count drafted and accepted per request, then emit and finish as every step does.
-
-        Returns ``(tokens emitted, drafted, accepted, draft s, forward s, the drafter's
-        name)`` (no name for a step that ran plain).
+        4. feed ``[last_token] + drafts`` ``[B, 1 + n]`` at their positions in one policy
+           forward: logits ``[B, 1 + n, V]``, states ``[B, 1 + n, H]``;
+        5. the policy's verdict (``rollout.verify``, from tensors and the mode): per row the
+           fed columns it keeps and the tokens it emits;
+        6. rejected columns become holes, positions move past the kept ones;
+        7. count drafted and accepted per request, then emit and finish as every step does.
         """
         b = self.batch
+        assert plan.speculative and self.drafter is not None and b.size > 0, \
+            (plan, self.drafter, b.size)
         name, drafter = serving_drafter(self.drafter, plan.drafter)
         k = min(plan.k, int((self.forward.context - 2 - b.next_pos).min()))
         if k < 1:
-            n, fwd_s = self.plain_step()
-            return n, 0, 0, 0.0, fwd_s, None
-        draft, draft_s = self._timed(propose, drafter, DraftContext(self), plan, k)
+            return self.plain_step()
+        mode = self.mode.at(self.reqs, b.request_ids)
+        ctx = DraftInput(self.reqs, b.request_ids, self._take_hidden(drafter), mode,
+                         self.forward.device, self.rec.wait)
+        draft, draft_s = self._timed(propose, drafter, ctx, plan, k)
         self.rec.end("draft", b.size, 0, draft_s)
         width = b.width
-        fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)
+        fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)     # [B, 1 + n]
         pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))
         (logits, hidden), fwd_s = self._timed(self.forward, fed, pos, b.mask, b.col_pos,
                                               b.cache, logits_from=0, tree=draft.visible)
-        verdict = draft.accept(self, fed, logits, hidden)
+        verdict = draft.verify(logits, hidden, mode)
         b.mask[:, width:] = verdict.keep.to(b.mask.dtype)
         b.trim_right()
         b.next_pos += verdict.keep.sum(1)
@@ -267,7 +184,7 @@ class BatchDecoder:
         rows = b.size
         n = self._finish_step(b, "verify", verdict.tokens, verdict.logprobs, verdict.states,
                               fwd_s)
-        return n, draft.size * rows, sum(verdict.accepted), draft_s, fwd_s, name
+        return StepOutcome(n, fwd_s, draft.size * rows, sum(verdict.accepted), draft_s, name)
 
     # ---- bookkeeping --------------------------------------------------------------------
     def _timed(self, fn, *args, **kwargs):
@@ -276,6 +193,20 @@ class BatchDecoder:
         start = self.rec.now()
         out = fn(*args, **kwargs)
         return out, self.rec.now() - start
+
+    def _take_hidden(self, drafter) -> list[torch.Tensor | None] | None:
+        """For a drafter that reads them (``needs_hidden``): each live row's unconsumed
+        policy states ``[n_r, H]`` (``None`` for a row with none), forgotten here, since the
+        drafter consumes them. ``None`` for any other drafter: a drafter set's other members
+        draft from sequences, and the states wait for the member that reads them."""
+        if not drafter.needs_hidden:
+            return None
+        ids = self.batch.request_ids
+        out = [torch.cat(self.pending_hidden[i]) if self.pending_hidden[i] else None
+               for i in ids]
+        for i in ids:
+            self.pending_hidden[i] = []
+        return out
 
     def _keep_hidden(self, i: int, h: torch.Tensor) -> None:
         """Policy states of request ``i``'s newly fed positions, for the drafter and harvest."""

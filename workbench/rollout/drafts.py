@@ -1,8 +1,12 @@
-"""A speculative step's drafts: a chain or a tree per row, how they are fed to the policy,
-and what the policy keeps of them.
+"""A speculative step's drafts: what the drafter reads, a chain or a tree per row, how they are
+fed to the policy, and which verification rule they go to.
 
-``BatchDecoder.spec_step`` runs one recipe for both shapes (clip, draft, feed, accept, rewrite
-the cache, count); what differs between a chain and a tree lives here.
+``BatchDecoder.spec_step`` runs one recipe for both shapes (clip, draft, feed, verify, rewrite
+the cache, count); what differs between a chain and a tree lives here. Data flows one way:
+the decoder hands the drafter a frozen :class:`DraftInput`, the drafter (or a plugin arm)
+returns a :class:`ChainDraft` or :class:`TreeDraft`, and ``draft.verify`` hands tensors and
+the step's :class:`~workbench.rollout.sampling_mode.SamplingMode` to ``rollout.verify``, which
+returns the policy's :class:`~workbench.rollout.verify.Verdict`. Nothing here reads the decoder.
 
 Glossary:
 
@@ -13,42 +17,26 @@ depth        a fed node's distance from the root: its position is ``next_pos + d
 visible      ``[B, 1 + n, 1 + n]`` ancestor-or-self mask of a tree (``rollout.tree``): each node
              attends to the committed cache, its ancestors and itself. ``None`` for a chain,
              whose drafts see each other causally.
-verdict      what the policy keeps (:class:`Verdict`): per row the fed columns that stay in the
-             cache (the root and an accepted path), the tokens it emits (the accepted drafts,
-             then one token of the policy's own) and their logprobs and policy states.
-
-Lossless in every mode. Greedy and coupled: the policy's token at every fed node is fixed (its
-argmax, or its coupled draw at the node's response position, exactly what plain decoding would
-emit there) and only drafts equal to it are kept. Speculative, chain: the rejection rule of
-Leviathan et al. against the drafter's own distribution (``verify.speculative_accept``).
-Speculative, tree: the drafter picks the nodes deterministically (its top candidates), so each
-node's children are tried one by one with the one-hot rejection test against the policy's
-residual (``verify.speculative_accept_tree``), which samples the policy's distribution exactly
-at every node.
-
-Speculative tree draws: the token at response position ``t = len(tokens) + depth`` is drawn at
-the fed node of that depth from ``Stream.TOKEN`` at ``t``, as in plain decoding; the test of
-the child with sibling rank ``i`` that would emit position ``t`` uses ``Stream.ACCEPT`` at
-position ``t + i * 2**32`` (rank 0 is the chain's accept uniform). Responses are far shorter
-than ``2**32`` tokens, so every (position, rank) pair has its own independent uniform, and the
-walk visits one node per depth, so no uniform is used twice.
+verdict      what the policy keeps (``rollout.verify``, lossless in every mode): per row the
+             fed columns that stay in the cache (the root and an accepted path), the tokens it
+             emits (the accepted drafts, then one token of the policy's own) and their
+             logprobs and policy states.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
 
-import numpy as np
 import torch
 
-from . import verify
-from .sampling import Stream, adjusted_logprobs, choose_tokens
+from .sampling_mode import SamplingMode
 from .schedule import StepPlan
 from .tree import DraftTree
+from .verify import Verdict, verify_chain, verify_tree
 
-__all__ = ["ChainDraft", "TreeDraft", "Verdict", "propose", "propose_shape", "serving_drafter",
-           "check_tree_drafter", "check_schedule_drafter"]
-
-_RANK_STRIDE = 2**32  # accept-uniform position offset per sibling rank (module docstring)
+__all__ = ["DraftInput", "ChainDraft", "TreeDraft", "propose", "propose_shape",
+           "serving_drafter", "check_tree_drafter", "check_schedule_drafter"]
 _TREE_DRAFTERS = ("trees need a drafter with draft_tree(ctx, k, branch) and supports_trees: "
                  "EagleDrafter ('eagle') or LMDrafter ('small_lm'); chains (branch=1, "
                  "verify_budget=None) work with any drafter")
@@ -102,22 +90,69 @@ def check_schedule_drafter(schedule, drafter) -> None:
         serving_drafter(drafter, name, f"the schedule {type(schedule).__name__}")
 
 
-@dataclass
-class Verdict:
-    """What the policy keeps of one step's drafts, per row (``B`` rows, ``F = 1 + n`` fed).
+@dataclass(frozen=True)
+class DraftInput:
+    """What a drafter reads at one speculative step (``ctx`` in ``draft(ctx, k)``), built by
+    the decoder once per step, before the call; the drafter reads it and returns its drafts.
 
-    ``keep`` ``[B, F]`` long: 1 on the fed columns that stay in the cache, 0 on the rejected
-    ones (they become holes). ``accepted``: drafts kept per row. ``tokens``: per row the kept
-    drafts then the policy's own token; ``logprobs`` their adjusted logprobs under the policy;
-    ``states`` the policy's pre-norm states at the kept fed columns (``[a + 1, H]``), the
-    states that predicted ``tokens``.
+    Fields:
+        admitted: every request admitted to the worker's rollout so far (``RequestOutput``),
+            live or finished, in admission order: what a drafter that drafts from other rows
+            reads (``speculative.sibling``); ``request_ids``: each live row's index in it. Both
+            are the decoder's own, shared, not copied: read, never write; valid during the call.
+        hidden: per row ``[n_r, H]`` the policy's pre-norm states the drafter has not
+            consumed, one per committed token, the state that predicted it (``h_t`` for
+            token ``x_{t+1}``); ``None`` for a row with none. The decoder hands them over (and
+            forgets them) only to a drafter with ``needs_hidden``; ``None`` for any other,
+            whose states stay kept for the set member that needs them.
+        mode: the step's :class:`~workbench.rollout.sampling_mode.SamplingMode`, keyed to
+            the rows: what :meth:`choose`, :meth:`tree_logprobs` and :attr:`needs_logq` ask.
+        device: where to draft.
+        wait: ``wait(seconds)`` lets time pass on the worker's clock without work
+            (``StepRecorder.wait``).
+
+    Read on first use (then kept): ``rows``, the live rows' requests in batch order;
+    ``sequences[r]``, prompt + response of row ``r`` so far; ``response_lengths``; ``uids``.
     """
 
-    keep: torch.Tensor
-    accepted: list[int]
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    states: list[torch.Tensor]
+    admitted: list
+    request_ids: list[int]
+    hidden: list[torch.Tensor | None] | None
+    mode: SamplingMode
+    device: torch.device
+    wait: Callable[[float], None]
+
+    @cached_property
+    def rows(self) -> list:
+        return [self.admitted[i] for i in self.request_ids]
+
+    @cached_property
+    def sequences(self) -> list[list[int]]:
+        return [r.prompt_ids + r.tokens for r in self.rows]
+
+    @cached_property
+    def response_lengths(self) -> list[int]:
+        return [len(r.tokens) for r in self.rows]
+
+    @cached_property
+    def uids(self) -> list[int]:
+        return [r.uid for r in self.rows]
+
+    @property
+    def needs_logq(self) -> bool:
+        """Whether verification reads the drafter's distribution (speculative sampling)."""
+        return self.mode.speculative
+
+    def choose(self, logits: torch.Tensor, depth: int):
+        """Draft tokens ``[B]`` at ``depth`` (0 = the first draft) from the drafter's logits
+        ``[B, V]`` the way verification needs, and their adjusted logprobs ``[B, V]`` or
+        ``None`` (``SamplingMode.choose``)."""
+        return self.mode.choose(logits, depth)
+
+    def tree_logprobs(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
+        """``[B, f, V]``: what a tree's candidates at ``depth`` are ranked by
+        (``SamplingMode.rank``)."""
+        return self.mode.rank(logits, depth)
 
 
 def propose(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
@@ -163,29 +198,11 @@ class ChainDraft:
         """``[B, 1 + k]``: the fed tokens' positions, one depth after another."""
         return next_pos[:, None] + torch.arange(self.size + 1, device=next_pos.device)
 
-    def accept(self, decoder, fed, logits, hidden) -> Verdict:
-        """The accepted prefix of each row's chain and the policy's token after it.
-        ``logits`` ``[B, k+1, V]`` and ``hidden`` ``[B, k+1, H]`` at the fed tokens."""
-        k, b = self.size, decoder.batch
-        logp = adjusted_logprobs(logits, decoder.params)                 # [B, k+1, V]
-        if decoder.mode == "speculative":
-            accepted, last = verify.speculative_accept(
-                self.tokens, logp, self.logq, decoder.uniform_grid(b, k, Stream.ACCEPT),
-                decoder.uniform_grid(b, k + 1))
-        else:
-            target = (logp.argmax(-1) if decoder.mode == "greedy"
-                      else choose_tokens(logp, decoder.params, decoder.uniform_grid(b, k + 1)))
-            accepted = verify.accept_by_target(self.tokens, target)
-            last = target.gather(1, accepted[:, None]).squeeze(1)
-        emitted = torch.cat([self.tokens, last[:, None]], dim=1)
-        emitted.scatter_(1, accepted[:, None], last[:, None])
-        emitted_lp = logp.gather(-1, emitted[..., None]).squeeze(-1)
-        # the fed last_token and the accepted drafts stay; rejected drafts become holes
-        keep = (torch.arange(k + 1, device=fed.device)[None, :] <= accepted[:, None]).long()
-        acc = accepted.tolist()
-        return Verdict(keep, acc, [e[:a + 1] for e, a in zip(emitted.tolist(), acc)],
-                       [e[:a + 1] for e, a in zip(emitted_lp.tolist(), acc)],
-                       [hidden[row, :a + 1] for row, a in enumerate(acc)])
+    def verify(self, logits: torch.Tensor, hidden: torch.Tensor,
+               mode: SamplingMode) -> Verdict:
+        """The policy's verdict (``rollout.verify.verify_chain``) from its ``logits``
+        ``[B, k+1, V]`` and ``hidden`` ``[B, k+1, H]`` at the fed tokens."""
+        return verify_chain(self.tokens, self.logq, logits, hidden, mode)
 
 
 @dataclass
@@ -214,46 +231,9 @@ class TreeDraft:
         """``[B, 1 + n]``: each fed node at ``next_pos + depth`` (siblings share one)."""
         return next_pos[:, None] + self.depth
 
-    def accept(self, decoder, fed, logits, hidden) -> Verdict:
-        """Each row's accepted root-to-leaf path and the policy's token after it."""
-        logp = adjusted_logprobs(logits, decoder.params)                 # [B, n+1, V]
-        paths, last = self._walk(decoder, logp)
-        kept = [[0] + path for path in paths]                            # fed indices
-        keep = torch.zeros_like(fed)
-        tokens, logprobs, states = [], [], []
-        for row, (cols, tok) in enumerate(zip(kept, last)):
-            keep[row, cols] = 1
-            emitted = fed[row, cols[1:]].tolist() + [tok]
-            idx = torch.tensor(cols, device=fed.device)
-            tokens.append(emitted)
-            logprobs.append(logp[row, idx, torch.tensor(emitted, device=fed.device)].tolist())
-            states.append(hidden[row, idx])
-        return Verdict(keep, [len(p) for p in paths], tokens, logprobs, states)
-
-    def _walk(self, decoder, logp: torch.Tensor):
-        """Each row's accepted path (fed indices) and the token the policy adds after it."""
-        tree = self.tree
-        if decoder.mode == "greedy":
-            return verify.accept_tree(tree.tokens, tree.parents, logp.argmax(-1))
-        token_u = self._token_uniforms(decoder)
-        if decoder.mode == "coupled":
-            return verify.accept_tree(tree.tokens, tree.parents,
-                                      choose_tokens(logp, decoder.params, token_u))
-        return verify.speculative_accept_tree(tree.tokens, tree.parents, logp,
-                                              self._accept_uniforms(decoder), token_u)
-
-    def _token_uniforms(self, decoder) -> np.ndarray:
-        """``[B, n+1]``: ``Stream.TOKEN`` at each fed node's response position
-        ``len(tokens) + depth``, the uniform plain decoding draws that position with."""
-        grid = decoder.uniform_grid(decoder.batch, self.k + 1)           # [B, k+1]
-        return np.take_along_axis(grid, self.depth.cpu().numpy(), axis=1)
-
-    def _accept_uniforms(self, decoder) -> np.ndarray:
-        """``[B, n]``: each node's accept-test uniform, ``Stream.ACCEPT`` at the position it
-        would emit (``len(tokens) + depth - 1``) offset by its sibling rank (module docstring)."""
-        ranks = self.tree.sibling_ranks().cpu().numpy()
-        grid = np.stack([decoder.uniform_grid(decoder.batch, self.k, Stream.ACCEPT,
-                                              i * _RANK_STRIDE)
-                         for i in range(int(ranks.max(initial=0)) + 1)], axis=1)  # [B, R, k]
-        rows = np.arange(grid.shape[0])[:, None]
-        return grid[rows, ranks, self.depth[:, 1:].cpu().numpy() - 1]
+    def verify(self, logits: torch.Tensor, hidden: torch.Tensor,
+               mode: SamplingMode) -> Verdict:
+        """The policy's verdict (``rollout.verify.verify_tree``) from its ``logits``
+        ``[B, n+1, V]`` and ``hidden`` ``[B, n+1, H]`` at the fed nodes."""
+        return verify_tree(self.tree.tokens, self.tree.parents, self.depth, logits, hidden,
+                           mode)

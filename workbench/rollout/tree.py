@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import check_int
+from .verify import sibling_ranks
 
 __all__ = ["DraftTree", "grow_tree"]
 
@@ -32,7 +33,7 @@ class DraftTree:
 
     ``tokens``/``parents`` ``[B, n]`` long, ``scores`` ``[B, n]`` the cumulative drafter
     log-probability of each node's root-to-node path (in coupled mode with each coupled draw
-    counted as certain: ``DraftContext.tree_logprobs``).
+    counted as certain: ``SamplingMode.rank``).
     """
 
     tokens: torch.Tensor
@@ -60,8 +61,7 @@ class DraftTree:
     def sibling_ranks(self) -> torch.Tensor:
         """``[B, n]`` long: how many siblings come before each node (node order), the order
         in which speculative verification tries a node's children."""
-        same = self.parents[:, :, None] == self.parents[:, None, :]
-        return (same & torch.ones_like(same[0]).tril(-1)).sum(-1)
+        return sibling_ranks(self.parents)
 
     def select(self, budget: int | None) -> "DraftTree":
         """The best ``budget`` nodes of each row by score (all when ``None``), in their
@@ -111,7 +111,7 @@ def grow_tree(logprobs_of, root_logits: torch.Tensor, k: int, branch: int, expan
     """A tree of depth ``k`` grown level by level (:func:`grow_level`).
 
     ``root_logits`` ``[B, V]`` are the drafter's logits after the root;
-    ``logprobs_of(logits, depth)`` ranks the candidates of a level (``DraftContext.tree_logprobs``);
+    ``logprobs_of(logits, depth)`` ranks the candidates of a level (``DraftInput.tree_logprobs``);
     ``expand(levels)`` feeds the newest level (``levels[-1]``, see
     :meth:`DraftTree.from_levels`) to the drafter and returns its logits ``[B, w, V]`` after
     each of those nodes. The last level is never fed.

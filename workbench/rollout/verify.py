@@ -1,17 +1,144 @@
-"""Acceptance rules of speculative decoding, batched over rows that accept different counts.
+"""Verification of a speculative step: what the policy keeps of the drafts, a pure function of
+tensors and one :class:`~workbench.rollout.sampling_mode.SamplingMode`.
 
-The chain rules return ``(accepted, last)`` per row: how many leading drafts the policy keeps, and the one
-token the policy adds after them (the correction at the first rejection, or the bonus token
-when every draft was accepted). The emitted tokens are ``drafts[:accepted] + [last]``.
-The tree rules return ``(paths, last)`` per row: the accepted fed indices, root to leaf, and
-the token the policy adds after the last of them.
+:func:`verify_chain` and :func:`verify_tree` are what the decoder calls (``rollout.drafts``
+picks one by the draft's shape); each returns a :class:`Verdict`. Below them the acceptance
+rules, batched over rows that accept different counts: the chain rules return
+``(accepted, last)`` per row, how many leading drafts the policy keeps and the one token the
+policy adds after them (the correction at the first rejection, or the bonus token when every
+draft was accepted), so the emitted tokens are ``drafts[:accepted] + [last]``; the tree rules
+return ``(paths, last)`` per row, the accepted fed indices, root to leaf, and the token the
+policy adds after the last of them.
+
+Glossary (``B`` rows, ``F = 1 + n`` fed tokens a row, ``V`` the vocabulary, ``H`` the hidden size):
+
+fed          ``[last_token] + drafts`` per row: fed index 0 is the *root* (each row's emitted,
+             unfed token), fed index ``j + 1`` is draft node ``j``.
+depth        a fed node's distance from the root (``[B, F]``); it predicts response position
+             ``len(tokens) + depth``. A chain's drafts have depths ``1..k``.
+logits       ``[B, F, V]`` the policy's, ``hidden`` ``[B, F, H]`` its pre-norm states, both
+             at the fed tokens.
+mode         greedy, coupled or speculative sampling, keyed to the step's rows (the
+             uniforms): :class:`~workbench.rollout.sampling_mode.SamplingMode`.
+
+Lossless in every mode. Greedy and coupled: the policy's token at every fed node is fixed
+(``mode.targets``: its argmax, or its coupled draw at the node's response position, exactly
+what plain decoding would emit there) and only drafts equal to it are kept
+(:func:`accept_by_target`, :func:`accept_tree`). Speculative, chain: the rejection rule of
+Leviathan et al. against the drafter's own distribution (:func:`speculative_accept`).
+Speculative, tree: the drafter picks the nodes deterministically (its top candidates), so each
+node's children are tried one by one with the one-hot rejection test against the policy's
+residual (:func:`speculative_accept_tree`), which samples the policy's distribution exactly at
+every node.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-__all__ = ["speculative_accept", "accept_tree", "speculative_accept_tree"]
+if TYPE_CHECKING:
+    from .sampling_mode import SamplingMode
+
+__all__ = ["Verdict", "verify_chain", "verify_tree", "speculative_accept", "accept_tree",
+           "speculative_accept_tree"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the policy keeps of one step's drafts, per row (``B`` rows, ``F = 1 + n`` fed).
+
+    ``keep`` ``[B, F]`` long: 1 on the fed columns that stay in the cache (the root and an
+    accepted path), 0 on the rejected ones (they become holes). ``accepted``: drafts kept per
+    row. ``tokens``: per row the kept drafts then the policy's own token; ``logprobs`` their
+    adjusted logprobs under the policy; ``states`` the policy's pre-norm states at the kept
+    fed columns (``[a + 1, H]``), the states that predicted ``tokens``.
+    """
+
+    keep: torch.Tensor
+    accepted: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    states: list[torch.Tensor]
+
+
+def verify_chain(drafts: torch.Tensor, logq: torch.Tensor | None, logits: torch.Tensor,
+                 hidden: torch.Tensor, mode: SamplingMode) -> Verdict:
+    """The accepted prefix of each row's chain and the policy's token after it.
+
+    ``drafts`` ``[B, k]`` long; ``logq`` ``[B, k, V]`` the drafter's adjusted distribution at
+    each draft (read in speculative mode only, ``None`` otherwise); ``logits`` ``[B, k+1, V]``
+    and ``hidden`` ``[B, k+1, H]`` the policy's at the fed tokens (root first).
+    """
+    b, k = drafts.shape
+    assert logits.shape[:2] == (b, k + 1) and hidden.shape[:2] == (b, k + 1), \
+        (tuple(drafts.shape), tuple(logits.shape), tuple(hidden.shape))
+    assert not mode.speculative or (logq is not None and logq.shape[:2] == (b, k)), \
+        "speculative sampling verifies against the drafter's logq [B, k, V]"
+    logp = mode.logprobs(logits)                                         # [B, k+1, V]
+    if mode.speculative:
+        depth = np.arange(1, k + 1)
+        accepted, last = speculative_accept(drafts, logp, logq, mode.accept_uniforms(depth),
+                                            mode.token_uniforms(np.arange(k + 1)))
+    else:
+        target = mode.targets(logp, np.arange(k + 1))                    # [B, k+1]
+        accepted = accept_by_target(drafts, target)
+        last = target.gather(1, accepted[:, None]).squeeze(1)
+    emitted = torch.cat([drafts, last[:, None]], dim=1)                  # [B, k+1]
+    emitted.scatter_(1, accepted[:, None], last[:, None])
+    emitted_lp = logp.gather(-1, emitted[..., None]).squeeze(-1)
+    # the fed root and the accepted drafts stay; rejected drafts become holes
+    keep = (torch.arange(k + 1, device=drafts.device)[None, :] <= accepted[:, None]).long()
+    acc = accepted.tolist()
+    return Verdict(keep, acc, [e[:a + 1] for e, a in zip(emitted.tolist(), acc)],
+                   [e[:a + 1] for e, a in zip(emitted_lp.tolist(), acc)],
+                   [hidden[row, :a + 1] for row, a in enumerate(acc)])
+
+
+def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+                logits: torch.Tensor, hidden: torch.Tensor, mode: SamplingMode) -> Verdict:
+    """Each row's accepted root-to-leaf path through its draft tree and the policy's token
+    after it.
+
+    ``tokens``/``parents`` ``[B, n]`` long (``rollout.tree.DraftTree``: node ``j`` is fed
+    index ``j + 1``, parent ``-1`` the root); ``depth`` ``[B, n+1]`` each fed node's depth
+    (root 0); ``logits`` ``[B, n+1, V]`` and ``hidden`` ``[B, n+1, H]`` at the fed nodes.
+    """
+    b, n = tokens.shape
+    assert parents.shape == (b, n) and depth.shape == (b, n + 1), \
+        (tuple(tokens.shape), tuple(parents.shape), tuple(depth.shape))
+    assert logits.shape[:2] == (b, n + 1) and hidden.shape[:2] == (b, n + 1), \
+        (tuple(logits.shape), tuple(hidden.shape))
+    logp = mode.logprobs(logits)                                         # [B, n+1, V]
+    fed_depth = depth.cpu().numpy()
+    if mode.speculative:
+        paths, last = speculative_accept_tree(
+            tokens, parents, logp, mode.accept_uniforms(fed_depth[:, 1:],
+                                                        sibling_ranks(parents).cpu().numpy()),
+            mode.token_uniforms(fed_depth))
+    else:
+        paths, last = accept_tree(tokens, parents, mode.targets(logp, fed_depth))
+    keep = torch.zeros(b, n + 1, dtype=torch.long, device=tokens.device)
+    emitted_tokens, logprobs, states = [], [], []
+    for row, (path, tok) in enumerate(zip(paths, last)):
+        cols = [0] + path                                                # fed indices
+        keep[row, cols] = 1
+        emitted = tokens[row, [c - 1 for c in path]].tolist() + [tok]
+        idx = torch.tensor(cols, device=tokens.device)
+        emitted_tokens.append(emitted)
+        logprobs.append(logp[row, idx, torch.tensor(emitted, device=tokens.device)].tolist())
+        states.append(hidden[row, idx])
+    return Verdict(keep, [len(p) for p in paths], emitted_tokens, logprobs, states)
+
+
+def sibling_ranks(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, n]`` long: how many siblings come before each node (node order) of a tree with
+    ``parents`` ``[B, n]``, the order in which speculative verification tries a node's
+    children."""
+    same = parents[:, :, None] == parents[:, None, :]
+    return (same & torch.ones_like(same[0]).tril(-1)).sum(-1)
 
 
 def accept_by_target(draft: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,15 @@ drafter name accepts every registered one (``speculative.resolve``). The engine'
 - ``check_compatible(policy, tokenizer)`` before a rollout: vocabulary and tokenizer match.
 - ``begin()`` at the start of each worker's rollout: forget all per-row state.
 - ``draft(ctx, k) -> (tokens [B, k], logq [B, k, V] or None)``: read the rows' committed
-  sequences from ``ctx`` (a :class:`~workbench.rollout.decoder.DraftContext`; its
-  ``admitted`` holds every request of the worker's rollout, for a drafter that drafts from
-  other rows: ``speculative.sibling``), catch up on what is new, and propose. ``logq`` is
-  the drafter's adjusted distribution at each draft (one-hot for deterministic drafters);
-  only speculative sampling reads it, so it is ``None`` unless ``ctx.needs_logq`` (greedy
-  and coupled verification compare tokens only).
+  sequences from ``ctx`` (a frozen :class:`~workbench.rollout.drafts.DraftInput` the decoder
+  builds for the step: ``sequences``, the unconsumed policy states ``hidden`` for a drafter
+  with ``needs_hidden``, ``admitted`` every request of the worker's rollout for a drafter
+  that drafts from other rows: ``speculative.sibling``), catch up on what is new, and
+  propose; it reads the decoder through nothing else. ``logq`` is the drafter's adjusted
+  distribution at each draft (one-hot for deterministic drafters); only speculative sampling
+  reads it, so it is ``None`` unless ``ctx.needs_logq`` (greedy and coupled verification
+  compare tokens only). ``ctx.choose(logits, depth)`` picks a draft the way verification
+  needs.
 - ``draft_tree(ctx, k, branch) -> DraftTree`` (``rollout.tree``), only for drafters with
   ``supports_trees``: a tree of depth ``k`` grown EAGLE-2 style, ``branch`` candidates per
   node and per depth, ranked by cumulative ``ctx.tree_logprobs``.
@@ -391,8 +394,7 @@ class EagleDrafter(CachedDrafter):
     def _catch_up(self, ctx) -> torch.Tensor:
         """Feed every committed pair not seen yet; the state predicted after each row's last
         ``[B, 1, H]`` (whose logits give the first draft)."""
-        seqs = ctx.sequences
-        pending = ctx.pending_hidden()
+        seqs, pending = ctx.sequences, ctx.hidden
         st = self.open_round(len(seqs), ctx.device)
         # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
         new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
@@ -473,6 +475,6 @@ class SlowedDrafter:
         return self.drafter.draft_tree(ctx, k, branch)
 
     def _wait(self, ctx, k: int) -> None:
-        """``k`` delays on the worker's clock (``DraftContext.wait``: charged on the sim
+        """``k`` delays on the worker's clock (``DraftInput.wait``: charged on the sim
         clock, slept on the wall clock); slept where the context has no clock."""
         getattr(ctx, "wait", time.sleep)(k * self.delay_s)

@@ -111,7 +111,7 @@ class SiblingDrafter(Drafter):
     """Drafts each row from its siblings and from its prompt's earlier responses (module
     docstring); model-free and deterministic (``logq`` one-hot).
 
-    Each round it reads every request the worker admitted (``DraftContext.admitted``), live
+    Each round it reads every request the worker admitted (``DraftInput.admitted``), live
     or finished, not only the live rows: a row that finished since the last round (or while
     another member of a ``DrafterSet`` drafted) is read whole, to its last token. So it keeps
     no per-row state, and ``keep_rows``/``add_rows`` have nothing to do.
