@@ -87,9 +87,10 @@ class SamplingMode:
 
     def uniforms(self, stream: Stream, offsets) -> np.ndarray:
         """``[B, W]`` float64: ``stream``'s uniform of each row at response position
-        ``lengths[r] + offsets[r, j]`` (``offsets`` ``[B, W]`` or ``[W]`` int)."""
+        ``lengths[r] + offsets[r, j]`` (``offsets`` ``[B, W]`` or ``[W]`` int, an array or a
+        tensor)."""
         assert self.uids is not None, f"a {self.kind} mode keyed to no rows (SamplingMode.at)"
-        pos = self.lengths[:, None] + np.asarray(offsets, dtype=np.int64)
+        pos = self.lengths[:, None] + _ints(offsets)
         return coupled_uniforms(self.params.seed, np.broadcast_to(self.uids[:, None], pos.shape),
                                 pos, stream)
 
@@ -150,5 +151,11 @@ class SamplingMode:
         """``[B, n]``: each draft's accept-test uniform, ``Stream.ACCEPT`` at the position it
         would emit (``lengths + depth - 1``) offset by its sibling rank (module docstring).
         ``depth`` and ``rank`` ``[B, n]`` or ``[n]``; a chain's ranks are all 0."""
-        return self.uniforms(Stream.ACCEPT, np.asarray(depth, dtype=np.int64) - 1
-                             + np.asarray(rank, dtype=np.int64) * RANK_STRIDE)
+        return self.uniforms(Stream.ACCEPT, _ints(depth) - 1 + _ints(rank) * RANK_STRIDE)
+
+
+def _ints(x) -> np.ndarray:
+    """``x`` (a sequence, an array or a tensor on any device) as an int64 array."""
+    if isinstance(x, torch.Tensor):
+        x = x.cpu().numpy()
+    return np.asarray(x, dtype=np.int64)

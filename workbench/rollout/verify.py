@@ -112,14 +112,12 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor
     assert logits.shape[:2] == (b, n + 1) and hidden.shape[:2] == (b, n + 1), \
         (tuple(logits.shape), tuple(hidden.shape))
     logp = mode.logprobs(logits)                                         # [B, n+1, V]
-    fed_depth = depth.cpu().numpy()
     if mode.speculative:
         paths, last = speculative_accept_tree(
-            tokens, parents, logp, mode.accept_uniforms(fed_depth[:, 1:],
-                                                        sibling_ranks(parents).cpu().numpy()),
-            mode.token_uniforms(fed_depth))
+            tokens, parents, logp, mode.accept_uniforms(depth[:, 1:], sibling_ranks(parents)),
+            mode.token_uniforms(depth))
     else:
-        paths, last = accept_tree(tokens, parents, mode.targets(logp, fed_depth))
+        paths, last = accept_tree(tokens, parents, mode.targets(logp, depth))
     keep = torch.zeros(b, n + 1, dtype=torch.long, device=tokens.device)
     emitted_tokens, logprobs, states = [], [], []
     for row, (path, tok) in enumerate(zip(paths, last)):
