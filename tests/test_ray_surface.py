@@ -16,7 +16,7 @@ import torch
 from workbench.cli import main
 from workbench.pipeline import load_results, run_pipeline
 from workbench.rl import GRPO, GRPOConfig
-from workbench.rl import ablation_runs
+from workbench.rl import variants as rl_variants
 from workbench.rl.ablation import close_backend, notebook_backend, run_ablation
 from workbench.rollout import LocalBackend, RayBackend, RolloutEngine, make_backend
 
@@ -110,7 +110,7 @@ def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, mo
     accepted = r"backend must be one of \['local', 'ray'\] or a backend object, got 'spark'"
     with pytest.raises(ValueError, match=accepted):
         GRPO(model, tokenizer, _problems(), _letters_reward, CONFIG, backend="spark")
-    monkeypatch.setattr(ablation_runs, "TLTTrainer", lambda *a, **kw: pytest.fail("a run was built"))
+    monkeypatch.setattr(rl_variants, "TLTTrainer", lambda *a, **kw: pytest.fail("a run was built"))
     with pytest.raises(ValueError, match=accepted):
         run_ablation(model, tokenizer, _problems(), CONFIG, 1, variants=["baseline"],
                      backend="spark")

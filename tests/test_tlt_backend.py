@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from workbench.rl.tlt import first_divergence
-from workbench.rollout.backend import IdleRun
+from workbench.rollout.backend import Backend, IdleRun
 from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.worker import Worker
 
@@ -16,8 +16,8 @@ from .test_tlt import _same, _state, _trainer, lengthen_slowest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class ApartBackend:
-    """The Backend protocol, nothing more: workers run in reverse order, every idle job runs
+class ApartBackend(Backend):
+    """The Backend base, nothing more: workers run in reverse order, every idle job runs
     on a deep copy of itself (changes a job makes to itself never reach the caller), and the
     calls are counted."""
 

@@ -186,23 +186,30 @@ class IdleRun:
         return timeline.with_steps(rows)
 
 
-class Backend(Protocol):
-    """N workers behind one interface (module docstring). A worker that fails makes any
-    method that ran on it raise :class:`WorkerFailed`."""
+class Backend:
+    """N workers behind one interface (module docstring): a backend subclasses it and
+    defines every method below but :meth:`check_fits`, which has a default. A worker that
+    fails makes any method that ran on it raise :class:`WorkerFailed`."""
 
     name: str
     clock: str  # "sim" or "wall": the clock the workers' times are on
     runs_copies: bool  # the workers run copies of fn, its closure and jobs (processes, actors)
 
     @property
-    def num_workers(self) -> int: ...
+    def num_workers(self) -> int:
+        raise NotImplementedError
+
+    def check_fits(self, num_workers: int) -> None:
+        """Refuse ``num_workers`` workers this backend cannot hold, where it can tell before
+        it starts (a Ray's CPUs), so that a caller refuses before it writes a file or starts
+        anything; the default (the local backend holds any number) refuses nothing."""
 
     def start(self, policy_factory: Callable[[int], object],
               drafter_factory: Callable[[int, object], object] | None = None,
               num_workers: int = 1) -> None:
         """Build worker ``w``'s policy as ``policy_factory(w)`` and its drafter as
         ``drafter_factory(w, policy)``."""
-        ...
+        raise NotImplementedError
 
     def map(self, fn: Callable[[Worker, object], object], items: list,
             progress: Callable[[int], None] | None = None,
@@ -212,7 +219,7 @@ class Backend(Protocol):
         ``fn`` runs where the worker lives; what it returns comes back. An item with
         ``requests`` (a ``WorkerTask``) names the requests a failing worker held, and counts
         them for ``progress`` (module docstring)."""
-        ...
+        raise NotImplementedError
 
     def map_tail(self, fn: Callable[[Worker, object], object], items: list, tail: TailJobs,
                  progress: Callable[[int], None] | None = None) -> tuple[list, IdleRun]:
@@ -222,16 +229,17 @@ class Backend(Protocol):
         :class:`IdleRun`. No job step ends past its window, so the step's makespan stays. A
         worker lost in the map raises as ``map`` does (its jobs' outcomes dropped); one lost
         in its job is reported in ``IdleRun.failed``."""
-        ...
+        raise NotImplementedError
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load new policy and/or drafter weights into every worker."""
-        ...
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        raise NotImplementedError
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """All workers in this process, one after another; times laid side by side (sim clock).
     Each worker's work runs inside ``clock.sim_work()`` (torch on one thread), so that its
     seconds are its thread's CPU time, which other work on the machine does not stretch."""
@@ -335,14 +343,12 @@ class LocalBackend:
         self._workers = []
 
 
-def check_capacity(backend, num_workers: int) -> None:
+def check_capacity(backend: Backend, num_workers: int) -> None:
     """Refuse ``num_workers`` workers that ``backend`` cannot hold, where it can tell before
-    it starts (its ``check_fits``: a Ray backend's CPUs), so that a caller refuses before it
-    writes a file or starts anything. A backend that cannot tell (the local backend holds any
-    number; another backend object) is checked by its ``start``."""
-    check = getattr(backend, "check_fits", None)
-    if check is not None:
-        check(num_workers)
+    it starts (:meth:`Backend.check_fits`: a Ray backend's CPUs), so that a caller refuses
+    before it writes a file or starts anything. A backend that cannot tell is checked by its
+    ``start``."""
+    backend.check_fits(num_workers)
 
 
 def check_placement(items: list, workers: Sequence[int] | None, num_workers: int) -> list[int]:

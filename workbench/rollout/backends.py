@@ -16,7 +16,6 @@ from .backend import Backend, LocalBackend
 __all__ = ["make_backend", "BACKENDS"]
 
 BACKENDS = ("local", "ray")
-PROTOCOL = ("start", "map", "map_tail", "update_weights", "close")  # a Backend object's methods
 
 
 def make_backend(backend: str | Backend = "local", address: str | None = None,
@@ -34,9 +33,9 @@ def make_backend(backend: str | Backend = "local", address: str | None = None,
     not in :data:`BACKENDS`.
     """
     if not isinstance(backend, str):
-        if not all(callable(getattr(backend, method, None)) for method in PROTOCOL):
+        if not isinstance(backend, Backend):
             raise ValueError(f"backend must be one of {list(BACKENDS)} or a backend object "
-                             f"(with {', '.join(PROTOCOL)}), got {backend!r}")
+                             f"(a workbench.rollout.backend.Backend), got {backend!r}")
         _refuse_ray_arguments(f"a backend object ({type(backend).__name__})", address,
                               ray_options)
         return backend

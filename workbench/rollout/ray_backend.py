@@ -47,7 +47,7 @@ import torch
 
 from ..checks import check_int
 from ..ray_cluster import connect, known_cpus, resolve_address
-from .backend import IdleRun, TailJobs, WorkerFailed, check_placement, first_failure
+from .backend import Backend, IdleRun, TailJobs, WorkerFailed, check_placement, first_failure
 from .timeline import IdleWindow
 from .worker import WindowEnd, Worker
 
@@ -93,7 +93,7 @@ class WorkerHost:
         return self.worker.idle_at(end_s)
 
 
-class RayBackend:
+class RayBackend(Backend):
     """N workers as Ray actors, in parallel, on the wall clock (module docstring).
 
     Args:
