@@ -17,6 +17,7 @@ from common import add_result, record
 from workbench.evaluate import evaluate_policy
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.ablation import rl_setup
+from workbench.rl.loop import RLLoop
 
 
 def main():
@@ -42,7 +43,7 @@ def main():
                           max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=args.kl,
                           minibatches=args.minibatches, epochs=args.epochs,
                           temperature=args.temperature, workers=16, seed=args.seed)
-    grpo = GRPO(s.policy, s.tokenizer, s.pool, s.reward, cfg, checkpoint_dir=args.ckpt)
+    grpo = RLLoop(GRPO(s.policy, s.tokenizer, s.pool, s.reward, cfg), checkpoint_dir=args.ckpt)
 
     accuracies = {}  # this run's evaluations (a resumed run's earlier ones are in its log)
 

@@ -171,9 +171,9 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_step(tokenizer, t
     path.write_bytes(b"not a folder")
     with pytest.raises(ValueError, match=rf"checkpoint_dir '{path}' is an existing file; it "
                                          "must be a folder"):
-        GRPO(model, tokenizer, _problems(), _letters_reward,
-             GRPOConfig.flat(prompts_per_step=1, samples_per_prompt=2, max_new_tokens=3),
-             checkpoint_dir=path)
+        RLLoop(GRPO(model, tokenizer, _problems(), _letters_reward,
+                    GRPOConfig.flat(prompts_per_step=1, samples_per_prompt=2,
+                                    max_new_tokens=3)), checkpoint_dir=path)
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     assert path.read_bytes() == b"not a folder"
 

@@ -369,7 +369,7 @@ def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path,
         assert [(g.drawn, [r.tokens for r in g.responses], [r.versions for r in g.responses])
                 for g in saved] == [(g.drawn, [r.tokens for r in g.responses],
                                      [r.versions for r in g.responses]) for g in loaded]
-    assert (back.sampler.pool or back.sampler.tail) and back.steps == run.steps
+    assert (back.sampler.pool or back.sampler.tail) and back.rl_step == run.rl_step
     assert (back.sampler.drawn, back.sampler.rollouts) == (run.sampler.drawn,
                                                            run.sampler.rollouts)
     assert back.history.equals(run.history)

@@ -12,6 +12,7 @@ from workbench.adapt import SpotConfig
 from workbench.atomic import DamagedFileError
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.acceptance import NotLosslessError, position_table
+from workbench.rl.loop import RLLoop
 from workbench.rl.staleness import StalenessConfig, StalenessRun, staleness_setup
 from workbench.rl.staleness_drafters import CeilingConfig, CeilingDrafter
 from workbench.rl.staleness_report import staleness_metrics, tau_change
@@ -96,7 +97,8 @@ def straight(tokenizer):
 
 
 def test_measuring_leaves_the_trajectory_unchanged(tokenizer, straight):
-    alone = GRPO(tiny_model("llama", tokenizer), tokenizer, _problems(), _reward, _grpo())
+    alone = RLLoop(GRPO(tiny_model("llama", tokenizer), tokenizer, _problems(), _reward,
+                        _grpo()))
     alone.run(3, progress=False)
     for a, b in zip(straight.policy.state_dict().values(), alone.model.state_dict().values()):
         assert torch.equal(a, b)

@@ -10,6 +10,7 @@ from workbench.adapt import DrafterBuffer, SpotConfig, SpotTrainer
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation import RLSetup, coupled_first_divergence, run_ablation
 from workbench.rl.grpo import GRPO
+from workbench.rl.loop import RLLoop
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
 from workbench.rollout import LocalBackend, RolloutConfig, RolloutEngine
 from workbench.rollout.worker import WorkerResult
@@ -338,7 +339,7 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
                            workers=2, max_batch_size=3, temperature=1.0, seed=5)
     model = tiny_model("llama", tokenizer)
-    plain = GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo)
+    plain = RLLoop(GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo))
     plain.run(3, progress=False)
     # notebook 04 samples with spec_mode="speculative", the benchmark with the default
     ab = run_ablation(model, tokenizer, _problems(), grpo.updated(spec_mode="speculative"), 3,

@@ -105,7 +105,7 @@ def _pipeline_run(args) -> int:
     try:
         table = run_pipeline(args.yaml, redo=args.redo, runs_root=args.runs_root, jobs=args.jobs,
                              ray=args.ray, ray_address=args.ray_address, threads=args.threads,
-                             only=args.only)
+                             only=args.only, report_to=args.report_to)
     except (ValueError, ConnectionError) as exc:  # PipelineError is a ValueError
         print(f"workbench pipeline run: error: {exc}", file=sys.stderr)
         return 2
@@ -306,6 +306,9 @@ def _add_pipeline(sub) -> None:
     pr.add_argument("--threads", type=_threads, default=None,
                     help="with --ray: each kernel's torch threads, and the Ray CPUs its task "
                     "holds (default 1)")
+    pr.add_argument("--report-to", choices=["none", "tensorboard"], default="none",
+                    help="per-step scalars of the notebooks that take report_to (04, 06, 09, "
+                         "11): 'tensorboard' writes event files under each run's folder")
     pr.set_defaults(func=_pipeline_run)
     rp = psub.add_parser("report", help="write one static HTML page of a pipeline's runs")
     rp.add_argument("folder", help="the pipeline's run folder, e.g. runs/quickstart")

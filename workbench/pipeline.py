@@ -55,7 +55,8 @@ import papermill
 from .progress import tqdm
 
 from .atomic import atomic_file, write_text
-from .checks import check_bool, check_int
+from .checks import check_bool, check_choice, check_int
+from .scalar_log import REPORT_TO
 from .environ import environ
 from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
                             load_pipeline)
@@ -70,7 +71,7 @@ VERSIONED_PACKAGES = ("torch", "transformers", "papermill", "pandas", "workbench
 def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
                  runs_root: str | os.PathLike = "runs", jobs: int = 1, ray: bool = False,
                  ray_address: str | None = None, threads: int | None = None,
-                 only=None) -> pd.DataFrame:
+                 only=None, report_to: str = "none") -> pd.DataFrame:
     """Run every run of a pipeline YAML, write and print its results, and return the table.
 
     Validation happens first (PipelineError, or a ValueError for the arguments; nothing
@@ -79,8 +80,12 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     kernels sharing the cores; or, with ``ray``, every run is a Ray task of ``threads``
     CPUs (default 1) on a local Ray or the cluster at ``ray_address`` (module docstring).
     ``only``: the names of the entries to run (None: all); the other entries' finished runs
-    are reused into the results, their unfinished ones left out.
+    are reused into the results, their unfinished ones left out. ``report_to``
+    (``"tensorboard"``: ``--report-to``) goes to every notebook that declares a ``report_to``
+    parameter (their runs log per-step scalars under their run folder); it is no parameter of
+    the run (not in its hash: a finished run is reused whatever its log was).
     """
+    check_choice("report_to", report_to, REPORT_TO)  # every run has its folder
     executor = _executor(jobs, ray, ray_address, threads)
     pipeline = load_pipeline(yaml_path)
     picked = _picked(pipeline.runs, only)
@@ -94,8 +99,9 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     shown = [pick or record is not None for pick, record in zip(picked, reused)]
 
     progress = tqdm(total=sum(shown), desc=pipeline.name, unit="run")
+    logged = _logged(pipeline.runs, report_to)
     with executor as submit:
-        futures = [submit(run, run_dir, provenance[run.root], versions)
+        futures = [submit(run, run_dir, provenance[run.root], versions, logged[run.notebook_path])
                    if pick and record is None else None
                    for run, run_dir, record, pick in zip(pipeline.runs, run_dirs, reused, picked)]
         rows = []
@@ -114,6 +120,16 @@ def run_pipeline(yaml_path: str | os.PathLike, *, redo: bool = False,
     return table
 
 
+def _logged(runs: list[RunSpec], report_to: str) -> dict[Path, dict]:
+    """Per notebook, the log parameter it gets: ``{"report_to": report_to}`` for a notebook
+    that declares ``report_to`` when a log is asked for, else none."""
+    paths = {run.notebook_path for run in runs}
+    if report_to == "none":
+        return {path: {} for path in paths}
+    return {path: {"report_to": report_to}
+            if "report_to" in papermill.inspect_notebook(str(path)) else {} for path in paths}
+
+
 def _picked(runs: list[RunSpec], only) -> list[bool]:
     """Per run, whether its entry is among ``only`` (every run when None); unknown names are
     refused, naming the pipeline's entries, before anything runs."""
@@ -129,7 +145,7 @@ def _picked(runs: list[RunSpec], only) -> list[bool]:
 
 
 def _executor(jobs: int, ray: bool, ray_address: str | None, threads: int | None):
-    """A context that yields ``submit(run, run_dir, git, versions) -> future`` (its
+    """A context that yields ``submit(run, run_dir, git, versions, logged) -> future`` (its
     ``result()``: :func:`_execute`'s record): a pool of ``jobs`` threads, or Ray tasks
     (:mod:`workbench.pipeline_ray`). The arguments are checked here, before anything runs."""
     jobs = check_int("jobs", jobs, 1)
@@ -189,9 +205,11 @@ def _finished_record(run_dir: Path, run: RunSpec) -> dict | None:
     return None
 
 
-def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict) -> dict:
+def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict,
+             logged: dict | None = None) -> dict:
     """Execute one run into an emptied run_dir and write its run.json; never raises for
-    notebook failures, so one bad run cannot stop the pipeline."""
+    notebook failures, so one bad run cannot stop the pipeline. ``logged``: the log
+    parameter the notebook gets (:func:`_logged`), outside the run's parameters."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     started = datetime.now(timezone.utc)
@@ -200,7 +218,7 @@ def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict) -> d
     try:
         papermill.execute_notebook(
             str(run.notebook_path), str(run_dir / "notebook.ipynb"),
-            parameters={**run.parameters, OUT_DIR: str(run_dir)},
+            parameters={**run.parameters, **(logged or {}), OUT_DIR: str(run_dir)},
             kernel_name="python3", language="python", progress_bar=False, cwd=str(run.root))
         metrics = _read_metrics(run_dir / "metrics.json")
     except Exception as exc:  # any failure belongs to this run only

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..models import save_model
+from ..scalar_log import check_report_to, scalar_log
 from ..train import Trainer, batch_source, isolated_rng, train_state_dir
 from .best import BestWeights
 from .data import distill_data, lm_loss
@@ -157,13 +158,21 @@ class Distiller:
             last weights.
         checkpoint_dir: the harness's checkpoint folder; a run resumes from it when it holds one.
         desc: the progress bar's label.
+        report_to: ``"none"`` or ``"tensorboard"`` (``workbench.scalar_log``): every step's
+            numeric columns (loss and its terms, lr, grad_norm, tokens) and every evaluation
+            (``eval/eval_loss``, ``eval/eval_kl``) as scalars, in ``run_dir/tensorboard``; a
+            resumed run writes no step twice.
+        run_dir: the run's folder, where its log goes (required with ``"tensorboard"``).
     """
 
     def __init__(self, student, teacher, batches, config: DistillConfig | None = None,
                  eval_batches: Sequence = (), checkpoint_dir: str | os.PathLike | None = None,
-                 desc: str | None = None):
+                 desc: str | None = None, report_to: str = "none",
+                 run_dir: str | os.PathLike | None = None):
         self.config = config if config is not None else DistillConfig()
         self.config.validate()
+        self.report_to, self.run_dir = check_report_to(report_to, run_dir), run_dir
+        self._log = None  # opened by run(), where the resumed run stands
         kd = self.config.mode == "kd"
         if kd:
             _check_models(student, teacher, self.config)
@@ -204,10 +213,22 @@ class Distiller:
     def _on_step(self, trainer: Trainer) -> None:
         every = self.config.eval_every
         done = trainer.steps_done
+        evaluated = None
         if done == self.config.train.horizon or (every and done % every == 0):
-            self.evaluate()
+            evaluated = self.evaluate()
         if done == self.config.train.horizon:
             self._restore_best()
+        if self.report_to != "none":
+            self._log_step(trainer.history.iloc[-1].to_dict(), evaluated)
+
+    def _log_step(self, row: dict, evaluated: dict | None) -> None:
+        """One step's row to the run's log, with its evaluation when one ran after it (one
+        write per step), and ``step_s`` (its share of the harness's wall seconds) for the
+        log's time axis."""
+        step_s = row["elapsed_s"] - self._elapsed_s
+        self._elapsed_s = row["elapsed_s"]
+        self._log.row(int(row["step"]), {**row, "step_s": step_s, "clock": "wall",
+                                         **_eval_columns(evaluated)})
 
     def _restore_best(self) -> None:
         """Put back the best evaluated weights (the run is over), and say so when they are
@@ -251,9 +272,18 @@ class Distiller:
     def run(self, steps: int | None = None, stop=None) -> pd.DataFrame:
         """Train ``steps`` more steps (default: up to ``config.train.horizon`` in all);
         ``stop(step)`` ends the run early (it checkpoints). Returns :attr:`history`."""
-        if self.trainer.steps_done == 0 and not self.module.evals:
-            self.evaluate()  # the starting point of every curve
-        self.trainer.run(self.batches, steps, stop)
+        done = self.trainer.steps_done  # rows are numbered from 1: step ``done`` is kept
+        self._elapsed_s = self.trainer.elapsed_s
+        self._log = scalar_log(self.report_to, self.run_dir, done + 1 if done else 0,
+                               self._elapsed_s)
+        try:
+            if done == 0 and not self.module.evals:
+                start = self.evaluate()  # the starting point of every curve
+                if start is not None:
+                    self._log.row(0, {"clock": "wall", **_eval_columns(start)})
+            self.trainer.run(self.batches, steps, stop)
+        finally:
+            self._log.close()
         return self.history
 
     @property
@@ -275,6 +305,11 @@ class Distiller:
         table = pd.DataFrame(self.module.evals, columns=columns)
         table["best"] = table["step"] == self.module.best.step
         return table
+
+
+def _eval_columns(row: dict | None) -> dict:
+    """An evaluation's figures as log columns (``eval/eval_loss``, ``eval/eval_kl``)."""
+    return {f"eval/{k}": v for k, v in (row or {}).items() if k.startswith("eval_")}
 
 
 def correct_teacher(teacher, batches, steps: int = 20, lr: float = 1e-4,
@@ -304,22 +339,30 @@ def scratch_like(model, seed: int = 0) -> nn.Module:
 def distill(student, teacher, tokenizer, source: str | os.PathLike = "running_sum",
             num: int = 256, config: DistillConfig | None = None,
             out_dir: str | os.PathLike | None = None, eval_num: int = 32,
-            max_len: int | None = None) -> tuple[nn.Module, pd.DataFrame, pd.DataFrame]:
+            max_len: int | None = None, report_to: str = "none",
+            run_dir: str | os.PathLike | None = None
+            ) -> tuple[nn.Module, pd.DataFrame, pd.DataFrame]:
     """Retrain ``student`` on ``num`` texts of ``source`` (:func:`distill_data`) by
     ``config.mode``; returns ``(student, history, evals)`` (:class:`Distiller`'s tables).
 
     With ``out_dir`` the student is saved there (``save_pretrained`` with the tokenizer,
     ``history.csv`` and ``evals.csv``) atomically at the end; ``<out_dir>.train_state`` holds
     the checkpoint an interrupted run resumes from, removed once the student is saved.
+    ``report_to="tensorboard"`` logs every step (:class:`Distiller`'s) in ``run_dir``
+    (default: ``<out_dir>.runs``, beside the student, whose folder is replaced whole).
     """
     config = config if config is not None else DistillConfig()
     config.validate()
     if out_dir is not None and Path(out_dir).is_file():
         raise FileExistsError(f"out_dir {str(out_dir)!r} is an existing file; pass a folder")
+    if run_dir is None and out_dir is not None:
+        run_dir = Path(out_dir).with_name(Path(out_dir).name + ".runs")
+    check_report_to(report_to, run_dir)
     train, held_out = distill_data(tokenizer, source, num, eval_num, config.batch_size,
                                    config.train.seed, max_len)
     state = train_state_dir(out_dir) if out_dir is not None else None
-    distiller = Distiller(student, teacher, train, config, held_out, checkpoint_dir=state)
+    distiller = Distiller(student, teacher, train, config, held_out, checkpoint_dir=state,
+                          report_to=report_to, run_dir=run_dir)
     distiller.run()
     history, evals = distiller.history, distiller.evals
     if out_dir is not None:

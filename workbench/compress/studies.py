@@ -21,9 +21,11 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+from pathlib import Path
 
 import pandas as pd
 from ..progress import tqdm
+from ..scalar_log import check_report_to
 
 from .data import check_seeds, lm_loss, seeded_order
 from .distill import DistillConfig, Distiller, scratch_like
@@ -161,7 +163,8 @@ def _retrainings(student, teacher, config: DistillConfig, layer_pairs, seed: int
 
 
 def retraining_study(teacher, student, train, held_out, config: DistillConfig,
-                     layer_pairs=(), seeds=None, progress: bool = True):
+                     layer_pairs=(), seeds=None, progress: bool = True, report_to: str = "none",
+                     run_dir=None):
     """``(curves, models)``: the pruned ``student`` retrained from copies in the ways of
     :data:`RETRAININGS` (the hidden-state run only with ``layer_pairs``), once per seed of
     ``seeds`` (default: ``config``'s seed alone); within a seed every run sees the same batches (``train`` in the seed's order,
@@ -170,14 +173,18 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
     row per (run, seed, evaluation) with ``step``, ``tokens`` (training tokens seen),
     ``lm_loss`` on ``held_out`` and ``best`` (the evaluation whose weights the run's model
     ends with: :class:`~.distill.Distiller` restores its best at the horizon); ``models``:
-    ``{(run, seed): model}``."""
+    ``{(run, seed): model}``. ``report_to="tensorboard"``: each (run, seed) logs its steps
+    (:class:`~.distill.Distiller`'s) in a folder of its own under ``run_dir``."""
+    check_report_to(report_to, run_dir)
     curves, models = [], {}
     for seed in check_seeds([config.train.seed] if seeds is None else seeds):
         batches = seeded_order(train, seed)
         for name, (model, teach, cfg) in _retrainings(student, teacher, config, layer_pairs,
                                                        seed).items():
             distiller = Distiller(model, teach, batches, cfg.updated(progress=progress),
-                                  eval_batches=held_out, desc=f"{name}, seed {seed}")
+                                  eval_batches=held_out, desc=f"{name}, seed {seed}",
+                                  report_to=report_to, run_dir=None if run_dir is None
+                                  else Path(run_dir) / f"{_slug(name)}-seed{seed}")
             distiller.run()
             ev = distiller.evals
             curves.append(pd.DataFrame({"run": name, "seed": seed, "step": ev["step"],
@@ -185,6 +192,11 @@ def retraining_study(teacher, student, train, held_out, config: DistillConfig,
                                         "best": ev["best"]}))
             models[name, seed] = model
     return pd.concat(curves, ignore_index=True), models
+
+
+def _slug(name: str) -> str:
+    """A run's name as a folder name: ``pruned + KD (logits)`` -> ``pruned_kd_logits``."""
+    return "_".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
 def mean_curves(curves: pd.DataFrame) -> pd.DataFrame:

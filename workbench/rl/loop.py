@@ -29,7 +29,7 @@ from ..scalar_log import check_report_to, scalar_log
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
 
-__all__ = ["RLLoop", "RunRecord", "check_checkpoint_dir"]
+__all__ = ["RLLoop", "RunRecord"]
 
 
 @dataclass(frozen=True)
