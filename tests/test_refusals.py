@@ -234,3 +234,20 @@ def test_a_policy_of_another_architecture_is_refused_naming_both_and_what_differ
     assert _listing(tmp_path) == before
     llama_dir = save_model(llama, tokenizer, tmp_path / "llama")
     assert export_policy(checkpoint, tmp_path / "policy", model=llama_dir).is_dir()
+
+
+@pytest.mark.parametrize("name, bad, message", [
+    ("00_task_and_policy", {"num_problems": 0}, r"num_problems must be an integer >= 1, got 0"),
+    ("01_long_tail_rollout", {"num_prompts": -2}, r"num_prompts must be an integer >= 1, got -2"),
+    ("01_long_tail_rollout", {"task": "nope"}, r"unknown task 'nope'"),
+    ("08_ray_scaling", {"idle_steps": 0}, r"idle_steps must be an integer >= 1, got 0"),
+    ("08_ray_scaling", {"drafter": "ngram"}, r"speculative RL variants need an EAGLE head"),
+])
+def test_other_notebooks_check_their_parameters_before_any_cell_reads_them(
+        name, bad, message, tmp_path, no_ray_start):
+    _, checks, later = _cells(name)
+    assert "prepare_out_dir" not in checks and "prepare_out_dir" in "\n".join(later)
+    _run_checks(name, tmp_path)  # its defaults pass
+    with pytest.raises(ValueError, match=message):
+        _run_checks(name, tmp_path, **bad)
+    assert _listing(tmp_path) == []
