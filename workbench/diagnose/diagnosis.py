@@ -139,7 +139,11 @@ def _layouts(log: StepLog, workers: int | None) -> tuple[dict, dict, StepCost | 
         keep = set(_chosen(pd.Series(list(measured))))
         measured = {s: t for s, t in measured.items() if s in keep}
         lays = {s: layout(trace_from_timeline(t)) for s, t in measured.items()}
-        return lays, measured, StepCost.from_timelines(calib) if calib else None
+        try:  # timelines saved without the schedule's plan columns measure no step cost
+            cost = StepCost.from_timelines(calib) if calib else None
+        except ValueError:
+            cost = None
+        return lays, measured, cost
     if log.requests is None or workers is None:
         return {}, {}, None
     r = log.requests
@@ -230,7 +234,7 @@ def _remedies(split, tail, threshold, error, sd_known) -> pd.DataFrame:
             rows.append({"remedy": name, "predicted_e2e_speedup": np.nan,
                          "method": f"not predicted: {why}", "error": np.nan, "error_source": ""})
     total, rollout = split["step_s"].sum(), split["rollout_s"].sum()
-    if np.isfinite(rollout) and rollout > 0:
+    if np.isfinite(rollout) and 0 < rollout < total:  # the rest of the step known
         rows.append({"remedy": "any_rollout_remedy_bound", "predicted_e2e_speedup": total / (total - rollout),
                      "method": "Amdahl bound from the logged times: a rollout of zero seconds",
                      "error": 0.0, "error_source": "arithmetic on the logs"})

@@ -32,6 +32,7 @@ in docs/diagnose.md.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass, field
@@ -109,15 +110,15 @@ def _rows(path: Path, fmt: str) -> pd.DataFrame:
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
-            return pd.read_csv(path)
+            return pd.read_csv(io.StringIO("\n".join(_lines(path))))
         if suffix == ".jsonl":
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            records = [json.loads(line) for line in _lines(path)]
         elif suffix == ".json":
             loaded = json.loads(path.read_text())
             records = loaded.get("log_history", loaded) if isinstance(loaded, dict) else loaded
         else:
             raise _bad(path, f"suffix {suffix!r} is not one of '.csv', '.jsonl', '.json'", fmt)
-    except (ValueError, pd.errors.ParserError) as exc:
+    except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         if isinstance(exc, ValueError) and "cannot read" in str(exc):
             raise
         raise _bad(path, f"it does not parse ({exc})", fmt) from None
@@ -126,6 +127,13 @@ def _rows(path: Path, fmt: str) -> pd.DataFrame:
     flat = [{**{k: v for k, v in r.items() if k != "data"}, **r["data"]}
             if isinstance(r.get("data"), dict) else r for r in records]
     return pd.DataFrame(flat)
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines but blank ones and ``#`` comments (a fixture's header citing where
+    its keys come from; no framework writes such a line)."""
+    return [line for line in path.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
 
 
 def _step_column(rows: pd.DataFrame, names: tuple[str, ...], path, fmt: str) -> pd.Series:
@@ -162,9 +170,7 @@ def _dump_lengths(folder: Path) -> tuple[pd.DataFrame | None, list[str]]:
     ``output`` text at ``CHARS_PER_TOKEN`` characters per token (said in the notes)."""
     rows, estimated = [], 0
     for path in sorted(folder.glob("*.jsonl"), key=lambda p: (len(p.stem), p.stem)):
-        for i, line in enumerate(path.read_text().splitlines()):
-            if not line.strip():
-                continue
+        for i, line in enumerate(_lines(path)):
             entry = json.loads(line)
             tokens = entry.get("response_length", entry.get("response_tokens"))
             if tokens is None:

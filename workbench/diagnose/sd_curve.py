@@ -10,11 +10,14 @@ highest temperature measured, RL samples, and at each batch size the best drafte
 """
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .logs import _lines
 
 __all__ = ["read_sd_curve", "sd_speedup", "crossover"]
 
@@ -35,7 +38,7 @@ def read_sd_curve(curve: str | os.PathLike | pd.DataFrame | dict) -> pd.DataFram
     elif isinstance(curve, (str, os.PathLike)):
         if not Path(curve).is_file():
             raise _refuse(what, "no such file")
-        curve = pd.read_csv(curve)
+        curve = pd.read_csv(io.StringIO("\n".join(_lines(Path(curve)))))
     t = curve.copy()
     if "batch_size" not in t:
         raise _refuse(what, f"no batch_size column (its columns: {list(t.columns)})")

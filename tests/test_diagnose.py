@@ -1,0 +1,242 @@
+"""The diagnosis from a run's own logs (workbench.diagnose, docs/diagnose.md): each framework's
+keys read from fixtures whose headers cite the file the keys come from, missing fields named,
+the three fastrl complaints each given their cause, and the command line's report and refusals.
+
+The complaints (fastrl issues): #5, SD sped up the offline benchmark but not end-to-end GRPO on
+8 H800s with Qwen2.5-7B (a reply blames changed rollout lengths and a long reward); #6, on 8
+H20s with 16k-token responses the reward took about 40% of the step and the rollout about 30%
+(the fixture ``tests/fixtures/diagnose/verl_issue6``); #7, on an H20 a batch-1 forward with SD
+took 8.45 ms against 3.9 ms without."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench.cli import main
+from workbench.cluster.simulate import Layout, simulate_rollout
+from workbench.cluster.cost import StepCost
+from workbench.diagnose import FORMATS, diagnose, read_logs, read_sd_curve
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diagnose"
+ISSUE6 = FIXTURES / "verl_issue6"
+CURVE6 = ISSUE6 / "sd_curve.csv"
+
+
+# ---- importers -------------------------------------------------------------------------------
+@pytest.mark.parametrize("path, cites", [
+    (ISSUE6 / "metrics.jsonl", "verl/trainer/ppo/metric_utils.py"),
+    (ISSUE6 / "rollout_data" / "1.jsonl", "verl/trainer/ppo/ray_trainer.py"),
+    (FIXTURES / "verl_flat.csv", "verl/trainer/ppo/metric_utils.py"),
+    (FIXTURES / "openrlhf.jsonl", "openrlhf/trainer/ppo_utils/loggers.py"),
+    (FIXTURES / "trl_trainer_state.json", "trl/trainer/grpo_trainer.py")])
+def test_every_fixture_cites_the_framework_file_its_keys_come_from(path, cites):
+    assert cites in path.read_text().splitlines()[0] or cites in json.loads(
+        path.read_text()).get("_source", "")
+
+
+def test_verl_file_logger_lines_give_every_part_lengths_requests_and_gpus():
+    log = read_logs(ISSUE6)
+    assert log.format == "verl" and log.missing == {}
+    s = log.steps
+    assert len(s) == 6 and s["step"].tolist() == [1, 2, 3, 4, 5, 6]
+    row = json.loads((ISSUE6 / "metrics.jsonl").read_text().splitlines()[1])["data"]
+    assert s["rollout_s"][0] == pytest.approx(row["timing_s/gen"])
+    assert s["reward_s"][0] == pytest.approx(row["timing_s/reward"])
+    assert s["logprob_s"][0] == pytest.approx(row["timing_s/old_log_prob"] + row["timing_s/ref"])
+    assert s["update_s"][0] == pytest.approx(row["timing_s/adv"] + row["timing_s/update_actor"])
+    assert s["step_s"][0] == pytest.approx(row["timing_s/step"])
+    assert s["response_max"][0] == row["response_length/max"]
+    assert log.workers == 8  # perf/total_num_tokens / (perf/time_per_step x perf/throughput)
+    assert len(log.requests) == 6 * 128 and log.requests["response_tokens"].max() <= 16384
+
+
+def test_verl_flat_export_without_a_dump_names_the_missing_requests():
+    log = read_logs(FIXTURES / "verl_flat.csv")
+    assert log.format == "verl" and len(log.steps) == 3
+    assert set(log.missing) == {"requests"} and "rollout_data_dir" in log.missing["requests"]
+    d = diagnose(log)
+    assert any("requests is missing" in u for u in d.undecided)
+    assert any("SD's speedup per batch size" in u for u in d.undecided)
+
+
+def test_verl_logs_without_timings_name_each_missing_key(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "data": {"response_length/mean": 900.0,
+                                                    "timing_s/gen": 10.0}}) + "\n")
+    log = read_logs(path)
+    assert log.missing["reward_s"] == "timing_s/reward"
+    assert log.missing["update_s"] == "timing_s/adv + timing_s/update_critic + timing_s/update_actor"
+    assert log.missing["response_max"] == "response_length/max"
+    assert any("reward_s is missing (timing_s/reward)" in u for u in diagnose(log).undecided)
+
+
+@pytest.mark.parametrize("name, fmt, key", [("openrlhf.jsonl", "openrlhf", "train/response_length"),
+                                            ("trl_trainer_state.json", "trl",
+                                             "completions/mean_length")])
+def test_openrlhf_and_trl_give_lengths_and_name_every_missing_part(name, fmt, key):
+    log = read_logs(FIXTURES / name)
+    assert log.format == fmt and len(log.steps) == 3
+    rows = (json.loads((FIXTURES / name).read_text())["log_history"] if fmt == "trl" else
+            [json.loads(line) for line in (FIXTURES / name).read_text().splitlines()[1:]])
+    assert log.steps["response_mean"].tolist() == [r[key] for r in rows]
+    for part in ("rollout_s", "reward_s", "logprob_s", "update_s", "requests", "workers"):
+        assert part in log.missing, part
+    d = diagnose(log)
+    assert d.findings == [] and len(d.undecided) >= 5
+    assert d.remedies.set_index("remedy")["predicted_e2e_speedup"].isna().all()
+
+
+def _workbench_run(folder: Path) -> None:
+    """A workbench run folder: history.csv of baseline and tlt, the baseline's timelines."""
+    rng = np.random.default_rng(0)
+    cost = StepCost(pd.DataFrame({"batch_size": [1, 8], "kind": "plain", "seconds": [0.01, 0.012],
+                                  "tau": 1.0}))
+    rows = []
+    for step in range(3):
+        lay = Layout(rng.integers(5, 200, (2, 4)), np.zeros((2, 4), np.int64))
+        t = simulate_rollout(lay, cost)
+        t.save(folder / "timelines" / "baseline-seed0" / f"step{step:02d}")
+        for variant, speed in (("baseline", 1.0), ("tlt", 0.8)):
+            rows.append({"variant": variant, "seed": 0, "step": step,
+                         "rollout_s": t.makespan_s * speed, "update_s": 0.5, "update_sim_s": 0.5,
+                         "step_s": t.makespan_s * speed + 0.5, "response_len": 100.0,
+                         "response_len_max": 199})
+    pd.DataFrame(rows).to_csv(folder / "history.csv", index=False)
+
+
+def test_workbench_run_folder_gives_measured_tail_and_each_variants_measured_speedup(tmp_path):
+    _workbench_run(tmp_path)
+    log = read_logs(tmp_path)
+    assert log.format == "workbench" and len(log.timelines) == 3
+    assert {"reward_s", "logprob_s"} <= set(log.missing)
+    d = diagnose(log, sd_curve={1: 2.0, 8: 1.5})
+    assert d.tail["measured"].all() and d.tail["workers"].eq(2).all()
+    measured = d.measured.set_index("variant")["measured_e2e_speedup"]
+    assert measured["baseline"] == 1.0 and measured["tlt"] > 1
+    assert d.summary["predicted_tlt_threshold"] > 1
+
+
+def test_unknown_format_is_refused_naming_it_and_the_accepted_ones():
+    with pytest.raises(ValueError, match="'bogus'") as err:
+        read_logs(ISSUE6, "bogus")
+    assert all(f in str(err.value) for f in FORMATS)
+
+
+def test_sd_curve_takes_a_table_of_forward_times():
+    curve = read_sd_curve(pd.DataFrame({"batch_size": [1], "plain_ms": [3.9], "sd_ms": [8.45],
+                                        "tau": [1.6]}))
+    assert curve["speedup"][0] == pytest.approx(3.9 / 8.45 * 1.6)
+    with pytest.raises(ValueError, match="batch_size"):
+        read_sd_curve(pd.DataFrame({"speedup": [1.2]}))
+
+
+# ---- the three complaints --------------------------------------------------------------------
+def _verl_log(tmp_path: Path, name: str, steps: list[dict], lengths: list[np.ndarray] | None):
+    """A veRL file-logger log (and a rollout dump with ``lengths`` per step) under tmp_path."""
+    folder = tmp_path / name
+    (folder / "rollout_data").mkdir(parents=True)
+    lines = []
+    for i, timing in enumerate(steps, start=1):
+        data = {f"timing_s/{k}": v for k, v in timing.items()}
+        if lengths is not None:
+            data.update({"response_length/mean": float(lengths[i - 1].mean()),
+                         "response_length/max": float(lengths[i - 1].max()),
+                         "response_length/min": float(lengths[i - 1].min())})
+            (folder / "rollout_data" / f"{i}.jsonl").write_text("".join(
+                json.dumps({"input": "q", "output": "a", "score": 0.0, "step": i,
+                            "response_length": int(n)}) + "\n" for n in lengths[i - 1]))
+        lines.append(json.dumps({"step": i, "data": data}))
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_issue6_reward_bound_is_named_first_with_its_amdahl_bound():
+    d = diagnose(read_logs(ISSUE6), sd_curve=CURVE6)
+    assert d.bottleneck == "reward_bound"
+    first = d.findings[0]["sentence"]
+    assert "reward is 40% of the step" in first and "rollout 30%" in first
+    bound = d.remedies.set_index("remedy")["predicted_e2e_speedup"]
+    assert "no rollout remedy can buy more than 1.43x" in first
+    assert bound["tlt_threshold"] < bound["any_rollout_remedy_bound"] == pytest.approx(1.43, abs=0.01)
+    assert d.tail is not None and d.summary["p99_over_p50"] > 2
+
+
+def test_issue5_lengths_changed_with_sd_and_a_long_reward(tmp_path):
+    """8 H800s, Qwen2.5-7B: with SD each token came faster, yet the responses grew longer, so
+    the rollout took as long; the reward is over a third of the step."""
+    rng = np.random.default_rng(5)
+    timing = {"gen": 200.0, "reward": 180.0, "old_log_prob": 40.0, "ref": 30.0,
+              "update_actor": 60.0, "step": 515.0}
+    base = [rng.lognormal(np.log(900), 0.6, 64).round() for _ in range(3)]
+    sd = [rng.lognormal(np.log(1300), 0.6, 64).round() for _ in range(3)]
+    baseline = read_logs(_verl_log(tmp_path, "plain", [timing] * 3, base))
+    with_sd = read_logs(_verl_log(tmp_path, "sd", [timing] * 3, sd))
+    d = diagnose(with_sd, sd_curve={1: 2.0, 16: 1.6, 64: 1.1}, workers=8, baseline=baseline)
+    assert d.bottleneck == "lengths_changed_with_sd"
+    assert "reward_bound" in d.causes
+    assert "with SD the mean response is" in d.findings[0]["sentence"]
+
+
+def test_issue7_sd_slower_at_batch1_on_the_h20(tmp_path):
+    timing = {"gen": 300.0, "reward": 20.0, "old_log_prob": 30.0, "update_actor": 50.0,
+              "step": 400.0}
+    rng = np.random.default_rng(7)
+    lengths = [rng.lognormal(np.log(800), 0.7, 64).round() for _ in range(2)]
+    log = read_logs(_verl_log(tmp_path, "h20", [timing] * 2, lengths))
+    curve = pd.DataFrame({"batch_size": [1, 8], "plain_ms": [3.9, 4.4], "sd_ms": [8.45, 12.0]})
+    d = diagnose(log, sd_curve=curve, workers=8)
+    assert d.bottleneck == "sd_slower_at_batch1"
+    assert "0.46x" in d.findings[0]["sentence"]
+    assert d.summary["sd_threshold"] == 0  # SD never runs under the threshold rule
+    assert d.remedies.set_index("remedy").loc["tlt_threshold", "predicted_e2e_speedup"] == 1.0
+
+
+def test_sd_losing_at_the_live_batch_is_named(tmp_path):
+    timing = {"gen": 300.0, "reward": 20.0, "old_log_prob": 30.0, "update_actor": 50.0,
+              "step": 400.0}
+    lengths = [np.full(512, 500.0)]
+    log = read_logs(_verl_log(tmp_path, "wide", [timing], lengths))
+    d = diagnose(log, sd_curve={1: 2.0, 16: 1.3, 64: 0.9, 256: 0.6}, workers=2)
+    assert "sd_loses_at_live_batch" in d.causes
+    sentence = next(f["sentence"] for f in d.findings if f["cause"] == "sd_loses_at_live_batch")
+    assert "stays at or above 64" in sentence
+
+
+# ---- the command line ------------------------------------------------------------------------
+def test_cli_writes_the_report(tmp_path, capsys):
+    out = tmp_path / "report"
+    rc = main(["diagnose", str(ISSUE6), "--sd-curve", str(CURVE6), "--out", str(out),
+               "--drafter-step-s", "2"])
+    assert rc == 0
+    assert {"diagnosis.html", "diagnosis.json", "steps.csv", "tail.csv", "remedies.csv",
+            "step_split.png", "live_batch.png", "remedies.png"} <= {p.name for p in out.iterdir()}
+    summary = json.loads((out / "diagnosis.json").read_text())
+    assert summary["bottleneck"] == "reward_bound" and summary["drafter_steps_per_step"] > 0
+    assert summary["simulator_error"]["figure"] == "sim_error_small_n"
+    assert "reward is 40% of the step" in capsys.readouterr().out
+    # a second run replaces the earlier diagnosis
+    assert main(["diagnose", str(ISSUE6), "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--format", "bogus"], ["'bogus'", *FORMATS]),
+    (["--workers", "0"], ["workers", "0"]),
+    (["--sd-curve", "no_such.csv"], ["no_such.csv", "batch_size"])])
+def test_cli_refuses_bad_input_with_one_message_and_writes_nothing(tmp_path, capsys, argv, names):
+    out = tmp_path / "report"
+    rc = main(["diagnose", str(ISSUE6), "--out", str(out), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert all(n in err for n in names), err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_cli_refuses_an_out_folder_of_other_files(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["diagnose", str(ISSUE6), "--out", str(tmp_path)]) == 2
+    assert "a folder of other files" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
