@@ -35,11 +35,11 @@ def _events(folder) -> EventAccumulator:
     return acc
 
 
-def _loop(tokenizer, folder, **kw) -> RLLoop:
+def _loop(tokenizer, folder, report_to="tensorboard") -> RLLoop:
     torch.manual_seed(0)
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     return RLLoop(GRPO(model, tokenizer, _problems(), _reward, CONFIG), checkpoint_dir=folder,
-                  report_to="tensorboard", **kw)
+                  report_to=report_to)
 
 
 def test_a_grpo_runs_event_files_hold_every_numeric_column_of_its_history(tokenizer,
@@ -102,8 +102,8 @@ def test_the_ablation_writes_one_log_folder_per_run(tokenizer, tmp_path):
 
 
 def test_distillation_logs_every_step_and_evaluation(tokenizer, tmp_path):
-    train, held_out = distill_data(tokenizer, "running_sum", num=32, eval_num=4, batch_size=4,
-                                   max_len=24)
+    train, held_out = distill_data(tokenizer, "running_sum", num=160, eval_num=4, batch_size=4,
+                                   max_len=32)
     config = DistillConfig.flat(mode="ce", horizon=4, batch_size=4, lr=1e-2, warmup=0,
                                 eval_every=2, seed=5, progress=False)
     student = tiny_model("llama", tokenizer)
