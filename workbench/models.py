@@ -21,7 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from .atomic import atomic_dir
 
-__all__ = ["DEFAULT_EAGLE", "load_model", "save_model", "tokenizer_mismatch"]
+__all__ = ["DEFAULT_EAGLE", "load_model", "save_model", "tokenizer_mismatch", "resolve_model_path"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 EMBEDDED = {

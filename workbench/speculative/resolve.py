@@ -26,7 +26,7 @@ from .eagle import EagleHead
 from .fit import FIT_KINDS, KIND_LABELS, FitConfig, fit_drafter_lm, fit_eagle, fitted_from
 
 __all__ = ["drafter_form", "auto_drafter", "resolve_drafter", "resolve_head", "comparison_names",
-           "compared_drafters"]
+           "compared_drafters", "check_head_spec"]
 
 FOLDER_FORMS = ("a folder saved by EagleHead.save_pretrained",
                 "a folder holding a small causal LM with the policy's tokenizer (save_pretrained)")
