@@ -298,8 +298,9 @@ def _findings(log, split, tail, batch, curve, threshold, remedies, baseline) -> 
         if np.isfinite(share) and (share >= REWARD_BOUND or share >= np.nanmax(rest)):
             out.append({"cause": cause, "sentence":
                         f"the {part.replace('logprob', 'log-prob pass')} is {_pct(share)} of the "
-                        f"step (the rollout {_pct(m.get('rollout_share', np.nan))}): no rollout "
-                        f"remedy can buy more than {bound:.2f}x"})
+                        f"step (the rollout {_pct(m.get('rollout_share', np.nan))})"
+                        + (f": no rollout remedy can buy more than {bound:.2f}x"
+                           if bound is not None else "")})
     if batch is not None and curve is not None and threshold > 0:
         above = float(batch.loc[batch["batch_size"] >= threshold, "share"].sum())
         if above >= 0.5:
@@ -313,7 +314,7 @@ def _findings(log, split, tail, batch, curve, threshold, remedies, baseline) -> 
                     f"the tail holds {_pct(tail['tail_share'].mean())} of the rollout (idle "
                     f"fraction {_pct(tail['idle_fraction'].mean())}){buys}"})
     share = m.get("rollout_share", np.nan)
-    if not out and np.isfinite(share):
+    if not out and np.isfinite(share) and bound is not None:
         out.append({"cause": "rollout_bound", "sentence":
                     f"the rollout is {_pct(share)} of the step: rollout remedies can buy up to "
                     f"{bound:.2f}x"})
