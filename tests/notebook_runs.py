@@ -135,7 +135,7 @@ BASELINE_ALONE = {"variants": ["baseline"], "seeds": [0], "steps": 2, "eval_ever
 LONGEST_FIRST = ("02_speculative_decoding", "04_tlt_rl", "05_pruning", "03_adaptive_drafter",
                  "09_drafter_staleness", "07_minitron_pipeline", "01_long_tail_rollout",
                  "00_task_and_policy", "06_distillation", "11_long_tail_remedies",
-                 "10_cluster_what_if", "08_ray_scaling")
+                 "10_cluster_what_if", "12_diagnose", "08_ray_scaling")
 
 
 # notebooks whose default-model smoke run the session leaves out: 00 and 01 are the

@@ -102,6 +102,10 @@ SMOKE = {
                                "accuracy_final_baseline", "accuracy_final_april",
                                "accuracy_final_tlt+async", "best_time_to_accuracy",
                                "best_time_to_accuracy_s"]),
+    "12_diagnose": ({"logs": "tests/fixtures/diagnose/verl_issue6",
+                     "sd_curve": "tests/fixtures/diagnose/verl_issue6/sd_curve.csv"},
+                    ["bottleneck", "rollout_share", "reward_share", "idle_fraction",
+                     "tail_share", "predicted_tlt_threshold", "predicted_tlt_bandit"]),
 }
 # notebooks that report a speedup: their output must say whether its spread is wide
 SAYS_SPREAD = {"02_speculative_decoding": 2}  # one note under each sd_sweep table
