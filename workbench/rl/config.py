@@ -45,8 +45,8 @@ class GRPOConfig(NestedConfig):
             sampling draws and the prompt order. Each step's ``rl_step`` and ``harvest``
             are GRPO's to set.
         train: the policy's optimizer (AdamW, LR schedule, clipping, ``seed`` of its
-            generator and of the minibatch order). Its ``checkpoint_dir`` stays None: GRPO
-            checkpoints the whole loop (``RLLoop(grpo, checkpoint_dir=...)``).
+            generator and of the minibatch order). Its ``checkpoint_dir`` stays None: the RL
+            loop checkpoints the whole run (``RLLoop(grpo, checkpoint_dir=...)``).
         prompts_per_step: ``P``, prompts drawn per RL step.
         epochs: passes over the step's sequences.
         minibatches: optimizer steps per epoch (the step's sequences split evenly).
@@ -106,8 +106,8 @@ class GRPOConfig(NestedConfig):
         check_positive("GRPOConfig.rollout.temperature (GRPO samples)", self.rollout.temperature)
         if self.train.checkpoint_dir is not None:
             raise ValueError(f"GRPOConfig.train.checkpoint_dir must be None, got "
-                             f"{str(self.train.checkpoint_dir)!r}: GRPO checkpoints the whole "
-                             "loop into RLLoop(grpo, checkpoint_dir=...) or a trainer's "
+                             f"{str(self.train.checkpoint_dir)!r}: the RL loop checkpoints the "
+                             "whole run into RLLoop(grpo, checkpoint_dir=...) or a trainer's "
                              "checkpoint_dir")
 
     @property

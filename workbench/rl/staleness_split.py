@@ -30,6 +30,7 @@ from ..tasks import Problem, exact_match_reward
 from .ablation import rl_setup
 from .checkpoint import has_state, load_state, save_state
 from .grpo import GRPO
+from .loop import RLLoop
 from .staleness import (StalenessConfig, check_run_inputs, check_same_config,
                         held_out_accuracy, record_step, run_steps)
 from .staleness_observer import StalenessObserver
@@ -46,9 +47,11 @@ def _detached(policy) -> dict:
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
-class StalenessTrajectory:
+class StalenessTrajectory(RLLoop):
     """The trajectory process: GRPO on ``config.grpo``, each step's observation on ``spool``
-    before its update, held-out accuracy as ``StalenessRun``'s (``config.eval_every``).
+    before its update, held-out accuracy as ``StalenessRun``'s (``config.eval_every``), in
+    the RL loop shell (:class:`~workbench.rl.loop.RLLoop`; its step checkpoints every
+    ``config.checkpoint_every`` steps, ``staleness.record_step``).
 
     Args:
         policy, tokenizer, problems, reward, held_out: as ``StalenessRun``'s.
@@ -57,32 +60,25 @@ class StalenessTrajectory:
         checkpoint_dir: its own checkpoint folder (not the observer's); resumed from.
     """
 
+    STATE_FILE = TRAJECTORY_FILE
+
     def __init__(self, policy, tokenizer, problems: list[Problem], spool: Spool,
                  reward=exact_match_reward, config: StalenessConfig | None = None,
                  held_out: list[Problem] | None = None,
                  checkpoint_dir: str | os.PathLike | None = None):
         self.config = c = check_run_inputs(config, held_out, checkpoint_dir)
-        self.grpo = GRPO(policy, tokenizer, problems, reward, c.grpo)
         self.tokenizer, self.held_out, self.spool = tokenizer, held_out, spool
-        self.checkpoint_dir = checkpoint_dir
         self._evals: list[dict] = []
-        if checkpoint_dir is not None and has_state(checkpoint_dir, TRAJECTORY_FILE):
-            state = load_state(checkpoint_dir, TRAJECTORY_FILE)
-            check_same_config(state, c, checkpoint_dir)
-            self.grpo.load_state_dict(state["grpo"])
-            self._evals = list(state["evals"])
+        super().__init__(GRPO(policy, tokenizer, problems, reward, c.grpo), checkpoint_dir)
 
-    @property
-    def rl_step(self) -> int:
-        return self.grpo.rl_step
-
-    def step(self) -> dict:
+    def _step(self) -> dict:
         """One RL step: wait for room on the spool, rollout, observation, update; its GRPO
         row (the observer's figures join it in :func:`split_history`)."""
         grpo = self.grpo
         self.spool.wait_for_room(grpo.rl_step)
         weights = _detached(grpo.model)  # as they sample this step
         rl = grpo.rollout(harvest=True)
+        self.timelines[rl.step] = rl.result.timeline
         self.spool.put(Observation(rl.step, weights, rl, grpo.rollout_config(rl.step),
                                    grpo.engine.backend.recorders))
         row = grpo.update(rl)
@@ -95,7 +91,10 @@ class StalenessTrajectory:
 
     def run_to(self, steps: int, on_step=None) -> pd.DataFrame:
         """Run until ``steps`` RL steps are done, as ``StalenessRun.run_to``; GRPO's rows."""
-        run_steps(self, check_int("steps", steps, 0), on_step=on_step)
+        try:
+            run_steps(self, check_int("steps", steps, 0), on_step=on_step)
+        finally:
+            self.close_log()
         return self.grpo.history
 
     @property
@@ -108,10 +107,19 @@ class StalenessTrajectory:
         """Held-out greedy accuracy: ``step`` (RL steps done), ``accuracy``."""
         return pd.DataFrame(self._evals, columns=["step", "accuracy"])
 
-    def save_checkpoint(self):
-        state = {"config": repr(self.config), "grpo": self.grpo.state_dict(),
-                 "evals": list(self._evals)}
-        return save_state(self.checkpoint_dir, TRAJECTORY_FILE, state)
+    def _checkpoint_due(self) -> bool:
+        """Never after :meth:`run`'s steps: the step checkpoints itself when due."""
+        return False
+
+    def _own_state(self) -> dict:
+        return {"config": repr(self.config), "evals": list(self._evals)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_same_config(state, self.config, self.checkpoint_dir)
+        super().load_state_dict(state)
+
+    def _load_own_state(self, state: dict) -> None:
+        self._evals = list(state["evals"])
 
 
 class SplitObserver:
