@@ -386,7 +386,12 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
         summary[f"predicted_{r['remedy']}"] = (None if pd.isna(r["predicted_e2e_speedup"])
                                               else float(r["predicted_e2e_speedup"]))
     measured_table = measured_speedups(log)
-    if measured_table is not None:
+    if measured_table is not None:  # each SD variant against the simulator's TLT (bandit)
+        predicted = summary.get("predicted_tlt_bandit")
+        sd = measured_table["variant"] != log.extra["variant"]
+        measured_table["predicted_e2e_speedup"] = np.where(sd, predicted or np.nan, np.nan)
+        for col, of in (("error", "measured_e2e_speedup"), ("error_seed", "measured_e2e_speedup_seed")):
+            measured_table[col] = (measured_table["predicted_e2e_speedup"] / measured_table[of] - 1)
         for _, r in measured_table.iterrows():
             summary[f"measured_e2e_speedup_{r['variant']}"] = r["measured_e2e_speedup"]
             summary[f"measured_e2e_speedup_{r['variant']}_seed"] = r["measured_e2e_speedup_seed"]
