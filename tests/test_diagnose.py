@@ -120,6 +120,21 @@ def test_workbench_run_folder_gives_measured_tail_and_each_variants_measured_spe
     assert d.summary["predicted_tlt_threshold"] > 1
 
 
+def test_an_ablation_checkpoint_folder_gives_the_rollouts_and_names_the_missing_step_times(
+        tmp_path):
+    _workbench_run(tmp_path)
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "baseline-seed0").mkdir(parents=True)
+    (tmp_path / "timelines" / "baseline-seed0").rename(checkpoint / "baseline-seed0" / "timelines")
+    (checkpoint / "ablation.json").write_text("{}")
+    log = read_logs(checkpoint)
+    assert log.format == "workbench" and len(log.timelines) == 3
+    assert {"update_s", "step_s", "reward_s"} <= set(log.missing)
+    assert (log.steps["rollout_s"] > 0).all()
+    d = diagnose(log, sd_curve={1: 2.0, 8: 1.5})
+    assert d.summary["predicted_tlt_threshold"] > 1
+
+
 def test_unknown_format_is_refused_naming_it_and_the_accepted_ones():
     with pytest.raises(ValueError, match="'bogus'") as err:
         read_logs(ISSUE6, "bogus")

@@ -132,9 +132,9 @@ def _layouts(log: StepLog, workers: int | None) -> tuple[dict, dict, StepCost | 
     """step -> Layout, step -> measured Timeline (workbench runs), measured costs or None."""
     if log.timelines:
         from ..cluster.run_check import CALIBRATION_VARIANTS
-        folder = log.extra["folder"] / "timelines"
-        calib = [Timeline.load(p) for v in CALIBRATION_VARIANTS
-                 for p in sorted((folder / f"{v}-seed{log.extra['seed']}").glob("step*"))]
+        where = log.extra["timeline_dir"]
+        calib = [Timeline.load(p) for v in CALIBRATION_VARIANTS for p in sorted(
+            (log.extra["folder"] / where.format(variant=v, seed=log.extra["seed"])).glob("step*"))]
         measured = {int(p.name.removeprefix("step")): Timeline.load(p) for p in log.timelines}
         keep = set(_chosen(pd.Series(list(measured))))
         measured = {s: t for s, t in measured.items() if s in keep}
@@ -309,7 +309,8 @@ def _findings(log, split, tail, batch, curve, threshold, remedies, baseline) -> 
                         "rollout's decode time, where SD loses on your hardware"})
     if tail is not None and tail["tail_share"].mean() >= TAIL_BOUND:
         gain = remedies.set_index("remedy")["predicted_e2e_speedup"].get("tlt_threshold")
-        buys = f": TLT would buy about {gain:.2f}x end to end" if np.isfinite(gain) else ""
+        span = "on the rollout alone" if "step_s" in log.missing else "end to end"
+        buys = f": TLT would buy about {gain:.2f}x {span}" if np.isfinite(gain) else ""
         out.append({"cause": "tail_bound", "sentence":
                     f"the tail holds {_pct(tail['tail_share'].mean())} of the rollout (idle "
                     f"fraction {_pct(tail['idle_fraction'].mean())}){buys}"})
@@ -352,6 +353,7 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
     drafter_step_s = check_positive("drafter_step_s", drafter_step_s, optional="not counted")
     curve = read_sd_curve(sd_curve) if sd_curve is not None else None
     workers = workers or log.workers
+    drafter_step_s = drafter_step_s or log.extra.get("drafter_step_s")
     lays, measured, cost = _layouts(log, workers)
     if curve is None and cost is not None:
         curve = _measured_curve(cost)

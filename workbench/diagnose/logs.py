@@ -41,13 +41,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..rollout.timeline import Timeline
+
 __all__ = ["StepLog", "read_logs", "read_verl", "read_openrlhf", "read_trl", "read_workbench",
            "FORMATS", "PARTS"]
 
 FORMATS = ("verl", "openrlhf", "trl", "workbench")
 PARTS = ("rollout_s", "reward_s", "logprob_s", "update_s")  # a step's parts, in order
 LENGTHS = ("response_mean", "response_max", "response_min")
-CHARS_PER_TOKEN = 4.0  # a rollout dump without token counts: characters per token, estimated
+CHARS_PER_TOKEN = 4.0
+RUN_TIMELINES = "timelines/{variant}-seed{seed}"         # a run folder's saved timelines
+CHECKPOINT_TIMELINES = "{variant}-seed{seed}/timelines"  # an ablation checkpoint_dir's  # a rollout dump without token counts: characters per token, estimated
 
 # veRL: each canonical part is the sum of these timing_s/ keys (those present)
 VERL_PARTS = {"rollout_s": ("timing_s/gen",),
@@ -295,8 +299,10 @@ def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
     folder = Path(folder)
     history = folder / "history.csv"
     if not history.is_file():
-        raise _bad(folder, "no history.csv in it (notebook 04 or 11 writes one into out_dir)",
-                   "workbench")
+        if (folder / "ablation.json").is_file():
+            return _read_checkpoint(folder, variant, seed)
+        raise _bad(folder, "no history.csv in it (notebook 04 or 11 writes one into out_dir) "
+                   "and no ablation.json (an ablation's checkpoint_dir)", "workbench")
     h = pd.read_csv(history)
     if variant not in set(h.get("variant", [])):
         raise ValueError(f"variant {variant!r} is not in {str(history)!r}; its variants: "
@@ -320,7 +326,12 @@ def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
                "logprob_s": "the workbench's history counts log-probs inside the update",
                "response_min": "response_len_min (not in history.csv)"}
     log = StepLog(_finish(steps), "workbench", f"run folder {str(folder)!r}", missing=missing,
-                  extra={"history": h, "variant": variant, "seed": seed, "folder": folder})
+                  extra={"history": h, "variant": variant, "seed": seed, "folder": folder,
+                         "timeline_dir": RUN_TIMELINES})
+    if {"drafter_train_s", "drafter_steps"} <= set(h) and h["drafter_steps"].sum() > 0:
+        log.extra["drafter_step_s"] = float(h["drafter_train_s"].sum() / h["drafter_steps"].sum())
+        log.notes.append(f"a drafter step takes {log.extra['drafter_step_s']:.4g} s "
+                         "(drafter_train_s / drafter_steps of the history)")
     where = folder / "timelines" / f"{variant}-seed{seed}"
     if where.is_dir():
         log.timelines = sorted(where.glob("step*"))
@@ -329,6 +340,36 @@ def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
     else:
         missing["requests"] = f"saved timelines under {str(where)!r}"
     return log
+
+
+def _read_checkpoint(folder: Path, variant: str, seed: int | None) -> StepLog:
+    """An ablation's ``checkpoint_dir`` (``ablation.json``; each run's saved timelines under
+    ``<variant>-seed<seed>/timelines/step<NNNN>``): the rollouts alone, each step's makespan
+    its rollout time; the update's time is in the run folder's history.csv, not here."""
+    saved = sorted(folder.glob(f"{variant}-seed*/timelines"))
+    if not saved:
+        raise ValueError(f"no saved timelines of {variant!r} in the checkpoint folder "
+                         f"{str(folder)!r}; its runs: {sorted(p.name for p in folder.glob('*-seed*'))}")
+    seed = int(saved[0].parent.name.rsplit("seed", 1)[1]) if seed is None else seed
+    where = folder / CHECKPOINT_TIMELINES.format(variant=variant, seed=seed)
+    paths = sorted(where.glob("step*"))
+    if not paths:
+        raise ValueError(f"no saved timelines of {variant!r} seed {seed} under {str(where)!r}")
+    rows = []
+    for p in paths:
+        t = Timeline.load(p)
+        lengths = t.requests["response_tokens"]
+        rows.append({"step": int(p.name.removeprefix("step")), "rollout_s": t.makespan_s,
+                     "reward_s": np.nan, "logprob_s": np.nan, "update_s": np.nan,
+                     "step_s": np.nan, "response_mean": float(lengths.mean()),
+                     "response_max": float(lengths.max()), "response_min": float(lengths.min())})
+    why = "the checkpoint folder holds the rollouts' timelines alone (the run folder's history.csv holds the step times)"
+    missing = {"reward_s": why, "logprob_s": why, "update_s": why, "step_s": why}
+    return StepLog(_finish(pd.DataFrame(rows)), "workbench", f"checkpoint folder {str(folder)!r}",
+                   missing=missing, timelines=paths,
+                   extra={"variant": variant, "seed": seed, "folder": folder,
+                          "timeline_dir": CHECKPOINT_TIMELINES},
+                   notes=[f"rollout times and lengths from {len(paths)} saved timelines"])
 
 
 def _column(rows: pd.DataFrame, name: str):
@@ -354,7 +395,7 @@ def read_logs(path: str | os.PathLike, format: str | None = None, **options) -> 
 
 def _guess(path: Path) -> str:
     if path.is_dir():
-        if (path / "history.csv").is_file():
+        if (path / "history.csv").is_file() or (path / "ablation.json").is_file():
             return "workbench"
         if (path / "trainer_state.json").is_file():
             return "trl"
