@@ -82,7 +82,7 @@ class Together(PlainSchedule):
 
 
 class Signalled:
-    """``job`` (an idle job: ``rollout.backend.IdleJob``) that signals in ``marks`` (module
+    """``job`` (an idle job: ``rollout.idle.IdleJob``) that signals in ``marks`` (module
     docstring); everything else, ``settled`` included, is ``job``'s."""
 
     def __init__(self, job, marks, hold: int | None = None):

@@ -205,7 +205,8 @@ def test_a_job_stopped_mid_step_keeps_its_last_whole_step_before_the_end(tokeniz
     import time
 
     from workbench.rollout.timeline import IdleWindow
-    from workbench.rollout.worker import StepRecorder, WindowEnd, Worker
+    from workbench.rollout.idle import WindowEnd
+    from workbench.rollout.worker import StepRecorder, Worker
     from workbench.speculative.train import EagleTrainer
     engine, result, spot = _spot(tokenizer, tmp_path, workers=2, max_steps=50)
     tail = spot.tail(2)

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from workbench.rl.tlt import first_divergence
-from workbench.rollout.backend import Backend, IdleRun
+from workbench.rollout.backend import Backend
+from workbench.rollout.idle import IdleRun
 from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.worker import Worker
 

@@ -10,9 +10,9 @@ import torch
 
 from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, RolloutEngine,
                                StaticSchedule, WorkerFailed)
-from workbench.rollout.backend import IdleJob
 from workbench.rollout.timeline import IdleWindow
-from workbench.rollout.worker import IdleClock, StepRecorder, WindowEnd, WorkerTask
+from workbench.rollout.idle import IdleClock, IdleJob, WindowEnd
+from workbench.rollout.worker import StepRecorder, WorkerTask
 from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
 
 from .conftest import PROMPTS, tiny_model
@@ -87,7 +87,7 @@ class SleepJob(IdleJob):
 
 
 class Tail:
-    """Tail jobs (``rollout.backend.TailJobs``): ``job`` for every window (or for the
+    """Tail jobs (``rollout.idle.TailJobs``): ``job`` for every window (or for the
     ``first`` ones), each call recorded as (window, the workers whose values were back)."""
 
     def __init__(self, job, first: int | None = None):

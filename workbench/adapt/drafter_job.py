@@ -4,7 +4,7 @@ window.
 Glossary:
 
 tail      :class:`DrafterTail`, the spot trainer's jobs for one rollout
-          (``rollout.backend.TailJobs``): the backend asks it for a worker's job when that
+          (``rollout.idle.TailJobs``): the backend asks it for a worker's job when that
           worker's shard comes back, and it answers with a :class:`DrafterJob` on the pairs
           ready then (below), or ``None`` once it has handed out its ``copies``.
 pairs     what a window's copy trains on: the buffer's pairs from before the step (the carry,
@@ -32,7 +32,7 @@ import copy
 import weakref
 from dataclasses import dataclass, field
 
-from ..rollout.backend import IdleJob
+from ..rollout.idle import IdleJob
 from ..speculative.eagle import EagleHead
 from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 from ..train import isolated_rng
@@ -120,7 +120,7 @@ class JobProgress:
 
 
 class DrafterJob(IdleJob):
-    """Drafter training in one idle window (``rollout.backend.IdleJob``): a copy of
+    """Drafter training in one idle window (``rollout.idle.IdleJob``): a copy of
     ``start`` trains on ``pairs``, step after step while the estimate still fits the window.
 
     Args:

@@ -1,6 +1,7 @@
 """Batched rollout: the decode engine, forwards, sampling, step schedules, workers and their
 backends, timelines."""
-from .backend import Backend, LocalBackend, WorkerFailed
+from .backend import Backend, LocalBackend
+from .failures import WorkerFailed
 from .backends import make_backend
 from .config import RolloutConfig
 from .engine import RolloutEngine, RolloutResult

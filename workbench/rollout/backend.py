@@ -71,119 +71,17 @@ worker fault a worker that raised while running a function or a job, or died. Ev
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from ..checks import check_int
 from ..clock import sim_work
 from .request import Request
 from .timeline import IdleWindow, Timeline
-from .worker import IdleClock, Worker
+from .failures import WorkerFailed, first_failure
+from .idle import IdleRun, TailJobs
+from .worker import Worker
 
-__all__ = ["Backend", "LocalBackend", "IdleJob", "TailJobs", "IdleRun", "WorkerFailed",
-           "check_capacity"]
-
-
-class WorkerFailed(RuntimeError):
-    """Worker ``worker`` raised ``cause`` (the ``__cause__`` too) while holding ``requests``
-    (the requests of its shard; empty for work that held none, such as an idle job),
-    ``at_s`` seconds after its work began (``None``: unknown). Never raised for a
-    ``ValueError`` (bad input) or an interrupt: those pass through as they are.
-
-    The backend fills in the rest of the call (module docstring, "worker fault"):
-    ``failures``, every worker that failed in it, by worker (this one first), and
-    ``results``, ``{worker: value}`` of the workers that finished."""
-
-    def __init__(self, worker: int, cause: BaseException, requests: Sequence[Request] = (),
-                 at_s: float | None = None):
-        self.worker, self.cause, self.requests, self.at_s = worker, cause, list(requests), at_s
-        self.failures: list[WorkerFailed] = [self]
-        self.results: dict[int, object] = {}
-        uids = [r.uid for r in self.requests]
-        held = f"; it held {len(uids)} request(s), uids {uids[:8]}" + (
-            " ..." if len(uids) > 8 else "") if uids else ""
-        super().__init__(f"worker {worker} failed: {type(cause).__name__}: {cause}{held}")
-
-
-def first_failure(failures: Sequence[WorkerFailed], results: dict[int, object]) -> WorkerFailed:
-    """What a call raises when ``failures`` (not empty) happened in it: the lowest worker's
-    failure, holding all of them and the finished workers' ``results``."""
-    failures = sorted(failures, key=lambda failed: failed.worker)
-    first = failures[0]
-    first.failures, first.results = failures, dict(results)
-    return first
-
-
-def failure_row(failed: WorkerFailed, step: int, start_s: float = 0.0,
-                end_s: float = float("inf")) -> dict:
-    """The steps-table row that marks ``failed`` (kind ``failed``, timeline.py): from
-    ``start_s``, where the lost work began on the step's clock, for its time until the failure
-    (0 long when unknown), ending by ``end_s`` at the latest; its batch the requests it held."""
-    end = min(start_s + (failed.at_s or 0.0), end_s)
-    return {"worker": failed.worker, "step": step, "kind": "failed", "start_s": start_s,
-            "end_s": max(end, start_s), "batch_size": len(failed.requests), "tokens": 0,
-            "forward_s": 0.0}
-
-
-class IdleJob:
-    """Work for an idle window (module docstring, "idle job"): subclass it and define
-    ``run``; ``settled`` has a default."""
-
-    def run(self, window: IdleWindow, clock: IdleClock) -> object:
-        """Work in ``window`` through ``clock``; the outcome the caller folds in."""
-        raise NotImplementedError(f"{type(self).__name__} defines no run(window, clock)")
-
-    def settled(self, rows: list[dict]) -> object | None:
-        """The outcome of the work ``rows`` count, asked from another thread while ``run``
-        may still run (the wall clock's stop, so as not to wait for a step in flight), with
-        the window's rows as they stand at its end (``IdleClock.rows_at``). None (the
-        default): it cannot say, and the run's return answers."""
-        return None
-
-
-class TailJobs(Protocol):
-    """The idle-window jobs of one map (module docstring, "tail jobs")."""
-
-    def job(self, window: IdleWindow, returned: list) -> IdleJob | None:
-        """The job for ``window``'s worker, whose value just came back (``returned``: the
-        values back so far, its own included); ``None``: that worker stays idle."""
-        ...
-
-
-@dataclass
-class IdleRun:
-    """What the idle jobs of a map (or of a finished rollout: ``LocalBackend.run_idle``)
-    hand back: the windows they ran in (closed: each ends where the step's last shard did),
-    each one's outcome (``None`` where its worker failed), the steps rows the jobs recorded,
-    the failures, and how long the driver waited for the jobs once it had stopped them
-    (0 on the sim clock, where nothing waits)."""
-
-    windows: list[IdleWindow] = field(default_factory=list)
-    outcomes: list = field(default_factory=list)
-    rows: list[dict] = field(default_factory=list)
-    failed: list[WorkerFailed] = field(default_factory=list)
-    stop_wait_s: float = 0.0
-
-    @classmethod
-    def of(cls, windows: Sequence[IdleWindow], runs: list, stop_wait_s: float = 0.0) -> "IdleRun":
-        """``runs[i]``: window i's ``(outcome, rows)``, or the :class:`WorkerFailed` of its
-        worker."""
-        lost = [isinstance(run, WorkerFailed) for run in runs]
-        return cls(list(windows), [None if gone else run[0] for gone, run in zip(lost, runs)],
-                   [row for gone, run in zip(lost, runs) if not gone for row in run[1]],
-                   [run for gone, run in zip(lost, runs) if gone], stop_wait_s)
-
-    def on(self, timeline: Timeline) -> Timeline:
-        """``timeline`` (the map's rollout) with the jobs' rows and a ``failed`` row per lost
-        job (from its window's start, within it, numbered after its worker's rows)."""
-        rows = list(self.rows)
-        for failed in self.failed:
-            window = next(w for w in self.windows if w.worker == failed.worker)
-            steps = [r["step"] for r in rows if r["worker"] == failed.worker] + \
-                timeline.steps.loc[timeline.steps["worker"] == failed.worker, "step"].tolist()
-            rows.append(failure_row(failed, max(steps, default=-1) + 1, window.start_s,
-                                    window.end_s))
-        return timeline.with_steps(rows)
+__all__ = ["Backend", "LocalBackend", "check_capacity"]
 
 
 class Backend:

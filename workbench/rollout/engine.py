@@ -17,7 +17,8 @@ import torch
 from ..checks import check_int
 from ..progress import tqdm
 
-from .backend import Backend, IdleRun, LocalBackend, TailJobs
+from .backend import Backend, LocalBackend
+from .idle import IdleRun, TailJobs
 from .config import RolloutConfig
 from .recovery import run_shards
 from .request import Request, RequestOutput

@@ -47,9 +47,11 @@ import torch
 
 from ..checks import check_int
 from ..ray_cluster import connect, known_cpus, resolve_address
-from .backend import Backend, IdleRun, TailJobs, WorkerFailed, check_placement, first_failure
+from .backend import Backend, check_placement
+from .failures import WorkerFailed, first_failure
+from .idle import IdleRun, TailJobs, WindowEnd
 from .timeline import IdleWindow
-from .worker import WindowEnd, Worker
+from .worker import Worker
 
 __all__ = ["RayBackend"]
 

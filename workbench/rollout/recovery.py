@@ -1,6 +1,6 @@
 """Recovery: a rollout step that loses a worker still returns every request.
 
-When ``backend.map`` raises :class:`~workbench.rollout.backend.WorkerFailed` during a
+When ``backend.map`` raises :class:`~workbench.rollout.failures.WorkerFailed` during a
 rollout, what the surviving workers returned is kept (``WorkerFailed.results``) and only the
 lost shards run again: each failed worker's requests (``WorkerFailed.requests``; none of them
 came back) re-run on a surviving worker, in one more ``map`` call.
@@ -33,7 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from .backend import Backend, IdleRun, TailJobs, WorkerFailed, failure_row
+from .backend import Backend
+from .failures import WorkerFailed, failure_row
+from .idle import IdleRun, TailJobs
 from .timeline import rollout_end_s
 from .worker import WorkerResult, WorkerTask
 

@@ -15,8 +15,6 @@ them only through the backend's methods, never directly.
 """
 from __future__ import annotations
 
-import math
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -24,18 +22,17 @@ from typing import Callable
 
 import torch
 
-from ..checks import check_choice
 from ..clock import cpu_share, seconds_reader, usage_probe
 from .config import RolloutConfig
 from .decoder import BatchDecoder
 from .drafts import check_schedule_drafter
 from .forward import policy_forward
+from .idle import IdleClock, WindowEnd
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepReport, decision_of, plan_columns
 from .timeline import IdleWindow, rollout_end_s
 
-__all__ = ["WorkerTask", "WorkerResult", "Worker", "IdleClock", "WindowEnd"]
-IDLE_KINDS = ("drafter_train", "train")  # work an idle window runs
+__all__ = ["WorkerTask", "WorkerResult", "Worker", "StepRecorder"]
 
 
 class StepRecorder:
@@ -240,7 +237,7 @@ class Worker:
 
     def run_idle(self, job, window: IdleWindow,
                  end: "WindowEnd | None" = None) -> tuple[object, list[dict]]:
-        """Run ``job`` (``rollout.backend.IdleJob``) in ``window``, this worker's idle window
+        """Run ``job`` (``rollout.idle.IdleJob``) in ``window``, this worker's idle window
         after its latest rollout, which ends at ``end`` (default: ``window.end_s``, known
         now); ``(the job's outcome, the steps rows it recorded)``."""
         if window.worker != self.index:
@@ -276,131 +273,3 @@ class Worker:
             if self.drafter is None or self.drafter.module is None:
                 raise ValueError(f"worker {self.index} has no drafter with weights to update")
             self.drafter.module.load_state_dict(drafter)
-
-
-class WindowEnd:
-    """The end of an idle window on the step's clock: known from the start (the sim clock,
-    where every shard has run before any job does) or set later by :meth:`close`, from
-    another thread (the wall clock: the backend's stop, when the step's last shard comes back,
-    while the job runs). ``end_s`` is ``inf`` while the window is open."""
-
-    def __init__(self, end_s: float = math.inf):
-        self.end_s, self._known = math.inf, threading.Event()
-        if end_s != math.inf:
-            self.close(end_s)
-
-    def close(self, end_s: float) -> None:
-        self.end_s = float(end_s)
-        self._known.set()
-
-    @property
-    def open(self) -> bool:
-        return not self._known.is_set()
-
-    def wait(self) -> float:
-        """The end, once it is known."""
-        self._known.wait()
-        return self.end_s
-
-
-class IdleClock:
-    """What an idle-window job is handed: its window, its worker's clock, and its worker's
-    ``policy`` (a job that trains against the policy uses the one where it runs).
-
-    ``timed(kind, fn)`` runs ``fn()`` as the worker's next step of ``kind`` (one of
-    :data:`IDLE_KINDS`) and returns ``(value, row)`` (the step's steps-table row, a copy): on
-    the sim clock the step starts where the previous one ended, on the wall clock when it
-    really starts; ``wait(seconds)`` inside it lets time pass without work (a job that
-    stands in for a slower one). ``fits(seconds)``: whether a step of ``seconds`` starting now would end by
-    the window's end (``end``, a :class:`WindowEnd`; always, while it is open). A step that
-    ends past a known end is **preempted** there: its row ends at the end with ``preempted``
-    set (``forward_s`` keeps the seconds it really took), and the job discards its work.
-
-    An open window's end comes while the job runs, so steps may have ended past it before it
-    was known: :meth:`settle` waits for the end and says how many of the job's latest whole
-    steps did, for the job to discard (their rows cut as a preempted one).
-    """
-
-    def __init__(self, recorder: StepRecorder, window: IdleWindow, policy,
-                 end: WindowEnd | None = None):
-        self.window, self._rec, self._first = window, recorder, len(recorder.rows)
-        self.policy = policy
-        self.end = end if end is not None else WindowEnd(window.end_s)
-        self._in_flight: dict | None = None  # the row a step in flight will have, but its end
-
-    @property
-    def open(self) -> bool:
-        """Whether the window's end is still unknown."""
-        return self.end.open
-
-    def now(self) -> float:
-        """Where the next step would start on the step's clock."""
-        return self._rec.now() if self._rec.clock == "wall" else self._rec.mark
-
-    def fits(self, seconds: float) -> bool:
-        return self.now() + seconds < self.end.end_s
-
-    def wait(self, seconds: float) -> None:
-        """Let ``seconds`` pass on the worker's clock without work, inside a step of
-        :meth:`timed` (``StepRecorder.wait``: slept on the wall clock, charged on the sim)."""
-        self._rec.wait(seconds)
-
-    def timed(self, kind: str, fn: Callable, batch_size: int = 0,
-              tokens: int = 0) -> tuple[object, dict]:
-        check_choice("an idle-window step's kind", kind, IDLE_KINDS)
-        if self._rec.clock == "wall":
-            self._rec.resume(0.0)  # the step starts now, on the step's clock
-        self._in_flight = {"worker": self._rec.worker, "step": len(self._rec.rows), "kind": kind,
-                           "start_s": self._rec.mark, "batch_size": batch_size,
-                           "tokens": tokens, "forward_s": 0.0, "clock": self._rec.clock}
-        try:
-            value = self._rec.timed(kind, fn, batch_size, tokens)
-        finally:
-            self._in_flight = None
-        row = self._rec.rows[-1]
-        end = self.end.end_s  # read after the step: an open window may have closed meanwhile
-        if row["end_s"] > end:
-            self._cut(len(self._rec.rows) - 1, end)
-        return value, dict(row)
-
-    def settle(self, undoable: int) -> int:
-        """Wait for the window's end; the number of this window's latest whole steps, at most
-        ``undoable`` (as many as the job can undo), that ended past it: the first of them is
-        cut at the end and flagged ``preempted``, the rows after it are dropped (they began
-        after the step's last shard ended), and the job discards their work. Steps past the
-        end that the job cannot undo keep their rows (``drafter_overrun_s`` then shows them).
-        0 on a window whose end was known from the start (``timed`` preempted there)."""
-        end = self.end.wait()
-        rows = self._rec.rows
-        late = [i for i in range(self._first, len(rows))
-                if rows[i]["end_s"] > end and not rows[i].get("preempted")]
-        late = late[len(late) - undoable:] if undoable else []
-        if late:
-            self._cut(late[0], end)
-        return len(late)
-
-    def rows_at(self, end_s: float) -> list[dict]:
-        """This window's rows as they stand if it ends at ``end_s``, read from another thread
-        while the job may still run (the wall clock's stop): the steps that ended by then,
-        and the first that did not, or the one in flight, cut there and flagged
-        ``preempted``; nothing after it."""
-        rows = [dict(row) for row in self._rec.rows[self._first:]]
-        in_flight = self._in_flight
-        kept = [row for row in rows if row["end_s"] <= end_s]
-        late = rows[len(kept):] or ([dict(in_flight)] if in_flight is not None else [])
-        if late and late[0]["start_s"] < end_s:
-            kept.append({**late[0], "end_s": end_s, "preempted": True})
-        return kept
-
-    def wasted_s(self) -> float:
-        """Seconds of this window's preempted steps, whose work was discarded."""
-        return float(sum(row["end_s"] - row["start_s"] for row in self._rec.rows[self._first:]
-                         if row.get("preempted")))
-
-    def _cut(self, i: int, end: float) -> None:
-        self._rec.preempt(i, end)
-
-    @property
-    def rows(self) -> list[dict]:
-        """The steps rows recorded in this window so far."""
-        return [dict(row) for row in self._rec.rows[self._first:]]
