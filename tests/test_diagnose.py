@@ -255,3 +255,15 @@ def test_cli_refuses_an_out_folder_of_other_files(tmp_path, capsys):
     assert main(["diagnose", str(ISSUE6), "--out", str(tmp_path)]) == 2
     assert "a folder of other files" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+def test_validated_errors_read_the_result_files_and_none_elsewhere(tmp_path):
+    from workbench.diagnose import validated_errors
+    from workbench.diagnose.validated import headline_error
+    assert validated_errors(tmp_path).empty and headline_error(tmp_path) is None
+    (tmp_path / "nb10.json").write_text(json.dumps(
+        {"question": "q", "clock": "sim", "figures": {"sim_error_small_n": {"value": 0.05},
+                                                      "predicted_speedup_64": {"value": 1.2}}}))
+    assert validated_errors(tmp_path)["figure"].tolist() == ["sim_error_small_n"]
+    assert headline_error(tmp_path) == {"error": 0.05, "figure": "sim_error_small_n",
+                                        "result": "nb10"}
