@@ -250,6 +250,16 @@ def test_cli_refuses_bad_input_with_one_message_and_writes_nothing(tmp_path, cap
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_cli_reads_a_rollout_dump_given_apart(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["diagnose", str(FIXTURES / "verl_flat.csv"), "--rollout-dump",
+                 str(ISSUE6 / "rollout_data"), "--out", str(out)]) == 0
+    summary = json.loads((out / "diagnosis.json").read_text())
+    assert "requests" not in summary["missing"] and summary["tail_share"] > 0
+    with pytest.raises(ValueError, match=r"\['rollout_dump'\] is no option of the trl format"):
+        read_logs(FIXTURES / "trl_trainer_state.json", rollout_dump=ISSUE6 / "rollout_data")
+
+
 def test_cli_refuses_an_out_folder_of_other_files(tmp_path, capsys):
     (tmp_path / "keep.txt").write_text("mine")
     assert main(["diagnose", str(ISSUE6), "--out", str(tmp_path)]) == 2

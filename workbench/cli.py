@@ -365,7 +365,8 @@ def _diagnose(args) -> int:
         page, diagnosis = diagnose_logs(args.logs, args.out, format=args.format,
                                         sd_curve=args.sd_curve, workers=args.workers,
                                         baseline=args.baseline,
-                                        drafter_step_s=args.drafter_step_s)
+                                        drafter_step_s=args.drafter_step_s,
+                                        rollout_dump=args.rollout_dump)
     except (ValueError, OSError) as exc:
         print(f"workbench diagnose: error: {exc}", file=sys.stderr)
         return 2
@@ -392,6 +393,8 @@ def _add_diagnose(sub) -> None:
                     "compare lengths with")
     dg.add_argument("--drafter-step-s", type=float, default=None,
                     help="one drafter training step's seconds (drafter steps the idle windows hold)")
+    dg.add_argument("--rollout-dump", default=None, help="veRL: its trainer.rollout_data_dir "
+                    "(<step>.jsonl files: per-request lengths; default: LOGS/rollout_data)")
     dg.set_defaults(func=_diagnose)
 
 

@@ -47,6 +47,7 @@ __all__ = ["StepLog", "read_logs", "read_verl", "read_openrlhf", "read_trl", "re
            "FORMATS", "PARTS"]
 
 FORMATS = ("verl", "openrlhf", "trl", "workbench")
+OPTIONS = {"verl": ("rollout_dump",), "openrlhf": (), "trl": (), "workbench": ("variant", "seed")}
 PARTS = ("rollout_s", "reward_s", "logprob_s", "update_s")  # a step's parts, in order
 LENGTHS = ("response_mean", "response_max", "response_min")
 CHARS_PER_TOKEN = 4.0
@@ -197,6 +198,9 @@ def read_verl(path: str | os.PathLike, rollout_dump: str | os.PathLike | None = 
     ``metrics.jsonl`` / ``metrics.csv``; per-request lengths from ``rollout_dump`` (default:
     the folder's ``rollout_data/`` where there is one)."""
     path = Path(path)
+    if rollout_dump is not None and not Path(rollout_dump).is_dir():
+        raise ValueError(f"rollout dump {str(rollout_dump)!r} is no folder; accepted: veRL's "
+                         "trainer.rollout_data_dir, a folder of <step>.jsonl files")
     if path.is_dir():
         found = [path / n for n in ("metrics.jsonl", "metrics.csv") if (path / n).is_file()]
         if not found:
@@ -388,6 +392,11 @@ def read_logs(path: str | os.PathLike, format: str | None = None, **options) -> 
         raise ValueError(f"logs {str(path)!r} do not exist; accepted: a file or folder of "
                          f"one of the formats {list(FORMATS)} (docs/diagnose.md)")
     format = format or _guess(path)
+    options = {k: v for k, v in options.items() if v is not None}
+    accepted = OPTIONS[format]
+    if set(options) - set(accepted):
+        raise ValueError(f"{sorted(set(options) - set(accepted))} is no option of the "
+                         f"{format} format; its options: {list(accepted)}")
     reader = {"verl": read_verl, "openrlhf": read_openrlhf, "trl": read_trl,
               "workbench": read_workbench}[format]
     return reader(path, **options)
