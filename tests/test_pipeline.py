@@ -418,3 +418,17 @@ notebooks:
     with pytest.raises(ValueError, match="jobs must be an integer >= 1, got 0"):
         run_pipeline(yaml_path, runs_root=tmp_path / "other", jobs=0)
     assert not (tmp_path / "other").exists()
+
+
+def test_kernels_run_over_ipc_so_no_tcp_warning_is_printed_and_errors_still_show(
+        project, tmp_path, capfd):
+    yaml_path = write_pipeline(project, """
+notebooks:
+  - notebook: notebooks/toy.ipynb
+    grid: {fail: [false, true]}
+""")
+    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs").set_index("param.fail")
+    printed = capfd.readouterr()
+    assert "Kernel is running over TCP" not in printed.out + printed.err
+    assert table.loc[False, "status"] == "ok"
+    assert table.loc[True, "error"] == "RuntimeError: asked to fail with x=1"

@@ -52,6 +52,8 @@ from typing import Any
 
 import pandas as pd
 import papermill
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 from .progress import tqdm
 
 from .atomic import atomic_file, write_text
@@ -205,6 +207,17 @@ def _finished_record(run_dir: Path, run: RunSpec) -> dict | None:
     return None
 
 
+class IPCKernelManager(AsyncKernelManager):
+    """A notebook's kernel reached over IPC (Unix sockets), not TCP: nothing listens on a
+    port, and the kernel does not print its warning that TCP carries code and outputs
+    unencrypted, once per notebook, over every pipeline's output. Real kernel errors still
+    show."""
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
+
+
 def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict,
              logged: dict | None = None) -> dict:
     """Execute one run into an emptied run_dir and write its run.json; never raises for
@@ -219,7 +232,8 @@ def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict,
         papermill.execute_notebook(
             str(run.notebook_path), str(run_dir / "notebook.ipynb"),
             parameters={**run.parameters, **(logged or {}), OUT_DIR: str(run_dir)},
-            kernel_name="python3", language="python", progress_bar=False, cwd=str(run.root))
+            kernel_name="python3", language="python", progress_bar=False, cwd=str(run.root),
+            kernel_manager_class=IPCKernelManager)
         metrics = _read_metrics(run_dir / "metrics.json")
     except Exception as exc:  # any failure belongs to this run only
         error = _describe(exc)
