@@ -5,6 +5,7 @@ from .drafter_set import DrafterSet
 from .drafters import CachedDrafter, Drafter, EagleDrafter, LMDrafter, NGramDrafter
 from .eagle import EagleHead
 from .sibling import SiblingDrafter
+from .suffix import SuffixDrafter
 
 __all__ = ["Drafter", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter", "EagleHead",
-           "SiblingDrafter", "DrafterSet", "AdaptiveSchedule", "BucketedBandit"]
+           "SiblingDrafter", "SuffixDrafter", "DrafterSet", "AdaptiveSchedule", "BucketedBandit"]

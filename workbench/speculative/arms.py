@@ -5,9 +5,10 @@ An arm *kind* is registered under a name (``chain``); an *arm* is one kind with 
 parameters, written ``kind:name=value,...`` (``chain:k=4``), and is a frozen dataclass of the
 kind whose fields are those parameters. Its ``plan()`` is the :class:`StepPlan` a decode step
 runs. The built-in kinds are ``plain``, ``chain``, ``tree`` and ``sibling``, whose plans are
-the built-in shapes (the plan's fields name them); a plugin kind's plans carry the arm
-(``StepPlan.arm``), so that tables, figures and the bandit's state name it by its own string
-and the step drafts as its ``propose`` says (``rollout.arm.Arm``: the protocol and its
+the built-in shapes (the plan's fields name them), and ``suffix``, whose plans carry the arm
+as a plugin's do (its depth follows a budget rule at each step). A plugin kind's plans carry
+the arm (``StepPlan.arm``), so that tables, figures and the bandit's state name it by its own
+string and the step drafts as its ``propose`` says (``rollout.arm.Arm``: the protocol and its
 defaults). A plugin registers a kind in one file::
 
     @ARMS.register("confident")
@@ -101,8 +102,38 @@ class Sibling(Arm):
         return StepPlan("speculative", self.k, drafter="sibling")
 
 
-BUILTIN_FORMS = ("'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1), or "
-                 "'sibling:k=K' (a chain by the drafter set's 'sibling' member)")
+@ARMS.register("suffix", builtin=True)
+@dataclasses.dataclass(frozen=True)
+class SuffixBudget(Arm):
+    """Drafts by the drafter set's ``"suffix"`` member (``speculative.suffix.SuffixDrafter``)
+    with DAS's length-aware budget: each step drafts as deep as its rows' response lengths
+    and recent acceptance say (``speculative.suffix.length_aware_budget``), at most ``k_max``
+    and cut where no row found more; a chain, or with ``b`` (and ``n``) a tree ``b`` wide
+    with ``n`` nodes verified per row. Arms of several ``k_max`` let the bandit choose among
+    budgets."""
+
+    k_max: int
+    b: int | None = None
+    n: int | None = None
+
+    def plan(self) -> StepPlan:
+        # the plan carries the arm, so that the step drafts as propose says (rollout.drafts)
+        return StepPlan("speculative", self.k_max, self.b or 1, self.n, drafter="suffix",
+                        arm=self)
+
+    def propose(self, drafter, ctx, plan: StepPlan, k: int):
+        if not callable(getattr(drafter, "propose_budgeted", None)):
+            raise ValueError(f"arm {arm_name(self)!r} drafts with the budget of "
+                             "workbench.speculative.suffix.SuffixDrafter, but the rollout's "
+                             f"'suffix' member is {type(drafter).__name__}, which has no "
+                             "propose_budgeted(ctx, k_max, branch, verify_budget)")
+        return drafter.propose_budgeted(ctx, k, plan.branch, plan.verify_budget)
+
+
+BUILTIN_FORMS = ("'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N >= 1), "
+                 "'sibling:k=K' (a chain by the drafter set's 'sibling' member), or "
+                 "'suffix:k_max=K[,b=B,n=N]' (the 'suffix' member, DAS's length-aware budget "
+                 "up to K)")
 _PARAM = re.compile(r"([A-Za-z_]\w*)=([^,=]+)")
 
 
