@@ -112,7 +112,7 @@ def test_a_plugin_arm_is_named_and_parsed_like_a_built_in(confident):
     assert strategy_name(parse_strategy("confident")) == "confident:k=6,p=0.5"  # defaults
     assert parse_strategy(confident.ConfidentChain(2)) == parse_strategy("confident:k=2")
     assert plan != parse_strategy("chain:k=3")  # same shape, another arm
-    assert ARMS.names() == ["plain", "chain", "tree", "sibling", "confident"]
+    assert ARMS.names() == ["plain", "chain", "tree", "sibling", "suffix", "confident"]
     with pytest.raises(ValueError, match=r"unknown SD strategy 'confident:k=3,p=2'.*"
                                          r"probability in \(0, 1\], got 2"):
         parse_strategy("confident:k=3,p=2")
@@ -122,7 +122,8 @@ def test_a_plugin_arm_is_named_and_parsed_like_a_built_in(confident):
 
 # ---- refusals -------------------------------------------------------------------------------
 def test_an_unknown_arm_is_refused_listing_the_registered_kinds(confident):
-    listed = r"registered arm kinds: \['plain', 'chain', 'tree', 'sibling', 'confident'\]"
+    listed = (r"registered arm kinds: \['plain', 'chain', 'tree', 'sibling', 'suffix', "
+              r"'confident'\]")
     with pytest.raises(ValueError, match=rf"unknown SD strategy 'confidnt:k=3'.*{listed}"):
         parse_strategy("confidnt:k=3")
     with pytest.raises(ValueError, match=r"plugin arm 'confident:k=K,p=P'"):

@@ -69,8 +69,8 @@ def test_auto_on_the_default_policy_is_the_shipped_drafters(no_fitting):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("eagel", "'eagel' is not one of ['auto', 'ngram', 'sibling', 'none'], and as a path it "
-              "does not exist"),
+    ("eagel", "'eagel' is not one of ['auto', 'ngram', 'sibling', 'suffix', 'none'], and as a "
+              "path it does not exist"),
     (42, "drafter 42 is not a name or a folder"),
     ("", "is not a name or a folder"),
     ("{tmp}/empty", "is a folder without eagle_config.json or config.json"),
@@ -83,14 +83,15 @@ def test_bad_names_are_refused_with_the_accepted_forms(spec, message, tmp_path, 
     with pytest.raises(ValueError) as raised:
         resolve_drafter(spec, None, None)  # refused before the (missing) policy is touched
     assert message in str(raised.value)
-    assert "accepted: 'auto', 'ngram', 'sibling', 'none', a folder saved by EagleHead" \
+    assert "accepted: 'auto', 'ngram', 'sibling', 'suffix', 'none', a folder saved by " \
+        "EagleHead" \
         in str(raised.value)
 
 
 def test_where_a_drafter_is_needed_none_and_other_kinds_are_refused(tokenizer, tmp_path,
                                                                    no_fitting):
     with pytest.raises(ValueError, match="this run needs a drafter; accepted here: 'auto', "
-                                         "'ngram', 'sibling', a folder"):
+                                         "'ngram', 'sibling', 'suffix', a folder"):
         resolve_drafter("none", None, None, allow_none=False)
     with pytest.raises(ValueError, match="need an EAGLE head"):
         resolve_head("ngram", None, None)

@@ -44,7 +44,8 @@ def test_the_plugin_name_is_accepted_wherever_a_drafter_is_named(repeat_ngram, t
     assert isinstance(drafter, repeat_ngram) and drafter.name == "repeat_ngram"
     assert drafter.module is None and drafter.head is None and not drafter.supports_trees
     with pytest.raises(ValueError, match=r"other drafters \['repeat_ngramm'\]: accepted a list "
-                                         r"of \['ngram', 'sibling', 'repeat_ngram', 'small_lm'\]"):
+                                         r"of \['ngram', 'sibling', 'suffix', 'repeat_ngram', "
+                                         r"'small_lm'\]"):
         comparison_names("auto", ["repeat_ngramm"])
 
 
@@ -105,7 +106,7 @@ def test_a_plugin_without_draft_a_reserved_name_or_missing_hooks_is_refused():
     with pytest.raises(PluginError, match=r"has name 'other'; register it as 'other'"):
         DRAFTERS.add("named", type("Named", (_Base,), {"name": "other"}))
     assert not {"lazy", "treeless", "bare", "named"} & set(DRAFTERS.names())
-    assert DRAFTERS.names() == ["ngram", "sibling"]
+    assert DRAFTERS.names() == ["ngram", "sibling", "suffix"]
 
 
 def test_notebook_02_compares_the_plugin_drafter_like_a_built_in(tmp_path):
