@@ -44,9 +44,10 @@ SYSTEMS = ("train(steps=1)", "step()")  # baseline first: the ratio reads old / 
 def harvested_pairs(policy, tok, args) -> list:
     """The pairs of one RL-like rollout of the default policy (what the spot trainer reads)."""
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=RL_SEED)]
-    cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, harvest=True,
+    cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, temperature=1.0,
                         samples_per_prompt=args.samples, seed=args.seed)
-    return harvest_pairs(RolloutEngine(policy, tok).rollout(prompts, cfg, progress=False))
+    return harvest_pairs(RolloutEngine(policy, tok).rollout(prompts, cfg, progress=False,
+                                                            harvest=True))
 
 
 def drafter_trainers(policy, pairs, args) -> dict:

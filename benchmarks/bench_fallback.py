@@ -50,14 +50,13 @@ def main():
                            f"depth, CPU float32, 1 worker x {args.samples} requests, T=1 coupled, "
                            f"max_new_tokens={args.max_new_tokens}"), flush=True)
 
-    def config(i: int, harvest: bool) -> RolloutConfig:
+    def config(i: int) -> RolloutConfig:
         return RolloutConfig(samples_per_prompt=args.samples, max_new_tokens=args.max_new_tokens,
-                             temperature=1.0, spec_mode="coupled", seed=i, rl_step=i,
-                             harvest=harvest)
+                             temperature=1.0, spec_mode="coupled", seed=i)
 
     for i in range(args.learn):  # 1) the engine learns this machine: plain in every bucket
-        engine.rollout([problems[i].prompt], config(i, True), progress=False, drafter=drafter,
-                       schedule=schedule)
+        engine.rollout([problems[i].prompt], config(i), progress=False, drafter=drafter,
+                       schedule=schedule, rl_step=i, harvest=True)
     calls = {"plain": 0, "tlt": 0}
 
     def system(name: str):
@@ -65,8 +64,8 @@ def main():
             i = args.learn + calls[name]
             calls[name] += 1
             kw = dict(drafter=drafter, schedule=schedule) if name == "tlt" else {}
-            return engine.rollout([problems[i].prompt], config(i, name == "tlt"),
-                                  progress=False, **kw)
+            return engine.rollout([problems[i].prompt], config(i), progress=False,
+                                  rl_step=i, harvest=name == "tlt", **kw)
         return run
 
     runs = interleave({"plain": system("plain"), "tlt": system("tlt")}, args.repeats,

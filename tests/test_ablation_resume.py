@@ -269,6 +269,23 @@ def test_a_finished_ablation_returns_its_tables_without_stepping(tokenizer, tmp_
     assert len(stepped) == 2 * 2 and sorted(longer.evals["step"].unique()) == [0, 2, 3]
 
 
+def test_a_folder_saved_when_rollout_configs_held_rl_step_and_harvest_resumes(
+        tokenizer, tmp_path, monkeypatch):
+    """Before issue 37 ``RolloutConfig`` had the per-call fields ``rl_step`` and ``harvest``
+    (now arguments of ``RolloutEngine.rollout``): a folder whose saved GRPO config names
+    them is the same ablation, and resumes."""
+    folder = tmp_path / "ckpt"
+    _ablation(tokenizer, 1, folder, checkpoint_every=None)
+    settings = json.loads((folder / SETTINGS_FILE).read_text())
+    old = (settings["grpo"].replace("workers=", "rl_step=0, workers=", 1)
+           .replace("spec_k=", "harvest=False, spec_k=", 1))
+    assert "rl_step=0" in old and old != settings["grpo"]
+    (folder / SETTINGS_FILE).write_text(json.dumps({**settings, "grpo": old}))
+    stepped = _count_steps(monkeypatch)
+    _ablation(tokenizer, 2, folder, checkpoint_every=None)
+    assert len(stepped) == 2 * 2  # one more step of each run (variant, seed), not refused
+
+
 def test_a_restored_tlt_run_keeps_its_timelines_bandit_and_drafter(tokenizer, tmp_path,
                                                                   monkeypatch, long_tails):
     """What no history row holds comes back too: every step's timeline (the bandit's

@@ -223,11 +223,11 @@ def test_harvest_during_sd_keeps_states_only_for_committed_tokens(tokenizer):
     must hold exactly one state per committed token, the same states plain decoding keeps."""
     model = tiny_model("llama", tokenizer, seed=6)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=23, harvest=True)
-    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    cfg = RolloutConfig(max_new_tokens=23)
+    plain = engine.rollout(PROMPTS, cfg, progress=False, harvest=True)
     drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
                               {r.uid: 99 for r in plain.requests})  # every draft right
-    sd = engine.rollout(PROMPTS, cfg, drafter=drafter, spec_k=4, progress=False)
+    sd = engine.rollout(PROMPTS, cfg, drafter=drafter, spec_k=4, progress=False, harvest=True)
     assert sd.tokens == plain.tokens and {r.finish for r in sd.requests} == {"eos", "length"}
     cut = [r for r in sd.requests if sum(r.emitted_per_step) < 5 * len(r.emitted_per_step)]
     assert cut  # some verify steps were cut short

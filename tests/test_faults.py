@@ -143,7 +143,7 @@ def _spot(model, tokenizer, engine, tmp_path, config):
     drafter = EagleDrafter(EagleHead(model).eval(), model)
     spot = SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, max_steps=2),
                        tmp_path / "head")
-    result = engine.rollout(PROMPTS, replace(config, harvest=True), progress=False)
+    result = engine.rollout(PROMPTS, config, progress=False, harvest=True)
     return spot, _tail_on(result, 0)
 
 
@@ -226,7 +226,7 @@ def test_ray_a_worker_lost_mid_rollout_drops_the_steps_drafter_jobs(backend, mod
     spot = _ray_spot(model, tmp_path)
     before = copy.deepcopy(spot.serving.head.state_dict())
     tail = spot.tail(2)
-    res = engine.rollout(PROMPTS, replace(COUPLED, harvest=True), tail=tail, progress=False,
+    res = engine.rollout(PROMPTS, COUPLED, tail=tail, progress=False, harvest=True,
                          schedule=FailingSchedule(tmp_path, exit=True))
     assert res.tokens == ref
     _rerun_marked(res, {1: 0})
@@ -240,7 +240,6 @@ def test_ray_a_worker_lost_mid_rollout_drops_the_steps_drafter_jobs(backend, mod
 def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_serving(
         backend, model, tokenizer, tmp_path, monkeypatch):
     engine = RolloutEngine(model, tokenizer, backend=backend)
-    config = replace(COUPLED, harvest=True)
     spot = _ray_spot(model, tmp_path)
     before = copy.deepcopy(spot.serving.head.state_dict())
     # worker 1 finishes first and dies in its job: worker 0 is held at its first decode step
@@ -255,8 +254,8 @@ def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_ser
     with monkeypatch.context() as patch:
         patch.setattr(drafter_job, "DrafterJob", lost)
         tail = spot.tail(2)
-        res = engine.rollout(PROMPTS, config, schedule=HeldOn(0, first, "job-1"), tail=tail,
-                             progress=False)
+        res = engine.rollout(PROMPTS, COUPLED, schedule=HeldOn(0, first, "job-1"), tail=tail,
+                             progress=False, harvest=True)
     out = spot.merge(res, tail)
     assert out["drafter_failed_workers"] == 1 and out["drafter_steps"] == 0
     assert spot.version == 0 and not (tmp_path / "head").exists()  # nothing published
@@ -274,8 +273,8 @@ def test_ray_a_worker_killed_in_the_drafter_job_leaves_the_published_drafter_ser
     # gate starts waiting for its drafter steps
     backend.map(lambda worker, item: item, [0, 1])
     tail = spot.tail(2)
-    res = engine.rollout(PROMPTS, config, schedule=HeldOn(0, second, "step-2"), tail=tail,
-                         progress=False)
+    res = engine.rollout(PROMPTS, COUPLED, schedule=HeldOn(0, second, "step-2"), tail=tail,
+                         progress=False, harvest=True)
     out = spot.merge(res, tail)
     (job,) = jobs
     assert out["drafter_steps"] == 2 and out["drafter_failed_workers"] == 0 and spot.version == 1

@@ -6,7 +6,6 @@ import os
 import socket
 import time
 
-from dataclasses import replace
 
 import pytest
 import ray
@@ -157,7 +156,7 @@ def test_the_drafter_trains_on_the_early_actor_while_the_long_shard_decodes(back
         monkeypatch.setattr(drafter_job.DrafterTail, "job", lambda self, window, returned:
                             Signalled.around(real_job(self, window, returned), marks, hold=3))
         tail = spot.tail(2)
-        res = engine.rollout(PROMPTS, replace(config, harvest=True), tail=tail, progress=False,
+        res = engine.rollout(PROMPTS, config, tail=tail, progress=False, harvest=True,
                              schedule=HeldOn(1, marks, "step-2"))
         signal(marks, "release")  # the copy's third step may end now
         assert res.tokens == _tokens(old, tokenizer, config)

@@ -1,7 +1,6 @@
 """The sibling drafter: lossless with siblings in the batch (greedy, coupled, speculative
 sampling), really drafting from siblings and from earlier steps' responses, its incremental
 n-gram index, and the adaptive engine's sibling arm beside EAGLE through a DrafterSet."""
-from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,10 +22,11 @@ from .test_speculative import (_chi2_quantile, _chi_square, _joint_3, _peaky_lla
 RAGGED = [PROMPTS[0], PROMPTS[2], PROMPTS[5]]  # 6, 1 and 9 characters
 
 
-def spec_rollouts(engine, cfg, drafter, **kw):
-    """The plain rollout of ``cfg``, and the same with ``drafter``."""
-    plain = engine.rollout(RAGGED, cfg, progress=False)
-    return plain, engine.rollout(RAGGED, cfg, progress=False, drafter=drafter, **kw)
+def spec_rollouts(engine, cfg, drafter, rl_step=0, **kw):
+    """The plain rollout of ``cfg`` at ``rl_step``, and the same with ``drafter``."""
+    plain = engine.rollout(RAGGED, cfg, progress=False, rl_step=rl_step)
+    return plain, engine.rollout(RAGGED, cfg, progress=False, drafter=drafter,
+                                 rl_step=rl_step, **kw)
 
 
 # ---- lossless --------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def test_sibling_drafts_are_lossless_with_siblings_in_the_batch(tokenizer, arch,
     if temperature == 0:  # identical siblings: drafts are accepted
         assert res.timeline.requests["accepted"].sum() > 0
     drafter.remember_result(res)
-    plain, res = spec_rollouts(engine, replace(cfg, rl_step=1), drafter, spec_k=3)
+    plain, res = spec_rollouts(engine, cfg, drafter, rl_step=1, spec_k=3)
     assert res.tokens == plain.tokens
 
 

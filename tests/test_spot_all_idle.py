@@ -20,9 +20,9 @@ def _spot(tokenizer, tmp_path, workers, **kw):
     torch.manual_seed(1)
     drafter = EagleDrafter(EagleHead(model).eval(), model)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers, harvest=True,
+    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers,
                         samples_per_prompt=2)
-    result = _longer_tail(engine.rollout(PROMPTS, cfg, progress=False))
+    result = _longer_tail(engine.rollout(PROMPTS, cfg, progress=False, harvest=True))
     spot = SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, **kw), tmp_path / "head")
     return engine, result, spot
 

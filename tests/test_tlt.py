@@ -34,9 +34,9 @@ def _problems(n=8):
 
 def _rollout(model, tokenizer, workers=2):
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers, harvest=True,
+    cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers,
                         samples_per_prompt=2)
-    return engine, engine.rollout(PROMPTS, cfg, progress=False)
+    return engine, engine.rollout(PROMPTS, cfg, progress=False, harvest=True)
 
 
 def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokenizer):

@@ -39,6 +39,7 @@ from ..checks import check_int
 from ..clock import sim_seconds_kind
 from ..rollout.timeline import Timeline
 from .ablation_runs import steps_done
+from .checkpoint import saved_config
 from .remedies.compare import accuracy_over_seeds
 
 __all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations",
@@ -96,7 +97,7 @@ class AblationStore:
         self.settings = json.loads(json.dumps(settings))  # tuples as lists, as the saved file
         path = self.folder / SETTINGS_FILE
         if path.is_file():
-            _check_same(json.loads(path.read_text()), self.settings, path)
+            _check_same(_saved_settings(path), self.settings, path)
         progress = self.folder / PROGRESS_FILE
         saved = json.loads(progress.read_text()) if progress.is_file() else {}
         self.steps_done: int = saved.get("steps_done", 0)
@@ -192,8 +193,20 @@ def _read_folder(folder: Path) -> tuple[dict, dict]:
         raise ValueError(f"{str(folder)!r} has no {SETTINGS_FILE}; accepted: the "
                          "checkpoint_dir of a run_ablation call")
     path = folder / PROGRESS_FILE
-    return (json.loads((folder / SETTINGS_FILE).read_text()),
+    return (_saved_settings(folder / SETTINGS_FILE),
             json.loads(path.read_text()) if path.is_file() else {})
+
+
+def _saved_settings(path: Path) -> dict:
+    """The settings in ``path``, their configs' reprs as this version writes them
+    (``rl.checkpoint.saved_config``)."""
+    saved = json.loads(path.read_text())
+    if isinstance(saved.get("grpo"), str):
+        saved["grpo"] = saved_config(saved["grpo"])
+    if isinstance(saved.get("tlt"), dict):
+        saved["tlt"] = {k: saved_config(v) if isinstance(v, str) else v
+                        for k, v in saved["tlt"].items()}
+    return saved
 
 
 def ablation_progress(folders) -> tuple[dict[str, int], pd.DataFrame]:

@@ -91,16 +91,16 @@ def _check_lossless(name: str, outputs, reference, strict: bool) -> int:
     return diverged
 
 
-def measure_tau(engine, drafter, prompts, reference, config: RolloutConfig, k: int,
-                strict: bool, name: str = "", bucket: int = 16) -> TauMeasure:
+def measure_tau(engine, drafter, prompts, reference, config: RolloutConfig, rl_step: int,
+                k: int, strict: bool, name: str = "", bucket: int = 16) -> TauMeasure:
     """Decode ``prompts`` again on ``engine`` with ``drafter`` (a chain of ``k`` drafts at
     every step, coupled verification, one worker) under ``config`` (the trajectory's rollout
-    config of that step), check the tokens against ``reference`` (the trajectory's outputs
+    config) at RL step ``rl_step`` (the trajectory's step: its uids), check the tokens against ``reference`` (the trajectory's outputs
     of the same requests: every row when ``strict``, else counted), and return tau."""
     check_int("k", k, 1)
-    cfg = replace(config, workers=1, harvest=False, spec_k=k, spec_mode="coupled")
+    cfg = replace(config, workers=1, spec_k=k, spec_mode="coupled")
     result = engine.rollout(prompts, cfg, progress=False, drafter=drafter,
-                            schedule=StaticSchedule(k))
+                            schedule=StaticSchedule(k), rl_step=rl_step)
     diverged = _check_lossless(name, result.requests, reference, strict)
     return TauMeasure(acceptance_length(result), len(result.requests), diverged,
                       position_table(result.requests, bucket))
@@ -112,10 +112,10 @@ def _tokens_per_s(result, seconds) -> float:
 
 
 def group_speedups(engine, drafter, prompts, config: RolloutConfig, k: int,
-                   batch_sizes=(1, 32), repeats: int = 3) -> pd.DataFrame:
+                   batch_sizes=(1, 32), repeats: int = 3, rl_step: int = 0) -> pd.DataFrame:
     """SD speedup of ``drafter`` over plain decoding on GRPO-shaped rollouts: ``prompts``
     with ``config.samples_per_prompt`` samples each (siblings, for a drafter that reads
-    them), one worker, at each batch size. Measured as ``speculative.sweep.sd_sweep`` does:
+    them) at RL step ``rl_step`` (its coupled draws), one worker, at each batch size. Measured as ``speculative.sweep.sd_sweep`` does:
     plain and SD alternate inside each of ``repeats`` repeats, and the speedup is the
     median of the per-repeat tokens/s ratios, with its extremes and spread. One row per batch
     size: ``batch_size``, ``speedup``, ``speedup_min``, ``speedup_max``, ``speedup_spread``,
@@ -124,12 +124,11 @@ def group_speedups(engine, drafter, prompts, config: RolloutConfig, k: int,
         check_int("batch size", bs, 1)
     rows = []
     for bs in batch_sizes:
-        cfg = replace(config, workers=1, harvest=False, spec_k=k, spec_mode="coupled",
-                      max_batch_size=bs)
+        cfg = replace(config, workers=1, spec_k=k, spec_mode="coupled", max_batch_size=bs)
         runs = interleave({
-            "plain": lambda c=cfg: engine.rollout(prompts, c, progress=False),
+            "plain": lambda c=cfg: engine.rollout(prompts, c, progress=False, rl_step=rl_step),
             "sd": lambda c=cfg: engine.rollout(prompts, c, progress=False, drafter=drafter,
-                                               schedule=StaticSchedule(k))},
+                                               schedule=StaticSchedule(k), rl_step=rl_step)},
             repeats, measure=_tokens_per_s, higher_is_better=True)
         ratios = per_repeat_ratios(runs, "plain")
         stats = spread_stats(ratios[ratios["system"] == "sd"]["ratio"])

@@ -6,13 +6,17 @@ a folder swapped whole by an older version and interrupted is still put back on 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
 
 from ..atomic import atomic_file, load_torch_file, recover_dir
 
-__all__ = ["save_state", "has_state", "load_state"]
+__all__ = ["save_state", "has_state", "load_state", "saved_config"]
+
+_ROLLOUT_REPR = re.compile(r"RolloutConfig\([^()]*\)")
+_PER_CALL_FIELDS = re.compile(r"\b(?:rl_step=\d+|harvest=(?:True|False)), ")
 
 
 def save_state(path: str | os.PathLike, name: str, state: dict) -> Path:
@@ -36,3 +40,11 @@ def load_state(path: str | os.PathLike, name: str) -> dict:
     return load_torch_file(Path(path) / name, "the RL checkpoint",
                            f"delete the folder {str(path)!r} to start the run over, or restore "
                            "the file from a copy", weights_only=False)
+
+
+def saved_config(text: str) -> str:
+    """A config's ``repr`` saved with a run (to refuse resuming it under another config), as
+    this version writes it: ``RolloutConfig`` no longer has ``rl_step`` and ``harvest``
+    (arguments of ``RolloutEngine.rollout`` now, which GRPO set per step whatever the config
+    held), so a run saved before resumes."""
+    return _ROLLOUT_REPR.sub(lambda m: _PER_CALL_FIELDS.sub("", m.group(0)), text)

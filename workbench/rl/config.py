@@ -42,8 +42,9 @@ class GRPOConfig(NestedConfig):
             ``temperature`` (> 0) also divides the logits of the loss's log-probabilities,
             as the sampler does; ``max_new_tokens``, ``workers`` (the sim clock charges the
             update as its time / N), ``max_batch_size``, ``spec_mode``; ``seed`` sets the
-            sampling draws and the prompt order. Each step's ``rl_step`` and ``harvest``
-            are GRPO's to set.
+            sampling draws and the prompt order. The step's number (in every request's uid)
+            and whether to harvest are arguments of each rollout call, not of the config
+            (``GRPO.rollout(harvest=...)`` passes them).
         train: the policy's optimizer (AdamW, LR schedule, clipping, ``seed`` of its
             generator and of the minibatch order). Its ``checkpoint_dir`` stays None: the RL
             loop checkpoints the whole run (``RLLoop(grpo, checkpoint_dir=...)``).

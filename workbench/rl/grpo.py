@@ -38,7 +38,7 @@ import torch
 
 from ..clock import cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
-from ..rollout import RolloutConfig, RolloutEngine, make_backend
+from ..rollout import RolloutEngine, make_backend
 from ..rollout.timeline import usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
@@ -127,21 +127,15 @@ class GRPO:
             out.append(self.problems[int(torch.randperm(n, generator=g)[i])])
         return out
 
-    def rollout_config(self, step: int, **overrides) -> RolloutConfig:
-        """The rollout of RL step ``step``: the config's, with the step in every request's uid
-        (so no two steps share coupled draws)."""
-        return replace(self.config.rollout, rl_step=step, **overrides)
-
     # ---- one step -----------------------------------------------------------------------
     def rollout(self, schedule=None, drafter=None, harvest: bool = False,
                 tail=None) -> RLStep:
         """Sample this step's groups and score them (the policy is not changed); ``tail``:
         jobs for the idle windows of the rollout (``RolloutEngine.rollout``)."""
         problems = self.problems_for(self.rl_step)
-        result = self.engine.rollout([p.prompt for p in problems],
-                                     self.rollout_config(self.rl_step, harvest=harvest),
+        result = self.engine.rollout([p.prompt for p in problems], self.config.rollout,
                                      progress=False, drafter=drafter, schedule=schedule,
-                                     tail=tail)
+                                     tail=tail, rl_step=self.rl_step, harvest=harvest)
         rewards = score_rollout(result, problems, self.reward)
         return RLStep(self.rl_step, result, problems, rewards, {})
 

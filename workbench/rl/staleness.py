@@ -48,7 +48,7 @@ from ..speculative.eagle import EagleHead
 from ..tasks import Problem, exact_match_reward
 from ..train import isolated_rng
 from .ablation import rl_setup
-from .checkpoint import load_state
+from .checkpoint import load_state, saved_config
 from .config import GRPOConfig
 from .grpo import GRPO
 from .loop import RLLoop, check_checkpoint_dir
@@ -179,7 +179,7 @@ def staleness_setup(config: StalenessConfig, model: str = "default",
 
 def check_same_config(state: dict, config: StalenessConfig, checkpoint_dir) -> None:
     """Refuse a checkpoint ``state`` made with another configuration than ``config``."""
-    if state["config"] != repr(config):
+    if saved_config(state["config"]) != repr(config):
         raise ValueError(f"the checkpoint in {str(checkpoint_dir)!r} was made with another "
                          f"configuration:\n  {state['config']}\nthis run's:\n  {config!r}\n"
                          "run with the same one, or delete the folder to start over")
@@ -271,7 +271,7 @@ class StalenessRun(RLLoop):
         rl = grpo.rollout(harvest=True)
         self.timelines[rl.step] = rl.result.timeline
         # 2) measure each drafter on this step's rollout, 3) the drafters learn from it
-        extra = self.observer.observe(rl, grpo.engine.backend, grpo.rollout_config(rl.step))
+        extra = self.observer.observe(rl, grpo.engine.backend)
         # 4) update the policy; the step's row holds 2) and 3)
         row = grpo.update(rl, extra)
         # 5) record and checkpoint

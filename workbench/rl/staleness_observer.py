@@ -61,16 +61,16 @@ class StalenessObserver:
         self.drafters = {name: build[name]() for name in c.drafters}
         self._positions: list[dict] = []
 
-    def observe(self, rl, backend, rollout_config) -> dict:
+    def observe(self, rl, backend) -> dict:
         """Steps 2) and 3) of RL step ``rl`` (a ``GRPO.rollout(harvest=True)``, sampled by
         the policy as it is now; ``backend``: the one whose workers ran it, for the idle
-        windows; ``rollout_config``: the step's). Returns the step's part of the row:
+        windows). Returns the step's part of the row:
         ``tau_<drafter>``, ``diverged_<drafter>``, what each drafter learned,
         ``measure_s``, ``learn_s`` and the timeline's ``idle_fraction`` and
         ``wasted_fraction`` with the drafters' training in it."""
         with isolated_rng(rng_seed(self.config, rl.step)):  # nothing here touches GRPO's RNG
             t0 = time.perf_counter()
-            out = self._measure(rl, rollout_config)
+            out = self._measure(rl)
             t1 = time.perf_counter()
             for drafter in self.drafters.values():
                 out.update(drafter.learn(rl, backend))
@@ -80,7 +80,7 @@ class StalenessObserver:
                    wasted_fraction=timeline.wasted_fraction())
         return out
 
-    def _measure(self, rl, rollout_config) -> dict:
+    def _measure(self, rl) -> dict:
         """``tau_<drafter>`` and ``diverged_<drafter>`` on the first ``measure_groups``
         groups of ``rl``; tau by position into :attr:`positions`."""
         c = self.config
@@ -90,7 +90,7 @@ class StalenessObserver:
         out = {}
         for name, drafter in self.drafters.items():
             tm = measure_tau(self.measurer, drafter.drafter, prompts, reference,
-                             rollout_config, c.grpo.rollout.spec_k, self.strict, name,
+                             c.grpo.rollout, rl.step, c.grpo.rollout.spec_k, self.strict, name,
                              c.position_bucket)
             out[f"tau_{name}"], out[f"diverged_{name}"] = tm.tau, tm.diverged
             self._positions += [{"step": rl.step, "drafter": name, **r}

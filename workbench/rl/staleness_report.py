@@ -97,9 +97,9 @@ def sibling_speedups(run, final: FinalConfig | None = None) -> pd.DataFrame:
         raise ValueError(f"this run measured {list(run.drafters)}, not the sibling drafter")
     problems = run.grpo.problems_for(run.rl_step)[:final.speedup_groups]
     return group_speedups(run.measurer, run.drafters["sibling"].drafter,
-                          [p.prompt for p in problems], run.grpo.rollout_config(run.rl_step),
+                          [p.prompt for p in problems], run.config.grpo.rollout,
                           run.config.grpo.rollout.spec_k, final.speedup_batch_sizes,
-                          final.speedup_repeats)
+                          final.speedup_repeats, rl_step=run.rl_step)
 
 
 def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]:

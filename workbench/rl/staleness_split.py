@@ -28,7 +28,7 @@ import pandas as pd
 from ..checks import check_choice, check_int
 from ..tasks import Problem, exact_match_reward
 from .ablation import rl_setup
-from .checkpoint import has_state, load_state, save_state
+from .checkpoint import has_state, load_state, save_state, saved_config
 from .grpo import GRPO
 from .loop import RLLoop
 from .staleness import (StalenessConfig, check_run_inputs, check_same_config,
@@ -79,8 +79,7 @@ class StalenessTrajectory(RLLoop):
         weights = _detached(grpo.model)  # as they sample this step
         rl = grpo.rollout(harvest=True)
         self.timelines[rl.step] = rl.result.timeline
-        self.spool.put(Observation(rl.step, weights, rl, grpo.rollout_config(rl.step),
-                                   grpo.engine.backend.recorders))
+        self.spool.put(Observation(rl.step, weights, rl, grpo.engine.backend.recorders))
         row = grpo.update(rl)
         record_step(self)
         return row
@@ -155,7 +154,7 @@ class SplitObserver:
         obs = self.spool.take(self.rl_step)
         self.policy.load_state_dict(obs.policy)  # in place: the drafters stay bound to it
         backend = replay_backend(self.policy, obs.recorders)
-        row = {"step": obs.step, **self.observer.observe(obs.rl, backend, obs.config)}
+        row = {"step": obs.step, **self.observer.observe(obs.rl, backend)}
         self.rows.append(row)
         self.rl_step += 1
         self.spool.mark_consumed(self.rl_step)
@@ -213,12 +212,13 @@ def split_state(trajectory_dir: str | os.PathLike, observer_dir: str | os.PathLi
     observer's drafters and tau by position, the rows joined (:func:`split_history`)."""
     trajectory = load_state(trajectory_dir, TRAJECTORY_FILE)
     observer = load_state(observer_dir, OBSERVER_FILE)
-    if trajectory["config"] != observer["config"]:
+    config = saved_config(trajectory["config"])
+    if config != saved_config(observer["config"]):
         raise ValueError(f"the checkpoints in {str(trajectory_dir)!r} and "
                          f"{str(observer_dir)!r} were made with different configurations")
     grpo = dict(trajectory["grpo"])
     grpo["rows"] = joined_rows(grpo["rows"], observer["rows"])
-    return {"config": trajectory["config"], "grpo": grpo, "drafters": observer["drafters"],
+    return {"config": config, "grpo": grpo, "drafters": observer["drafters"],
             "positions": observer["positions"], "evals": trajectory["evals"]}
 
 

@@ -8,7 +8,7 @@ Glossary:
 
 observation   what steps 2) and 3) of a staleness step read: the policy's weights as they
               sampled the step, the step's ``RLStep`` (problems, the harvested
-              ``RolloutResult``, rewards), its rollout config, and the rollout workers' step
+              ``RolloutResult``, rewards), and the rollout workers' step
               recorders (the clocks of the idle windows the adaptive drafter trains in).
 consumed      the observer's progress: the first step it has not yet observed
               (``consumed.json``). Observations below it are done with; it deletes those its
@@ -32,7 +32,6 @@ import torch
 from ..atomic import atomic_file, load_torch_file
 from ..checks import check_int
 from ..rollout.backend import LocalBackend
-from ..rollout.config import RolloutConfig
 from .grpo import RLStep
 
 __all__ = ["Observation", "Spool", "replay_backend"]
@@ -47,7 +46,6 @@ class Observation:
     step: int
     policy: dict              # the policy's state dict before the step's update
     rl: RLStep                # the step's rollout, harvested
-    config: RolloutConfig     # the step's rollout config
     recorders: list           # the rollout workers' StepRecorders, one per worker
 
 

@@ -1,4 +1,8 @@
-"""The arguments of one rollout step, validated before anything runs."""
+"""How a rollout samples, validated before anything runs.
+
+The per-call values (the RL step whose number enters every request's uid, and whether to keep
+the policy's states for drafter training) are not configuration: they are arguments of the
+call (``RolloutEngine.rollout(..., rl_step=..., harvest=...)``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,14 +18,13 @@ BATCHING = ("continuous", "waves")
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """Arguments of one rollout step.
+    """How a rollout samples (the per-call values are the call's arguments: module docstring).
 
     Args:
         max_new_tokens: response length cap per request (finish = "length" when reached).
         temperature, top_p, seed: sampling (temperature 0 = greedy); see SamplingParams.
             ``seed`` is an integer in [0, 2**64).
         samples_per_prompt: responses per prompt (a GRPO group).
-        rl_step: RL step number; part of every request's uid, hence of its coupled draws.
         workers: N workers the requests are sharded over (the GPUs of a synchronous step).
         max_batch_size: rows decoded together on a worker; None = the whole shard at once.
         batching: when a worker's shard is larger than ``max_batch_size``: ``"continuous"``
@@ -34,8 +37,6 @@ class RolloutConfig:
             one prefill forward, which costs about half a decode step of a full batch on a
             CPU, so refilling slots one by one costs more than the few steps a slot waits.
             ``None``: an eighth of ``max_batch_size`` (1 below a batch of 16).
-        harvest: keep the policy's pre-norm last hidden state at every fed position (drafter
-            training data) in ``RequestOutput.hidden``.
         spec_k: draft tokens per speculative step when a drafter is given without a schedule.
         spec_mode: verification when sampling (temperature > 0): "coupled" (output token-
             identical to the plain coupled rollout) or "speculative" (the rejection-sampling
@@ -51,12 +52,10 @@ class RolloutConfig:
     top_p: float = 1.0
     seed: int = 0
     samples_per_prompt: int = 1
-    rl_step: int = 0
     workers: int = 1
     max_batch_size: int | None = None
     batching: str = "continuous"
     refill_slots: int | None = None
-    harvest: bool = False
     spec_k: int = 4
     spec_mode: str = "coupled"
     ignore_eos: bool = False
@@ -66,15 +65,13 @@ class RolloutConfig:
         "Bad input gets a clear error"), and store counts as plain ints."""
         check_choice("spec_mode", self.spec_mode, SPEC_MODES)
         check_choice("batching", self.batching, BATCHING)
-        counts = {"workers": 1, "max_new_tokens": 1, "spec_k": 1, "samples_per_prompt": 1,
-                  "rl_step": 0}
+        counts = {"workers": 1, "max_new_tokens": 1, "spec_k": 1, "samples_per_prompt": 1}
         for name, low in counts.items():
             object.__setattr__(self, name, check_int(name, getattr(self, name), low))
         for name in ("max_batch_size", "refill_slots"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), 1,
                                                      optional=True))
-        for name in ("harvest", "ignore_eos"):
-            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
+        object.__setattr__(self, "ignore_eos", check_bool("ignore_eos", self.ignore_eos))
         self.sampling  # validates temperature, top_p and seed
 
     def refill_for(self, batch_size: int) -> int:

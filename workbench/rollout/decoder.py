@@ -65,18 +65,20 @@ def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[i
 
 
 class BatchDecoder:
-    """One worker's live batch: ``admit`` requests, then ``step`` until ``size == 0``."""
+    """One worker's live batch: ``admit`` requests, then ``step`` until ``size == 0``;
+    ``harvest``: keep every request's policy states (``RequestOutput.hidden`` at ``finish``)."""
 
     def __init__(self, forward: Forward, config, rec, eos_id, pad_id, drafter=None,
-                 on_finish=lambda n: None):
+                 on_finish=lambda n: None, harvest: bool = False):
         self.forward, self.config, self.rec = forward, config, rec
+        self.harvest = harvest
         self.drafter = drafter
         self.params: SamplingParams = config.sampling
         self.eos_id, self.pad_id, self.on_finish = eos_id, pad_id, on_finish
         self.draft_hidden = drafter is not None and bool(drafter.needs_hidden)
         self.reqs = []                                   # every request admitted, in order
         self.pending_hidden: list[list[torch.Tensor]] = []  # per request, for the drafter
-        self.harvest: list[list[torch.Tensor]] = []         # per request, for the caller
+        self.harvested: list[list[torch.Tensor]] = []       # per request, for the caller
         self.batch = DecodeBatch.empty(0, forward.device)
         self.mode = SamplingMode.of(self.params, config.spec_mode)  # keyed to rows per step
         if drafter is not None:
@@ -99,7 +101,7 @@ class BatchDecoder:
         first = len(self.reqs)
         self.reqs.extend(reqs)
         self.pending_hidden.extend([] for _ in reqs)
-        self.harvest.extend([] for _ in reqs)
+        self.harvested.extend([] for _ in reqs)
         new, ids, pos = DecodeBatch.from_prompts([r.prompt_ids for r in reqs],
                                                  range(first, first + len(reqs)), self.pad_id,
                                                  self.forward.device)
@@ -212,8 +214,8 @@ class BatchDecoder:
         """Policy states of request ``i``'s newly fed positions, for the drafter and harvest."""
         if self.draft_hidden:
             self.pending_hidden[i].append(h)
-        if self.config.harvest:
-            self.harvest[i].append(h.cpu())
+        if self.harvest:
+            self.harvested[i].append(h.cpu())
 
     def _emit(self, r, toks, lps) -> int:
         """Append ``toks`` to request ``r`` up to EOS or the length cap; how many it took."""
@@ -266,7 +268,7 @@ class BatchDecoder:
 
     def finish(self) -> None:
         """After the last step: assemble harvested hidden states per request."""
-        if self.config.harvest:
+        if self.harvest:
             for i, r in enumerate(self.reqs):
-                r.hidden = torch.cat(self.harvest[i])
-                self.harvest[i] = []
+                r.hidden = torch.cat(self.harvested[i])
+                self.harvested[i] = []

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 import torch
-from ..checks import check_int
+from ..checks import check_bool, check_int
 from ..progress import tqdm
 
 from .backend import Backend, LocalBackend
@@ -168,25 +168,29 @@ class RolloutEngine:
                     "than the context to leave room for a response")
         return ids
 
-    def make_requests(self, prompt_ids, config: RolloutConfig,
-                      caps: list[int] | None = None) -> list[Request]:
-        """Every prompt x ``samples_per_prompt`` requests; ``caps[p]``: prompt ``p``'s own
-        length cap (checked: an integer in [1, ``config.max_new_tokens``])."""
+    def make_requests(self, prompt_ids, config: RolloutConfig, caps: list[int] | None = None,
+                      rl_step: int = 0) -> list[Request]:
+        """Every prompt x ``samples_per_prompt`` requests of RL step ``rl_step`` (in every
+        uid, hence in the coupled draws); ``caps[p]``: prompt ``p``'s own length cap
+        (checked: an integer in [1, ``config.max_new_tokens``])."""
         if caps is not None:
             if len(caps) != len(prompt_ids):
                 raise ValueError(f"caps has {len(caps)} entries for {len(prompt_ids)} prompts; "
                                  "accepted: one length cap per prompt, or None")
             caps = [check_int(f"caps[{p}]", c, 1, config.max_new_tokens)
                     for p, c in enumerate(caps)]
-        return [Request(make_uid(p, s, config.rl_step), p, s, tuple(ids),
+        return [Request(make_uid(p, s, rl_step), p, s, tuple(ids),
                         None if caps is None else caps[p])
                 for p, ids in enumerate(prompt_ids) for s in range(config.samples_per_prompt)]
 
     # ---- the rollout step ---------------------------------------------------------------
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
                 drafter=None, schedule: Schedule | None = None, tail: TailJobs | None = None,
-                caps: list[int] | None = None, **overrides) -> RolloutResult:
-        """Generate responses for ``prompts`` (strings or token-id lists).
+                caps: list[int] | None = None, rl_step: int = 0, harvest: bool = False,
+                **overrides) -> RolloutResult:
+        """Generate responses for ``prompts`` (strings or token-id lists) at RL step
+        ``rl_step`` (part of every request's uid, hence of its coupled draws: the same
+        prompts at the same step make the same requests).
 
         Keyword overrides replace fields of ``config``, e.g. ``rollout(p, temperature=1.0)``.
         ``caps``: each prompt's own response length cap, at most ``config.max_new_tokens``
@@ -199,7 +203,9 @@ class RolloutEngine:
         coupled sampling the plain coupled rollout's, speculative sampling the policy's
         distribution. ``tail``: jobs that each worker runs in its idle window once its shard
         is done, until the last shard is (``Backend.map_tail``); their rows join the
-        timeline and their outcomes come back in ``RolloutResult.idle``.
+        timeline and their outcomes come back in ``RolloutResult.idle``. ``harvest``: keep
+        the policy's pre-norm last hidden state at every fed position (drafter training
+        data) in each ``RequestOutput.hidden``.
         """
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
@@ -207,11 +213,12 @@ class RolloutEngine:
         check_schedule(schedule)
         if drafter is not None:
             drafter.check_compatible(self.model, self.tokenizer)
-        requests = self.make_requests(self.encode(prompts), config, caps)
+        harvest = check_bool("harvest", harvest)
+        requests = self.make_requests(self.encode(prompts), config, caps, rl_step)
         self._ensure_workers(config.workers)
         n = config.workers
         eos = None if config.ignore_eos else self.eos_id
-        tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id)
+        tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id, harvest=harvest)
                  for w in range(n)]
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)

@@ -128,7 +128,8 @@ class StepRecorder:
 
 @dataclass
 class WorkerTask:
-    """Everything a worker needs for its shard of one rollout step. ``after_s`` set: a re-run
+    """Everything a worker needs for its shard of one rollout step. ``harvest``: keep the
+    policy's states of every request (``RolloutEngine.rollout``). ``after_s`` set: a re-run
     of a lost worker's requests (``rollout.recovery``), recorded on the clock of the worker's
     latest rollout from ``after_s`` at the earliest, its steps flagged ``rerun``."""
 
@@ -138,6 +139,7 @@ class WorkerTask:
     eos_id: int | None
     pad_id: int
     after_s: float | None = None
+    harvest: bool = False
 
 
 @dataclass
@@ -182,7 +184,8 @@ class Worker:
         first = len(rec.rows)
         outputs = [RequestOutput.of(q, self.index) for q in task.requests]
         dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,
-                           drafter if schedule.needs_drafter else None, self.on_finish)
+                           drafter if schedule.needs_drafter else None, self.on_finish,
+                           harvest=task.harvest)
         cap = cfg.max_batch_size or max(1, len(outputs))
         queue = deque(outputs)
         with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step

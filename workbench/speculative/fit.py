@@ -157,8 +157,9 @@ def policy_outputs(policy, tokenizer, prompts, config: FitConfig, harvest: bool 
             break
         started = time.perf_counter()
         cfg = RolloutConfig(max_new_tokens=config.max_new_tokens, temperature=temperature,
-                            max_batch_size=size, harvest=harvest, seed=config.seed, rl_step=step)
-        results.append(engine.rollout(chunk, cfg, progress=False))
+                            max_batch_size=size, seed=config.seed)
+        results.append(engine.rollout(chunk, cfg, progress=False, rl_step=step,
+                                      harvest=harvest))
         last_s = time.perf_counter() - started
         bar.update(len(chunk))
     bar.close()

@@ -80,8 +80,8 @@ class Sampler:
 
     Args:
         engine: the rollout engine.
-        rollout: how to sample (``samples_per_prompt`` is ``G``; its ``rl_step`` is replaced
-            by the number of rollouts sampled so far, so no two share coupled draws).
+        rollout: how to sample (``samples_per_prompt`` is ``G``); each rollout's ``rl_step``
+            is the number of rollouts sampled so far, so no two share coupled draws.
         target: groups a step trains on (``P``).
         problems_for: ``problems_for(s)``, the ``P`` fresh problems of stream step ``s``.
         extra_groups, leftover, segment_tokens: the remedies (``RemedyConfig``).
@@ -155,12 +155,12 @@ class Sampler:
         groups, long_round = self.groups()                                  # 1) groups
         live = self.ordered([(g, r) for g in groups for r in g.live])
         caps = [self.cap(r) for _, r in live]
-        config = replace(self.rollout, rl_step=self.rollouts, samples_per_prompt=1,
-                         harvest=harvest)
+        config = replace(self.rollout, samples_per_prompt=1)
         later = self.may_cut(long_round)  # the jobs wait for the rollout's end
         result = self.engine.rollout([g.prompt_ids + r.tokens for g, r in live], config,
                                      progress=False, drafter=drafter, schedule=schedule,
-                                     caps=caps, tail=None if later else tail)  # 2) requests
+                                     caps=caps, tail=None if later else tail,
+                                     rl_step=self.rollouts, harvest=harvest)  # 2) requests
         self.rollouts += 1
         outs = result.requests
         ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]
