@@ -3,10 +3,14 @@ tree it drafts (most frequent continuation, trees scored by log normalised count
 length-aware budget and the ``suffix:k_max=K`` arm; lossless in float64 against plain
 decoding on every architecture (ragged continuous batches, greedy and coupled, chains, trees
 and budgeted steps), and in distribution under speculative sampling."""
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
+import papermill
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -354,3 +358,25 @@ def test_speculative_sampling_with_suffix_drafts_keeps_the_policy_joint_distribu
     stat, df = chi_square(counts, joint_3(policy, prompt))
     quantile = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
     assert df >= 8 and stat < quantile, (stat, df)
+
+
+# ---- where drafters are named -------------------------------------------------------------
+def test_notebook_02_compares_the_suffix_drafter(tmp_path):
+    """Notebook 02, tiny, with ``other_drafters=["suffix"]``: its rows are in every table it
+    writes, and SD with it reproduced plain decoding in the float64 check."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "02"
+    papermill.execute_notebook(
+        root / "notebooks" / "02_speculative_decoding.ipynb", tmp_path / "executed.ipynb",
+        parameters={"drafter": "ngram", "other_drafters": ["suffix"], "num_prompts": 2,
+                    "batch_sizes": [1], "ks": [2], "curve_k": 2, "temperatures": [0.0, 1.0],
+                    "repeats": 3, "max_new_tokens": 12, "lossless_prompts": 2,
+                    "whatif_workers": 2, "whatif_samples": 2, "out_dir": str(out)},
+        kernel_name="python3", language="python", progress_bar=False, cwd=str(root))
+    for table in ("drafters", "curve", "lossless"):
+        assert set(pd.read_csv(out / f"{table}.csv")["drafter"]) == {"ngram", "suffix"}, table
+    exact = pd.read_csv(out / "lossless.csv")
+    mine = exact[exact["drafter"] == "suffix"]
+    assert sorted(mine["temperature"]) == [0.0, 1.0] and mine["identical"].all()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["lossless"] is True and metrics["accept_len_suffix"] >= 1.0
