@@ -1,6 +1,6 @@
 """How much memory do runs stepped in turn in one process hold, with and without handing freed
 pages back after each step (``workbench.memory.release_memory``)? An ablation steps its runs so
-(``rl.ablation_runs.lockstep``); run the script once each way (the allocator's state is the
+(``rl.ablation.runs.lockstep``); run the script once each way (the allocator's state is the
 process's, so the two cannot share one):
 
     OMP_NUM_THREADS=1 python benchmarks/bench_ablation_memory.py --release
@@ -15,8 +15,8 @@ import argparse
 from common import add_result, command_line, record
 from workbench.memory import release_memory, resident_bytes
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import rl_setup
-from workbench.rl.ablation_runs import build_run
+from workbench.rl.setup import rl_setup
+from workbench.rl.ablation.runs import build_run
 
 
 def resident_gb() -> float:

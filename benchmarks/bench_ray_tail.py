@@ -25,7 +25,7 @@ import pandas as pd
 from common import add_result, command_line, record
 from workbench.provenance import figure_from_stats
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import rl_setup
+from workbench.rl.setup import rl_setup
 from workbench.rl.tlt import TLTConfig, TLTTrainer
 from workbench.rollout import RayBackend
 from workbench.speedup import markdown, spread_stats

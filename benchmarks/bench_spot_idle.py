@@ -18,7 +18,7 @@ import pandas as pd
 
 from common import add_result, command_line, record
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import rl_setup
+from workbench.rl.setup import rl_setup
 from workbench.rl.scaling import compare_idle_rules
 from workbench.speedup import markdown
 

@@ -108,7 +108,8 @@ def tlt_grpo(prompts_per_step, samples, max_new_tokens):
 
 def tlt_table(device, steps, prompts_per_step, samples, max_new_tokens) -> tuple:
     """Baseline against TLT for ``steps`` RL steps on ``device``: docs/design.md's measures."""
-    from workbench.rl.ablation import rl_setup, run_ablation
+    from workbench.rl.ablation.runner import run_ablation
+    from workbench.rl.setup import rl_setup
     setup = rl_setup()
     assert setup.policy.device.type == device.type, setup.policy.device
     grpo = tlt_grpo(prompts_per_step, samples, max_new_tokens)
@@ -133,7 +134,7 @@ def check_args(args) -> None:
     check_list("--parts", args.parts, lambda n, p: check_choice(n, p, PARTS), f"of {PARTS}")
     check_positive("--budget", args.budget)
     if 3 in args.parts:
-        from workbench.rl.ablation import check_ablation
+        from workbench.rl.ablation.runner import check_ablation
         check_ablation(args.rl_steps, TLT_VARIANTS, (0,),
                        tlt_grpo(args.rl_prompts, args.rl_samples, args.max_new_tokens))
 

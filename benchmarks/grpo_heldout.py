@@ -16,7 +16,7 @@ import time
 from common import add_result, record
 from workbench.evaluate import evaluate_policy
 from workbench.rl import GRPO, GRPOConfig
-from workbench.rl.ablation import rl_setup
+from workbench.rl.setup import rl_setup
 from workbench.rl.loop import RLLoop
 
 

@@ -18,7 +18,7 @@ import time
 from common import add_result, record
 from workbench.evaluate import evaluate_policy
 from workbench.lm_train import final_loss, length_batches, lm_train_config, train_lm
-from workbench.rl.ablation import rl_setup
+from workbench.rl.setup import rl_setup
 from workbench.zoo.policy import PolicyRecipe, encode_examples
 
 

@@ -10,7 +10,7 @@ options. At the end ``--out`` holds history.csv, positions.csv, evals.csv, bypro
 (adaptive against frozen, final policy, ``--probe`` held-out prompts), sibling_speedups.csv
 (batch 1 and 32, interleaved with plain decoding) and metrics.json.
 
-``--split`` runs it on two cores (``workbench.rl.staleness_split``): the trajectory (GRPO) in
+``--split`` runs it on two cores (``workbench.rl.staleness.split``): the trajectory (GRPO) in
 one process and the drafters' measuring and training in another, each on one thread, side by
 side, the trajectory at most ``--max-ahead`` steps ahead (its observations spooled in
 ``--out``/spool); each checkpoints into ``--out``/trajectory and ``--out``/observer and
@@ -37,12 +37,12 @@ from workbench.adapt import SpotConfig
 from workbench.provenance import figures_from_metrics
 from workbench.results import prepare_out_dir, write_metrics, write_table
 from workbench.rl import GRPOConfig
-from workbench.rl.staleness import DRAFTERS, StalenessConfig, staleness_setup
-from workbench.rl.staleness_drafters import CeilingConfig
-from workbench.rl.staleness_split import (clear_for_resume, run_side_by_side, split_setup,
+from workbench.rl.staleness.run import DRAFTERS, StalenessConfig, staleness_setup
+from workbench.rl.staleness.drafters import CeilingConfig
+from workbench.rl.staleness.split import (clear_for_resume, run_side_by_side, split_setup,
                                           split_state)
-from workbench.rl.staleness_spool import Spool
-from workbench.rl.staleness_report import (FinalConfig, byproduct, sibling_speedups,
+from workbench.rl.staleness.spool import Spool
+from workbench.rl.staleness.report import (FinalConfig, byproduct, sibling_speedups,
                                            staleness_metrics)
 
 from common import add_result, command_line, record, sim_clock

@@ -10,9 +10,9 @@ import torch
 
 from workbench.adapt import SpotConfig
 from workbench.cli import main
-from workbench.rl.ablation import run_ablation
-from workbench.rl.ablation_runs import Turns
-from workbench.rl.ablation_store import (PROGRESS_FILE, SETTINGS_FILE, ablation_progress,
+from workbench.rl.ablation.runner import run_ablation
+from workbench.rl.ablation.runs import Turns
+from workbench.rl.ablation.store import (PROGRESS_FILE, SETTINGS_FILE, ablation_progress,
                                          merge_ablations)
 from workbench.rollout.timeline import Timeline
 from workbench.speculative.eagle import EagleHead
@@ -70,7 +70,7 @@ def _count_steps(monkeypatch) -> list:
 
 def _evaluated(monkeypatch) -> list:
     """Every held-out evaluation from here on."""
-    import workbench.rl.ablation_runs as runs
+    import workbench.rl.ablation.runs as runs
     calls, real = [], runs.evaluate_policy
 
     def counted(*args, **kw):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from workbench.models import DEFAULT_EAGLE, load_model, save_model
-from workbench.rl.ablation import rl_setup
+from workbench.rl.setup import rl_setup
 from workbench.speculative import (EagleDrafter, EagleHead, LMDrafter, NGramDrafter,
                                    SiblingDrafter)
 from workbench.speculative import resolve as resolve_mod

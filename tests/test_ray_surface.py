@@ -17,7 +17,7 @@ from workbench.cli import main
 from workbench.pipeline import load_results, run_pipeline
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl import variants as rl_variants
-from workbench.rl.ablation import close_backend, notebook_backend, run_ablation
+from workbench.rl.ablation.runner import close_backend, notebook_backend, run_ablation
 from workbench.rollout import LocalBackend, RayBackend, RolloutEngine, make_backend
 
 from .conftest import tiny_model

@@ -18,8 +18,8 @@ from workbench.checks import check_int, check_list
 from workbench.models import save_model
 from workbench.pipeline import run_pipeline
 from workbench.ray_cluster import known_cpus
-from workbench.rl.ablation import check_ablation, run_ablation
-from workbench.rl.ablation_store import SETTINGS_FILE
+from workbench.rl.ablation.runner import check_ablation, run_ablation
+from workbench.rl.ablation.store import SETTINGS_FILE
 from workbench.rl.checkpoint import save_state
 from workbench.rl.export import export_policy
 from workbench.rollout.ray_backend import RayBackend

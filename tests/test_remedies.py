@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workbench.rl import GRPOConfig, token_terms
-from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.loss import UpdateData
 from workbench.rl.remedies import Behaviour, RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.remedies.cut import tokens_at

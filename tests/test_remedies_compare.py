@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench.rl.ablation import Ablation  # noqa: E402
+from workbench.rl.ablation.runner import Ablation  # noqa: E402
 from workbench.rl.remedies.compare import (accuracy_vs_time, reading,  # noqa: E402
                                            remedy_metrics, remedy_table, time_to_accuracy)
 from workbench.viz import remedies as remviz  # noqa: E402

@@ -8,7 +8,7 @@ import torch
 
 from workbench.adapt import SpotConfig
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer
 from workbench.rl.remedies.cut import tokens_at
 from workbench.rl.tlt import TLTConfig

@@ -12,7 +12,7 @@ from tests.conftest import tiny_model
 from workbench.compress.data import distill_data
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.rl import GRPO, GRPOConfig
-from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.loop import RLLoop
 from workbench.scalar_log import LOG_DIR, scalars_of
 from workbench.tasks import Problem

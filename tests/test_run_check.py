@@ -12,7 +12,7 @@ import pytest
 from workbench.cluster import StepCost, layout, simulate_rollout, trace_from_timeline
 from workbench.cluster.run_check import check_run
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import run_ablation
+from workbench.rl.ablation.runner import run_ablation
 from workbench.rollout.timeline import Timeline
 from workbench.results import write_table
 from workbench.speculative import EagleHead

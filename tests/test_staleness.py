@@ -13,9 +13,9 @@ from workbench.atomic import DamagedFileError
 from workbench.rl import GRPO, GRPOConfig
 from workbench.rl.acceptance import NotLosslessError, position_table
 from workbench.rl.loop import RLLoop
-from workbench.rl.staleness import StalenessConfig, StalenessRun, staleness_setup
-from workbench.rl.staleness_drafters import CeilingConfig, CeilingDrafter
-from workbench.rl.staleness_report import staleness_metrics, tau_change
+from workbench.rl.staleness.run import StalenessConfig, StalenessRun, staleness_setup
+from workbench.rl.staleness.drafters import CeilingConfig, CeilingDrafter
+from workbench.rl.staleness.report import staleness_metrics, tau_change
 from workbench.rollout import verify
 from workbench.rollout.request import RequestOutput
 from workbench.speculative import EagleHead
@@ -281,7 +281,7 @@ def test_figures_draw_the_tables():
 
 
 def test_held_out_accuracy_and_the_byproduct_end_in_the_metrics(tokenizer):
-    from workbench.rl.staleness_report import FinalConfig, byproduct
+    from workbench.rl.staleness.report import FinalConfig, byproduct
     run = _run(tokenizer, _config(drafters=["frozen", "adaptive"], eval_every=1),
                held_out=_problems(3))
     history = run.run_to(2, progress=False)
@@ -297,7 +297,7 @@ def test_held_out_accuracy_and_the_byproduct_end_in_the_metrics(tokenizer):
 
 
 def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
-    from workbench.rl.staleness_report import FinalConfig, sibling_speedups
+    from workbench.rl.staleness.report import FinalConfig, sibling_speedups
     table = sibling_speedups(straight, FinalConfig(speedup_groups=1,
                                                    speedup_batch_sizes=[1, 2]))
     assert table["batch_size"].tolist() == [1, 2] and table["identical"].all()

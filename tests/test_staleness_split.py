@@ -15,8 +15,8 @@ from .test_staleness import (SAME, _config, _problems, _reward, _run,  # noqa: F
 
 def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
     """The trajectory process of a two-core run (here: in this process)."""
-    from workbench.rl.staleness_split import StalenessTrajectory
-    from workbench.rl.staleness_spool import Spool
+    from workbench.rl.staleness.split import StalenessTrajectory
+    from workbench.rl.staleness.spool import Spool
     spool = Spool(tmp_path / "spool", max_ahead, wait_s=wait_s, poll_s=0.01)
     return StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(), spool,
                                _reward, config,
@@ -25,8 +25,8 @@ def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoin
 
 def _observer(tokenizer, tmp_path, config, checkpoints=False):
     """The observer process of a two-core run, with a model of its own."""
-    from workbench.rl.staleness_split import SplitObserver
-    from workbench.rl.staleness_spool import Spool
+    from workbench.rl.staleness.split import SplitObserver
+    from workbench.rl.staleness.spool import Spool
     model = tiny_model("llama", tokenizer)
     torch.manual_seed(1)
     return SplitObserver(model, tokenizer, EagleHead(model), config,
@@ -49,7 +49,7 @@ def _pair_process(role, tmp_path, steps):
 
 
 def _assert_same_as_straight(straight, trajectory, observer):
-    from workbench.rl.staleness_split import split_history
+    from workbench.rl.staleness.split import split_history
     history = split_history(trajectory.rows, observer.rows)
     assert list(history.columns) == list(straight.history.columns)
     same = SAME + ["idle_fraction", "wasted_fraction", "accuracy", "loss", "grad_norm",
@@ -98,7 +98,7 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     stale = trajectory.spool.take(2)
     stale.rl.result.timeline.steps[["start_s", "end_s"]] *= 1000
     trajectory.spool.put(stale)
-    from workbench.rl.staleness_split import clear_for_resume, trajectory_step
+    from workbench.rl.staleness.split import clear_for_resume, trajectory_step
     assert trajectory_step(tmp_path / "trajectory") == 2
     assert trajectory_step(tmp_path / "nowhere") == 0
     assert clear_for_resume(trajectory.spool, tmp_path / "trajectory") == 2
@@ -114,7 +114,7 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     observer.run_to(3)
     _assert_same_as_straight(straight, trajectory, observer)
     # the pair's checkpoints make one one-process run's state: its history, its drafters
-    from workbench.rl.staleness_split import split_state
+    from workbench.rl.staleness.split import split_state
     joined = _run(tokenizer, config)
     joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
     pd.testing.assert_frame_equal(joined.history[SAME], straight.history[SAME])
@@ -126,7 +126,7 @@ def test_side_by_side_processes_stop_together_when_one_fails():
     import sys
     import time
 
-    from workbench.rl.staleness_split import run_side_by_side
+    from workbench.rl.staleness.split import run_side_by_side
     run_side_by_side({"a": (time.sleep, (0,)), "b": (time.sleep, (0,))}, poll_s=0.05)
     sleep_s = 600  # the trajectory's: a run that waited for it would take that long
     t0 = time.monotonic()
@@ -139,7 +139,7 @@ def test_side_by_side_processes_stop_together_when_one_fails():
 
 def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tmp_path,
                                                                    straight):
-    from workbench.rl.staleness_split import run_side_by_side, split_state
+    from workbench.rl.staleness.split import run_side_by_side, split_state
     run_side_by_side({role: (_pair_process, (role, tmp_path, 3))
                       for role in ("trajectory", "observer")}, poll_s=0.05)
     joined = _run(tokenizer)
@@ -151,8 +151,8 @@ def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tm
 
 def test_bad_arguments_of_a_split_run_are_refused_before_anything_runs(tmp_path, monkeypatch):
     import workbench.models as models
-    from workbench.rl.staleness_split import split_setup
-    from workbench.rl.staleness_spool import Spool
+    from workbench.rl.staleness.split import split_setup
+    from workbench.rl.staleness.spool import Spool
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     spool = Spool(tmp_path / "spool")
     with pytest.raises(ValueError, match="role.*'both'"):
@@ -166,3 +166,25 @@ def test_bad_arguments_of_a_split_run_are_refused_before_anything_runs(tmp_path,
         Spool(tmp_path / "file")
     with pytest.raises(ValueError, match="existing file"):
         split_setup("trajectory", _config(), spool, checkpoint_dir=tmp_path / "file")
+
+
+def test_an_observation_pickled_before_the_staleness_modules_moved_is_read(tmp_path,
+                                                                           monkeypatch):
+    """A spool written by a version whose ``Observation`` lived in
+    ``workbench.rl.staleness_spool`` (before issue 37's ``rl/staleness/``) is still taken."""
+    import sys
+
+    from workbench.rl.checkpoint import MOVED_MODULES
+    from workbench.rl.staleness import spool as spool_module
+    from workbench.rl.staleness.spool import Observation, Spool
+    old = "workbench.rl.staleness_spool"
+    assert MOVED_MODULES[old] == spool_module.__name__
+    spool = Spool(tmp_path / "spool")
+    with monkeypatch.context() as patch:  # pickled by reference under the old module path
+        patch.setitem(sys.modules, old, spool_module)
+        patch.setattr(Observation, "__module__", old)
+        spool.put(Observation(0, {"w": torch.ones(2)}, None, []))
+    assert old.encode() in spool.path(0).read_bytes()
+    assert old not in sys.modules
+    taken = spool.take(0)
+    assert type(taken) is Observation and torch.equal(taken.policy["w"], torch.ones(2))

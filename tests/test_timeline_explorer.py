@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench.rl.ablation import Ablation  # noqa: E402
+from workbench.rl.ablation.runner import Ablation  # noqa: E402
 from workbench.rollout import RolloutEngine, Timeline  # noqa: E402
 from workbench.viz.timeline import gantt  # noqa: E402
 from workbench.viz.timeline_explorer import (  # noqa: E402
@@ -148,7 +148,7 @@ def test_errors_name_the_folder_and_the_accepted_names(runs, tmp_path):
 
 def test_ablation_saves_each_step_timeline_by_variant_and_seed(runs, tmp_path):
     tl = runs.a.timeline
-    trainers = {(v, s): SimpleNamespace(timelines={0: tl, 1: tl})
+    trainers = {(v, s): SimpleNamespace(record=SimpleNamespace(timelines={0: tl, 1: tl}))
                 for v in ("baseline", "tlt") for s in (0, 1)}
     ablation = Ablation(pd.DataFrame(), pd.DataFrame(), trainers)
     saved = ablation.save_timelines(tmp_path / "timelines", seeds=[0])

@@ -8,7 +8,8 @@ import torch
 
 from workbench.adapt import DrafterBuffer, SpotConfig, SpotTrainer
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import RLSetup, coupled_first_divergence, run_ablation
+from workbench.rl.ablation.runner import coupled_first_divergence, run_ablation
+from workbench.rl.setup import RLSetup
 from workbench.rl.grpo import GRPO
 from workbench.rl.loop import RLLoop
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence

@@ -15,9 +15,10 @@ import pytest
 from workbench.plugins import load_plugins
 from workbench.registry import PluginError
 from workbench.rl import GRPOConfig
-from workbench.rl.ablation import check_ablation, rl_setup, run_ablation
-from workbench.rl.ablation_runs import Turns
-from workbench.rl.ablation_store import SETTINGS_FILE
+from workbench.rl.ablation.runner import check_ablation, run_ablation
+from workbench.rl.ablation.runs import Turns
+from workbench.rl.ablation.store import SETTINGS_FILE
+from workbench.rl.setup import rl_setup
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.tlt import TLTConfig
 from workbench.rl.variants import (VARIANTS, RemedyVariant, RLVariant, get_variant,

@@ -128,12 +128,12 @@ def _damage(path: Path) -> str | None:
 
 
 def load_torch_file(path: str | os.PathLike, what: str, remedy: str | None = None, *,
-                    weights_only: bool = True, map_location="cpu"):
+                    weights_only: bool = True, map_location="cpu", pickle_module=None):
     """``torch.load(path)``, or a :class:`DamagedFileError` naming ``path``, ``what`` it holds
     (e.g. ``"the trainer checkpoint"``) and the ``remedy`` (default: delete it, or its folder
     to start over, or restore it from a copy) when the file is empty, truncated or not a torch
     file. ``weights_only=False`` only for files the workbench wrote itself (it unpickles
-    Python objects). A missing file is a ``FileNotFoundError`` naming it."""
+    Python objects, through ``pickle_module`` when given). A missing file is a ``FileNotFoundError`` naming it."""
     import torch
 
     path = Path(path)
@@ -144,7 +144,8 @@ def load_torch_file(path: str | os.PathLike, what: str, remedy: str | None = Non
     if why is not None:
         raise DamagedFileError(f"{what} {str(path)!r} is damaged: {why}; {remedy}")
     try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
+        extra = {} if pickle_module is None else {"pickle_module": pickle_module}
+        return torch.load(path, map_location=map_location, weights_only=weights_only, **extra)
     except _LOAD_ERRORS as exc:  # a whole archive whose contents do not read
         first = (str(exc).splitlines() or [""])[0][:200]
         raise DamagedFileError(f"{what} {str(path)!r} cannot be read ({type(exc).__name__}: "

@@ -50,7 +50,7 @@ def _drafter_train(args) -> int:
 def _ablation_merge(args) -> int:
     """Exit 0 with the merged folder written, 2 when the folders cannot be merged (nothing
     written)."""
-    from .rl.ablation_store import merge_ablations
+    from .rl.ablation.store import merge_ablations
     try:
         path = merge_ablations(args.sources, args.into)
     except (ValueError, OSError) as exc:
@@ -64,7 +64,7 @@ def _ablation_merge(args) -> int:
 def _ablation_status(args) -> int:
     """Print how far each folder has got and the held-out accuracy so far; exit 2 when a
     folder is not an ablation's."""
-    from .rl.ablation_store import ablation_progress
+    from .rl.ablation.store import ablation_progress
     try:
         steps, accuracy = ablation_progress(args.folders)
     except (ValueError, OSError) as exc:

@@ -1,6 +1,6 @@
 """Handing freed memory back to the operating system between the steps of many runs.
 
-Why: an ablation steps tens of RL runs in one process (``rl.ablation_runs.lockstep``). Each
+Why: an ablation steps tens of RL runs in one process (``rl.ablation.runs.lockstep``). Each
 run's policy update needs its activations at once (~2.8 GB at the lead setting, P 16 x G 16,
 256 tokens), and glibc's malloc keeps the freed pages in its arenas, where the next run's
 differently shaped tensors fragment them: ``remedies_long`` (30 runs) held 11 GB resident in its

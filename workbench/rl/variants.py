@@ -34,14 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checks import check_choice
+from ..checks import check_choice, check_list
 from ..registry import PluginError, Registry
 from .config import GRPOConfig
 from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import TLTConfig, TLTTrainer
 
 __all__ = ["RLVariant", "TLTVariant", "RemedyVariant", "VariantRun", "VARIANTS", "rl_variant",
-           "variant_names", "get_variant", "check_variant", "speculates"]
+           "variant_names", "get_variant", "check_variant", "check_variants", "speculates"]
 
 COMPOSER = "tlt"  # ``tlt+<name>``: the variant whose rollouts a composable variant takes on
 
@@ -316,3 +316,10 @@ class TailBatching(RemedyVariant):
 
     def settings(self, grpo):
         return {"extra_groups": _extra(grpo), "leftover": "defer"}
+
+
+def check_variants(variants) -> list[str]:
+    """``variants`` as a list of registered RL variants' names, each once; ``ValueError``
+    naming the first bad one and every accepted name."""
+    return check_list("variants", variants, lambda name, v: check_variant(v, name),
+                      f"variants of {variant_names()}")

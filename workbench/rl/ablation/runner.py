@@ -18,73 +18,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..checks import check_int, check_list
-from ..clock import sim_seconds, sim_seconds_kind
-from ..rollout import make_backend
-from ..rollout.backend import check_capacity
-from ..scalar_log import check_report_to
-from ..side_by_side import width_for
-from ..speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
+from ...checks import check_int, check_list
+from ...clock import sim_seconds, sim_seconds_kind
+from ...rollout import make_backend
+from ...rollout.backend import check_capacity
+from ...scalar_log import check_report_to
+from ...side_by_side import width_for
+from ...speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
-from ..tasks import exact_match_reward
-from .ablation_runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
-from .ablation_store import AblationStore, ablation_settings, run_folder, saved_sim_seconds
-from .grpo import GRPO, GRPOConfig
-from .remedies.compare import remedy_metrics
-from .tlt import TLTConfig, first_divergence
-from .variants import check_variant, speculates, variant_names
+from ...tasks import exact_match_reward
+from ..grpo import GRPO, GRPOConfig
+from ..remedies.compare import remedy_metrics
+from ..setup import DEFAULT_VARIANTS, RLSetup
+from ..tlt import TLTConfig, first_divergence
+from ..variants import check_variants
+from .runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
+from .store import AblationStore, ablation_settings, run_folder, saved_sim_seconds
 
-__all__ = ["Ablation", "rl_setup", "run_ablation", "check_ablation", "coupled_first_divergence",
+__all__ = ["Ablation", "run_ablation", "check_ablation", "coupled_first_divergence",
            "notebook_backend", "close_backend"]
 
-DEFAULT_VARIANTS = ("baseline", "static_sd", "adaptive_drafter", "tlt")  # TLT's ablation
 SEED_MAX = 2 ** 63 - 1  # a seed seeds a torch.Generator (TrainConfig.seed's range)
-
-
-@dataclass
-class RLSetup:
-    """What an RL notebook starts from: the policy, its tokenizer, the pre-RL drafter head
-    (None when no variant speculates), the RL prompt pool, the held-out problems and the
-    reward."""
-
-    policy: object
-    tokenizer: object
-    drafter_head: object
-    pool: list
-    held_out: list
-    reward: object
-
-
-def rl_setup(model: str = "default", task: str = "running_sum", rl_problems: int = 4000,
-             eval_problems: int = 200, reward: str = "exact", *, drafter="auto",
-             variants=DEFAULT_VARIANTS, fit=None) -> RLSetup:
-    """Load ``model``, draw the RL pool (``RL_SEED``) and held-out problems (``HELDOUT_SEED``)
-    of ``task``, pick the reward by name (``tasks.REWARDS``), and the pre-RL EAGLE head that
-    ``drafter`` names (``speculative.resolve.resolve_head``: ``"auto"``, the shipped head of
-    the default model and for any other one a head fitted on the spot with ``fit``, a
-    ``FitConfig``, and cached; or a head's folder).
-
-    When no variant of ``variants`` (any RL variant's name: ``rl.variants``) speculates
-    (``["baseline"]``) no head is needed: none is loaded or trained and ``drafter`` may be
-    ``"none"``. Every argument is checked before the model loads.
-    """
-    from ..models import load_model
-    from ..speculative.resolve import check_head_spec, drafter_form, resolve_head
-    from ..tasks import HELDOUT_SEED, RL_SEED, get_problems, get_reward
-    if isinstance(variants, str):
-        raise ValueError(f"variants {variants!r}: accepted a list of {variant_names()}")
-    variants = _check_variants(variants)
-    scorer = get_reward(reward, task)
-    speculative = speculates(variants)
-    if speculative:
-        check_head_spec(drafter)
-    else:
-        drafter_form(drafter)  # a bad name is an error even where no head is needed
-    pool = get_problems(task, rl_problems, seed=RL_SEED)
-    held_out = get_problems(task, eval_problems, seed=HELDOUT_SEED)
-    policy, tokenizer = load_model(model)
-    head = resolve_head(drafter, policy, tokenizer, task, fit) if speculative else None
-    return RLSetup(policy, tokenizer, head, pool, held_out, scorer)
 
 
 def amdahl(fraction: float, speedup: float) -> float:
@@ -306,7 +260,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     has (``workbench.side_by_side``): each run's sim seconds are its own thread's CPU time,
     so its figures are those of the runs one at a time, in less wall time.
 
-    ``checkpoint_dir`` (``rl.ablation_store``): each run checkpoints there every
+    ``checkpoint_dir`` (``rl.ablation.store``): each run checkpoints there every
     ``checkpoint_every`` steps (None: at each evaluation and the end only); a call with the
     same arguments goes on where the last stopped, redoing no evaluation, a finished one
     returns without stepping, and a folder of other settings is refused before anything runs.
@@ -384,19 +338,12 @@ def check_ablation(steps: int, variants, seeds, grpo: GRPOConfig, *,
 def _check_runs(steps: int, variants, seeds, eval_every: int | None) -> tuple[list, list]:
     """The variants and seeds as lists, after checking them, ``steps`` and ``eval_every``."""
     check_int("steps", steps, 0)
-    variants = _check_variants(variants)
+    variants = check_variants(variants)
     seeds = check_list("seeds", seeds, lambda name, seed: check_int(name, seed, 0, SEED_MAX),
                        f"integers in [0, {SEED_MAX}]")
     if eval_every is not None:
         check_int("eval_every", eval_every, 1)
     return variants, seeds
-
-
-def _check_variants(variants) -> list[str]:
-    """``variants`` as a list of registered RL variants' names (``rl.variants``), each once;
-    ``ValueError`` naming the first bad one and every accepted name."""
-    return check_list("variants", variants, lambda name, v: check_variant(v, name),
-                      f"variants of {variant_names()}")
 
 
 def _backend_for(backend, ray_address: str | None, workers: int, run_dir=None):

@@ -1,6 +1,6 @@
 """The runs of an ablation: each (variant, seed) built on its own copy of the policy, stepped in
 turns on one shared backend or on local ones of their own, and evaluated on held-out problems
-when an evaluation is due. ``rl.ablation.run_ablation`` drives them in lockstep; here is what
+when an evaluation is due. ``rl.ablation.runner.run_ablation`` drives them in lockstep; here is what
 one run is and what one turn of it does, so that a resumed ablation (a run restored from its
 checkpoint) goes through the same doors as a fresh one."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 from functools import partial
 
-from ..evaluate import evaluate_policy
-from ..memory import MemoryReleaser
-from ..progress import tqdm
-from ..side_by_side import side_by_side
-from .variants import VariantRun, get_variant
+from ...evaluate import evaluate_policy
+from ...memory import MemoryReleaser
+from ...progress import tqdm
+from ...side_by_side import side_by_side
+from ..variants import VariantRun, get_variant
 
 __all__ = ["build_run", "steps_done", "evaluation_due", "evaluate_runs", "Turns", "lockstep"]
 

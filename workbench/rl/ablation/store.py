@@ -34,13 +34,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import atomic_dir, write_json
-from ..checks import check_int
-from ..clock import sim_seconds_kind
-from ..rollout.timeline import Timeline
-from .ablation_runs import steps_done
-from .checkpoint import saved_config
-from .remedies.compare import accuracy_over_seeds
+from ...atomic import atomic_dir, write_json
+from ...checks import check_int
+from ...clock import sim_seconds_kind
+from ...rollout.timeline import Timeline
+from ..checkpoint import saved_config
+from ..remedies.compare import accuracy_over_seeds
+from .runs import steps_done
 
 __all__ = ["AblationStore", "ablation_progress", "ablation_settings", "merge_ablations",
            "saved_sim_seconds"]

@@ -30,12 +30,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from ..adapt import SpotConfig, SpotTrainer
-from ..checks import check_fraction, check_int
-from ..nested_config import NestedConfig
-from ..speculative.drafters import EagleDrafter
-from ..speculative.sibling import SiblingDrafter
-from ..speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
+from ...adapt import SpotConfig, SpotTrainer
+from ...checks import check_fraction, check_int
+from ...nested_config import NestedConfig
+from ...speculative.drafters import EagleDrafter
+from ...speculative.sibling import SiblingDrafter
+from ...speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 
 __all__ = ["CeilingConfig", "FrozenDrafter", "AdaptiveDrafter", "CeilingDrafter",
            "SiblingMemory"]

@@ -1,12 +1,12 @@
 """Steps 2) and 3) of a staleness run: measure every drafter on an RL step, then let it learn.
 
 One code path for both ways of running (:mod:`workbench.rl.staleness`): the one-process
-:class:`~workbench.rl.staleness.StalenessRun` calls :meth:`StalenessObserver.observe` between
+:class:`~workbench.rl.staleness.run.StalenessRun` calls :meth:`StalenessObserver.observe` between
 its rollout and its update, on the trajectory's own policy and backend; the observer process
-of a two-core run (:mod:`workbench.rl.staleness_split`) calls it on an observation from the
+of a two-core run (:mod:`workbench.rl.staleness.split`) calls it on an observation from the
 spool, with its own copy of the policy (loaded in place with the weights that sampled the
 step, so the drafters stay bound to it) and the rollout workers' clocks replayed
-(:func:`~workbench.rl.staleness_spool.replay_backend`). Same inputs, same RNG seed per step:
+(:func:`~workbench.rl.staleness.spool.replay_backend`). Same inputs, same RNG seed per step:
 the same row.
 
 Nothing here changes the trajectory: the global RNG is seeded per step and put back after
@@ -20,10 +20,10 @@ import time
 import pandas as pd
 import torch
 
-from ..rollout import RolloutEngine
-from ..train import isolated_rng
-from .acceptance import measure_tau
-from .staleness_drafters import (AdaptiveDrafter, CeilingDrafter, FrozenDrafter,
+from ...rollout import RolloutEngine
+from ...train import isolated_rng
+from ..acceptance import measure_tau
+from .drafters import (AdaptiveDrafter, CeilingDrafter, FrozenDrafter,
                                  SiblingMemory)
 
 __all__ = ["StalenessObserver", "rng_seed"]

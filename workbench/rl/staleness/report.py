@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..checks import check_int, check_non_negative
-from .acceptance import group_speedups
-from .export import probe_acceptance
+from ...checks import check_int, check_non_negative
+from ..acceptance import group_speedups
+from ..export import probe_acceptance
 
 __all__ = ["FinalConfig", "byproduct", "sibling_speedups", "tau_change", "staleness_metrics"]
 
@@ -66,7 +66,7 @@ class FinalConfig:
 
 def byproduct(run, final: FinalConfig | None = None) -> pd.DataFrame:
     """tau of the ``frozen`` and ``adaptive`` drafters of ``run`` (a
-    :class:`~workbench.rl.staleness.StalenessRun`) with its policy as it is now, on the
+    :class:`~workbench.rl.staleness.run.StalenessRun`) with its policy as it is now, on the
     first ``final.probe_prompts`` of its held-out problems, at ``final.temperatures``; one
     row per drafter and temperature (``probe_acceptance``'s columns)."""
     final = final if final is not None else FinalConfig()

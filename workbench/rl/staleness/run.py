@@ -4,7 +4,7 @@ SD is lossless, so the policy's trajectory does not depend on the drafter: one p
 serves every drafter, and each is measured on every step's own rollout
 (:mod:`workbench.rl.acceptance`: a few of the step's prompt groups decoded again with the
 drafter, coupled at the rollout's temperature, the tokens checked against the trajectory's).
-The drafters (:mod:`workbench.rl.staleness_drafters`) are ``frozen`` (the pre-RL EAGLE head),
+The drafters (:mod:`workbench.rl.staleness.drafters`) are ``frozen`` (the pre-RL EAGLE head),
 ``adaptive`` (TLT's spot trainer on every idle worker), ``ceiling`` (trained to convergence on
 each step's whole harvest) and ``sibling`` (model-free: the row's group on its worker, and its
 prompt's earlier responses). Each learns from a step after its tau on that step is measured,
@@ -23,11 +23,11 @@ One RL step (:meth:`StalenessRun.step`):
 5. **record and checkpoint**: held-out greedy accuracy when due, the checkpoint every
    ``checkpoint_every`` steps.
 
-Steps 2) and 3) are :meth:`~workbench.rl.staleness_observer.StalenessObserver.observe`.
+Steps 2) and 3) are :meth:`~workbench.rl.staleness.observer.StalenessObserver.observe`.
 Nothing in them changes the trajectory: they run with the global RNG seeded per step and put
 back after (``train.isolated_rng``), the drafters train on copies of their own and hold the
 policy frozen, and measuring decodes on an engine of its own. So the two halves can also run
-side by side on two cores, with the same rows (:mod:`workbench.rl.staleness_split`: the
+side by side on two cores, with the same rows (:mod:`workbench.rl.staleness.split`: the
 trajectory in one process, the observer in another, joined by step).
 """
 from __future__ import annotations
@@ -37,23 +37,23 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..adapt import SpotConfig
-from ..checks import check_choice, check_int
-from ..evaluate import evaluate_policy
-from ..nested_config import NestedConfig
-from ..progress import tqdm
-from ..rollout import RolloutEngine
-from ..scalar_log import check_report_to
-from ..speculative.eagle import EagleHead
-from ..tasks import Problem, exact_match_reward
-from ..train import isolated_rng
-from .ablation import rl_setup
-from .checkpoint import load_state, saved_config
-from .config import GRPOConfig
-from .grpo import GRPO
-from .loop import RLLoop, check_checkpoint_dir
-from .staleness_drafters import CeilingConfig
-from .staleness_observer import StalenessObserver, rng_seed
+from ...adapt import SpotConfig
+from ...checks import check_choice, check_int
+from ...evaluate import evaluate_policy
+from ...nested_config import NestedConfig
+from ...progress import tqdm
+from ...rollout import RolloutEngine
+from ...scalar_log import check_report_to
+from ...speculative.eagle import EagleHead
+from ...tasks import Problem, exact_match_reward
+from ...train import isolated_rng
+from ..checkpoint import load_state, saved_config
+from ..config import GRPOConfig
+from ..grpo import GRPO
+from ..loop import RLLoop, check_checkpoint_dir
+from ..setup import rl_setup
+from .drafters import CeilingConfig
+from .observer import StalenessObserver, rng_seed
 
 __all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo",
            "held_out_accuracy", "check_same_config"]

@@ -3,10 +3,10 @@
 On one core a lead-setting step costs ~22 s of GRPO and ~14 s of measuring and training the
 drafters (BENCHMARKS.md); the two halves only meet through the step's rollout, so they can run
 side by side. :class:`StalenessTrajectory` runs GRPO (rollout with harvest, update) and, after
-each rollout, puts the step's observation on the spool (:mod:`workbench.rl.staleness_spool`);
+each rollout, puts the step's observation on the spool (:mod:`workbench.rl.staleness.spool`);
 :class:`SplitObserver` takes them in step order and runs steps 2) and 3) of
-:meth:`~workbench.rl.staleness.StalenessRun.step` on them with the same
-:class:`~workbench.rl.staleness_observer.StalenessObserver`, on its own copy of the policy.
+:meth:`~workbench.rl.staleness.run.StalenessRun.step` on them with the same
+:class:`~workbench.rl.staleness.observer.StalenessObserver`, on its own copy of the policy.
 :func:`split_history` joins the two processes' rows by step: the one-process run's history,
 row for row (wall seconds aside).
 
@@ -25,16 +25,16 @@ from typing import Callable
 
 import pandas as pd
 
-from ..checks import check_choice, check_int
-from ..tasks import Problem, exact_match_reward
-from .ablation import rl_setup
-from .checkpoint import has_state, load_state, save_state, saved_config
-from .grpo import GRPO
-from .loop import RLLoop
-from .staleness import (StalenessConfig, check_run_inputs, check_same_config,
+from ...checks import check_choice, check_int
+from ...tasks import Problem, exact_match_reward
+from ..checkpoint import has_state, load_state, save_state, saved_config
+from ..grpo import GRPO
+from ..loop import RLLoop
+from ..setup import rl_setup
+from .observer import StalenessObserver
+from .run import (StalenessConfig, check_run_inputs, check_same_config,
                         held_out_accuracy, record_step, run_steps)
-from .staleness_observer import StalenessObserver
-from .staleness_spool import Observation, Spool, replay_backend
+from .spool import Observation, Spool, replay_backend
 
 __all__ = ["StalenessTrajectory", "SplitObserver", "joined_rows", "split_history",
            "split_setup", "split_state", "run_side_by_side", "trajectory_step",
@@ -56,7 +56,7 @@ class StalenessTrajectory(RLLoop):
     Args:
         policy, tokenizer, problems, reward, held_out: as ``StalenessRun``'s.
         config: a ``StalenessConfig`` (the observer's must be the same).
-        spool: the :class:`~workbench.rl.staleness_spool.Spool` it writes.
+        spool: the :class:`~workbench.rl.staleness.spool.Spool` it writes.
         checkpoint_dir: its own checkpoint folder (not the observer's); resumed from.
     """
 
@@ -129,7 +129,7 @@ class SplitObserver:
     Args:
         policy, tokenizer, drafter_head, config: as ``StalenessRun``'s (the same config as
             the trajectory's).
-        spool: the :class:`~workbench.rl.staleness_spool.Spool` it reads.
+        spool: the :class:`~workbench.rl.staleness.spool.Spool` it reads.
         checkpoint_dir: its own checkpoint folder (not the trajectory's); resumed from.
     """
 

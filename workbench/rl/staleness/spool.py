@@ -29,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_file, load_torch_file
-from ..checks import check_int
-from ..rollout.backend import LocalBackend
-from .grpo import RLStep
+from ...atomic import atomic_file
+from ...checks import check_int
+from ...rollout.backend import LocalBackend
+from ..checkpoint import load_pickled
+from ..grpo import RLStep
 
 __all__ = ["Observation", "Spool", "replay_backend"]
 
@@ -135,6 +136,5 @@ class Spool:
         """The observation of ``step``, once the trajectory has written it."""
         path = self.path(step)
         self._wait(path.is_file, f"the observation of step {step}")
-        return load_torch_file(path, "a staleness observation",
-                               "delete it and start the trajectory process again to write "
-                               "it anew", weights_only=False)
+        return load_pickled(path, "a staleness observation",
+                            "delete it and start the trajectory process again to write it anew")
