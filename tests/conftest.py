@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from workbench.zoo.tokenizer import build_char_tokenizer
+from .helpers.models import PROMPTS, tiny_model  # noqa: F401 (PROMPTS: test_suffix_drafter imports it here)
 
 # one thread, here and in every process the tests start (kernels, the command line, fresh
 # processes; a test may set its own): the session's notebook runs (tests/notebook_runs.py)
@@ -19,14 +18,6 @@ from workbench.zoo.tokenizer import build_char_tokenizer
 # their barriers (10x slower)
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def busy_for(seconds: float) -> None:
-    """Work (a busy loop) for ``seconds`` of this thread's CPU time: a slower step as every
-    clock sees it (a sleep passes unseen by the sim clock's CPU time: ``workbench.clock``)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 def whole_core() -> tuple[float, float]:
@@ -58,43 +49,6 @@ def tick_clock(monkeypatch):
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_char_tokenizer()
-
-
-# name -> (config class, model class, config overrides, EOS scale): Llama-family variants
-# the engine claims to support. Tied embeddings need a stronger EOS.
-ARCHS = {
-    "llama": (LlamaConfig, LlamaForCausalLM, {}, 0.3),                       # GQA 4/2, untied
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"tie_word_embeddings": True}, 2.0),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM,                                  # q/k norms, MQA
-              {"num_key_value_heads": 1, "head_dim": 16}, 0.3),
-    "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": 8}, 0.3),
-    "qwen2_sw": (Qwen2Config, Qwen2ForCausalLM,                               # full + sliding
-                 {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
-                  "tie_word_embeddings": True}, 2.0),
-    "llama_odd": (LlamaConfig, LlamaForCausalLM,                      # head_dim 22 (4x22 != 64), MQA
-                  {"head_dim": 22, "num_key_value_heads": 1}, 0.3),
-}
-
-
-def tiny_model(arch: str, tokenizer, seed: int = 0, context: int = 256, layers: int = 2,
-               dtype=torch.float64):
-    """A random model of ``arch`` (see ARCHS; 4 query heads) whose EOS is likely enough that
-    some rows stop early and others run to the length cap: EOS's output row reads one hidden
-    dimension, so EOS wins whenever that dimension is large."""
-    cls_cfg, cls_model, overrides, eos_scale = ARCHS[arch]
-    kw = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=context, eos_token_id=tokenizer.eos_token_id,
-              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-              tie_word_embeddings=False)
-    cfg = cls_cfg(**{**kw, **overrides})
-    torch.manual_seed(seed)
-    model = cls_model(cfg).to(dtype).eval()
-    with torch.no_grad():
-        w = model.get_output_embeddings().weight
-        w[tokenizer.eos_token_id] = 0
-        w[tokenizer.eos_token_id, 1] = eos_scale
-    return model
 
 
 @pytest.fixture(params=["llama", "qwen2"])
@@ -136,7 +90,7 @@ def session_runs(request, tmp_path_factory):
         yield None
         return
     from .notebook_runs import SessionRuns, stop_cli
-    from .test_notebooks import SMOKE
+    from .helpers.notebooks import SMOKE
     yield SessionRuns(tmp_path_factory.mktemp("session_runs"), SMOKE).start()
     stop_cli()  # nothing left once every test that reads them has run
 
@@ -199,10 +153,6 @@ def ray_actors(local_ray, tokenizer) -> SessionActors:
     actors = SessionActors(tokenizer)
     yield actors
     actors.release()
-
-
-PROMPTS = ["a1 b2?", "a12 b33 c4 d5 e6 f7 g8 h9?", "x", "hello world, a longer prompt?",
-           "a5?", "q1 r2 s3?", "zz top", "a99 b1?"]
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -17,9 +17,9 @@ from workbench.rl.ablation.store import (PROGRESS_FILE, SETTINGS_FILE, ablation_
 from workbench.rollout.timeline import Timeline
 from workbench.speculative.eagle import EagleHead
 
-from .conftest import tiny_model
-from .test_remedies import PROBLEMS, _grpo, _length_reward
-from .test_tlt import CHAINS, long_tails  # noqa: F401 (a fixture)
+from .helpers.models import tiny_model
+from .helpers.rl import PROBLEMS, length_reward, remedy_grpo
+from .helpers.rl import CHAINS, long_tails  # noqa: F401 (a fixture)
 
 # the baseline and a remedy that chooses its data by tokens alone (not by the measured clock)
 VARIANTS = ["baseline", "partial"]
@@ -29,11 +29,11 @@ COLUMNS = ["variant", "seed", "step", "reward", "loss", "tokens", "tokens_digest
 HELD_OUT = PROBLEMS[:6]
 # responses of 12 tokens, 3 per partial step: groups held over several steps finish together
 # with fresh ones, so which are trained must not read the clock (it once did, by finish time)
-GRPO = _grpo(max_new_tokens=12)
+GRPO = remedy_grpo(max_new_tokens=12)
 
 
 def _ablation(tokenizer, steps, folder=None, seeds=(0, 1), **kw):
-    args = dict(variants=VARIANTS, seeds=list(seeds), reward=_length_reward, progress=False,
+    args = dict(variants=VARIANTS, seeds=list(seeds), reward=length_reward, progress=False,
                 eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8, **kw)
     if folder is not None:
         args.update(checkpoint_dir=folder, checkpoint_every=args.pop("checkpoint_every", 1))
@@ -229,18 +229,18 @@ def test_a_folder_of_other_settings_is_refused_before_anything_runs(tokenizer, t
     with pytest.raises(ValueError, match=r"other settings:\n  variants: saved \['baseline', "
                                          r"'partial'\], this call \['baseline', 'async'\]"):
         run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, GRPO, 2,
-                     variants=["baseline", "async"], seeds=[0, 1], reward=_length_reward,
+                     variants=["baseline", "async"], seeds=[0, 1], reward=length_reward,
                      eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"eval: saved .*'every': 2.*'every': 3"):
         run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, GRPO, 2,
-                     variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
+                     variants=VARIANTS, seeds=[0, 1], reward=length_reward,
                      eval_problems=HELD_OUT, eval_every=3, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"grpo: saved .*lr=0\.05.*lr=0\.01"):
         run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS,
                      GRPO.updated(lr=1e-2), 2,
-                     variants=VARIANTS, seeds=[0, 1], reward=_length_reward,
+                     variants=VARIANTS, seeds=[0, 1], reward=length_reward,
                      eval_problems=HELD_OUT, eval_every=2, eval_max_new_tokens=8,
                      progress=False, checkpoint_dir=folder)
     with pytest.raises(ValueError, match=r"steps=0, but .* already holds 1 steps.*steps >= 1"):
@@ -294,12 +294,12 @@ def test_a_restored_tlt_run_keeps_its_timelines_bandit_and_drafter(tokenizer, tm
     model = tiny_model("qwen2", tokenizer)
     torch.manual_seed(3)
     head = EagleHead(model)
-    args = dict(variants=["baseline", "tlt"], drafter_head=head, reward=_length_reward,
+    args = dict(variants=["baseline", "tlt"], drafter_head=head, reward=length_reward,
                 progress=False, arms=CHAINS, spec_k=3, explore_budget=0.5,
                 spot=SpotConfig.flat(batch_size=4, max_steps=2), checkpoint_dir=tmp_path)
-    done = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    done = run_ablation(model, tokenizer, PROBLEMS, remedy_grpo(workers=3), 2, **args)
     stepped = _count_steps(monkeypatch)
-    again = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2, **args)
+    again = run_ablation(model, tokenizer, PROBLEMS, remedy_grpo(workers=3), 2, **args)
     assert stepped == [] and again.history.equals(done.history)
     assert len(again.decisions()) > 0 and again.decisions().equals(done.decisions())
     assert again.bandit_choices().equals(done.bandit_choices())

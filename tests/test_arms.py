@@ -23,7 +23,7 @@ from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.arms import ARMS, Arm
 from workbench.speculative.bandit import AdaptiveSchedule, parse_strategy, strategy_name
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "tests" / "plugins" / "confident_chain.py"

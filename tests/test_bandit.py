@@ -9,13 +9,12 @@ import pytest
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan, StepReport, Timeline
 from workbench.rollout.schedule import PLAIN, ThresholdSchedule
 from workbench.speculative import EagleDrafter, EagleHead
-from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choice,
-                                          parse_strategy, strategy_name)
+from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choice, parse_strategy,
+                                          strategy_name)
 from workbench.speculative.decisions import (DECIDED_COLUMNS, bandit_choices, bandit_decisions,
                                              explore_cost, plain_share)
 
-from .conftest import PROMPTS, tiny_model
-from .test_engine import MANY
+from .helpers.models import MANY, PROMPTS, tiny_model
 
 
 def pull(bandit, batch_size, medians, rng, n, seconds=None):

@@ -24,7 +24,7 @@ import papermill
 import pytest
 
 from .browser import artifacts_dir, launch, require_chromium, screenshot
-from .test_notebooks import SMOKE
+from .helpers.notebooks import SMOKE
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = "01_long_tail_rollout"

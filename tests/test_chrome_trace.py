@@ -14,7 +14,7 @@ from workbench.rollout import RolloutEngine, Timeline
 from workbench.rollout.chrome_trace import chrome_trace, read_chrome_trace, write_chrome_trace
 from workbench.speculative import NGramDrafter
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.cluster import (Layout, StepCost, Trace, UpdateCost, layout, simulate,
-                               simulate_rollout, trace_from_run)
+from workbench.cluster import (StepCost, Trace, UpdateCost, layout, simulate, simulate_rollout,
+                               trace_from_run)
 from workbench.cluster.simulate import plain_makespan
 from workbench.rollout import RolloutEngine
 
-from .conftest import tiny_model
-from .test_engine import MANY
+from .helpers.models import MANY, tiny_model
+from .helpers.tables import lognormal_trace
 
 # plain step: 0.5 + 0.5 x batch seconds (1.0 s at 1, 1.5 at 2, 2.0 at 3); a chain:k=2 step
 # costs 1.5 s at batch 1 and emits tau = 2 tokens per row
@@ -76,13 +76,6 @@ def test_bad_inputs_are_named_before_anything_runs():
         StepCost(COSTS.assign(seconds=[-1, 1.0, 1.0, 1.0]))
     with pytest.raises(ValueError, match=r"names no worker per request: give workers="):
         layout(Trace(TOY.requests.drop(columns="worker")))
-
-
-def lognormal_trace(n=2000, seed=0) -> Trace:
-    rng = np.random.default_rng(seed)
-    return Trace(pd.DataFrame({"prompt_tokens": rng.integers(10, 100, n),
-                               "response_tokens": rng.lognormal(5, 1, n).astype(int) + 1,
-                               "group": (np.arange(n) // 8).astype(str)}))
 
 
 def test_a_seed_determines_the_prediction():

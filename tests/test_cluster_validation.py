@@ -10,13 +10,12 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import Layout, StepCost, layout, simulate_rollout, trace_from_timeline
-from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec,
-                                          predicted_makespan, run_validation, worker_spread)
+from workbench.cluster.validation import (VALIDATION_COLUMNS, RunSpec, predicted_makespan,
+                                          run_validation, worker_spread)
 from workbench.rollout import RolloutConfig
 from workbench.speculative import NGramDrafter
 
-from .conftest import tiny_model
-from .test_engine import MANY
+from .helpers.models import MANY, tiny_model
 
 COST = StepCost(pd.DataFrame({"batch_size": [1, 8], "kind": "plain", "seconds": [0.01, 0.02],
                               "tau": 1.0}))

@@ -14,8 +14,8 @@ from workbench.cluster.whatif import (scaling_metrics, scaling_table,  # noqa: E
                                       simulate_seconds, whatif_prediction, with_tau)
 from workbench.viz import cluster as cviz  # noqa: E402
 
-from .test_cluster_sim import lognormal_trace  # noqa: E402
-from .test_explorers_sd_prune import artist, bars  # noqa: E402
+from .helpers.tables import lognormal_trace  # noqa: E402
+from .helpers.figures import artist, bars  # noqa: E402
 
 # plain: 10 ms at batch 1 to 20 ms at 16; chain:k=4: 20 ms to 60 ms, 3 tokens a row
 COST = StepCost(pd.DataFrame({"batch_size": [1, 16, 1, 16], "kind": ["plain"] * 2 +

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress import budget as budget_mod
 from workbench.compress.budget import (COLUMNS, batch_tokens, budget_batches, budget_study,
                                        check_budgets, steps_for, teacher_tokens)

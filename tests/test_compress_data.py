@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import tiny_model
-from workbench.compress.data import (MIN_SCORED_TOKENS, accuracy_task, budget_tokens,
-                                     distill_data, lm_loss, sequences_from, task_sequence,
-                                     token_batches)
+from tests.helpers.models import tiny_model
+from workbench.compress.data import (MIN_SCORED_TOKENS, accuracy_task, budget_tokens, distill_data,
+                                     lm_loss, sequences_from, task_sequence, token_batches)
 from workbench.rollout import RolloutEngine
 
 

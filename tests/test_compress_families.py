@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import distill_data, lm_loss
 from workbench.compress.depth import block_removal_scan, depth_scores
 from workbench.compress.distill import DistillConfig, Distiller
@@ -20,8 +20,7 @@ from workbench.compress.plan_table import plan_table
 from workbench.compress.prune import pruned_config, prune
 from workbench.compress.scores import UnitScores
 from workbench.compress.search import enumerate_plans, feasible_plans, nearest_plan, snap_note
-from workbench.compress.studies import (architecture_search, ranking_ablation,
-                                        width_against_depth)
+from workbench.compress.studies import architecture_search, ranking_ablation, width_against_depth
 
 REFUSED = r"unsupported model family: model_type 'gpt2'.*llama, qwen2, qwen3, mistral"
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import budget_tokens, distill_data, lm_loss, seeded_order
 from workbench.compress.distill import DistillConfig
 from workbench.compress import evaluate
@@ -18,7 +18,7 @@ from workbench.compress.iterative import compress_step, iterative_compress, pick
 from workbench.compress.plan import PrunePlan, param_count
 from workbench.compress.prune import prune
 from workbench.compress.studies import (RETRAININGS, architecture_search, ranking_ablation,
-                                       retraining_study, token_savings, tokens_to_reach)
+                                        retraining_study, token_savings, tokens_to_reach)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import check_seeds, distill_data, seeded_order
 from workbench.compress.distill import DistillConfig
 from workbench.compress.importance import calibration_batches
@@ -13,8 +13,8 @@ from workbench.compress.iterative import iterative_compress, pick_plan, seeded_p
 from workbench.compress.prune import prune
 from workbench.compress.retraining_summary import (accuracy_over_seeds, kd_against_ce,
                                                    retraining_summary)
-from workbench.compress.studies import (RETRAININGS, mean_curves,
-                                        retraining_study, token_savings, width_against_depth)
+from workbench.compress.studies import (RETRAININGS, mean_curves, retraining_study, token_savings,
+                                        width_against_depth)
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 

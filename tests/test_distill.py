@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import distill_data, lm_loss
 from workbench.compress.distill import (DistillConfig, Distiller, correct_teacher, distill,
                                         kl_to_teacher, scratch_like)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import distill_data, lm_loss
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.train_config import lr_at

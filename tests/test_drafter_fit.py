@@ -14,7 +14,7 @@ from workbench.speculative.cache import CACHE_ENV, fitted_dir, model_fingerprint
 from workbench.speculative.fit import DrafterLMConfig, FitConfig, fit_drafter_lm
 from workbench.speculative.resolve import resolve_drafter
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 FAST = dict(train_prompts=16, heldout_prompts=3, max_new_tokens=24, max_batch_size=8)
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.distill import DistillConfig, kl_to_teacher
 from workbench.compress.drafter_kd import (agreement, distill_drafter, rollout_batches,
                                            rollout_sequences)

@@ -6,15 +6,14 @@ import torch
 
 from workbench.models import DEFAULT_EAGLE, load_model, save_model
 from workbench.rl.setup import rl_setup
-from workbench.speculative import (EagleDrafter, EagleHead, LMDrafter, NGramDrafter,
-                                   SiblingDrafter)
+from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter, SiblingDrafter
 from workbench.speculative import resolve as resolve_mod
 from workbench.speculative.cache import CACHE_ENV
 from workbench.speculative.resolve import (compared_drafters, drafter_form, drafter_name,
                                            resolve_drafter, resolve_head)
 from workbench.train import isolated_rng
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ wherever tokens must be identical). Workers and backends: test_worker_backend.py
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, StepPlan
 from workbench.rollout.decoder import BatchDecoder
@@ -14,28 +13,9 @@ from workbench.rollout.worker import StepRecorder
 from workbench.speculative import EagleDrafter, EagleHead, LMDrafter, NGramDrafter
 from workbench.speculative.train import harvest_pairs
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import (MANY, PROMPTS, hf_greedy, tiny_model,
+                             visible_cache_equals_fresh_recompute)
 from .drafters import ScriptedDrafter
-from .test_rollout import hf_greedy
-
-MANY = [f"a{i} b{i * 7 % 10} c{i % 3}?" * (1 + i % 3) for i in range(14)]
-
-
-def visible_cache_equals_fresh_recompute(model, dec):
-    """Every live row's visible cache columns equal a fresh forward of its fed tokens."""
-    b = dec.batch
-    for row, i in enumerate(b.request_ids):
-        fed = dec.reqs[i].prompt_ids + dec.reqs[i].tokens[:-1]  # the last token is not fed
-        fresh = DynamicCache()
-        with torch.no_grad():
-            model(torch.tensor([fed]), cache=fresh, use_cache=True)
-        visible = b.mask[row].bool()
-        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
-        assert b.col_pos[row, visible].tolist() == list(range(len(fed)))
-        for mine, ref in zip(b.cache.layers, fresh.layers):
-            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=1e-10, rtol=0)
-            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0], atol=1e-10,
-                                       rtol=0)
 
 
 # ---- continuous batching ----------------------------------------------------------------

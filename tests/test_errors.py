@@ -13,7 +13,7 @@ from workbench.cli import main
 from workbench.evaluate import EvalReport, evaluate_policy, score_rollout
 from workbench.tasks import Problem, get_problems
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 
 
 

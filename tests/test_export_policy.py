@@ -13,7 +13,7 @@ from workbench.rl.export import export_policy
 from workbench.rl.loop import RLLoop
 from workbench.tasks import Problem
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 
 
 def _trained(tokenizer, tmp_path):

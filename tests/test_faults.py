@@ -19,9 +19,9 @@ from workbench.rollout.schedule import PLAIN, PlainSchedule
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import EagleTrainer
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 from .gates import HeldOn, Signalled
-from .test_worker_backend import BrokenDrafter
+from .helpers.backends import BrokenDrafter
 
 COUPLED = RolloutConfig(max_new_tokens=24, workers=2, temperature=1.0, seed=3)
 

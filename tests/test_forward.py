@@ -8,7 +8,7 @@ from workbench.rollout.batch import DecodeBatch
 from workbench.rollout.forward import (HFForward, LeanForward, attention_mask, policy_forward,
                                        supports_lean)
 
-from .conftest import ARCHS, PROMPTS, tiny_model
+from .helpers.models import ARCHS, PROMPTS, tiny_model
 
 
 def peaked(model):

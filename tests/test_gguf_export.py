@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 
 gguf = pytest.importorskip("gguf")
 

@@ -9,7 +9,8 @@ from workbench.rl import GRPO, GRPOConfig, aggregate, group_advantages, grpo_los
 from workbench.rl.loop import RLLoop
 from workbench.tasks import Problem
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
+from .helpers.rl import letter_problems, letters_reward
 
 
 def test_group_advantages_by_hand():
@@ -74,20 +75,12 @@ def test_clipped_ratio_stops_the_gradient():
     assert k3(torch.tensor(0.0)) == 0 and k3(torch.tensor(0.3)) > 0
 
 
-def _letters_reward(prompt, completion, answer):
-    return completion.count("a") / max(1, len(completion))
-
-
-def _problems(n=8):
-    return [Problem(prompt=f"q{i}?", answer="a", uid=i) for i in range(n)]
-
-
 def test_grpo_raises_the_reward_of_a_tiny_policy(tokenizer):
     torch.manual_seed(0)
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     cfg = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=8, max_new_tokens=8, lr=3e-2,
                           temperature=1.0, seed=1)
-    g = RLLoop(GRPO(model, tokenizer, _problems(), _letters_reward, cfg))
+    g = RLLoop(GRPO(model, tokenizer, letter_problems(), letters_reward, cfg))
     hist = g.run(12, progress=False)
     assert list(hist["step"]) == list(range(12))
     assert {"reward", "accuracy", "response_len", "kl_start", "rollout_s",
@@ -102,8 +95,8 @@ def test_resume_is_exact(tokenizer, tmp_path, how):
                           epochs=2, minibatches=2, kl_coef=0.1, loss_aggregation=how)
 
     def fresh(ckpt=None):
-        return RLLoop(GRPO(tiny_model("qwen2", tokenizer), tokenizer, _problems(),
-                           _letters_reward, cfg), checkpoint_dir=ckpt)
+        return RLLoop(GRPO(tiny_model("qwen2", tokenizer), tokenizer, letter_problems(),
+                           letters_reward, cfg), checkpoint_dir=ckpt)
 
     straight = fresh()
     straight.run(2, progress=False)
@@ -123,12 +116,12 @@ def test_bad_input_is_refused(tokenizer):
     with pytest.raises(ValueError, match="loss_aggregation"):
         GRPOConfig.flat(loss_aggregation="mean")
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
-    g = GRPO(model, tokenizer, _problems(), lambda p, c, a: "yes",
+    g = GRPO(model, tokenizer, letter_problems(), lambda p, c, a: "yes",
              GRPOConfig.flat(prompts_per_step=1, samples_per_prompt=2, max_new_tokens=3))
     with pytest.raises(TypeError, match=r"'yes'.*prompt 'q\d\?'"):
         g.step()
     with pytest.raises(ValueError, match="Problem"):
-        GRPO(model, tokenizer, ["q?"], _letters_reward)
+        GRPO(model, tokenizer, ["q?"], letters_reward)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "qwen2_sw", "llama_odd"])
@@ -152,11 +145,11 @@ def test_ragged_batch_logprobs_equal_each_sequence_alone(tokenizer, arch):
 
 def test_groups_with_signal_counts_groups_whose_rewards_differ(tokenizer):
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
-    g = GRPO(model, tokenizer, _problems(), lambda p, c, a: float(p == "q0?"),
+    g = GRPO(model, tokenizer, letter_problems(), lambda p, c, a: float(p == "q0?"),
              GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=3))
     row = g.step()
     assert row["groups_with_signal"] == 0.0   # every group's rewards are equal
-    g2 = GRPO(model, tokenizer, _problems(), lambda p, c, a: float(p in ("q0?", "q1?")),
+    g2 = GRPO(model, tokenizer, letter_problems(), lambda p, c, a: float(p in ("q0?", "q1?")),
               GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=3))
     rl = g2.rollout()
     rl.rewards[1] = 1.0 - rl.rewards[0]       # make exactly the first group disagree
@@ -171,7 +164,7 @@ def test_a_checkpoint_dir_that_is_a_file_is_refused_before_any_step(tokenizer, t
     path.write_bytes(b"not a folder")
     with pytest.raises(ValueError, match=rf"checkpoint_dir '{path}' is an existing file; it "
                                          "must be a folder"):
-        RLLoop(GRPO(model, tokenizer, _problems(), _letters_reward,
+        RLLoop(GRPO(model, tokenizer, letter_problems(), letters_reward,
                     GRPOConfig.flat(prompts_per_step=1, samples_per_prompt=2,
                                     max_new_tokens=3)), checkpoint_dir=path)
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
@@ -187,7 +180,7 @@ def test_grpo_accuracy_is_evaluates_definition_whatever_the_reward(tokenizer):
     from workbench.tasks import exact_match_reward
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     problems = [Problem(prompt=f"q{i}?", answer=str(i % 3), uid=i) for i in range(6)]
-    g = GRPO(model, tokenizer, problems, _letters_reward,
+    g = GRPO(model, tokenizer, problems, letters_reward,
              GRPOConfig.flat(prompts_per_step=6, samples_per_prompt=2, max_new_tokens=4))
     rl = g.rollout()
     texts = [r.text for r in rl.result.requests]
@@ -236,7 +229,7 @@ def test_kl_start_is_the_k3_drift_of_the_policy_before_the_update(tokenizer, epo
     frozen value, computed before the first optimizer step."""
     import dataclasses
     model = tiny_model("llama", tokenizer)
-    g = GRPO(model, tokenizer, _problems(), lambda p, c, a: float(sum(map(ord, c)) % 3),
+    g = GRPO(model, tokenizer, letter_problems(), lambda p, c, a: float(sum(map(ord, c)) % 3),
              GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=6,
                              lr=5e-2, epochs=epochs, minibatches=minibatches,
                              kl_coef=kl_coef, kl_sample=4))

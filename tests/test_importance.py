@@ -6,7 +6,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.depth import (block_importance, block_removal_scan, depth_scores,
                                       layer_removal)
 from workbench.compress.importance import (Aggregation, BatchAggregate, activation_importance,

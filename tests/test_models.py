@@ -8,7 +8,7 @@ import torch
 
 from workbench.models import EMBEDDED, load_model, save_model
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 
 
 def test_default_policy_loads_from_data_and_meets_its_spec():

@@ -7,7 +7,7 @@ import torch
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, StepPlan
 from workbench.rollout.decoder import BatchDecoder
-from workbench.rollout.forward import HFForward, LeanForward, policy_forward
+from workbench.rollout.forward import policy_forward
 from workbench.rollout.request import RequestOutput
 from workbench.rollout.tree import grow_tree
 from workbench.rollout.worker import StepRecorder
@@ -16,21 +16,10 @@ from workbench.speculative.drafters import SlowedDrafter
 from workbench.speculative.bandit import AdaptiveSchedule
 from workbench.speculative.trees import compare_chain_and_tree
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
+from .helpers.models import forwards  # noqa: F401 (a fixture)
 
 CHAIN_ONLY = "'ngram'.*NGramDrafter.*chains only.*EagleDrafter"
-
-
-@pytest.fixture
-def forwards(monkeypatch):
-    """Every forward call of any model (policy or drafter LM), by forward class."""
-    calls = []
-    for cls in (LeanForward, HFForward):
-        def counted(self, *args, _inner=cls.__call__, **kwargs):
-            calls.append(type(self).__name__)
-            return _inner(self, *args, **kwargs)
-        monkeypatch.setattr(cls, "__call__", counted)
-    return calls
 
 
 def test_the_forward_counter_sees_a_rollout(tokenizer, forwards):

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import distill_data
 from workbench.compress.distill import DistillConfig
 from workbench.compress.importance import calibration_batches

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig
 
 from workbench.compress.evaluate import count_params
 from workbench.compress.plan import PrunePlan, flops_per_token, param_count
@@ -12,23 +11,8 @@ from workbench.compress.plan_table import importance_kept, plan_label, plan_tabl
 from workbench.compress.prune import prune
 from workbench.compress.scores import UnitScores
 
-from .conftest import tiny_model
-
-
-def tiny_config():
-    """3 layers, hidden 8, MLP 6, 4 query heads in 2 KV groups (head_dim 2)."""
-    return LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=6, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-
-
-def hand_scores():
-    heads = torch.tensor([[1., 2., 3., 4.], [1., 1., 1., 1.], [4., 0., 0., 2.]])
-    neurons = torch.tensor([[1., 2., 3., 4., 5., 6.], [1.] * 6, [6., 0., 0., 0., 0., 3.]])
-    channels = torch.tensor([8., 7., 6., 5., 4., 3., 2., 1.])
-    return UnitScores(heads, neurons, channels)
-
-
-PLAN = PrunePlan((0, 2), hidden_size=4, intermediate_size=3, heads_per_group=1)
+from .helpers.models import tiny_model
+from .helpers.tables import PLAN, hand_scores, tiny_config
 
 
 def test_importance_kept_by_hand():

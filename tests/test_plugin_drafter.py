@@ -16,11 +16,11 @@ from workbench.plugins import load_plugins
 from workbench.registry import PluginError
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import NGramDrafter
-from workbench.speculative.drafters import (DRAFTERS, OPTIONAL_HOOKS, REQUIRED_HOOKS,
-                                            Drafter, SlowedDrafter)
+from workbench.speculative.drafters import (DRAFTERS, OPTIONAL_HOOKS, REQUIRED_HOOKS, Drafter,
+                                            SlowedDrafter)
 from workbench.speculative.resolve import comparison_names, drafter_form, resolve_drafter
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "tests" / "plugins" / "repeat_ngram_drafter.py"

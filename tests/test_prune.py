@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from transformers import (AutoConfig, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
-                          GPTNeoXForCausalLM)
+from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from workbench.compress.plan import PrunePlan, flops_per_token, head_dim, param_count
 from workbench.compress.prune import kept_units, prune
@@ -20,8 +19,7 @@ from workbench.models import EMBEDDED
 from workbench.rollout import RolloutEngine
 from workbench.speculative import LMDrafter
 
-from .conftest import ARCHS, PROMPTS, tiny_model
-from .test_rollout import hf_greedy
+from .helpers.models import ARCHS, PROMPTS, hf_greedy, tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,15 +12,14 @@ import ray
 import torch
 
 from workbench.adapt import SpotConfig, SpotTrainer
-from workbench.rollout import (PlainSchedule, RayBackend, RolloutConfig, RolloutEngine,
-                               WorkerFailed)
+from workbench.rollout import PlainSchedule, RayBackend, RolloutConfig, RolloutEngine, WorkerFailed
 from workbench.rollout import ray_backend
 from workbench.rollout.worker import WorkerTask
 from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGramDrafter
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 from .gates import WAIT_S, HeldOn, Signalled, Together, signal
-from .test_worker_backend import SleepJob, Tail
+from .helpers.backends import SleepJob, Tail
 
 GREEDY = RolloutConfig(max_new_tokens=24, workers=2)
 COUPLED = RolloutConfig(max_new_tokens=24, workers=2, temperature=1.0, seed=3)
@@ -179,9 +178,9 @@ def test_tlt_on_ray_trains_the_drafter_in_the_tail_with_the_local_tokens(backend
     after it; the tokens are the local backend's, and no drafter step stretches a step."""
     from workbench.rl.tlt import first_divergence
 
-    from .test_tlt import _trainer
-    on_ray = _trainer(tokenizer, "adaptive_drafter", backend=backend)
-    here = _trainer(tokenizer, "adaptive_drafter")
+    from .helpers.rl import tlt_trainer
+    on_ray = tlt_trainer(tokenizer, "adaptive_drafter", backend=backend)
+    here = tlt_trainer(tokenizer, "adaptive_drafter")
     hr, hl = on_ray.run(2, progress=False), here.run(2, progress=False)
     assert first_divergence(hl, hr) == -1
     assert (hr["drafter_overrun_s"] == 0).all() and (hr["drafter_stop_wait_s"] >= 0).all()

@@ -20,9 +20,9 @@ from workbench.rl import variants as rl_variants
 from workbench.rl.ablation.runner import close_backend, notebook_backend, run_ablation
 from workbench.rollout import LocalBackend, RayBackend, RolloutEngine, make_backend
 
-from .conftest import tiny_model
-from .test_grpo import _letters_reward, _problems
-from .test_pipeline import project, write_pipeline, write_threads_notebook  # noqa: F401
+from .helpers.models import tiny_model
+from .helpers.rl import letter_problems, letters_reward
+from .helpers.pipelines import project, write_pipeline, write_threads_notebook  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
@@ -36,7 +36,7 @@ def _grpo_steps(tokenizer, backend, steps=2):
     """``steps`` GRPO steps on a tiny float64 policy: each step's tokens, the GRPO, and the
     backend's weight pushes (with what the actors held when the rollout after each ran)."""
     model = tiny_model("llama", tokenizer)
-    g = GRPO(model, tokenizer, _problems(), _letters_reward, CONFIG, backend=backend)
+    g = GRPO(model, tokenizer, letter_problems(), letters_reward, CONFIG, backend=backend)
     pushes, tokens, after_update = [], [], None
     push = g.engine.backend.update_weights
     g.engine.backend.update_weights = lambda **kw: pushes.append(kw) or push(**kw)
@@ -73,7 +73,7 @@ class TestOneSetOfActors:
         assert [set(p) for p in pushes] == [{"policy"}, {"policy"}]
         on_ray.close()  # a backend object stays its owner's
         assert actors.num_workers == 2
-        by_name = GRPO(local.model, tokenizer, _problems(), _letters_reward, CONFIG,
+        by_name = GRPO(local.model, tokenizer, letter_problems(), letters_reward, CONFIG,
                        backend="ray")
         assert isinstance(by_name.engine.backend, RayBackend)
         assert by_name.engine.backend is not actors
@@ -87,9 +87,9 @@ class TestOneSetOfActors:
             RolloutEngine(policy, tokenizer, backend=actors).start(2)
         starts = []
         monkeypatch.setattr(RayBackend, "start", lambda self, *a, **kw: starts.append(self))
-        kw = dict(variants=["baseline"], seeds=[0, 1], reward=_letters_reward, progress=False)
-        local = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, **kw)
-        on_ray = run_ablation(policy, tokenizer, _problems(), CONFIG, 2, backend=actors, **kw)
+        kw = dict(variants=["baseline"], seeds=[0, 1], reward=letters_reward, progress=False)
+        local = run_ablation(policy, tokenizer, letter_problems(), CONFIG, 2, **kw)
+        on_ray = run_ablation(policy, tokenizer, letter_problems(), CONFIG, 2, backend=actors, **kw)
         assert starts == [] and actors.num_workers == 2  # the running actors served both seeds
         columns = ["variant", "seed", "step", "reward", "tokens", "response_len",
                    "tokens_digest"]
@@ -101,7 +101,7 @@ class TestOneSetOfActors:
                 assert torch.equal(a, b)
         monkeypatch.undo()
         with pytest.raises(ConnectionError, match="no Ray cluster answers at '127.0.0.1:1'"):
-            run_ablation(policy, tokenizer, _problems(), CONFIG, 2, backend="ray",
+            run_ablation(policy, tokenizer, letter_problems(), CONFIG, 2, backend="ray",
                          ray_address="127.0.0.1:1", **kw)  # a backend by name: started here
 
 
@@ -109,20 +109,20 @@ def test_a_bad_backend_is_refused_naming_it_before_anything_starts(tokenizer, mo
     model = tiny_model("llama", tokenizer)
     accepted = r"backend must be one of \['local', 'ray'\] or a backend object, got 'spark'"
     with pytest.raises(ValueError, match=accepted):
-        GRPO(model, tokenizer, _problems(), _letters_reward, CONFIG, backend="spark")
+        GRPO(model, tokenizer, letter_problems(), letters_reward, CONFIG, backend="spark")
     monkeypatch.setattr(rl_variants, "TLTTrainer", lambda *a, **kw: pytest.fail("a run was built"))
     with pytest.raises(ValueError, match=accepted):
-        run_ablation(model, tokenizer, _problems(), CONFIG, 1, variants=["baseline"],
+        run_ablation(model, tokenizer, letter_problems(), CONFIG, 1, variants=["baseline"],
                      backend="spark")
     with pytest.raises(ValueError, match=r"the Ray address '127.0.0.1:1' given with "
                                          r"backend='local'"):
-        run_ablation(model, tokenizer, _problems(), CONFIG, 1, variants=["baseline"],
+        run_ablation(model, tokenizer, letter_problems(), CONFIG, 1, variants=["baseline"],
                      ray_address="127.0.0.1:1")
     with pytest.raises(ValueError, match="address must be None .* got 'nowhere'"):
-        GRPO(model, tokenizer, _problems(), _letters_reward, CONFIG, backend="ray",
+        GRPO(model, tokenizer, letter_problems(), letters_reward, CONFIG, backend="ray",
              ray_address="nowhere")
     with pytest.raises(ValueError, match="given with an engine"):
-        GRPO(model, tokenizer, _problems(), _letters_reward, CONFIG, backend="ray",
+        GRPO(model, tokenizer, letter_problems(), letters_reward, CONFIG, backend="ray",
              engine=RolloutEngine(model, tokenizer))
     with pytest.raises(ValueError, match="backend object .* got 3"):
         make_backend(3)

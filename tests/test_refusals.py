@@ -24,8 +24,8 @@ from workbench.rl.checkpoint import save_state
 from workbench.rl.export import export_policy
 from workbench.rollout.ray_backend import RayBackend
 
-from .conftest import tiny_model
-from .test_remedies import PROBLEMS, _grpo, _length_reward
+from .helpers.models import tiny_model
+from .helpers.rl import PROBLEMS, length_reward, remedy_grpo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,9 +44,9 @@ def _listing(folder: Path) -> list[str]:
 
 
 def _ablation(tokenizer, folder, steps=0, grpo=None, **kw):
-    args = dict(variants=["baseline"], seeds=[0], reward=_length_reward, progress=False,
+    args = dict(variants=["baseline"], seeds=[0], reward=length_reward, progress=False,
                 checkpoint_dir=folder, checkpoint_every=1)
-    return run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, grpo or _grpo(),
+    return run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, grpo or remedy_grpo(),
                         steps, **{**args, **kw})
 
 
@@ -87,11 +87,11 @@ def test_a_local_ray_too_small_for_the_workers_is_refused_before_it_starts(
            rf"Ray instance has {workers - 1}; accepted: at most {workers - 1} CPUs"
     for backend in ("ray", RayBackend()):  # by name, or the object notebook 04 shares
         with pytest.raises(ValueError, match=need):
-            _ablation(tokenizer, folder, grpo=_grpo(workers=workers), backend=backend)
+            _ablation(tokenizer, folder, grpo=remedy_grpo(workers=workers), backend=backend)
         assert _listing(tmp_path) == ["ablation", "ablation/keep.txt"]
     with pytest.raises(ValueError, match=need):  # any caller's start: before ray.init
         RayBackend().start(lambda w: pytest.fail("an actor started"), num_workers=workers)
-    _ablation(tokenizer, folder, grpo=_grpo(workers=workers))  # corrected: the local backend
+    _ablation(tokenizer, folder, grpo=remedy_grpo(workers=workers))  # corrected: the local backend
     assert json.loads((folder / SETTINGS_FILE).read_text())["backend"] == "local"
 
 
@@ -104,15 +104,15 @@ def test_a_clusters_cpus_are_known_only_once_attached(no_ray_start):
 
 def test_check_ablation_refuses_what_run_ablation_refuses(no_ray_start):
     with pytest.raises(ValueError, match=r"seeds must be .* got \[\]"):
-        check_ablation(1, ["baseline"], [], _grpo())
+        check_ablation(1, ["baseline"], [], remedy_grpo())
     with pytest.raises(ValueError, match=r"checkpoint_every must be None or an integer >= 1, "
                                          r"got 0"):
-        check_ablation(1, ["baseline"], [0], _grpo(), checkpoint_every=0)
+        check_ablation(1, ["baseline"], [0], remedy_grpo(), checkpoint_every=0)
     with pytest.raises(ValueError, match=r"explore_budget"):
-        check_ablation(1, ["baseline"], [0], _grpo(), explore_budget=2)
+        check_ablation(1, ["baseline"], [0], remedy_grpo(), explore_budget=2)
     with pytest.raises(ValueError, match=r"need \d+ CPUs"):
-        check_ablation(1, ["baseline"], [0], _grpo(workers=_too_many_workers()), backend="ray")
-    check_ablation(1, ["baseline", "tlt"], (0, 1), _grpo(), backend="ray")
+        check_ablation(1, ["baseline"], [0], remedy_grpo(workers=_too_many_workers()), backend="ray")
+    check_ablation(1, ["baseline", "tlt"], (0, 1), remedy_grpo(), backend="ray")
 
 
 def test_check_list_names_the_list_or_the_item():

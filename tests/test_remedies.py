@@ -9,36 +9,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workbench.rl import GRPOConfig, token_terms
+from workbench.rl import token_terms
 from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.loss import UpdateData
 from workbench.rl.remedies import Behaviour, RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.remedies.cut import tokens_at
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule
 from workbench.speculative.drafters import NGramDrafter
-from workbench.tasks import Problem
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 from .drafters import ScriptedDrafter
-
-PROBLEMS = [Problem(prompt=f"q{i}?" + "x" * (i % 3), answer="a", uid=i) for i in range(32)]
-
-
-def _length_reward(prompt, completion, answer):
-    """A reward that differs inside groups (so the policy really moves)."""
-    return float(len(completion) % 3 == 0)
-
-
-def _grpo(**kw):
-    base = dict(prompts_per_step=3, samples_per_prompt=3, max_new_tokens=24, lr=5e-2,
-                workers=2, seed=1)
-    return GRPOConfig.flat(**{**base, **kw})
+from .helpers.rl import PROBLEMS, length_reward, remedy_grpo
 
 
 def _trainer(tokenizer, name, **kw):
     model = tiny_model("qwen2", tokenizer)  # lengths from 1 to the cap at temperature 1
-    return RemedyTrainer(model, tokenizer, PROBLEMS, _length_reward,
-                         RemedyConfig.variant(name, _grpo(), **kw))
+    return RemedyTrainer(model, tokenizer, PROBLEMS, length_reward,
+                         RemedyConfig.variant(name, remedy_grpo(), **kw))
 
 
 # ---- the engine's own caps, and the tokens at a time -----------------------------------------
@@ -208,9 +195,9 @@ def test_of_the_finished_groups_partial_trains_the_first_drawn_and_early_stop_th
     groups.append(SimpleNamespace(done=False, drawn=2))
     live = [(g, None) for g in groups]
     outs = [SimpleNamespace(end_s=t) for t in (0.1, 0.4, 0.2, 0.3, 0.05)]  # measured ends
-    trained, carried, dropped = _trainer(tokenizer, "partial").sampler._split(groups, live, outs)
+    trained, carried, dropped = _trainer(tokenizer, "partial").sampler.split(groups, live, outs)
     assert [g.drawn for g in trained] == [0, 1, 3] and [g.drawn for g in carried] == [2, 5]
-    trained, carried, _ = _trainer(tokenizer, "april").sampler._split(groups, live, outs)
+    trained, carried, _ = _trainer(tokenizer, "april").sampler.split(groups, live, outs)
     assert [g.drawn for g in trained] == [5, 3, 0] and [g.drawn for g in carried] == [1, 2]
 
 
@@ -307,9 +294,9 @@ def test_bad_remedy_configs_are_refused():
 
 
 def test_the_ablation_runs_the_remedies_beside_the_baseline(tokenizer):
-    ab = run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _grpo(), 2,
+    ab = run_ablation(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, remedy_grpo(), 2,
                       variants=["baseline", "overprovision", "async"], progress=False,
-                      reward=_length_reward)
+                      reward=length_reward)
     pv = ab.per_variant().set_index("variant")
     assert sorted(pv.index) == ["async", "baseline", "overprovision"]
     assert (pv["e2e_speedup"] > 0).all() and pv.loc["baseline", "e2e_speedup"] == 1
@@ -376,5 +363,5 @@ def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path,
 
 
 def _resumable(tokenizer, name, folder, **grpo):
-    return RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _length_reward,
-                         RemedyConfig.variant(name, _grpo(**grpo)), checkpoint_dir=folder)
+    return RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, length_reward,
+                         RemedyConfig.variant(name, remedy_grpo(**grpo)), checkpoint_dir=folder)

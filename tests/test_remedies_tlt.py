@@ -16,9 +16,8 @@ from workbench.rollout import LocalBackend
 from workbench.speculative.eagle import EagleHead
 from workbench.rollout.timeline import ROLLOUT_KINDS
 
-from .conftest import tiny_model
-from .test_remedies import PROBLEMS, _length_reward
-from .test_tlt import CHAINS, long_tails  # noqa: F401 (a fixture)
+from .helpers.models import tiny_model
+from .helpers.rl import CHAINS, PROBLEMS, length_reward, long_tails  # noqa: F401 (a fixture)
 
 
 def _grpo(workers=6):
@@ -36,7 +35,7 @@ def _trainer(tokenizer, remedy, backend="local", **kw):
     torch.manual_seed(3)
     head = EagleHead(model).to(torch.float64)
     grpo = _grpo()
-    return RemedyTrainer(model, tokenizer, PROBLEMS, _length_reward,
+    return RemedyTrainer(model, tokenizer, PROBLEMS, length_reward,
                          RemedyConfig.variant(remedy, grpo, **kw), backend=backend,
                          tlt=_tlt(grpo), drafter_head=head)
 
@@ -109,7 +108,7 @@ def test_the_ablation_runs_tlt_beside_a_remedy(tokenizer, long_tails):
     torch.manual_seed(3)
     ab = run_ablation(model, tokenizer, PROBLEMS, _grpo(workers=3), 2,
                       variants=["baseline", "tlt+async"], drafter_head=EagleHead(model),
-                      reward=_length_reward, progress=False, arms=CHAINS, spec_k=3,
+                      reward=length_reward, progress=False, arms=CHAINS, spec_k=3,
                       explore_budget=0.5, spot=SpotConfig.flat(batch_size=4, max_steps=2))
     h = ab.history.set_index(["variant", "step"])
     assert h.loc[("tlt+async", 1), "max_staleness"] == 1
@@ -126,5 +125,5 @@ def test_tlt_with_an_early_stop_is_refused_on_the_wall_clock(tokenizer):
     with pytest.raises(ValueError, match="extra_groups=3.*'wall'.*sim clock"):
         _trainer(tokenizer, "overprovision", backend=_WallBackend(), extra_groups=3)
     with pytest.raises(ValueError, match="drafter_head"):
-        RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _length_reward,
+        RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, length_reward,
                       RemedyConfig(), tlt=_tlt(_grpo()))

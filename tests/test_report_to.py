@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
 from workbench.compress.data import distill_data
 from workbench.compress.distill import DistillConfig, Distiller
 from workbench.rl import GRPO, GRPOConfig

@@ -8,20 +8,7 @@ import torch
 from workbench.rollout import RolloutConfig, RolloutEngine, Timeline
 from workbench.rollout.sampling import SamplingParams, adjusted_logprobs, make_uid, split_uid
 
-from .conftest import PROMPTS, tiny_model
-
-
-def hf_greedy(model, tokenizer, prompts, max_new_tokens):
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    responses = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[:row.index(tokenizer.eos_token_id) + 1]
-        responses.append(row)
-    return responses
+from .helpers.models import PROMPTS, hf_greedy, tiny_model
 
 
 def test_greedy_matches_hf_generate(tiny_gqa, tokenizer):

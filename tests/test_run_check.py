@@ -18,8 +18,7 @@ from workbench.results import write_table
 from workbench.speculative import EagleHead
 from workbench.tasks import Problem
 
-from .conftest import tiny_model
-from .test_engine import MANY
+from .helpers.models import MANY, tiny_model
 
 
 def _reward(prompt, completion, answer):

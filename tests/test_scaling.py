@@ -8,7 +8,7 @@ from workbench.rl import GRPOConfig
 from workbench.rl.scaling import BackendComparison, compare_backends
 from workbench.tasks import Problem
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 
 def test_the_local_system_runs_the_grpo_steps_and_records_both_times(tokenizer):

@@ -14,10 +14,10 @@ from workbench.speculative.bandit import AdaptiveSchedule, parse_strategy, strat
 from workbench.speculative.drafters import SlowedDrafter
 from workbench.speculative.sibling import NGramIndex
 
-from .conftest import PROMPTS, tiny_model
-from .test_plan_refusals import forwards  # noqa: F401 (a fixture: every forward call)
-from .test_speculative import (_chi2_quantile, _chi_square, _joint_3, _peaky_llama,
-                               _sample_joint, recording, reference_eagle_drafts)
+from .helpers.models import PROMPTS, tiny_model
+from .helpers.models import forwards  # noqa: F401 (a fixture: every forward call)
+from .helpers.speculative import (chi2_quantile, chi_square, joint_3, peaky_llama, recording,
+                                  reference_eagle_drafts, sample_joint)
 
 RAGGED = [PROMPTS[0], PROMPTS[2], PROMPTS[5]]  # 6, 1 and 9 characters
 
@@ -56,12 +56,12 @@ def test_speculative_sampling_from_siblings_keeps_the_policy_joint_distribution(
     """Drafts that depend on the other rows' draws are still proposals independent of the
     row's own uniforms, so the rejection rule samples the policy exactly (the same check as
     for the other drafters, tests/test_speculative.py)."""
-    policy, prompt = _peaky_llama(0), [1, 2, 3]
-    counts, acceptance = _sample_joint(policy, SiblingDrafter(), prompt, 6000, seed=7,
+    policy, prompt = peaky_llama(0), [1, 2, 3]
+    counts, acceptance = sample_joint(policy, SiblingDrafter(), prompt, 6000, seed=7,
                                        max_batch_size=1000)
     assert 0.2 < acceptance < 0.95  # siblings help, and the rejection path is exercised
-    stat, df = _chi_square(counts, _joint_3(policy, prompt))
-    assert df >= 8 and stat < _chi2_quantile(df), (stat, df)
+    stat, df = chi_square(counts, joint_3(policy, prompt))
+    assert df >= 8 and stat < chi2_quantile(df), (stat, df)
 
 
 # ---- it drafts from siblings and memory ------------------------------------------------

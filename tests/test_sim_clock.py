@@ -12,7 +12,7 @@ from workbench.rollout import LocalBackend
 from workbench.rollout.timeline import Timeline, usage_shares
 from workbench.rollout.worker import StepRecorder
 
-from .conftest import busy_for, tiny_model
+from .helpers.models import busy_for, tiny_model
 
 SPIN_S = 0.3  # CPU seconds another thread or process burns while the worker waits on it
 

@@ -1,23 +1,23 @@
 """Speculative decoding is lossless, per row, for every drafter (float64 throughout)."""
-import math
 
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 import workbench.rollout.verify as verify
 from workbench.rollout import RolloutConfig, RolloutEngine
-from workbench.rollout.forward import policy_forward
 from workbench.speculative import LMDrafter, NGramDrafter
 
 from .drafters import ScriptedDrafter
 from workbench.speculative import EagleDrafter, EagleHead
-from workbench.speculative.train import EagleTrainConfig, harvest_pairs, state_regression, train_eagle
+from workbench.speculative.train import (EagleTrainConfig, harvest_pairs, state_regression,
+                                         train_eagle)
 from workbench.zoo.tokenizer import build_char_tokenizer
 
-from .conftest import PROMPTS, tiny_model
-from .test_rollout import hf_greedy
+from .helpers.models import PROMPTS, hf_greedy, tiny_model
+from .helpers.speculative import (chi2_quantile, chi_square, joint_3, peaky_llama, recording,
+                                  reference_eagle_drafts, sample_joint)
 
 
 def drafters_for(model, tokenizer):
@@ -80,79 +80,14 @@ def test_coupled_sd_reproduces_the_plain_coupled_rollout(arch, tokenizer):
         assert res.tokens == plain.tokens, name
 
 
-class _NoEosTokenizer:
-    """The three attributes the engine needs, for a vocabulary of bare ids."""
-
-    eos_token_id = None
-    pad_token_id = 0
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
-
-
-def _peaky_llama(seed, vocab=5):
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32,
-                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=32, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).double().eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)  # far from uniform, so a wrong rule shows
-    return model
-
-
-def _chi_square(counts: dict, probs: dict) -> tuple[float, int]:
-    """Pearson's statistic over cells expected >= 5 (the rest pooled) and its degrees of freedom."""
-    n = sum(counts.values())
-    big = [c for c in probs if probs[c] * n >= 5]
-    stat = sum((counts.get(c, 0) - probs[c] * n) ** 2 / (probs[c] * n) for c in big)
-    rest_p = 1 - sum(probs[c] for c in big)
-    rest_n = n - sum(counts.get(c, 0) for c in big)
-    cells = len(big)
-    if rest_p * n >= 5:
-        stat += (rest_n - rest_p * n) ** 2 / (rest_p * n)
-        cells += 1
-    return stat, cells - 1
-
-
-def _chi2_quantile(df: int, z: float = 3.09) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def _joint_3(model, prompt, vocab=5):
-    seqs = [[a, b, c] for a in range(vocab) for b in range(vocab) for c in range(vocab)]
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([prompt + s[:2] for s in seqs])).logits, -1)
-    n = len(prompt)
-    out = {}
-    for i, s in enumerate(seqs):
-        out[tuple(s)] = float(sum(logp[i, n - 1 + j, s[j]] for j in range(3)).exp())
-    return out
-
-
-def _sample_joint(policy, drafter, prompt, n, seed, **overrides):
-    """``n`` responses of 3 tokens to ``prompt`` by speculative sampling with ``drafter``
-    (config ``overrides`` on top): how often each came, and the drafts' acceptance rate."""
-    engine = RolloutEngine(policy, _NoEosTokenizer())
-    res = engine.rollout([prompt], progress=False, drafter=drafter, max_new_tokens=3,
-                         temperature=1.0, samples_per_prompt=n, seed=seed, spec_k=2,
-                         spec_mode="speculative", **overrides)
-    counts = {}
-    for t in res.tokens:
-        counts[tuple(t)] = counts.get(tuple(t), 0) + 1
-    t = res.timeline.requests
-    return counts, t["accepted"].sum() / t["drafted"].sum()
-
-
 def test_speculative_sampling_reproduces_the_policy_joint_distribution(monkeypatch):
-    policy, poor_drafter = _peaky_llama(0), _peaky_llama(1)
+    policy, poor_drafter = peaky_llama(0), peaky_llama(1)
     prompt = [1, 2, 3]
-    probs = _joint_3(policy, prompt)
-    counts, acceptance = _sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
+    probs = joint_3(policy, prompt)
+    counts, acceptance = sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
     assert acceptance < 0.5  # the drafter is poor, so the rejection path is exercised
-    stat, df = _chi_square(counts, probs)
-    assert df >= 8 and stat < _chi2_quantile(df), (stat, df)
+    stat, df = chi_square(counts, probs)
+    assert df >= 8 and stat < chi2_quantile(df), (stat, df)
 
     # the same test catches a wrong rule: resampling from p instead of max(0, p - q)
     real = verify.speculative_accept
@@ -166,9 +101,9 @@ def test_speculative_sampling_reproduces_the_policy_joint_distribution(monkeypat
         return accepted, last.squeeze(-1).clamp(max=logp.shape[-1] - 1)
 
     monkeypatch.setattr(verify, "speculative_accept", resample_from_p)
-    counts, _ = _sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
-    stat, df = _chi_square(counts, probs)
-    assert stat > _chi2_quantile(df), (stat, df)
+    counts, _ = sample_joint(policy, LMDrafter(poor_drafter), prompt, 6000, seed=5)
+    stat, df = chi_square(counts, probs)
+    assert stat > chi2_quantile(df), (stat, df)
 
 
 def test_drafter_with_another_vocabulary_or_tokenizer_is_rejected(tokenizer):
@@ -246,40 +181,6 @@ def test_state_regression_in_rms_units_ignores_the_states_scale():
         state_regression(pred, target, "l2")
     with pytest.raises(ValueError, match="state_units must be one of .*'l2'"):
         train_eagle(None, [], EagleTrainConfig(state_units="l2"))
-
-
-def recording(drafter):
-    """The drafter, keeping every round's committed sequences and drafts in ``.rounds``."""
-    inner, drafter.rounds = drafter.draft, []
-
-    def draft(ctx, k):
-        seqs = ctx.sequences
-        tokens, logq = inner(ctx, k)
-        drafter.rounds += [(s, t) for s, t in zip(seqs, tokens.tolist())]
-        return tokens, logq
-
-    drafter.draft = draft
-    return drafter
-
-
-def reference_eagle_drafts(policy, head, seq, k):
-    """The chain an EAGLE head should draft after ``seq``, recomputed from scratch each depth
-    on the whole sequence: no cache, no rotary table, full causal mask."""
-    from workbench.rollout.forward import causal_mask_4d
-    ids = torch.tensor([seq])
-    pos = torch.arange(len(seq))[None]
-    _, states = policy_forward(policy, lean=False)(ids, pos, torch.ones_like(ids), pos,
-                                                   DynamicCache())
-    decoder, lm_head = policy.get_decoder(), policy.get_output_embeddings()
-    feats, toks, drafts = states[0, :-1], ids[0, 1:], []
-    for _ in range(k):
-        n = len(toks)
-        emb = policy.get_input_embeddings()(toks)[None]
-        out = head(emb, feats[None], causal_mask_4d(torch.ones(1, n, dtype=torch.long), n, emb.dtype),
-                   decoder.rotary_emb(emb, torch.arange(n)[None]))
-        drafts.append(int(lm_head(decoder.norm(out[0, -1])).argmax()))
-        feats, toks = torch.cat([feats, out[0, -1:]]), torch.cat([toks, torch.tensor(drafts[-1:])])
-    return drafts
 
 
 @pytest.mark.parametrize("arch,batch", [("llama", 1), ("llama", 3), ("qwen2", 3)])

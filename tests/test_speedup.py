@@ -3,9 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.speedup import (
-    WIDE_SPREAD, Runs, compare, interleave, markdown, per_repeat_ratios, run_order,
-    spread_note, spread_stats, summarize)
+from workbench.speedup import (WIDE_SPREAD, Runs, compare, interleave, markdown, per_repeat_ratios,
+                               run_order, spread_note, spread_stats, summarize)
 
 
 class FakeClock:
@@ -150,7 +149,7 @@ def spied_engine(tokenizer, calls, makespans=None):
 
     from workbench.rollout import RolloutEngine
 
-    from .conftest import tiny_model
+    from .helpers.models import tiny_model
     engine = RolloutEngine(tiny_model("llama", tokenizer), tokenizer)
     real = engine.rollout
 
@@ -173,7 +172,7 @@ def test_sd_sweep_interleaves_plain_and_sd_and_reports_the_spread(tokenizer):
     from workbench.speculative import NGramDrafter
     from workbench.speculative.sweep import SPREAD_COLUMNS, sd_sweep, sweep_spread_note
 
-    from .conftest import PROMPTS
+    from .helpers.models import PROMPTS
     calls = []
     engine = spied_engine(tokenizer, calls)
     table = sd_sweep(engine, PROMPTS[:3], {"ngram": NGramDrafter()}, ks=(1, 2),
@@ -211,7 +210,7 @@ def test_sd_sweep_speedup_is_the_median_of_per_repeat_token_rate_ratios(tokenize
     from workbench.speculative import NGramDrafter
     from workbench.speculative.sweep import sd_sweep, sweep_spread_note
 
-    from .conftest import PROMPTS
+    from .helpers.models import PROMPTS
     makespans = iter([1.0, 0.5,    # repeat 0: plain, sd -> 2.0
                       2.0, 1.0,    # repeat 1: sd, plain -> 1.0 / 2.0 = 0.5
                       4.0, 1.0])   # repeat 2: plain, sd -> 4.0

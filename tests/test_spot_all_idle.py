@@ -11,8 +11,8 @@ from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.train import TrainConfig, Trainer
 
-from .conftest import PROMPTS, tiny_model
-from .test_tlt import _longer_tail, long_tails  # noqa: F401 (a fixture)
+from .helpers.models import PROMPTS, tiny_model
+from .helpers.rl import longer_tail, long_tails  # noqa: F401 (a fixture)
 
 
 def _spot(tokenizer, tmp_path, workers, **kw):
@@ -22,7 +22,7 @@ def _spot(tokenizer, tmp_path, workers, **kw):
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=12, temperature=1.0, workers=workers,
                         samples_per_prompt=2)
-    result = _longer_tail(engine.rollout(PROMPTS, cfg, progress=False, harvest=True))
+    result = longer_tail(engine.rollout(PROMPTS, cfg, progress=False, harvest=True))
     spot = SpotTrainer(model, drafter, SpotConfig.flat(batch_size=4, **kw), tmp_path / "head")
     return engine, result, spot
 
@@ -167,7 +167,7 @@ def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_t
     from workbench.rl import GRPOConfig
     from workbench.rl.tlt import TLTConfig, TLTTrainer
 
-    from .test_tlt import _problems, _reward
+    from .helpers.rl import prompt_problems, letters_reward
 
     def run(trainer_cls):
         model = tiny_model("llama", tokenizer)
@@ -179,7 +179,7 @@ def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_t
         cfg = TLTConfig.variant("adaptive_drafter", grpo, spec_k=3,
                                 spot=SpotConfig.flat(batch_size=4, max_steps=3,
                                                      history_steps=1))
-        tlt = trainer_cls(model, tokenizer, _problems(), _reward, cfg, drafter_head=head)
+        tlt = trainer_cls(model, tokenizer, prompt_problems(), letters_reward, cfg, drafter_head=head)
         return tlt.run(3, progress=False)
 
     history = run(TLTTrainer)

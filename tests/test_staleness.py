@@ -1,104 +1,33 @@
 """The drafter-staleness run: measuring leaves the trajectory alone, every measurement is a
 losslessness check, the ceiling stops where its docstring says, a resumed run is the
 uninterrupted one, and bad arguments are refused before anything runs."""
-import itertools
-import types
 
 import pandas as pd
 import pytest
 import torch
 
-from workbench.adapt import SpotConfig
 from workbench.atomic import DamagedFileError
-from workbench.rl import GRPO, GRPOConfig
+from workbench.rl import GRPO
 from workbench.rl.acceptance import NotLosslessError, position_table
 from workbench.rl.loop import RLLoop
-from workbench.rl.staleness.run import StalenessConfig, StalenessRun, staleness_setup
+from workbench.rl.staleness.run import StalenessRun, staleness_setup
 from workbench.rl.staleness.drafters import CeilingConfig, CeilingDrafter
 from workbench.rl.staleness.report import staleness_metrics, tau_change
 from workbench.rollout import verify
 from workbench.rollout.request import RequestOutput
 from workbench.speculative import EagleHead
-from workbench.tasks import Problem
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import tiny_model
+from .helpers.staleness import (SAME, staleness_config, staleness_grpo,  # noqa: F401 (fixtures:
+                                staleness_problems, staleness_reward,   # steady_clock, straight)
+                                staleness_run, steady_clock, straight)
 
-# columns of a step's row that the sim clock and the run's logic decide (wall seconds aside)
-SAME = ["step", "reward", "kl_start", "tokens", "tau_frozen", "tau_adaptive", "tau_ceiling",
-        "tau_sibling", "diverged_frozen", "adaptive_steps", "adaptive_loss", "ceiling_steps",
-        "ceiling_kept_steps", "ceiling_loss", "sibling_prompts"]
 TAUS = ["tau_frozen", "tau_adaptive", "tau_ceiling", "tau_sibling"]
 
 
-def _reward(prompt, completion, answer):
-    return completion.count("a") / max(1, len(completion))
-
-
-def _problems(n=8):
-    return [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(PROMPTS[:n])]
-
-
-def _grpo(**kw):
-    return GRPOConfig.flat(**{"prompts_per_step": 2, "samples_per_prompt": 2,
-                              "max_new_tokens": 6, "lr": 1e-2, "workers": 2,
-                              "temperature": 1.0, **kw})
-
-
-def _config(**kw):
-    """The test's config; ``kw`` set wherever declared (``spec_k`` is the rollout's)."""
-    return StalenessConfig(
-        grpo=_grpo(spec_k=3), spot=SpotConfig.flat(batch_size=2, max_steps=1, history_steps=1),
-        ceiling=CeilingConfig.flat(batch_size=2, holdout_every=2, check_every=1, patience=1,
-                                   max_steps=2),
-        measure_groups=1, position_bucket=2).updated(**kw)
-
-
-def _run(tokenizer, config=None, **kw):
-    model = tiny_model("llama", tokenizer)
-    torch.manual_seed(1)
-    head = EagleHead(model)
-    return StalenessRun(model, tokenizer, _problems(), head, _reward,
-                        config if config is not None else _config(), **kw)
-
-
-def _steady_clock(mp) -> None:
-    """The workers' clocks tick 2**-10 s per reading (exact in binary, so differences of
-    readings do not round with the count), whatever this machine's load; and every rollout
-    gets a 60 s tail (``test_tlt._longer_tail``), so that the spot trainer's ``max_steps``
-    decides how many steps each idle window takes: the adaptive drafter is the same run
-    after run."""
-    import workbench.clock as clock
-    import workbench.rollout.worker as worker
-    from workbench.adapt import SpotTrainer
-
-    from .test_tlt import _longer_tail
-    ticks = itertools.count()
-    tick = lambda: next(ticks) * 2**-10  # noqa: E731
-    mp.setattr(clock, "time", types.SimpleNamespace(perf_counter=tick, thread_time=tick))
-    mp.setattr(worker, "time", types.SimpleNamespace(time=lambda: 0.0))
-    train = SpotTrainer.train_in_idle
-    mp.setattr(SpotTrainer, "train_in_idle",
-               lambda self, result, backend: train(self, _longer_tail(result), backend))
-
-
-@pytest.fixture
-def steady_clock(monkeypatch):
-    _steady_clock(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def straight(tokenizer):
-    """Three steps of every drafter, uninterrupted, on the steady clock."""
-    with pytest.MonkeyPatch.context() as mp:
-        _steady_clock(mp)
-        run = _run(tokenizer)
-        run.run_to(3, progress=False)
-    return run
-
-
 def test_measuring_leaves_the_trajectory_unchanged(tokenizer, straight):
-    alone = RLLoop(GRPO(tiny_model("llama", tokenizer), tokenizer, _problems(), _reward,
-                        _grpo()))
+    alone = RLLoop(GRPO(tiny_model("llama", tokenizer), tokenizer, staleness_problems(), staleness_reward,
+                        staleness_grpo()))
     alone.run(3, progress=False)
     for a, b in zip(straight.policy.state_dict().values(), alone.model.state_dict().values()):
         assert torch.equal(a, b)
@@ -120,17 +49,17 @@ def test_a_drafter_that_is_not_lossless_is_caught(tokenizer, monkeypatch):
     monkeypatch.setattr(verify, "accept_by_target",
                         lambda draft, target: torch.full((draft.shape[0],), draft.shape[1]))
     with pytest.raises(NotLosslessError, match=r"drafter 'frozen': request uid \d+ .* differs"):
-        _run(tokenizer).step()
-    counted = _run(tokenizer, _config(divergence="count", drafters=["frozen"]))
+        staleness_run(tokenizer).step()
+    counted = staleness_run(tokenizer, staleness_config(divergence="count", drafters=["frozen"]))
     row = counted.step()
     assert row["diverged_frozen"] > 0
 
 
 def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, straight,
                                                         steady_clock):
-    first = _run(tokenizer, _config(checkpoint_every=1), checkpoint_dir=tmp_path / "ckpt")
+    first = staleness_run(tokenizer, staleness_config(checkpoint_every=1), checkpoint_dir=tmp_path / "ckpt")
     first.run_to(1, progress=False)
-    resumed = _run(tokenizer, _config(checkpoint_every=1), checkpoint_dir=tmp_path / "ckpt")
+    resumed = staleness_run(tokenizer, staleness_config(checkpoint_every=1), checkpoint_dir=tmp_path / "ckpt")
     assert resumed.rl_step == 1
     # the spot trainer's step-time estimate (which steps fit the next windows) comes back too
     assert resumed.drafters["adaptive"].spot.step_s == first.drafters["adaptive"].spot.step_s > 0
@@ -149,18 +78,18 @@ def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, str
 
 def test_a_checkpoint_is_refused_when_damaged_or_made_with_another_config(tokenizer,
                                                                           tmp_path):
-    run = _run(tokenizer, _config(drafters=["frozen"]), checkpoint_dir=tmp_path / "ckpt")
+    run = staleness_run(tokenizer, staleness_config(drafters=["frozen"]), checkpoint_dir=tmp_path / "ckpt")
     run.run_to(1, progress=False)
     with pytest.raises(ValueError, match="another configuration"):
-        _run(tokenizer, _config(drafters=["frozen"], spec_k=2), checkpoint_dir=tmp_path / "ckpt")
+        staleness_run(tokenizer, staleness_config(drafters=["frozen"], spec_k=2), checkpoint_dir=tmp_path / "ckpt")
     (tmp_path / "ckpt" / "staleness_state.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(DamagedFileError, match="staleness_state.pt"):
-        _run(tokenizer, _config(drafters=["frozen"]), checkpoint_dir=tmp_path / "ckpt")
+        staleness_run(tokenizer, staleness_config(drafters=["frozen"]), checkpoint_dir=tmp_path / "ckpt")
 
 
 def _harvested_step(tokenizer):
     model = tiny_model("llama", tokenizer)
-    rl = GRPO(model, tokenizer, _problems(), _reward, _grpo()).rollout(harvest=True)
+    rl = GRPO(model, tokenizer, staleness_problems(), staleness_reward, staleness_grpo()).rollout(harvest=True)
     torch.manual_seed(1)
     return model, EagleHead(model), rl
 
@@ -226,27 +155,27 @@ def test_bad_arguments_are_refused_before_anything_runs(tokenizer, tmp_path, mon
                       ({"drafters": []}, "non-empty"),
                       ({"divergence": "ignore"}, "divergence"),
                       ({"spec_k": 0}, "spec_k"),
-                      ({"grpo": _grpo(prompts_per_step=1), "measure_groups": 1},
+                      ({"grpo": staleness_grpo(prompts_per_step=1), "measure_groups": 1},
                        "prompts_per_step must be at least 2")]:
         with pytest.raises(ValueError, match=match):
-            _config(**kw)
+            staleness_config(**kw)
     with pytest.raises(ValueError, match="holdout_every"):
         CeilingConfig(holdout_every=1)
     model = tiny_model("llama", tokenizer)
     with pytest.raises(ValueError, match="EagleHead"):
-        StalenessRun(model, tokenizer, _problems(), object(), _reward, _config())
+        StalenessRun(model, tokenizer, staleness_problems(), object(), staleness_reward, staleness_config())
     with pytest.raises(ValueError, match="eval_every=2 needs held_out"):
-        _run(tokenizer, _config(eval_every=2))
+        staleness_run(tokenizer, staleness_config(eval_every=2))
     file = tmp_path / "file"
     file.write_text("x")
     import workbench.models as models
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     with pytest.raises(ValueError, match="existing file"):
-        staleness_setup(_config(), checkpoint_dir=file)
+        staleness_setup(staleness_config(), checkpoint_dir=file)
     with pytest.raises(ValueError, match="config must be a StalenessConfig"):
         staleness_setup({"spec_k": 4})
     with pytest.raises(ValueError, match="task"):
-        staleness_setup(_config(), task="no_such_task")
+        staleness_setup(staleness_config(), task="no_such_task")
 
 
 def test_figures_draw_the_tables():
@@ -282,8 +211,8 @@ def test_figures_draw_the_tables():
 
 def test_held_out_accuracy_and_the_byproduct_end_in_the_metrics(tokenizer):
     from workbench.rl.staleness.report import FinalConfig, byproduct
-    run = _run(tokenizer, _config(drafters=["frozen", "adaptive"], eval_every=1),
-               held_out=_problems(3))
+    run = staleness_run(tokenizer, staleness_config(drafters=["frozen", "adaptive"], eval_every=1),
+               held_out=staleness_problems(3))
     history = run.run_to(2, progress=False)
     assert run.evals["step"].tolist() == [0, 1, 2]
     table = byproduct(run, FinalConfig(probe_prompts=2, temperatures=[1.0]))
@@ -306,4 +235,4 @@ def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
     m = staleness_metrics(straight.history, speedups=table)
     assert m["sibling_speedup_bs1"] == table["speedup"].iloc[0] and "sibling_tau_bs2" in m
     with pytest.raises(ValueError, match="not the sibling drafter"):
-        sibling_speedups(_run(tokenizer, _config(drafters=["frozen"])))
+        sibling_speedups(staleness_run(tokenizer, staleness_config(drafters=["frozen"])))

@@ -8,9 +8,10 @@ import torch
 
 from workbench.speculative import EagleHead
 
-from .conftest import tiny_model
-from .test_staleness import (SAME, _config, _problems, _reward, _run,  # noqa: F401
-                             _steady_clock, steady_clock, straight)
+from .helpers.models import tiny_model
+from .helpers.staleness import (SAME, hold_clock_steady,  # noqa: F401 (fixtures: steady_clock,
+                                staleness_config, staleness_problems,  # straight)
+                                staleness_reward, staleness_run, steady_clock, straight)
 
 
 def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=False):
@@ -18,8 +19,8 @@ def _trajectory(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoin
     from workbench.rl.staleness.split import StalenessTrajectory
     from workbench.rl.staleness.spool import Spool
     spool = Spool(tmp_path / "spool", max_ahead, wait_s=wait_s, poll_s=0.01)
-    return StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, _problems(), spool,
-                               _reward, config,
+    return StalenessTrajectory(tiny_model("llama", tokenizer), tokenizer, staleness_problems(), spool,
+                               staleness_reward, config,
                                checkpoint_dir=tmp_path / "trajectory" if checkpoints else None)
 
 
@@ -41,11 +42,11 @@ def _split(tokenizer, tmp_path, config, max_ahead=3, wait_s=None, checkpoints=Fa
 
 def _pair_process(role, tmp_path, steps):
     """One process of a real two-process run (spawned), on the steady clock."""
-    from .conftest import build_char_tokenizer
-    _steady_clock(pytest.MonkeyPatch())
+    from workbench.zoo.tokenizer import build_char_tokenizer
+    hold_clock_steady(pytest.MonkeyPatch())
     make = _trajectory if role == "trajectory" else _observer
     kw = {"max_ahead": 1} if role == "trajectory" else {}
-    make(build_char_tokenizer(), tmp_path, _config(), checkpoints=True, **kw).run_to(steps)
+    make(build_char_tokenizer(), tmp_path, staleness_config(), checkpoints=True, **kw).run_to(steps)
 
 
 def _assert_same_as_straight(straight, trajectory, observer):
@@ -67,7 +68,7 @@ def _assert_same_as_straight(straight, trajectory, observer):
 
 def test_the_two_process_run_gives_the_one_process_rows(tokenizer, tmp_path, straight,
                                                         steady_clock):
-    trajectory, observer = _split(tokenizer, tmp_path, _config())
+    trajectory, observer = _split(tokenizer, tmp_path, staleness_config())
     trajectory.run_to(3)
     assert trajectory.spool.steps() == [0, 1, 2]
     observer.run_to(3)
@@ -76,7 +77,7 @@ def test_the_two_process_run_gives_the_one_process_rows(tokenizer, tmp_path, str
 
 
 def test_the_trajectory_waits_when_max_ahead_observations_are_pending(tokenizer, tmp_path):
-    trajectory, observer = _split(tokenizer, tmp_path, _config(drafters=["frozen"]),
+    trajectory, observer = _split(tokenizer, tmp_path, staleness_config(drafters=["frozen"]),
                                   max_ahead=2, wait_s=0.05)
     with pytest.raises(TimeoutError, match="2 pending observations"):
         trajectory.run_to(3)
@@ -87,7 +88,7 @@ def test_the_trajectory_waits_when_max_ahead_observations_are_pending(tokenizer,
 
 
 def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, steady_clock):
-    config = _config(checkpoint_every=2)
+    config = staleness_config(checkpoint_every=2)
     trajectory, observer = _split(tokenizer, tmp_path, config, checkpoints=True)
     for _ in range(3):  # checkpointed after step 2; step 2's observation written
         trajectory.step()
@@ -115,7 +116,7 @@ def test_a_resumed_pair_gives_the_same_rows(tokenizer, tmp_path, straight, stead
     _assert_same_as_straight(straight, trajectory, observer)
     # the pair's checkpoints make one one-process run's state: its history, its drafters
     from workbench.rl.staleness.split import split_state
-    joined = _run(tokenizer, config)
+    joined = staleness_run(tokenizer, config)
     joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
     pd.testing.assert_frame_equal(joined.history[SAME], straight.history[SAME])
     pd.testing.assert_frame_equal(joined.positions, straight.positions)
@@ -142,7 +143,7 @@ def test_two_real_processes_side_by_side_give_the_one_process_rows(tokenizer, tm
     from workbench.rl.staleness.split import run_side_by_side, split_state
     run_side_by_side({role: (_pair_process, (role, tmp_path, 3))
                       for role in ("trajectory", "observer")}, poll_s=0.05)
-    joined = _run(tokenizer)
+    joined = staleness_run(tokenizer)
     joined.load_state_dict(split_state(tmp_path / "trajectory", tmp_path / "observer"))
     same = SAME + ["idle_fraction", "wasted_fraction"]
     pd.testing.assert_frame_equal(joined.history[same], straight.history[same])
@@ -156,7 +157,7 @@ def test_bad_arguments_of_a_split_run_are_refused_before_anything_runs(tmp_path,
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model loaded"))
     spool = Spool(tmp_path / "spool")
     with pytest.raises(ValueError, match="role.*'both'"):
-        split_setup("both", _config(), spool)
+        split_setup("both", staleness_config(), spool)
     with pytest.raises(ValueError, match="config must be a StalenessConfig"):
         split_setup("observer", {"spec_k": 4}, spool)
     with pytest.raises(ValueError, match="max_ahead"):
@@ -165,7 +166,7 @@ def test_bad_arguments_of_a_split_run_are_refused_before_anything_runs(tmp_path,
     with pytest.raises(ValueError, match="existing file"):
         Spool(tmp_path / "file")
     with pytest.raises(ValueError, match="existing file"):
-        split_setup("trajectory", _config(), spool, checkpoint_dir=tmp_path / "file")
+        split_setup("trajectory", staleness_config(), spool, checkpoint_dir=tmp_path / "file")
 
 
 def test_an_observation_pickled_before_the_staleness_modules_moved_is_read(tmp_path,

@@ -7,7 +7,7 @@ import pytest
 from workbench.rollout import PlainSchedule, RolloutEngine, Timeline
 from workbench.rollout.timeline import RESERVED_STEP_COLUMNS
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
 
 
 class ExplainedSchedule(PlainSchedule):

@@ -16,7 +16,7 @@ from workbench.viz.timeline import gantt  # noqa: E402
 from workbench.viz.timeline_explorer import (  # noqa: E402
     NOT_RECORDED, TimelineExplorer, find_timelines)
 
-from .conftest import PROMPTS, tiny_model  # noqa: E402
+from .helpers.models import PROMPTS, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_ablation_saves_each_step_timeline_by_variant_and_seed(runs, tmp_path):
 
 def test_the_legend_sits_outside_the_chart_and_the_title_names_run_and_step(runs):
     """The step kinds' legend lies between the title and the chart, over no request bar."""
-    from .test_explorers_sd_prune import assert_legends_clear_of_the_axes
+    from .helpers.figures import assert_legends_clear_of_the_axes
     explorer = TimelineExplorer(runs.root, run="b", step="timelines/step01")
     assert_legends_clear_of_the_axes(explorer.figure)
     assert explorer.figure._suptitle.get_text() == "run b · step timelines/step01"

@@ -13,24 +13,15 @@ from workbench.rl.setup import RLSetup
 from workbench.rl.grpo import GRPO
 from workbench.rl.loop import RLLoop
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
-from workbench.rollout import LocalBackend, RolloutConfig, RolloutEngine
-from workbench.rollout.worker import WorkerResult
+from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import harvest_pairs
 from workbench.tasks import Problem
 
-from .conftest import PROMPTS, busy_for, tiny_model
-from .test_engine import MANY
-
-CHAINS = ("chain:k=2", "chain:k=3")
-
-
-def _reward(prompt, completion, answer):
-    return completion.count("a") / max(1, len(completion))
-
-
-def _problems(n=8):
-    return [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(PROMPTS[:n])]
+from .helpers.models import MANY, PROMPTS, busy_for, tiny_model
+from .helpers.rl import (CHAINS, letters_reward, long_tails,  # noqa: F401 (a fixture)
+                         longer_tail, prompt_problems,
+                         same_state, state_copy, tlt_trainer)
 
 
 def _rollout(model, tokenizer, workers=2):
@@ -57,51 +48,6 @@ def test_buffer_serves_finished_sequences_and_the_previous_steps_longest(tokeniz
         DrafterBuffer(carry_fraction=1.5)
 
 
-def _longer_tail(result, seconds=60.0):
-    """``result`` whose slowest worker decoded ``seconds`` more at the end (a longer tail),
-    so that the first worker to finish has an idle window long enough to train in. Only the
-    sim clock moves: a window far longer than any drafter step, so that ``max_steps`` and not
-    this machine's load (a first step can take over a second on a busy machine, and the
-    spot trainer's estimate rises to it at once) decides how many steps fit."""
-    tl = result.timeline
-    last = tl.steps.loc[tl.steps["end_s"].idxmax()]
-    result.timeline = tl.with_steps([{
-        "worker": int(last["worker"]), "step": int(tl.steps["step"].max()) + 1,
-        "kind": "decode", "start_s": tl.makespan_s, "end_s": tl.makespan_s + seconds,
-        "batch_size": 1, "tokens": 1, "forward_s": seconds}])
-    return result
-
-
-def lengthen_slowest(workers, values, seconds=60.0) -> None:
-    """``_longer_tail`` inside a map, before its idle jobs run: of ``workers`` (those that
-    ran the map's rollout ``values``, its ``WorkerResult`` s), the one whose last step ended
-    last decoded ``seconds`` more (one more decode row in its recorder and its result)."""
-    if not all(isinstance(value, WorkerResult) for value in values):
-        return  # not a rollout
-    slowest = max(workers[:len(values)], key=lambda w: (w.rollout_end_s, -w.index))
-    rec = slowest.recorder
-    row = {"worker": slowest.index, "step": len(rec.rows), "kind": "decode",
-           "start_s": rec.mark, "end_s": rec.mark + seconds, "batch_size": 1, "tokens": 1,
-           "forward_s": seconds, "clock": rec.clock}
-    rec.rows.append(row)
-    rec.mark = row["end_s"]
-    next(v for v in values if v.worker == slowest.index).steps.append(row)
-
-
-@pytest.fixture
-def long_tails(monkeypatch):
-    """Every RL step's rollout on the local backend gets a 60 s longer tail (sim clock)
-    before the idle jobs run (``lengthen_slowest``)."""
-    real = LocalBackend.map
-
-    def lengthened(self, fn, items, progress=None, workers=None):
-        values = real(self, fn, items, progress, workers)
-        if workers is None:  # a rollout's map, not a re-run's
-            lengthen_slowest(self._workers, values)
-        return values
-    monkeypatch.setattr(LocalBackend, "map", lengthened)
-
-
 def _spot(tokenizer, tmp_path, **kw):
     model = tiny_model("llama", tokenizer, dtype=torch.float32)
     torch.manual_seed(1)
@@ -115,7 +61,7 @@ def test_spot_training_runs_in_the_idle_window_on_the_sim_clock(tokenizer, tmp_p
     model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=3,
                                                  idle_workers="first")
     before = {k: v.clone() for k, v in drafter.head.state_dict().items()}
-    result = _longer_tail(result)
+    result = longer_tail(result)
     rollout_end = result.timeline.makespan_s
     last = result.timeline.steps.groupby("worker")["end_s"].max()
     out = spot.train_in_idle(result, engine.backend)
@@ -138,11 +84,11 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
         tokenizer, tmp_path):
     model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=5,
                                                  idle_workers="first")
-    spot.train_in_idle(_longer_tail(result), engine.backend)   # publishes v1
-    v1, trainer_v1 = _state(drafter.head), copy.deepcopy(spot.eagle.trainer.state_dict())
+    spot.train_in_idle(longer_tail(result), engine.backend)   # publishes v1
+    v1, trainer_v1 = state_copy(drafter.head), copy.deepcopy(spot.eagle.trainer.state_dict())
     step_v1, version = spot.eagle.steps_done, spot.version
     engine, result = _rollout(model, tokenizer)
-    result = _longer_tail(result, 0.05)
+    result = longer_tail(result, 0.05)
     rollout_end = result.timeline.makespan_s
     window = result.timeline.idle_windows()[0]  # the first worker to finish: the spot's
     start, end = window.start_s, window.end_s
@@ -161,8 +107,8 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     assert bool(row["preempted"]) and row["end_s"] == end and row["forward_s"] > end - start
     # the update was discarded: serving, saved and trained heads, optimizer and step are v1's
     assert spot.version == version and spot.eagle.steps_done == step_v1
-    assert _same(v1, _state(drafter.head)) and _same(v1, _state(spot.head))
-    assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
+    assert same_state(v1, state_copy(drafter.head)) and same_state(v1, state_copy(spot.head))
+    assert same_state(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
     adam = spot.eagle.trainer.state_dict()["optimizer"]["state"]
     assert all(torch.equal(adam[i]["exp_avg"], trainer_v1["optimizer"]["state"][i]["exp_avg"])
                for i in adam)
@@ -172,18 +118,10 @@ def test_a_step_that_crosses_the_window_is_preempted_and_the_published_drafter_s
     assert spot.step_s > 0.8 * (end - start)
 
 
-def _state(head):
-    return {k: v.detach().clone() for k, v in head.state_dict().items()}
-
-
-def _same(a, b):
-    return all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monkeypatch):
     model, drafter, engine, result, spot = _spot(tokenizer, tmp_path, max_steps=2)
-    spot.train_in_idle(_longer_tail(result), engine.backend)
-    v1 = _state(drafter.head)
+    spot.train_in_idle(longer_tail(result), engine.backend)
+    v1 = state_copy(drafter.head)
     # killed inside an optimizer step: the serving and saved drafters stay at v1
     calls = {"n": 0}
     real_loss = spot.eagle.trainer.loss_fn
@@ -195,9 +133,9 @@ def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monke
         return real_loss(batch, generator)
     spot.eagle.trainer.loss_fn = dying_loss
     with pytest.raises(KeyboardInterrupt):
-        spot.train_in_idle(_longer_tail(result), engine.backend)
-    assert _same(v1, _state(drafter.head))
-    assert _same(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
+        spot.train_in_idle(longer_tail(result), engine.backend)
+    assert same_state(v1, state_copy(drafter.head))
+    assert same_state(v1, EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict())
     # killed while the new version is being written: the folder still loads as v1
     spot.eagle.trainer.loss_fn = real_loss
     real_save = torch.save
@@ -210,32 +148,15 @@ def test_preemption_mid_update_leaves_a_whole_drafter(tokenizer, tmp_path, monke
         spot.publish()
     monkeypatch.setattr(torch, "save", real_save)
     loaded = EagleHead.from_pretrained(tmp_path / "drafter", model).state_dict()
-    assert _same(v1, loaded) and _same(v1, _state(drafter.head))
+    assert same_state(v1, loaded) and same_state(v1, state_copy(drafter.head))
     spot.publish()  # and the next publish lands whole
-    assert _same(_state(spot.head), EagleHead.from_pretrained(tmp_path / "drafter",
+    assert same_state(state_copy(spot.head), EagleHead.from_pretrained(tmp_path / "drafter",
                                                               model).state_dict())
 
 
-def _trainer(tokenizer, variant, spot_steps=3, history_steps=0, backend=None, **kw):
-    """A TLT trainer of ``variant`` on a tiny float64 policy (its engine on ``backend``,
-    default the local one)."""
-    model = tiny_model("llama", tokenizer)
-    torch.manual_seed(3)
-    head = EagleHead(model).to(torch.float64)
-    grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
-                           workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
-    kw = {"explore_budget": 0.5, **kw}  # a short run: explore freely, so that TLT speculates
-    cfg = TLTConfig.variant(variant, grpo, arms=CHAINS, spec_k=3,
-                            spot=SpotConfig.flat(batch_size=4, max_steps=spot_steps,
-                                            history_steps=history_steps), **kw)
-    engine = RolloutEngine(model, tokenizer, backend=backend) if backend is not None else None
-    return TLTTrainer(model, tokenizer, _problems(), _reward, cfg, drafter_head=head,
-                      engine=engine)
-
-
 def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer, long_tails):
-    base = _trainer(tokenizer, "baseline")
-    tlt = _trainer(tokenizer, "tlt")
+    base = tlt_trainer(tokenizer, "baseline")
+    tlt = tlt_trainer(tokenizer, "tlt")
     hb, ht = base.run(2, progress=False), tlt.run(2, progress=False)
     assert first_divergence(hb, ht) == -1
     assert hb["reward"].tolist() == ht["reward"].tolist()
@@ -250,10 +171,10 @@ def test_tlt_reproduces_the_baseline_token_for_token_in_float64(tokenizer, long_
 
 
 def test_static_and_adaptive_variants(tokenizer):
-    static = _trainer(tokenizer, "static_sd")
-    head0 = _state(static.drafter.head)
+    static = tlt_trainer(tokenizer, "static_sd")
+    head0 = state_copy(static.drafter.head)
     hist = static.run(1, progress=False)
-    assert "drafter_steps" not in hist.columns and _same(head0, _state(static.drafter.head))
+    assert "drafter_steps" not in hist.columns and same_state(head0, state_copy(static.drafter.head))
     assert set(static.record.timelines[0].steps["kind"]) >= {"verify"}
 
 
@@ -271,7 +192,7 @@ def test_bad_tlt_input(tokenizer):
         TLTConfig(arms=("chain:k=9x",))
     model = tiny_model("llama", tokenizer)
     with pytest.raises(ValueError, match="drafter_head"):
-        TLTTrainer(model, tokenizer, _problems(), _reward, TLTConfig())
+        TLTTrainer(model, tokenizer, prompt_problems(), letters_reward, TLTConfig())
 
 
 def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path, long_tails):
@@ -279,7 +200,7 @@ def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path, long_tails):
     finished sequences an idle window can train on is decided by the measured clock, so
     later drafter versions are not reproducible run to run, by design.)"""
     def fresh(ckpt=None):
-        tr = _trainer(tokenizer, "tlt", spot_steps=2, history_steps=2)
+        tr = tlt_trainer(tokenizer, "tlt", spot_steps=2, history_steps=2)
         tr.checkpoint_dir = ckpt
         if ckpt is not None and tr.has_checkpoint(ckpt):
             tr.load_checkpoint(ckpt)
@@ -291,14 +212,14 @@ def test_tlt_resumes_from_its_checkpoint(tokenizer, tmp_path, long_tails):
     first.run(1, progress=False)
     resumed = fresh(tmp_path / "ckpt")
     assert resumed.rl_step == 1 and resumed.spot.version == first.spot.version == 1
-    assert _same(_state(first.drafter.head), _state(resumed.drafter.head))
-    assert _same(_state(first.spot.head), _state(resumed.spot.head))
+    assert same_state(state_copy(first.drafter.head), state_copy(resumed.drafter.head))
+    assert same_state(state_copy(first.spot.head), state_copy(resumed.spot.head))
     assert len(resumed.spot.buffer.carry) == len(first.spot.buffer.carry) > 0
     # the history comes back too, and the carry is still recognised inside it
     assert resumed.spot.buffer.state() == first.spot.buffer.state()
     assert len(resumed.spot.buffer.pairs(-1.0)) == len(first.spot.buffer.pairs(-1.0)) > 0
     resumed.run(1, progress=False)
-    assert _same(straight.model.state_dict(), resumed.model.state_dict())
+    assert same_state(straight.model.state_dict(), resumed.model.state_dict())
     assert straight.history["tokens_digest"].tolist() == resumed.history["tokens_digest"].tolist()
 
 
@@ -310,7 +231,7 @@ def test_grpo_runs_any_hf_policy_on_a_jsonl_task(tokenizer, tmp_path):
     path = tmp_path / "task.jsonl"
     path.write_text("\n".join(json.dumps({"prompt": f"say {c}?", "answer": c}) for c in "abcd"))
     model = tiny_model("qwen3", tokenizer, dtype=torch.float32)
-    g = GRPO(model, tokenizer, load_jsonl(path), _reward,
+    g = GRPO(model, tokenizer, load_jsonl(path), letters_reward,
              GRPOConfig.flat(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6))
     row = g.step()
     assert row["step"] == 0 and 0 <= row["reward"] <= 1 and row["tokens"] > 0
@@ -340,12 +261,12 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
                            workers=2, max_batch_size=3, temperature=1.0, seed=5)
     model = tiny_model("llama", tokenizer)
-    plain = RLLoop(GRPO(copy.deepcopy(model), tokenizer, _problems(), _reward, grpo))
+    plain = RLLoop(GRPO(copy.deepcopy(model), tokenizer, prompt_problems(), letters_reward, grpo))
     plain.run(3, progress=False)
     # notebook 04 samples with spec_mode="speculative", the benchmark with the default
-    ab = run_ablation(model, tokenizer, _problems(), grpo.updated(spec_mode="speculative"), 3,
-                      variants=["baseline"], seeds=[5], reward=_reward,
-                      eval_problems=_problems(3), eval_every=2, eval_max_new_tokens=4,
+    ab = run_ablation(model, tokenizer, prompt_problems(), grpo.updated(spec_mode="speculative"), 3,
+                      variants=["baseline"], seeds=[5], reward=letters_reward,
+                      eval_problems=prompt_problems(3), eval_every=2, eval_max_new_tokens=4,
                       progress=False)
     for a, b in zip(plain.model.state_dict().values(),
                     ab.trainers[("baseline", 5)].model.state_dict().values()):
@@ -365,9 +286,9 @@ def test_baseline_only_ablation_is_plain_grpo_with_an_accuracy_curve(tokenizer):
     with pytest.raises(ValueError, match=r"variant 'tlt' did not run; ran: \['baseline'\]"):
         ab.metrics("tlt")
     with pytest.raises(ValueError, match="eval_every must be an integer >= 1, got 0"):
-        run_ablation(model, tokenizer, _problems(), grpo, 1, variants=["baseline"],
+        run_ablation(model, tokenizer, prompt_problems(), grpo, 1, variants=["baseline"],
                      eval_every=0)
-    setup = RLSetup(model, tokenizer, None, _problems(), [], _reward)
+    setup = RLSetup(model, tokenizer, None, prompt_problems(), [], letters_reward)
     assert coupled_first_divergence(setup, grpo, 0) is None
     with pytest.raises(ValueError, match="steps must be an integer >= 0, got -1"):
         coupled_first_divergence(setup, grpo, -1)
@@ -383,7 +304,7 @@ def test_on_a_machine_where_sd_cannot_pay_tlt_converges_to_plain_and_keeps_pace(
     problems = [Problem(prompt=p, answer="a", uid=i) for i, p in enumerate(MANY)]
     policy = tiny_model("llama", tokenizer, seed=4)  # ragged: rows finish at many steps
     ab = run_ablation(policy, tokenizer, problems, grpo, 6, variants=["baseline", "tlt"],
-                      drafter_head=EagleHead(policy), reward=_reward, progress=False,
+                      drafter_head=EagleHead(policy), reward=letters_reward, progress=False,
                       arms=CHAINS, drafter_delay_s=0.002,
                       spot=SpotConfig.flat(batch_size=4, max_steps=2))
     learned = ab.learned("tlt")

@@ -12,7 +12,7 @@ from workbench.rollout.idle import IdleRun
 from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.worker import Worker
 
-from .test_tlt import _same, _state, _trainer, lengthen_slowest
+from .helpers.rl import lengthen_slowest, same_state, state_copy, tlt_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,9 +76,9 @@ class ApartBackend(Backend):
 
 def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer):
     apart = ApartBackend()
-    tlt = _trainer(tokenizer, "tlt", backend=apart)
-    base = _trainer(tokenizer, "baseline")
-    head0 = _state(tlt.drafter.head)
+    tlt = tlt_trainer(tokenizer, "tlt", backend=apart)
+    base = tlt_trainer(tokenizer, "baseline")
+    head0 = state_copy(tlt.drafter.head)
     ht, hb = tlt.run(2, progress=False), base.run(2, progress=False)
     assert first_divergence(hb, ht) == -1  # SD stays lossless on any backend
     assert {"start", "map", "map_tail"} <= set(apart.calls)
@@ -87,8 +87,8 @@ def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer):
     assert ht["drafter_steps"].iloc[0] >= 1, ht.filter(like="drafter").to_dict("list")
     assert ht["drafter_version"].tolist() == (ht["drafter_steps"] > 0).cumsum().tolist()
     assert tlt.spot.eagle.steps_done == ht["drafter_steps"].sum()
-    assert not _same(head0, _state(tlt.drafter.head))
-    assert _same(_state(tlt.spot.head), _state(tlt.drafter.head))
+    assert not same_state(head0, state_copy(tlt.drafter.head))
+    assert same_state(state_copy(tlt.spot.head), state_copy(tlt.drafter.head))
     steps = tlt.record.timelines[1].steps
     trained = steps[steps["kind"] == "drafter_train"]
     assert len(trained) == ht["drafter_steps"].iloc[1] + ht["drafter_preempted"].iloc[1]

@@ -141,7 +141,7 @@ def test_save_model_reloads_faithfully_with_a_plain_autotokenizer(user_folder, t
 
 def test_save_model_makes_the_char_tokenizer_reload_faithfully_in_a_qwen2(tmp_path, tokenizer):
     """The workbench's own character tokenizer beside a qwen2 lost its spaces the same way."""
-    from .conftest import tiny_model
+    from .helpers.models import tiny_model
     folder = save_model(tiny_model("qwen2", tokenizer, dtype=torch.float32), tokenizer,
                         tmp_path / "q")
     plain = AutoTokenizer.from_pretrained(folder)

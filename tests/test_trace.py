@@ -11,8 +11,7 @@ from workbench.rollout import RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.strategies import parse_strategy, strategy_name
 
-from .conftest import tiny_model
-from .test_engine import MANY
+from .helpers.models import MANY, tiny_model
 
 
 def small_trace(workers=True) -> Trace:

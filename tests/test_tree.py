@@ -17,9 +17,8 @@ from workbench.rollout.verify import speculative_accept_tree
 from workbench.rollout.worker import StepRecorder
 from workbench.speculative import EagleDrafter, EagleHead, LMDrafter
 
-from .conftest import ARCHS, PROMPTS, tiny_model
+from .helpers.models import ARCHS, PROMPTS, tiny_model, visible_cache_equals_fresh_recompute
 from .drafters import ScriptedTreeDrafter
-from .test_engine import visible_cache_equals_fresh_recompute
 
 
 def random_tree(rows: int, k: int, branch: int, vocab: int, seed: int) -> DraftTree:

@@ -20,7 +20,7 @@ import pytest
 from matplotlib.image import imread
 
 from .notebook_runs import USER_PARAMS
-from .test_notebooks import SMOKE, assert_reads_well, last_cell_images, printed
+from .helpers.notebooks import SMOKE, assert_reads_well, last_cell_images, printed
 
 
 @pytest.fixture(scope="module")

@@ -21,11 +21,11 @@ from workbench.rl.ablation.store import SETTINGS_FILE
 from workbench.rl.setup import rl_setup
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.tlt import TLTConfig
-from workbench.rl.variants import (VARIANTS, RemedyVariant, RLVariant, get_variant,
-                                   rl_variant, speculates, variant_names)
+from workbench.rl.variants import (VARIANTS, RemedyVariant, RLVariant, get_variant, rl_variant,
+                                   speculates, variant_names)
 from workbench.tasks import Problem
 
-from .conftest import tiny_model
+from .helpers.models import tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "tests" / "plugins" / "shortest_first.py"

@@ -5,32 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.rollout.timeline import Timeline
 from workbench.speculative.whatif import (WHATIF_COLUMNS, measured_speedups, measured_threshold,
-                                         sd_whatif, speedup_at, whatif_table)
-
-# (worker, kind, start, end, batch_size): worker 0's batch shrinks 4 -> 2 -> 1, worker 1's 3 -> 2
-STEPS = [(0, "prefill", 0.0, 0.1, 4), (0, "decode", 0.1, 0.5, 4), (0, "decode", 0.5, 1.0, 2),
-         (0, "decode", 1.0, 2.0, 1),
-         (1, "prefill", 0.0, 0.1, 3), (1, "decode", 0.1, 0.6, 3), (1, "decode", 0.6, 0.8, 2)]
-
-
-def make_timeline(steps=STEPS, workers=3, clock="sim") -> Timeline:
-    rows = [{"worker": w, "step": i, "kind": kind, "start_s": a, "end_s": b, "batch_size": n,
-             "tokens": n, "forward_s": b - a} for i, (w, kind, a, b, n) in enumerate(steps)]
-    req = [{"worker": 0, "uid": 0, "prompt_id": 0, "sample_idx": 0, "start_s": 0.0,
-            "end_s": 2.0, "prompt_tokens": 3, "response_tokens": 9, "finish": "eos",
-            "verify_steps": 0, "drafted": 0, "accepted": 0, "reward": float("nan")}]
-    return Timeline.from_records(rows, req, num_workers=workers, clock=clock)
-
-
-def make_sweep() -> pd.DataFrame:
-    """eagle k=4 at T=0: 2.0 at batch 1, 1.5 at batch 4, 1.0 at batch 8; ngram k=2 at T=0
-    measured at batch 2 only; eagle k=4 at T=1 a flat 3.0."""
-    rows = [("eagle", 4, 0.0, 1, 2.0), ("eagle", 4, 0.0, 4, 1.5), ("eagle", 4, 0.0, 8, 1.0),
-            ("ngram", 2, 0.0, 2, 1.2), ("eagle", 4, 1.0, 1, 3.0), ("eagle", 4, 1.0, 4, 3.0)]
-    return pd.DataFrame(rows, columns=["drafter", "k", "temperature", "batch_size", "speedup"]
-                        ).assign(tau=2.0)
+                                          sd_whatif, speedup_at, whatif_table)
+from .helpers.tables import STEPS, make_sweep, make_timeline
 
 
 def test_speedup_interpolates_in_log_batch_and_clamps_outside():

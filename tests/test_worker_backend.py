@@ -13,9 +13,10 @@ from workbench.rollout import (LocalBackend, PlainSchedule, RolloutConfig, Rollo
 from workbench.rollout.timeline import IdleWindow
 from workbench.rollout.idle import IdleClock, IdleJob, WindowEnd
 from workbench.rollout.worker import StepRecorder, WorkerTask
-from workbench.speculative import EagleDrafter, EagleHead, NGramDrafter
+from workbench.speculative import EagleDrafter, EagleHead
 
-from .conftest import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, tiny_model
+from .helpers.backends import BrokenDrafter, SleepJob, Tail
 
 
 def test_local_backend_starts_maps_updates_weights_and_closes(tokenizer):
@@ -63,39 +64,6 @@ def test_workers_return_results_without_touching_the_requests_they_were_given(to
     assert [r.uid for r in results[0].requests] == [q.uid for q in requests[0::2]]
     assert all(r.tokens and r.worker == res.worker for res in results for r in res.requests)
     assert {row["worker"] for row in results[1].steps} == {1}
-
-
-class SleepJob(IdleJob):
-    """An idle job: ``naps`` steps of ``nap_s`` seconds each, until one is preempted; steps
-    that ended past an open window's late end are undone (``clock.settle``). Its outcome is
-    what it did, and its preempted row, if any."""
-
-    def __init__(self, naps: int, nap_s: float):
-        self.naps, self.nap_s = naps, nap_s
-
-    def run(self, window, clock):
-        done = []
-        for i in range(self.naps):
-            value, row = clock.timed("drafter_train", lambda: clock.wait(self.nap_s) or i,
-                                     batch_size=3)
-            if row.get("preempted"):
-                break
-            done.append(value)
-        late = clock.settle(len(done))
-        cut = next((row for row in clock.rows if row.get("preempted")), None)
-        return {"worker": window.worker, "done": done[:len(done) - late], "cut": cut}
-
-
-class Tail:
-    """Tail jobs (``rollout.idle.TailJobs``): ``job`` for every window (or for the
-    ``first`` ones), each call recorded as (window, the workers whose values were back)."""
-
-    def __init__(self, job, first: int | None = None):
-        self.job_, self.first, self.asked = job, first, []
-
-    def job(self, window, returned):
-        self.asked.append((window, [getattr(value, "worker", None) for value in returned]))
-        return self.job_ if self.first is None or len(self.asked) <= self.first else None
 
 
 def _two_worker_rollout(tokenizer):
@@ -190,19 +158,6 @@ def test_an_open_windows_steps_past_its_late_end_are_cut_and_undone(tokenizer):
     late.end.close(rec.now() - 0.001)
     value, row = late.timed("drafter_train", lambda: 7)
     assert value == 7 and row["preempted"] and late.rows == [] and late.wasted_s() == 0
-
-
-class BrokenDrafter(NGramDrafter):
-    """Drafts until request ``uid`` is in the batch, then raises."""
-
-    def __init__(self, uid):
-        super().__init__()
-        self.uid = uid
-
-    def draft(self, ctx, k):
-        if self.uid in ctx.uids:
-            raise RuntimeError("out of memory (pretend)")
-        return super().draft(ctx, k)
 
 
 def test_a_failing_worker_is_named_with_its_cause_and_the_requests_it_held(tokenizer):

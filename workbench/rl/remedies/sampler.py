@@ -56,7 +56,7 @@ __all__ = ["Sampler", "Sampled"]
 
 @dataclass
 class Sampled:
-    """One step's rollout: ``trained`` (finished groups, as ``Sampler._split`` chose), ``carried``
+    """One step's rollout: ``trained`` (finished groups, as ``Sampler.split`` chose), ``carried``
     (groups that go on next step), the ``timeline`` (cut where the rollout ended), the
     policy ``version`` that sampled, the tokens of dropped groups (``aborted_tokens``), the
     engine's ``result``, whether it was a ``long_round`` of deferred prompts (tail
@@ -175,7 +175,7 @@ class Sampler:
             r.grow(tokens, version, out.uid, finish if out.end_s <= end_s else "")
             if record and tokens:
                 r.segments.append(torch.tensor(out.logprobs[:len(tokens)], dtype=torch.float64))
-        trained, carried, dropped = self._split(groups, live, outs)        # 5) split
+        trained, carried, dropped = self.split(groups, live, outs)        # 5) split
         self.pool = carried
         if self.leftover == "defer":
             G = self.rollout.samples_per_prompt
@@ -226,7 +226,7 @@ class Sampler:
             finish[id(g)] = max(finish[id(g)], out.end_s if end else math.inf)
         return finish
 
-    def _split(self, groups, live, outs) -> tuple[list, list, list]:
+    def split(self, groups, live, outs) -> tuple[list, list, list]:
         """5) ``(trained, carried, dropped)``: of the finished groups, ``target`` at most are
         trained. With over-provisioning the first to finish (by finish time, ties in group
         order: the early stop's own choice); else the first drawn (partial rollouts, where
