@@ -9,8 +9,9 @@ touch neither. Every run writes its result file (``--result`` of the benchmark, 
 temporary folder); each of its figures is a ratio of the benchmark's own two systems (the
 engine over HF ``generate``, TRL's step over ours), so the figure here, the head's figure over
 the base's in the same repeat, compares the code of two commits through a fixed yardstick.
-The median of those per-repeat ratios is printed with its min-max and spread, per figure;
-above 1 the head is faster.
+The median of those per-repeat ratios is printed with its min-max and spread, per figure,
+written so that above 1 the head is faster: head over base for a speed or a ratio, base over
+head for seconds (a figure whose name ends in ``_s``).
 
     python benchmarks/bench_commits.py --base 9ff37e5 --repeats 3 -- \\
         benchmarks/bench_engine.py --batch-sizes 1 8 --prompts 16 --repeats 3
@@ -97,15 +98,16 @@ def main() -> None:
     names = [n for n in runs["head"][0] if n in runs["base"][0]]
     figures, rows = {}, []
     for name in names:
-        ratios = [h[name] / b[name] for h, b in zip(runs["head"], runs["base"])]
+        ratios = [(b[name] / h[name]) if name.endswith("_s") else (h[name] / b[name])
+                  for h, b in zip(runs["head"], runs["base"])]
         stats = spread_stats(ratios)
-        figures[f"head_over_base_{name}"] = {"value": stats["ratio"], "min": stats["ratio_min"],
+        figures[f"head_speedup_{name}"] = {"value": stats["ratio"], "min": stats["ratio_min"],
                                              "max": stats["ratio_max"], "n": len(ratios)}
         rows.append(f"| {name} | {statistics.median(b[name] for b in runs['base']):.3f} | "
                     f"{statistics.median(h[name] for h in runs['head']):.3f} | "
                     f"{stats['ratio']:.3f} ({stats['ratio_min']:.3f}-{stats['ratio_max']:.3f}) |")
     print(f"\n{args.script} at {args.base} (base) and {args.head} (head), alternating, "
-          f"{args.repeats} repeats\n\n| figure | base | head | head / base (min-max) |\n"
+          f"{args.repeats} repeats\n\n| figure | base | head | head faster by (min-max) |\n"
           "|---|---|---|---|\n" + "\n".join(rows))
     shares = [r["disturbed_share"] for r in results if r["disturbed_share"] is not None]
     record(args, f"Is {args.script} as fast at {args.head} as at {args.base}?", figures,
