@@ -49,7 +49,7 @@ def staleness_run(tokenizer, config=None, **kw):
 def hold_clock_steady(mp) -> None:
     """The workers' clocks tick 2**-10 s per reading (exact in binary, so differences of
     readings do not round with the count), whatever this machine's load; and every rollout
-    gets a 60 s tail (``test_tlt._longer_tail``), so that the spot trainer's ``max_steps``
+    gets a 60 s tail (``helpers.rl.longer_tail``), so that the spot trainer's ``max_steps``
     decides how many steps each idle window takes: the adaptive drafter is the same run
     after run."""
     import workbench.clock as clock
