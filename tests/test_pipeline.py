@@ -374,12 +374,13 @@ notebooks:
 
 def test_kernels_run_over_ipc_so_no_tcp_warning_is_printed_and_errors_still_show(
         project, tmp_path, capfd):
+    """Two kernels side by side (``jobs=2``), each on sockets of its own."""
     yaml_path = write_pipeline(project, """
 notebooks:
   - notebook: notebooks/toy.ipynb
     grid: {fail: [false, true]}
 """)
-    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs").set_index("param.fail")
+    table = run_pipeline(yaml_path, runs_root=tmp_path / "runs", jobs=2).set_index("param.fail")
     printed = capfd.readouterr()
     assert "Kernel is running over TCP" not in printed.out + printed.err
     assert table.loc[False, "status"] == "ok"

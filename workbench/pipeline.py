@@ -42,7 +42,9 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -60,8 +62,7 @@ from .atomic import atomic_file, write_text
 from .checks import check_bool, check_choice, check_int
 from .scalar_log import REPORT_TO
 from .environ import environ
-from .pipeline_spec import (ENTRY_KEYS, OUT_DIR, SEED, TOP_KEYS, Pipeline, PipelineError, RunSpec,
-                            load_pipeline)
+from .pipeline_spec import OUT_DIR, SEED, PipelineError, RunSpec, load_pipeline
 
 __all__ = ["run_pipeline", "load_results", "summarize", "summary_view"]
 
@@ -216,6 +217,13 @@ class IPCKernelManager(AsyncKernelManager):
     @default("transport")
     def _transport_default(self) -> str:
         return "ipc"
+
+    @default("ip")
+    def _ip_default(self) -> str:
+        # the sockets' path prefix, one per kernel: jupyter_client's default, "kernel-ipc" in
+        # the working folder, is shared by kernels started side by side (--jobs), whose
+        # messages then cross ("Invalid Signature")
+        return os.path.join(tempfile.gettempdir(), f"workbench-kernel-{uuid.uuid4().hex}-ipc")
 
 
 def _execute(run: RunSpec, run_dir: Path, git: dict | None, versions: dict,
