@@ -18,7 +18,7 @@ from workbench.rl import GRPOConfig
 from workbench.rl.tlt import TLTConfig
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan
 from workbench.rollout.drafts import ChainDraft
-from workbench.rollout.schedule import PlainSchedule, Schedule
+from workbench.rollout.schedule import PLAIN, Decision, PlainSchedule, Schedule
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.arms import ARMS, Arm
 from workbench.speculative.bandit import AdaptiveSchedule, parse_strategy, strategy_name
@@ -206,7 +206,7 @@ def test_a_schedule_that_is_not_a_schedule_is_refused_before_the_first_step(toke
 def test_the_schedule_protocol_gives_every_optional_hook_a_default():
     s = PlainSchedule()
     assert (s.needs_drafter, s.needs_trees, s.drafter_names) == (False, False, frozenset())
-    assert s.decision(0) == {} and s.learned() is None and s.absorb(None) is None
+    assert s.decide(3, 0) == Decision(PLAIN) and s.learned() is None and s.absorb(None) is None
     assert Always(StepPlan("speculative", 2)).needs_drafter  # a schedule speculates
     with pytest.raises(TypeError, match="abstract"):
         Schedule()

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan, StepReport, Timeline
-from workbench.rollout.schedule import PLAIN, ThresholdSchedule
+from workbench.rollout.schedule import PLAIN, Decision, ThresholdSchedule
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choice, parse_strategy,
                                           strategy_name)
@@ -100,8 +100,8 @@ def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
                                               random.Random(0), 50))
 
 
-def report(plan, worker=0, tokens=10, elapsed=0.01):
-    return StepReport(worker, plan, 4, tokens, 0, 0, 0.0, 0.0, elapsed)
+def report(plan, worker=0, tokens=10, elapsed=0.01, decision=None):
+    return StepReport(worker, plan, 4, tokens, 0, 0, 0.0, 0.0, elapsed, decision=decision)
 
 
 def test_plain_is_an_arm_of_every_bucket_and_buckets_where_it_wins_stop_speculating():
@@ -116,14 +116,15 @@ def test_plain_is_an_arm_of_every_bucket_and_buckets_where_it_wins_stop_speculat
              40: "chain:k=4"}   # a new bucket starts from its nearest measured neighbour's best
     for batch in (1, 40):
         for i in range(12):
-            plan = schedule.plan(batch, 0)
-            d = schedule.decision(0)
+            decision = schedule.decide(batch, 0)
+            plan, d = decision.plan, decision.reasons
             assert d["bucket"] == schedule.bandit.bucket(batch)
             if i == 0:  # measured first, not an exploration
                 assert d == {**d, "arm": first[batch], "explored": False}
-            schedule.observe(report(plan, tokens=speeds[batch, d["arm"]]))
+            schedule.observe(report(plan, tokens=speeds[batch, d["arm"]], decision=decision))
     assert schedule.plan(1, 0) == StepPlan("speculative", 4)
-    assert schedule.plan(40, 0) == PLAIN and schedule.decision(0)["explored"] is False
+    above = schedule.decide(40, 0)
+    assert above.plan == PLAIN and above.reasons["explored"] is False
     learned = schedule.learned().set_index("bucket")
     assert learned.loc["1", "speculates"] and not learned.loc["32-63", "speculates"]
     assert learned.loc["1", "best_sd"] == "chain:k=4"
@@ -133,8 +134,9 @@ def test_plain_is_an_arm_of_every_bucket_and_buckets_where_it_wins_stop_speculat
     # a fixed threshold (TLT's rule, for studies) is still there: plain above it, unlearned
     capped = AdaptiveSchedule(arms=["chain:k=4"], threshold=8)
     assert capped.plan(9, 0) == PLAIN
-    assert capped.decision(0) == {"bucket": None, "arm": "plain", "explored": False}
-    capped.observe(report(PLAIN))
+    above = capped.decide(9, 0)
+    assert above.reasons == {"bucket": None, "arm": "plain", "explored": False}
+    capped.observe(report(PLAIN, decision=above))
     assert capped.table().empty  # steps above the threshold teach nothing
     assert ThresholdSchedule(k=4, max_batch=8).plan(8, 0) == StepPlan("speculative", 4)
 
@@ -153,10 +155,11 @@ def test_strategies_parse_to_plans_and_back():
 class RandomArms(AdaptiveSchedule):
     """Any mix: each step pulls plain or an SD arm at random (seeded), whatever it measured."""
 
-    def plan(self, batch_size, worker):
+    def decide(self, batch_size, worker):
         arm = self.bandit.rng.choice(list(self.plans))
-        self.pending[worker] = Choice(self.bandit.bucket(batch_size), arm, True)
-        return self.plans[arm]
+        choice = Choice(self.bandit.bucket(batch_size), arm, True)
+        return Decision(self.plans[arm], {"bucket": choice.bucket, "arm": arm,
+                                          "explored": True}, choice)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

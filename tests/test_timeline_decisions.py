@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from workbench.rollout import PlainSchedule, RolloutEngine, Timeline
+from workbench.rollout.schedule import Decision
 from workbench.rollout.timeline import RESERVED_STEP_COLUMNS
 
 from .helpers.models import PROMPTS, tiny_model
@@ -16,16 +17,13 @@ class ExplainedSchedule(PlainSchedule):
     def __init__(self, reasons=None):
         self.reasons, self.steps = reasons, 0
 
-    def plan(self, batch_size, worker):
+    def decide(self, batch_size, worker):
         self.steps += 1
-        self.rows = batch_size
-        return super().plan(batch_size, worker)
-
-    def decision(self, worker):
-        if self.reasons is not None:
-            return self.reasons
-        return {"phase": "tail" if self.rows < 3 else "head", "score": self.rows / 2,
-                "wide": self.rows > 4, "rows_seen": self.rows, "note": None}
+        rows = batch_size
+        reasons = self.reasons if self.reasons is not None else {
+            "phase": "tail" if rows < 3 else "head", "score": rows / 2, "wide": rows > 4,
+            "rows_seen": rows, "note": None}
+        return Decision(self.plan(batch_size, worker), reasons)
 
 
 def test_a_schedules_reasons_become_typed_columns_the_rollout_keeps(tokenizer, tmp_path):

@@ -19,7 +19,7 @@ the worker's to keep, and the steps table holds every step's figures for the dri
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..checks import check_choice, check_int
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from .arm import Arm
 
-__all__ = ["StepPlan", "StepReport", "Schedule", "PlainSchedule", "StaticSchedule",
+__all__ = ["StepPlan", "StepReport", "Decision", "Schedule", "PlainSchedule", "StaticSchedule",
            "ThresholdSchedule", "check_schedule"]
 
 PLAN_KINDS = ("plain", "speculative")
@@ -111,6 +111,20 @@ class StepReport:
     forward_s: float
     elapsed_s: float
     drafter: str | None = None
+    decision: "Decision | None" = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A schedule's answer for one decode step: the ``plan``, the ``reasons`` for it (scalars
+    under names of the schedule's own choosing: the steps table's decision columns) and a
+    ``choice`` the rollout layer never reads, which comes back to the schedule on the step's
+    :class:`StepReport` (``report.decision``), so that what it learns from needs no state kept
+    between its calls."""
+
+    plan: StepPlan
+    reasons: dict = field(default_factory=dict)
+    choice: object = None
 
 
 class Schedule(ABC):
@@ -118,6 +132,12 @@ class Schedule(ABC):
 
     Required: ``plan(batch_size, worker) -> StepPlan``, the plan of ``worker``'s next decode
     step at live batch ``batch_size``. The rest have defaults a schedule overrides as needed:
+
+    ``decide(batch_size, worker) -> Decision``: what the worker calls: the plan with its
+    reasons and a choice to learn from (:class:`Decision`). Default: ``plan``'s, with none.
+    Each reason becomes a steps-table column beside the plan's (timeline.py, "decision
+    columns"), written on the rows of that decode step; the rollout layer keeps them and never
+    reads them, the schedule's own layer does (the bandit's: speculative/decisions.py).
 
     ``needs_drafter``: whether any plan may be speculative (the worker then refuses a rollout
     without a drafter). Default True: a schedule is there to decide when to speculate.
@@ -127,13 +147,8 @@ class Schedule(ABC):
     without those members, before the rollout's first forward. Defaults: False and none
     (every plan is still checked when it is drafted).
 
-    ``observe(report)``: what the step did (:class:`StepReport`), e.g. as a bandit's reward.
-
-    ``decision(worker) -> dict``: why it planned what it last planned for ``worker``, as
-    scalars (bool, int, float, str or None) under names of its own choosing. Each key becomes
-    a steps-table column beside the plan's (timeline.py, "decision columns"), written on the
-    rows of that decode step; the rollout layer keeps them and never reads them, the
-    schedule's own layer does (the bandit's: speculative/decisions.py). Default: none.
+    ``observe(report)``: what the step did (:class:`StepReport`, its ``decision`` the one
+    ``decide`` gave), e.g. as a bandit's reward.
 
     ``absorb(steps)``, for a schedule that learns: on a backend whose workers run copies
     (``Backend.runs_copies``: Ray actors), each copy learns alone and is then dropped, so the
@@ -152,11 +167,11 @@ class Schedule(ABC):
     @abstractmethod
     def plan(self, batch_size: int, worker: int) -> StepPlan: ...
 
+    def decide(self, batch_size: int, worker: int) -> Decision:
+        return Decision(self.plan(batch_size, worker))
+
     def observe(self, report: StepReport) -> None:
         pass
-
-    def decision(self, worker: int) -> dict:
-        return {}
 
     def absorb(self, steps: "pd.DataFrame") -> None:
         pass
@@ -223,16 +238,17 @@ def plan_columns(plan: StepPlan, decision: int, drafter: str | None = None) -> d
             "plan_drafter": drafter}
 
 
-def decision_of(schedule: Schedule, worker: int) -> dict:
-    """The schedule's reasons for its latest plan for ``worker`` (``{}`` if it gives none),
-    checked: scalar values under names that are not the rollout's own columns."""
-    decision = schedule.decision(worker)
-    taken = RESERVED_STEP_COLUMNS.intersection(decision)
+def checked_reasons(schedule: Schedule, decision: Decision) -> dict:
+    """``decision``'s reasons, checked: scalar values under names that are not the rollout's
+    own columns."""
+    reasons = decision.reasons
+    taken = RESERVED_STEP_COLUMNS.intersection(reasons)
     if taken:
-        raise ValueError(f"{type(schedule).__name__}.decision() names {sorted(taken)}, which "
-                         "are the rollout's own steps columns; use other names")
-    bad = {k: v for k, v in decision.items() if not isinstance(v, SCALARS)}
+        raise ValueError(f"{type(schedule).__name__}.decide() gave reasons under the names "
+                         f"{sorted(taken)}, which are the rollout's own steps columns; use "
+                         "other names")
+    bad = {k: v for k, v in reasons.items() if not isinstance(v, SCALARS)}
     if bad:
-        raise ValueError(f"{type(schedule).__name__}.decision() gave {bad!r}; accepted "
+        raise ValueError(f"{type(schedule).__name__}.decide() gave reasons {bad!r}; accepted "
                          "values: bool, int, float, str or None")
-    return decision
+    return reasons

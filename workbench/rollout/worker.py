@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -29,7 +29,7 @@ from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .idle import IdleClock, WindowEnd
 from .request import Request, RequestOutput
-from .schedule import Schedule, StepReport, decision_of, plan_columns
+from .schedule import Schedule, StepReport, checked_reasons, plan_columns
 from .timeline import IdleWindow, rollout_end_s
 
 __all__ = ["WorkerTask", "WorkerResult", "Worker", "StepRecorder"]
@@ -221,12 +221,13 @@ class Worker:
         return cfg.batching == "continuous" and cap - live >= min(cfg.refill_for(cap), waiting)
 
     def _step(self, dec: BatchDecoder, schedule: Schedule) -> None:
-        plan = schedule.plan(dec.size, self.index)
+        decision = schedule.decide(dec.size, self.index)
+        plan = decision.plan
         if plan.speculative and dec.drafter is None:
             raise ValueError(f"the schedule planned {plan} but declares needs_drafter=False")
         first = len(dec.rec.rows)
-        report = dec.step(plan, self.index)
-        dec.rec.label(first, report, decision_of(schedule, self.index))  # before observe moves on
+        report = replace(dec.step(plan, self.index), decision=decision)
+        dec.rec.label(first, report, checked_reasons(schedule, decision))
         schedule.observe(report)
 
     @property

@@ -53,7 +53,7 @@ from typing import Sequence
 import pandas as pd
 
 from ..checks import check_fraction, check_int
-from ..rollout.schedule import PLAIN, Schedule, StepPlan, StepReport
+from ..rollout.schedule import PLAIN, Decision, Schedule, StepPlan, StepReport
 from .arms import arm_forms
 from .strategies import PLAIN_ARM, parse_strategy, strategy_name
 
@@ -285,7 +285,6 @@ class AdaptiveSchedule(Schedule):
         self.threshold = threshold
         self.bandit = BucketedBandit(list(self.plans), buckets, epsilon, window, explore_budget,
                                      seed)
-        self.pending: dict[int, Choice | None] = {}  # each worker's latest choice
 
     @property
     def needs_trees(self) -> bool:
@@ -300,27 +299,32 @@ class AdaptiveSchedule(Schedule):
         return frozenset(p.drafter for p in self.plans.values() if p.drafter is not None)
 
     def plan(self, batch_size: int, worker: int) -> StepPlan:
-        if self.threshold is not None and batch_size > self.threshold:
-            self.pending[worker] = None
-            return PLAIN
-        choice = self.pending[worker] = self.bandit.choose(batch_size, worker)
-        return self.plans[choice.arm]
+        return self.decide(batch_size, worker).plan
 
-    def decision(self, worker: int) -> dict:
-        """Why the latest plan for ``worker``: its bucket, arm and whether it explored
-        (a plain step above a fixed threshold: arm ``"plain"``, no bucket). The steps table
-        keeps them as decision columns; ``speculative.decisions`` reads them back."""
-        choice = self.pending.get(worker)
-        if choice is None:
-            return {"bucket": None, "arm": PLAIN_ARM, "explored": False}
-        return {"bucket": choice.bucket, "arm": choice.arm, "explored": choice.explored}
+    def decide(self, batch_size: int, worker: int) -> Decision:
+        """The bucket's bandit's choice for ``worker``'s next step, with why: its bucket, arm
+        and whether it explored (a plain step above a fixed threshold: arm ``"plain"``, no
+        bucket, nothing to learn). The steps table keeps the reasons as decision columns
+        (``speculative.decisions`` reads them back); the choice comes back on the step's
+        report to :meth:`observe`."""
+        if self.threshold is not None and batch_size > self.threshold:
+            return Decision(PLAIN, {"bucket": None, "arm": PLAIN_ARM, "explored": False})
+        choice = self.bandit.choose(batch_size, worker)
+        return Decision(self.plans[choice.arm], {"bucket": choice.bucket, "arm": choice.arm,
+                                                 "explored": choice.explored}, choice)
 
     def observe(self, report: StepReport) -> None:
         """Feed the step's tokens per second to the bandit that chose it (steps above a fixed
         threshold and steps with no measurable time teach nothing)."""
-        choice = self.pending.pop(report.worker, None)
-        if choice is not None and report.elapsed_s > 0:
-            self.bandit.update(choice, report.tokens / report.elapsed_s, report.elapsed_s)
+        choice = report.decision.choice if report.decision is not None else None
+        if choice is not None:
+            self._learn(choice, report.tokens, report.elapsed_s)
+
+    def _learn(self, choice: Choice, tokens: int, elapsed_s: float) -> None:
+        """The one reward, here and in :meth:`absorb`: the step's tokens per second on the
+        worker's clock; a step with no measurable time teaches nothing."""
+        if elapsed_s > 0:
+            self.bandit.update(choice, tokens / elapsed_s, elapsed_s)
 
     def table(self) -> pd.DataFrame:
         """The bandit's state per bucket and arm (:meth:`BucketedBandit.table`)."""
@@ -342,9 +346,8 @@ class AdaptiveSchedule(Schedule):
             first = rows.iloc[0]
             choice = Choice(first["bucket"], first["arm"], bool(first["explored"]), int(worker))
             self.bandit.count_pull(choice)
-            elapsed = float(rows["end_s"].max() - rows["start_s"].min())
-            if elapsed > 0:
-                self.bandit.update(choice, float(rows["tokens"].sum()) / elapsed, elapsed)
+            self._learn(choice, int(rows["tokens"].sum()),
+                        float(rows["end_s"].max() - rows["start_s"].min()))
 
     def learned(self) -> pd.DataFrame:
         """What the engine has learned of this machine, one row per bucket it decoded in:
