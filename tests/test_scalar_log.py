@@ -10,7 +10,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from workbench.scalar_log import LOG_DIR, scalar_log, scalars_of, tag_of  # noqa: E402
+from workbench.scalar_log import (LOG_DIR, log_saved_figures, scalar_log, scalars_of,  # noqa: E402
+                                  tag_of)
 
 
 def _events(folder) -> EventAccumulator:
@@ -74,3 +75,16 @@ def test_a_bad_report_to_is_refused_and_none_writes_nothing(tmp_path):
     with scalar_log("none", tmp_path) as log:
         log.row(0, _rows(1)[0])
     assert not (tmp_path / LOG_DIR).exists()
+
+
+def test_a_runs_saved_figures_go_in_as_images_only_when_reported(tmp_path):
+    for name in ("reward_curves", "timeline"):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1])
+        fig.savefig(tmp_path / f"{name}.png")
+        plt.close(fig)
+    assert log_saved_figures("none", tmp_path) == [] and not (tmp_path / LOG_DIR).exists()
+    assert log_saved_figures("tensorboard", tmp_path, step=10) == ["reward_curves", "timeline"]
+    acc = _events(tmp_path / LOG_DIR)
+    assert acc.Tags()["images"] == ["figures/reward_curves", "figures/timeline"]
+    assert acc.Images("figures/timeline")[0].step == 10

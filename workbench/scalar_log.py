@@ -31,7 +31,7 @@ import numpy as np
 from .checks import check_choice
 
 __all__ = ["REPORT_TO", "LOG_DIR", "ScalarLog", "TensorBoardLog", "scalar_log", "check_report_to",
-           "scalars_of", "tag_of"]
+           "scalars_of", "tag_of", "log_saved_figures"]
 
 REPORT_TO = ("none", "tensorboard")
 LOG_DIR = "tensorboard"  # a run's log folder, under the run's own folder
@@ -117,6 +117,25 @@ def check_report_to(report_to: str, run_dir) -> str:
                          "checkpoint_dir), where its log goes; accepted: a folder path, or "
                          "report_to='none'")
     return report_to
+
+
+def log_saved_figures(report_to: str, run_dir, step: int = 0) -> list[str]:
+    """The PNG figures a run wrote in ``run_dir`` (a notebook's figures), as TensorBoard
+    images at ``step`` in ``run_dir/tensorboard`` beside the run's curves, when ``report_to``
+    is ``"tensorboard"``; their names (none with ``"none"``)."""
+    check_choice("report_to", report_to, REPORT_TO)
+    if report_to == "none":
+        return []
+    import matplotlib.image as mpimg
+    names = []
+    with TensorBoardLog(Path(run_dir) / LOG_DIR) as log:
+        for png in sorted(Path(run_dir).glob("*.png")):
+            image = mpimg.imread(png)  # H x W x C floats in [0, 1]
+            log.writer.add_image(f"figures/{png.stem}", image, global_step=step,
+                                 dataformats="HWC")
+            names.append(png.stem)
+        log.writer.flush()
+    return names
 
 
 def scalar_log(report_to: str, run_dir, resume_step: int = 0,
