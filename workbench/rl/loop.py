@@ -123,9 +123,8 @@ class RLLoop:
     @property
     def record(self) -> RunRecord:
         """The run so far (:class:`RunRecord`), for readers outside the trainer."""
-        learned = getattr(self.schedule, "learned", None)
-        return RunRecord(list(self.grpo.rows), dict(self.timelines),
-                         learned() if callable(learned) else None)
+        learned = self.schedule.learned() if self.schedule is not None else None
+        return RunRecord(list(self.grpo.rows), dict(self.timelines), learned)
 
     def step(self) -> dict:
         """One RL step (the trainer's), its row sent to the run's log; returns the row."""
