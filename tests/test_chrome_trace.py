@@ -75,13 +75,13 @@ def _same(back: Timeline, tl: Timeline) -> None:
 
 
 def test_a_speculative_rollout_round_trips_through_its_chrome_trace(speculative, tmp_path):
-    path = speculative.to_chrome_trace(tmp_path / "trace.json")
+    path = write_chrome_trace(speculative, tmp_path / "trace.json")
     _same(read_chrome_trace(path), speculative)
 
 
 def test_drafter_training_preempted_failed_and_rerun_rows_round_trip(tlt_step, tmp_path):
     assert tlt_step.decision_columns == ["arm", "explored", "bucket", "score"]
-    path = tlt_step.to_chrome_trace(tmp_path / "trace.json")
+    path = write_chrome_trace(tlt_step, tmp_path / "trace.json")
     back = read_chrome_trace(path)
     _same(back, tlt_step)
     assert back.wasted_fraction() == tlt_step.wasted_fraction()
@@ -183,7 +183,7 @@ def test_a_decision_column_named_like_a_derived_arg_is_refused(tmp_path):
     tl = Timeline.from_records([_step(0, 0, "decode", 0.0, 0.1, wasted_s=1.0)],
                                [_request(0, 1, 0.0, 0.1)], num_workers=1)
     with pytest.raises(ValueError, match=r"decision column\(s\) \['wasted_s'\]"):
-        tl.to_chrome_trace(tmp_path / "t.json")
+        write_chrome_trace(tl, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
 
 

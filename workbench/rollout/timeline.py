@@ -360,12 +360,6 @@ class Timeline:
                                                            "clock": self.clock}))
         return Path(folder)
 
-    def to_chrome_trace(self, path: str | os.PathLike) -> Path:
-        """Write this timeline as Chrome trace-event JSON (Perfetto UI, chrome://tracing),
-        atomically: ``rollout.chrome_trace``, whose ``read_chrome_trace`` reads it back."""
-        from .chrome_trace import write_chrome_trace
-        return write_chrome_trace(self, path)
-
     @classmethod
     def load(cls, folder: str | os.PathLike) -> "Timeline":
         """The timeline saved in ``folder`` (a run folder or the folder ``save`` wrote)."""
