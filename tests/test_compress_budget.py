@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_model
-from workbench.compress import budget as budget_mod
+from workbench.compress.distill import Distiller
 from workbench.compress.budget import (COLUMNS, batch_tokens, budget_batches, budget_study,
                                        check_budgets, steps_for, teacher_tokens)
 from workbench.compress.budget_summary import budget_summary
@@ -104,10 +104,10 @@ def test_every_method_runs_once_per_budget_and_stops_at_it(study):
 def test_a_second_call_reruns_nothing_and_a_new_seed_only_its_rows(study, tokenizer,
                                                                    monkeypatch):
     teacher, student, problems, out, kw, table = study
-    calls = []
-    real = budget_mod._one_run
-    monkeypatch.setattr(budget_mod, "_one_run",
-                        lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    calls = []  # the method of each run trained ("kd", or "ce" for scratch)
+    real = Distiller.run
+    monkeypatch.setattr(Distiller, "run",
+                        lambda self, *a, **k: calls.append(self.config.mode) or real(self, *a, **k))
     again = budget_study(teacher, student, tokenizer, problems, out, [0.1, 0.5], [0], **kw)
     assert calls == [] and not out.with_name("budget.state").exists()  # checkpoints gone
     pd.testing.assert_frame_equal(again, pd.read_csv(out, dtype={"rewards": str}))

@@ -231,7 +231,7 @@ def test_prune_explorer_depth_plan_reports_its_layers():
     assert "2 of 3 layers kept (layers 0, 2)" in ex.panel.value
     assert "(layers: 2 of 3 kept)" in ex.panel.value
     assert ex.figure.axes[1].get_xticklabels()[-1].get_text() == "layers\n(2 of 3 kept)"
-    assert ex.figure._suptitle.get_text() == (
+    assert ex.figure.get_suptitle() == (
         "Plan depth: 2 of 3 layers kept (layers 0, 2), hidden size 8, MLP size 6, "
         "2 query heads per KV group")
     ex.controls["plan"].value = "teacher"
@@ -241,11 +241,11 @@ def test_prune_explorer_depth_plan_reports_its_layers():
 def test_prune_explorer_explains_its_labels_in_words():
     from workbench.compress.plan_table import LABEL_KEY
     ex = PruneExplorer(plans())
-    assert ex.figure._supxlabel.get_text() == LABEL_KEY
+    assert ex.figure.get_supxlabel() == LABEL_KEY
     assert LABEL_KEY in ex.panel.value and LABEL_KEY in ex.controls["plan"].tooltip
     for key in ("L = layers kept", "h = hidden size", "m = MLP size", "q = query heads"):
         assert key in LABEL_KEY
-    titles = [ex.figure._suptitle.get_text(), *(ax.get_title() for ax in ex.figure.axes)]
+    titles = [ex.figure.get_suptitle(), *(ax.get_title() for ax in ex.figure.axes)]
     assert not [t for t in titles if "PrunePlan(" in t or t.startswith("kept by")]
     assert str(PLAN) == ("2 layers kept (layers 0, 2), hidden size 4, MLP size 3, 1 query head "
                          "per KV group")

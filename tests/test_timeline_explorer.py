@@ -166,6 +166,6 @@ def test_the_legend_sits_outside_the_chart_and_the_title_names_run_and_step(runs
     from .helpers.figures import assert_legends_clear_of_the_axes
     explorer = TimelineExplorer(runs.root, run="b", step="timelines/step01")
     assert_legends_clear_of_the_axes(explorer.figure)
-    assert explorer.figure._suptitle.get_text() == "run b · step timelines/step01"
+    assert explorer.figure.get_suptitle() == "run b · step timelines/step01"
     explorer.controls["window"].value = (0.0, 0.5 * explorer.timeline.makespan_s)
     assert_legends_clear_of_the_axes(explorer.figure)
