@@ -318,8 +318,8 @@ def test_a_folder_saved_on_wall_sim_seconds_resumes_on_them_and_a_new_one_on_cpu
         tokenizer, tmp_path, monkeypatch):
     import workbench.clock as clock
     walls = []
-    wall = clock._wall
-    monkeypatch.setattr(clock, "_wall", lambda: walls.append(1) or wall())
+    wall = clock.wall_seconds
+    monkeypatch.setattr(clock, "wall_seconds", lambda: walls.append(1) or wall())
     folder = tmp_path / "ckpt"
     torch.set_num_threads(2)  # the notebooks' threads: a new run still reads thread CPU time
     try:

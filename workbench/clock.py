@@ -41,8 +41,8 @@ import torch
 
 from .checks import check_choice
 
-__all__ = ["seconds_reader", "sim_work", "sim_seconds", "sim_seconds_kind", "usage_probe",
-           "cpu_share", "SIM_SECONDS", "DISTURBED_BELOW"]
+__all__ = ["seconds_reader", "wall_seconds", "sim_work", "sim_seconds", "sim_seconds_kind",
+           "usage_probe", "cpu_share", "SIM_SECONDS", "DISTURBED_BELOW"]
 
 SIM_SECONDS = ("thread_cpu", "wall")  # what a sim second is: new runs, and folders saved before
 # a step that got less than this share of a core was disturbed: a quiet 2-core machine gives
@@ -56,7 +56,11 @@ def _thread_cpu() -> float:
     return time.thread_time()  # looked up at each call: a test's tick clock patches ``time``
 
 
-def _wall() -> float:
+def wall_seconds() -> float:
+    """The wall clock's reader (``time.perf_counter``): what :func:`seconds_reader` hands a
+    wall-clock recorder, or a sim one in a scope of :func:`sim_seconds` ``("wall")``. Public
+    and looked up at each :func:`seconds_reader` call, so that a caller (a test) can tell
+    which runs read it."""
     return time.perf_counter()
 
 
@@ -102,7 +106,7 @@ def seconds_reader(clock: str) -> Callable[[], float]:
     threads is refused rather than under-counted."""
     check_choice("clock", clock, ("sim", "wall"))
     if clock == "wall" or sim_seconds_kind() == "wall":
-        return _wall
+        return wall_seconds
     if torch.get_num_threads() != 1:
         raise RuntimeError(f"sim-clock work on {torch.get_num_threads()} torch threads: this "
                            "thread's CPU time would miss the others' work; run it inside "
