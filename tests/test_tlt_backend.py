@@ -59,7 +59,7 @@ class ApartBackend(Backend):
         the order they finished, its window's end known (sim clock)."""
         self.calls.append("map_tail")
         values = self.map(fn, items, progress)
-        lengthen_slowest(self._workers, values)  # a 60 s tail, as ``long_tails`` lays
+        lengthen_slowest([w.recorder for w in self._workers], values)  # as ``long_tails``
         ends = sorted((w.rollout_end_s, w.index) for w in self._workers[:len(items)])
         windows, runs = [], []
         for start, w in ends[:-1]:

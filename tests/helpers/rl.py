@@ -8,6 +8,7 @@ from workbench.rl import GRPOConfig
 from workbench.rl.tlt import TLTConfig, TLTTrainer
 from workbench.rollout import LocalBackend
 from workbench.rollout import RolloutEngine
+from workbench.rollout.timeline import rollout_end_s
 from workbench.rollout.worker import WorkerResult
 from workbench.speculative import EagleHead
 from workbench.tasks import Problem
@@ -60,20 +61,21 @@ def longer_tail(result, seconds=60.0):
     return result
 
 
-def lengthen_slowest(workers, values, seconds=60.0) -> None:
-    """``longer_tail`` inside a map, before its idle jobs run: of ``workers`` (those that
-    ran the map's rollout ``values``, its ``WorkerResult`` s), the one whose last step ended
-    last decoded ``seconds`` more (one more decode row in its recorder and its result)."""
+def lengthen_slowest(recorders, values, seconds=60.0) -> None:
+    """``longer_tail`` inside a map, before its idle jobs run: of the workers that ran the
+    map's rollout ``values`` (its ``WorkerResult`` s), whose step ``recorders`` these are
+    (``LocalBackend.recorders``, in worker order), the one whose rollout ended last decoded
+    ``seconds`` more (one more decode row in its recorder and its result)."""
     if not all(isinstance(value, WorkerResult) for value in values):
         return  # not a rollout
-    slowest = max(workers[:len(values)], key=lambda w: (w.rollout_end_s, -w.index))
-    rec = slowest.recorder
-    row = {"worker": slowest.index, "step": len(rec.rows), "kind": "decode",
+    rec = max(recorders[:len(values)],
+              key=lambda r: (rollout_end_s(r.rows, r.start_s), -r.worker))
+    row = {"worker": rec.worker, "step": len(rec.rows), "kind": "decode",
            "start_s": rec.mark, "end_s": rec.mark + seconds, "batch_size": 1, "tokens": 1,
            "forward_s": seconds, "clock": rec.clock}
     rec.rows.append(row)
     rec.mark = row["end_s"]
-    next(v for v in values if v.worker == slowest.index).steps.append(row)
+    next(v for v in values if v.worker == rec.worker).steps.append(row)
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def long_tails(monkeypatch):
     def lengthened(self, fn, items, progress=None, workers=None):
         values = real(self, fn, items, progress, workers)
         if workers is None:  # a rollout's map, not a re-run's
-            lengthen_slowest(self._workers, values)
+            lengthen_slowest(self.recorders, values)
         return values
     monkeypatch.setattr(LocalBackend, "map", lengthened)
 
