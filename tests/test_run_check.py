@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import StepCost, layout, simulate_rollout, trace_from_timeline
-from workbench.cluster.run_check import check_run
+from workbench.cluster.run_check import check_run, run_check_metrics
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation.runner import run_ablation
 from workbench.rollout.timeline import Timeline
@@ -87,3 +87,16 @@ def test_a_folder_without_what_the_check_needs_is_refused(run_folder, tmp_path):
                     partial / "timelines" / "static_sd-seed0")
     with pytest.raises(ValueError, match="no history.csv in"):
         check_run(partial, "tlt")
+
+
+def test_the_notebooks_metrics_take_the_check_where_the_run_has_its_variants(run_folder,
+                                                                             tmp_path):
+    """Notebook 04's metrics.json: the check's metrics where the variants hold the baseline,
+    static SD and TLT; none, and nothing read, where they do not (a baseline-only run)."""
+    assert (run_check_metrics(run_folder, ["baseline", "static_sd", "tlt"], "tlt", 0)
+            == check_run(run_folder, "tlt", 0).metrics())
+    empty = tmp_path / "empty"  # check_run would refuse it: nothing is read
+    for variants in (["baseline"], ["baseline", "tlt"], ["baseline", "static_sd"]):
+        assert run_check_metrics(empty, variants, "tlt", 0) == {}
+    with pytest.raises(ValueError, match="no saved timelines"):
+        run_check_metrics(empty, ["baseline", "static_sd", "tlt"])

@@ -1,11 +1,14 @@
-"""The pruning study's and the Minitron pipeline's metrics are read off their tables, and a
-table without a row they need is refused naming it (``compress.study_metrics``)."""
+"""The pruning study's, the retraining study's and the Minitron pipeline's metrics are read off
+their tables, and a table without a row they need is refused naming it
+(``compress.study_metrics``)."""
 import types
 
 import pandas as pd
 import pytest
 
-from workbench.compress.study_metrics import (drafter_metrics, ranking_metrics, speed_metrics,
+from workbench.compress.studies import RETRAININGS, token_savings
+from workbench.compress.study_metrics import (best_compressed_drafter, drafter_metrics,
+                                              ranking_metrics, retraining_metrics, speed_metrics,
                                               stage_metrics, width_depth_metrics,
                                               width_depth_test)
 
@@ -78,3 +81,53 @@ def test_stage_and_drafter_metrics_of_the_pipeline():
     assert "speedup_small_lm_drafter" not in drafter_metrics(bridge.iloc[:2], "w50", ["w50"])
     with pytest.raises(ValueError, match="no compressed drafter"):
         drafter_metrics(bridge.iloc[2:], "w50", [])
+
+
+def _finals(runs):
+    """``retraining_summary``'s table of ``runs`` (and the teacher): run i's figures i + .1."""
+    rows = [{"run": r, "lm_loss": i + .1, "lm_loss_sd": i + .2, "accuracy": i + .3,
+             "accuracy_sd": i + .4, "accuracy_lo": i + .5, "accuracy_hi": i + .6}
+            for i, r in enumerate(runs)]
+    return pd.DataFrame(rows + [{"run": "teacher", "lm_loss": 9.1, "lm_loss_sd": 0.0,
+                                 "accuracy": 9.3, "accuracy_sd": 0.0, "accuracy_lo": 9.2,
+                                 "accuracy_hi": 9.4}])
+
+
+def _curves(runs):
+    """Two seeds of two evaluations per run; scratch ends at 2.0, KD reaches it half way."""
+    return pd.DataFrame([{"run": r, "seed": seed, "step": step, "tokens": 100 * step,
+                          "lm_loss": {RETRAININGS[0]: 3 - step * 2}.get(r, 4 - step * 2)}
+                         for r in runs for seed in (0, 1) for step in (0, 1)])
+
+
+def test_retraining_metrics_name_every_run_that_ran():
+    tests = {"kd_minus_ce_accuracy": 0.05, "kd_beats_ce_significant": False}
+    m = retraining_metrics(_finals(RETRAININGS), tests, _curves(RETRAININGS), params_teacher=100,
+                           params_student=50, eval_problems=400, seeds=3)
+    savings = token_savings(_curves(RETRAININGS))
+    assert savings["tokens_kd_to_scratch_loss"] == 50 and savings["tokens_budget"] == 100
+    expected = {"params_teacher": 100, "params_student": 50, "accuracy_teacher": 9.3,
+                "loss_teacher": 9.1, "eval_problems": 400, "seeds": 3}
+    for i, name in enumerate(("student_kd", "student_kd_hidden", "student_ce", "scratch")):
+        expected.update({f"accuracy_{name}": i + .3, f"accuracy_{name}_sd": i + .4,
+                         f"accuracy_{name}_lo": i + .5, f"accuracy_{name}_hi": i + .6,
+                         f"loss_{name}": i + .1, f"loss_{name}_sd": i + .2})
+    expected.update(**tests, **savings)
+    assert m == expected and list(m) == list(expected)  # metrics.json's order too
+    # without layer pairs the hidden-state run is not run: its metrics are left out
+    runs = [RETRAININGS[0], RETRAININGS[2], RETRAININGS[3]]
+    m = retraining_metrics(_finals(runs), {}, _curves(runs), params_teacher=100,
+                           params_student=50, eval_problems=400, seeds=3)
+    assert not any("kd_hidden" in k for k in m) and m["loss_student_ce"] == 1.1
+    with pytest.raises(ValueError, match="the retraining table has no row 'teacher'"):
+        retraining_metrics(_finals(runs).iloc[:-1], {}, _curves(runs), params_teacher=100,
+                           params_student=50, eval_problems=400, seeds=3)
+
+
+def test_the_best_compressed_drafter_is_the_fastest_compressed_one():
+    bridge = pd.DataFrame({"drafter": ["compressed w50", "compressed d50", "small LM"],
+                           "tau": [4.5, 4.4, 2.6], "speedup": [0.84, 1.12, 1.5]})
+    best = best_compressed_drafter(bridge)  # the small LM is faster, but not compressed
+    assert best.name == "compressed d50" and best["tau"] == 4.4 and best["speedup"] == 1.12
+    with pytest.raises(ValueError, match=r"no compressed drafter; rows: \['small LM'\]"):
+        best_compressed_drafter(bridge.iloc[2:])

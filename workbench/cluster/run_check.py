@@ -38,7 +38,7 @@ from .cost import StepCost
 from .importers import trace_from_timeline
 from .simulate import layout, simulate_rollout
 
-__all__ = ["RunCheck", "check_run", "CALIBRATION_VARIANTS"]
+__all__ = ["RunCheck", "check_run", "run_check_metrics", "CALIBRATION_VARIANTS"]
 
 CALIBRATION_VARIANTS = ("baseline", "static_sd")
 
@@ -108,3 +108,13 @@ def check_run(folder: str | os.PathLike, variant: str = "tlt", seed: int = 0) ->
                      "plain_s": simulate_rollout(lay, cost).makespan_s,
                      "bandit_s": simulate_rollout(lay, cost, rule="bandit").makespan_s})
     return RunCheck(pd.DataFrame(rows), variant, seed)                       # 4) the ratios
+
+
+def run_check_metrics(folder: str | os.PathLike, variants, variant: str = "tlt",
+                      seed: int = 0) -> dict[str, float]:
+    """:meth:`RunCheck.metrics` of :func:`check_run` on ``folder`` where the run's
+    ``variants`` hold the :data:`CALIBRATION_VARIANTS` and ``variant``; ``{}`` (nothing read)
+    where they do not, e.g. a baseline-only run."""
+    if not {*CALIBRATION_VARIANTS, variant} <= set(variants):
+        return {}
+    return check_run(folder, variant, seed).metrics()

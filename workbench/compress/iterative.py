@@ -24,7 +24,8 @@ from .prune import prune
 from .rankings import Activation, Ranking, resolve
 from .search import KINDS, nearest_plan, plan_kind, snap_note
 
-__all__ = ["Stage", "pick_plan", "compress_step", "iterative_compress", "seeded_pipelines"]
+__all__ = ["Stage", "pick_plan", "compress_step", "iterative_compress", "seeded_pipelines",
+           "lineage_table", "seeded_models"]
 
 
 @dataclass
@@ -157,3 +158,23 @@ def seeded_pipelines(teacher, targets=(0.5, 0.25), train=(), held_out=(), calibr
             progress, plans, ranking)
         plans = [s.plan for s in runs[seed]]
     return runs
+
+
+def lineage_table(runs: dict[int, list[Stage]], params_teacher: int) -> pd.DataFrame:
+    """One row per stage of every seed of ``runs`` (:func:`seeded_pipelines`), in their
+    order: ``model`` (the stage's name), ``seed``, ``plan`` (as text), ``params``,
+    ``params_ratio`` (to ``params_teacher``), ``loss_after_prune`` and
+    ``loss_after_distill``."""
+    return pd.DataFrame([{"model": s.name, "seed": seed, "plan": str(s.plan), "params": s.params,
+                          "params_ratio": s.params / params_teacher,
+                          "loss_after_prune": s.loss_after_prune,
+                          "loss_after_distill": s.loss_after_distill}
+                         for seed, stages in runs.items() for s in stages])
+
+
+def seeded_models(teacher, runs: dict[int, list[Stage]]) -> dict:
+    """``{(name, seed): model}``: ``("teacher", 0)`` first (greedy: one seed), then every
+    stage of every seed of ``runs`` (:func:`seeded_pipelines`), as
+    ``retraining_summary.accuracy_over_seeds`` takes them."""
+    return {("teacher", 0): teacher,
+            **{(s.name, seed): s.model for seed, stages in runs.items() for s in stages}}

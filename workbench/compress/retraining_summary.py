@@ -12,8 +12,8 @@ from .data import lm_loss
 from .stats import paired_difference, summarize, summarize_column
 from .studies import RETRAININGS, tokens_to_reach
 
-__all__ = ["problem_rewards", "final_losses", "accuracy_over_seeds", "retraining_summary",
-           "kd_against_ce"]
+__all__ = ["problem_rewards", "final_losses", "accuracy_over_seeds", "with_accuracy_over_seeds",
+           "retraining_summary", "kd_against_ce"]
 
 
 def problem_rewards(model, tokenizer, problems, max_new_tokens: int = 256) -> np.ndarray:
@@ -56,6 +56,16 @@ def accuracy_over_seeds(models: dict, tokenizer, problems,
         rows.append({"name": name, "accuracy": s["mean"], "accuracy_sd": s["sd"],
                      "accuracy_lo": s["lo"], "accuracy_hi": s["hi"], "seeds": s["seeds"]})
     return pd.DataFrame(rows), rewards
+
+
+def with_accuracy_over_seeds(table: pd.DataFrame, accuracy: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (one row per ``model``, e.g. ``evaluate.compare_models``', whose
+    ``accuracy`` is one seed's) with its ``accuracy`` replaced by :func:`accuracy_over_seeds`'
+    mean over seeds and its ``accuracy_sd``, ``accuracy_lo``, ``accuracy_hi`` and ``seeds``,
+    matched by ``model`` against ``accuracy``'s ``name`` (a model without an accuracy row is
+    dropped)."""
+    return (table.drop(columns="accuracy")
+            .merge(accuracy.rename(columns={"name": "model"}), on="model"))
 
 
 def retraining_summary(curves: pd.DataFrame, models: dict, teacher, tokenizer, held_out,

@@ -1,5 +1,5 @@
-"""The flat scalars of the pruning study (notebook 05) and of the Minitron pipeline (notebook 07),
-read off their tables: what each notebook writes to ``metrics.json`` and ``workbench pipeline``
+"""The flat scalars of the pruning study (notebook 05), the retraining study (notebook 06) and
+the Minitron pipeline (notebook 07), read off their tables: what each notebook writes to ``metrics.json`` and ``workbench pipeline``
 gathers, named as the README's notebook table lists them.
 
 Each function reads one table of the study (the shape its producer returns) and refuses a table
@@ -11,9 +11,11 @@ from __future__ import annotations
 import pandas as pd
 
 from .stats import paired_difference
+from .studies import RETRAININGS, token_savings
 
 __all__ = ["ranking_metrics", "width_depth_test", "width_depth_metrics", "speed_metrics",
-           "stage_metrics", "drafter_metrics"]
+           "retraining_metrics", "RETRAINING_NAMES", "stage_metrics", "best_compressed_drafter",
+           "drafter_metrics"]
 
 INTERVAL_COLUMNS = ("lm_loss", "lm_loss_sd", "lm_loss_lo", "lm_loss_hi")
 
@@ -86,6 +88,38 @@ def speed_metrics(speed: pd.DataFrame, batch: int, names: dict[str, str]) -> dic
             for key, name in names.items()}
 
 
+# each retraining run of ``studies.RETRAININGS`` as its metrics name it
+RETRAINING_NAMES = {RETRAININGS[0]: "student_kd", RETRAININGS[1]: "student_kd_hidden",
+                    RETRAININGS[2]: "student_ce", RETRAININGS[3]: "scratch"}
+
+
+def retraining_metrics(table: pd.DataFrame, tests: dict, curves: pd.DataFrame, *,
+                       params_teacher: int, params_student: int, eval_problems: int,
+                       seeds: int) -> dict:
+    """From ``retraining_summary.retraining_summary``'s table (one row per retraining run and
+    the teacher), the KD-against-CE ``tests`` (``retraining_summary.kd_against_ce``) and the
+    study's ``curves`` (``studies.retraining_study``): the parameters, the teacher's accuracy
+    and LM loss, the counts of held-out problems and ``seeds``; per run of
+    :data:`RETRAINING_NAMES` that ran (the hidden-state run only with layer pairs) its
+    accuracy with sd and interval and its LM loss with sd, named ``accuracy_<name>``,
+    ``accuracy_<name>_sd``, ``_lo``, ``_hi``, ``loss_<name>``, ``loss_<name>_sd``; then the
+    ``tests`` and ``studies.token_savings`` of the curves."""
+    t = table.set_index("run")
+    _row(t, "teacher", "the retraining table")
+    out = {"params_teacher": params_teacher, "params_student": params_student,
+           "accuracy_teacher": t.loc["teacher", "accuracy"],
+           "loss_teacher": t.loc["teacher", "lm_loss"],
+           "eval_problems": eval_problems, "seeds": seeds}
+    for run, name in RETRAINING_NAMES.items():
+        if run in t.index:
+            out.update({f"accuracy_{name}": t.loc[run, "accuracy"],
+                        **{f"accuracy_{name}_{k}": t.loc[run, f"accuracy_{k}"]
+                           for k in ("sd", "lo", "hi")},
+                        f"loss_{name}": t.loc[run, "lm_loss"],
+                        f"loss_{name}_sd": t.loc[run, "lm_loss_sd"]})
+    return {**out, **tests, **token_savings(curves)}
+
+
 def stage_metrics(table: pd.DataFrame, stages, saturation: int) -> dict:
     """From ``evaluate.compare_models``' table (with the accuracy over seeds merged in) and the
     pipeline's ``stages`` (``.name``, ``.params``): the teacher's and every stage's parameters
@@ -104,16 +138,23 @@ def stage_metrics(table: pd.DataFrame, stages, saturation: int) -> dict:
     return out
 
 
+def best_compressed_drafter(bridge: pd.DataFrame) -> pd.Series:
+    """The row of ``sd_sweep``'s drafter table with the highest median speedup among the
+    compressed drafters (rows ``"compressed <name>"``); its ``name`` is the drafter's row."""
+    b = bridge.set_index("drafter")
+    compressed = b[b.index.str.startswith("compressed ")]
+    if compressed.empty:
+        raise ValueError(f"the drafter table has no compressed drafter; rows: {list(b.index)}")
+    return compressed.loc[compressed["speedup"].idxmax()]
+
+
 def drafter_metrics(bridge: pd.DataFrame, first: str, candidates: list[str]) -> dict:
     """From ``sd_sweep``'s table of the compressed drafters (rows ``"compressed <name>"``) and
     the small LM (row ``"small LM"``, when measured): tau and speedup of the first stage's
     student, of every candidate, of the best compressed one (its name too), and of the small
     LM; ``lossless``: every row token-identical to plain decoding."""
     b = bridge.set_index("drafter")
-    compressed = b[b.index.str.startswith("compressed ")]
-    if compressed.empty:
-        raise ValueError(f"the drafter table has no compressed drafter; rows: {list(b.index)}")
-    best = compressed["speedup"].idxmax()
+    best = best_compressed_drafter(bridge).name
     first_row = _row(b, f"compressed {first}", "the drafter table")
     out = {"accept_len_compressed_drafter": first_row["tau"],
            "speedup_compressed_drafter": first_row["speedup"]}
