@@ -50,6 +50,36 @@ def test_local_backend_starts_maps_updates_weights_and_closes(tokenizer):
     assert backend.num_workers == 0
 
 
+def test_a_policy_changed_in_place_reaches_workers_with_copies_at_the_next_rollout(tokenizer):
+    """``policy_changed`` owes the workers that hold a copy the model's weights; the next
+    rollout pays it first (``workers_behind_model`` says so), and once."""
+    model, new = tiny_model("llama", tokenizer, seed=0), tiny_model("llama", tokenizer, seed=7)
+    cfg = RolloutConfig(max_new_tokens=24, workers=2)
+    ref_new = RolloutEngine(new, tokenizer).rollout(PROMPTS, cfg, progress=False).tokens
+    backend = LocalBackend()
+    engine = RolloutEngine(model, tokenizer, backend=backend)
+    engine.start(workers=2, policy_factory=lambda w: copy.deepcopy(model))
+    assert not engine.workers_behind_model  # built from the model as it is
+    ref_old = engine.rollout(PROMPTS, cfg, progress=False).tokens
+    assert ref_old != ref_new
+    model.load_state_dict(new.state_dict())  # an update in place: the copies do not see it
+    pushes = []
+    real = backend.update_weights
+    backend.update_weights = lambda policy=None, drafter=None: (
+        pushes.append(policy is not None) or real(policy, drafter))
+    engine.policy_changed()
+    assert engine.workers_behind_model and pushes == []  # owed, not yet sent
+    assert engine.rollout(PROMPTS, cfg, progress=False).tokens == ref_new
+    assert not engine.workers_behind_model and pushes == [True]
+    engine.rollout(PROMPTS, cfg, progress=False)
+    assert pushes == [True]  # once
+    shared = RolloutEngine(model, tokenizer)
+    shared.start(2)  # workers sharing the model see it: nothing to send
+    shared.policy_changed()
+    shared.sync_policy()
+    assert not shared.workers_behind_model
+
+
 def test_workers_return_results_without_touching_the_requests_they_were_given(tokenizer):
     model = tiny_model("llama", tokenizer)
     engine = RolloutEngine(model, tokenizer)

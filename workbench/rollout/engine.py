@@ -86,10 +86,9 @@ class RolloutEngine:
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self._default_workers = False  # the engine started the backend with its own model
         self._shares_model = False  # every worker holds this very model (not a copy of it)
-        # model changed since the workers got its weights. Workers of processes (Ray actors)
-        # that are already running hold whatever their starter gave them: an engine that
-        # finds them sends its model before its first rollout
-        self._policy_stale = bool(self.backend.runs_copies and self.backend.num_workers)
+        # Workers of processes (Ray actors) that are already running hold whatever their
+        # starter gave them: an engine that finds them sends its model before its first rollout
+        self._behind = bool(self.backend.runs_copies and self.backend.num_workers)
 
     @classmethod
     def from_pretrained(cls, name_or_path="default", device=None, dtype=torch.float32, **kw):
@@ -114,7 +113,7 @@ class RolloutEngine:
                 worker.drafter.check_compatible(worker.model, tokenizer)
             return (os.getpid(), id(worker.model)) == here  # this very model, not a copy
         self._shares_model = all(self.backend.map(check, [None] * workers))
-        self._policy_stale = False  # the workers were just built from the model as it is
+        self._behind = False  # the workers were just built from the model as it is
 
     def policy_changed(self) -> None:
         """Say that this engine's model changed in place (a policy update, a checkpoint
@@ -122,15 +121,25 @@ class RolloutEngine:
         that hold a copy of their own (Ray actors, or workers of a ``policy_factory``) get
         its weights before the next rollout, once (or at :meth:`sync_policy`); workers
         sharing the model already see it."""
-        self._policy_stale = True
+        self._behind = True
+
+    @property
+    def workers_behind_model(self) -> bool:
+        """Whether the workers may hold older weights than this engine's model: it changed
+        (:meth:`policy_changed`), or the engine found workers of processes already running,
+        since they last got its weights (:meth:`start`, :meth:`sync_policy`, or the start of
+        a rollout, which syncs first). The engine's own bookkeeping of what it owes the
+        workers, read by nothing else it calls; public so that a caller can tell whether the
+        next rollout begins with a weights push (workers sharing the model skip the push)."""
+        return self._behind
 
     def sync_policy(self) -> None:
         """Send the changed model's weights (:meth:`policy_changed`) to the workers now,
         rather than at the start of the next rollout (to time it apart); nothing to send
         when the model did not change or the workers share it."""
-        if self._policy_stale and not self._shares_model and self.backend.num_workers:
+        if self._behind and not self._shares_model and self.backend.num_workers:
             self.backend.update_weights(policy=self.model.state_dict())
-        self._policy_stale = False
+        self._behind = False
 
     def update_weights(self, policy: dict | None = None, drafter: dict | None = None) -> None:
         """Load a new policy and/or drafter state dict into every worker."""
