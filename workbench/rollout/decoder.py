@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from .batch import DecodeBatch
-from .drafts import DraftInput, propose, serving_drafter
+from .drafts import DraftInput
 from .forward import Forward
+from .plan import StepPlan, propose, serving_drafter
 from .sampling import SamplingParams
 from .sampling_mode import SamplingMode
-from .schedule import StepPlan, StepReport
+from .schedule import StepReport
 
 __all__ = ["BatchDecoder", "StepOutcome", "prefill_groups"]
 
@@ -150,7 +151,7 @@ class BatchDecoder:
         2. build the step's input once: the sampling mode keyed to the rows, and the
            :class:`~workbench.rollout.drafts.DraftInput` (the unconsumed policy states taken
            here, for a drafter that reads them);
-        3. draft with the drafter that serves the plan (``drafts.serving_drafter``: the
+        3. draft with the drafter that serves the plan (``plan.serving_drafter``: the
            member of a drafter set the plan names), timed as a ``draft`` row of its own;
         4. feed ``[last_token] + drafts`` ``[B, 1 + n]`` at their positions in one policy
            forward: logits ``[B, 1 + n, V]``, states ``[B, 1 + n, H]``;

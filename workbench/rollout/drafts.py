@@ -31,63 +31,10 @@ from typing import Callable
 import torch
 
 from .sampling_mode import SamplingMode
-from .schedule import StepPlan
 from .tree import DraftTree
 from .verify import Verdict, verify_chain, verify_tree
 
-__all__ = ["DraftInput", "ChainDraft", "TreeDraft", "propose", "propose_shape",
-           "serving_drafter", "check_tree_drafter", "check_schedule_drafter"]
-_TREE_DRAFTERS = ("trees need a drafter with draft_tree(ctx, k, branch) and supports_trees: "
-                 "EagleDrafter ('eagle') or LMDrafter ('small_lm'); chains (branch=1, "
-                 "verify_budget=None) work with any drafter")
-
-
-def serving_drafter(drafter, name: str | None, asker="a plan"):
-    """``(its name, the drafter)`` that drafts a step whose plan names ``name``
-    (``StepPlan.drafter``). A drafter with ``members`` (a dict of named drafters, and ``main``
-    one of its keys: ``speculative.DrafterSet``) serves a plan naming a member with that
-    member, and a plan naming none with its main one; a lone drafter serves plans naming
-    none or its own ``name``. Any other name is refused, naming what the drafter has
-    (``asker`` says who asked)."""
-    members = drafter.members
-    if members is None:
-        own = drafter.name
-        if name is None or name == own:
-            return own, drafter
-        have = [own]
-    else:
-        key = drafter.main if name is None else name
-        if key in members:
-            return key, members[key]
-        have = list(members)
-    raise ValueError(f"{asker} names drafter {name!r}, but the rollout's drafter "
-                     f"({type(drafter).__name__}) has {have}; name one of those, or draft with "
-                     f"a DrafterSet that has a member {name!r} (workbench.speculative)")
-
-
-def check_tree_drafter(drafter, asker) -> None:
-    """Refuse a drafter that drafts chains only when ``asker`` (a tree :class:`StepPlan`, or a
-    schedule with ``needs_trees``) asks for trees, before anything is drafted (every
-    verification mode verifies trees losslessly, so the drafter is the only thing that can be
-    missing)."""
-    if drafter.supports_trees:
-        return
-    what = (f"the plan {asker}" if isinstance(asker, StepPlan)
-            else f"the schedule {type(asker).__name__} (needs_trees=True)")
-    raise ValueError(f"{what} asks for draft trees, but drafter "
-                     f"{drafter.name!r} ({type(drafter).__name__}) drafts "
-                     f"chains only; {_TREE_DRAFTERS}")
-
-
-def check_schedule_drafter(schedule, drafter) -> None:
-    """Before a rollout's first forward: refuse a schedule that may plan trees
-    (``schedule.needs_trees``) when ``drafter`` drafts chains only, or whose plans name a
-    drafter (``schedule.drafter_names``) that ``drafter`` does not have (a schedule that
-    declares neither, ``rollout.schedule.Schedule``'s defaults, is checked step by step)."""
-    if schedule.needs_trees:
-        check_tree_drafter(drafter, schedule)
-    for name in sorted(schedule.drafter_names):
-        serving_drafter(drafter, name, f"the schedule {type(schedule).__name__}")
+__all__ = ["DraftInput", "ChainDraft", "TreeDraft"]
 
 
 @dataclass(frozen=True)
@@ -153,32 +100,6 @@ class DraftInput:
         """``[B, f, V]``: what a tree's candidates at ``depth`` are ranked by
         (``SamplingMode.rank``)."""
         return self.mode.rank(logits, depth)
-
-
-def propose(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
-    """The proposal of ``drafter`` (the one that serves ``plan``: :func:`serving_drafter`) for
-    one step of ``plan``, ``k`` deep (``k <= plan.k``, clipped to the context): what the
-    plan's arm proposes when a plugin arm made it (``StepPlan.arm``, ``rollout.arm.Arm``:
-    checked to hold every row and 1 to ``k`` drafts each), else :func:`propose_shape`."""
-    if plan.arm is None:
-        return propose_shape(drafter, ctx, plan, k)
-    draft = plan.arm.propose(drafter, ctx, plan, k)
-    rows = len(ctx.request_ids)
-    if (not isinstance(draft, (ChainDraft, TreeDraft)) or draft.tokens.shape[0] != rows
-            or draft.size < 1 or (draft.k if isinstance(draft, TreeDraft) else draft.size) > k):
-        raise ValueError(f"arm {plan.arm!r} proposed {draft!r:.120}; accepted a ChainDraft or "
-                         f"TreeDraft of the step's {rows} rows with 1 to {k} drafts each "
-                         "(rollout.arm.Arm.propose)")
-    return draft
-
-
-def propose_shape(drafter, ctx, plan: StepPlan, k: int) -> "ChainDraft | TreeDraft":
-    """The proposal of the plan's own shape: a chain of ``k`` drafts, or a tree ``k`` deep
-    pruned to the plan's ``verify_budget``."""
-    if not plan.tree:
-        return ChainDraft(*drafter.draft(ctx, k))
-    check_tree_drafter(drafter, plan)
-    return TreeDraft(drafter.draft_tree(ctx, k, plan.branch).select(plan.verify_budget), k)
 
 
 @dataclass

@@ -22,71 +22,17 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..checks import check_choice, check_int
+from ..checks import check_int
+from .plan import PLAIN, StepPlan
 from .timeline import RESERVED_STEP_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .arm import Arm
-
 __all__ = ["StepPlan", "StepReport", "Decision", "Schedule", "PlainSchedule", "StaticSchedule",
            "ThresholdSchedule", "check_schedule"]
 
-PLAN_KINDS = ("plain", "speculative")
 SCALARS = (bool, int, float, str, type(None))  # what a decision column may hold
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one decode step does.
-
-    Args:
-        kind: ``"plain"`` (feed each row's last token, sample one) or ``"speculative"``.
-        k: draft depth of a speculative step (tokens drafted per row).
-        branch: candidates expanded per node and kept per depth; 1 is a chain.
-        verify_budget: tree nodes per row the policy verifies in one pass, the best by
-            cumulative drafter logprob; ``None``: all (``branch * k``). A speculative plan
-            with ``branch > 1`` or a budget drafts a tree (``rollout.drafts``).
-        drafter: which drafter drafts a speculative step: the name of a member of the
-            rollout's drafter set (``speculative.DrafterSet``; a lone drafter answers to its
-            own ``name``); ``None``: the rollout's main drafter (``drafts.serving_drafter``).
-        arm: the decoding arm that made this plan when it is a plugin's
-            (``speculative.arms``): tables name the plan by it, and the step drafts as its
-            ``propose`` says (``rollout.arm.Arm``). ``None`` for the built-in shapes, which
-            the fields above name and draft.
-    """
-
-    kind: str = "plain"
-    k: int = 0
-    branch: int = 1
-    verify_budget: int | None = None
-    drafter: str | None = None
-    arm: "Arm | None" = None
-
-    def __post_init__(self):
-        check_choice("StepPlan.kind", self.kind, PLAN_KINDS)
-        if self.kind == "speculative":
-            check_int("StepPlan.k (the draft depth of a speculative step)", self.k, 1)
-        check_int("StepPlan.branch (1: a chain)", self.branch, 1)
-        check_int("StepPlan.verify_budget", self.verify_budget, 1, optional="all nodes")
-        if self.drafter is not None and (not isinstance(self.drafter, str) or not self.drafter
-                                         or self.kind != "speculative"):
-            raise ValueError(f"StepPlan.drafter must be None (the main drafter) or, on a "
-                             f"speculative plan, a drafter's name; got {self.drafter!r} on a "
-                             f"{self.kind} plan")
-
-    @property
-    def speculative(self) -> bool:
-        return self.kind == "speculative"
-
-    @property
-    def tree(self) -> bool:
-        """Whether the step drafts a tree rather than a chain."""
-        return self.speculative and (self.branch > 1 or self.verify_budget is not None)
-
-
-PLAIN = StepPlan()
 
 
 @dataclass(frozen=True)
@@ -98,7 +44,7 @@ class StepReport:
     draft tokens proposed and kept over all rows (0 for a plain step); ``draft_s`` the
     drafter's seconds, ``forward_s`` the policy forward's, ``elapsed_s`` the whole step's
     (drafting, verification and bookkeeping) on the worker's clock; ``drafter`` the name of
-    the drafter that drafted (``drafts.serving_drafter``; ``None`` when none did).
+    the drafter that drafted (``plan.serving_drafter``; ``None`` when none did).
     """
 
     worker: int

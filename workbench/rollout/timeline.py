@@ -10,7 +10,7 @@ steps     one row per engine call on a worker
           no decode step wrote and in tables saved before them: decision (Int64, the decode
           step's index on its worker), plan_k (Int64, 0 for a plain step), plan_branch
           (Int64), plan_budget (Int64, NA for a chain), plan_drafter (string: the name of
-          the drafter that drafted the step, ``drafts.serving_drafter``; NA when none did);
+          the drafter that drafted the step, ``plan.serving_drafter``; NA when none did);
           preempted (boolean: a drafter training step cut at the end of its idle window,
           its work discarded; NA elsewhere); rerun (boolean: a rollout step re-running
           requests of a worker that failed; NA elsewhere); cpu_share (Float64: the CPU

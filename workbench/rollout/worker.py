@@ -25,9 +25,9 @@ import torch
 from ..clock import cpu_share, seconds_reader, usage_probe
 from .config import RolloutConfig
 from .decoder import BatchDecoder
-from .drafts import check_schedule_drafter
 from .forward import policy_forward
 from .idle import IdleClock, WindowEnd
+from .plan import check_schedule_drafter
 from .request import Request, RequestOutput
 from .schedule import Schedule, StepReport, checked_reasons, plan_columns
 from .timeline import IdleWindow, rollout_end_s

@@ -8,7 +8,7 @@ runs. The built-in kinds are ``plain``, ``chain``, ``tree`` and ``sibling``, who
 the built-in shapes (the plan's fields name them), and ``suffix``, whose plans carry the arm
 as a plugin's do (its depth follows a budget rule at each step). A plugin kind's plans carry
 the arm (``StepPlan.arm``), so that tables, figures and the bandit's state name it by its own
-string and the step drafts as its ``propose`` says (``rollout.arm.Arm``: the protocol and its
+string and the step drafts as its ``propose`` says (``rollout.plan.Arm``: the protocol and its
 defaults). A plugin registers a kind in one file::
 
     @ARMS.register("confident")
@@ -32,8 +32,7 @@ import inspect
 import re
 
 from ..registry import PluginError, Registry
-from ..rollout.arm import Arm
-from ..rollout.schedule import PLAIN, StepPlan
+from ..rollout.plan import PLAIN, Arm, StepPlan
 
 __all__ = ["ARMS", "Arm", "arm_of", "arm_name", "arm_forms", "plan_of"]
 

@@ -6,7 +6,7 @@ beside the EAGLE chains and trees. A worker has one drafter, so the choice is a 
 every member hears every ``begin``, ``keep_rows`` and ``add_rows`` and so keeps its per-row
 state in step with the policy's batch, while only the member that a step's plan names
 (``StepPlan.drafter``; the main member when it names none) drafts; the decoder picks it
-(``rollout.drafts.serving_drafter``). A member that skipped rounds catches up when it next
+(``rollout.plan.serving_drafter``). A member that skipped rounds catches up when it next
 drafts, as after plain steps: an EAGLE head on the policy states the decoder keeps for it
 (the set ``needs_hidden`` when a member does, and the states accumulate until that member
 drafts), a model-free drafter on the committed sequences.

@@ -19,8 +19,7 @@ back).
 """
 from __future__ import annotations
 
-from ..rollout.arm import Arm
-from ..rollout.schedule import StepPlan
+from ..rollout.plan import Arm, StepPlan
 from .arms import BUILTIN_FORMS, arm_forms, arm_name, arm_of, plan_of
 
 __all__ = ["parse_strategy", "strategy_name"]

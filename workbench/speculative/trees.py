@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..rollout import RolloutConfig, RolloutEngine, StaticSchedule
-from ..rollout.drafts import check_schedule_drafter
+from ..rollout.plan import check_schedule_drafter
 from .measure import acceptance_length
 
 __all__ = ["compare_chain_and_tree"]
