@@ -1,15 +1,15 @@
 """Handing freed memory back to the operating system between the steps of many runs.
 
 Why: an ablation steps tens of RL runs in one process (``rl.ablation.runs.lockstep``). Each
-run's policy update needs its activations at once (~2.8 GB at the lead setting, P 16 x G 16,
+run's policy update needs its activations at once (gigabytes at the lead setting, P 16 x G 16,
 256 tokens), and glibc's malloc keeps the freed pages in its arenas, where the next run's
-differently shaped tensors fragment them: ``remedies_long`` (30 runs) held 11 GB resident in its
-first lockstep step. Three runs of that setting stepped in turn held 3.6 GB resident between
-steps without a trim, 0.69 GB with ``malloc_trim(0)`` after each (this machine, BENCHMARKS
-"Memory of an ablation").
+differently shaped tensors fragment them, so a process of many runs keeps growing. With
+``malloc_trim(0)`` after each step, the resident set between steps falls back to about what
+the runs hold (RESULTS.md, ``ablation_memory``: three runs of that setting stepped in turn,
+with and without the trim).
 
-A release costs a full garbage collection: ~0.3 s in a process of ~400K Python objects (a test
-session), nothing beside a lead-setting RL step (15-25 s) but most of a tiny test run's step.
+A release costs a full garbage collection, which grows with the process's Python objects:
+little beside a lead-setting RL step, but much of a tiny test run's step.
 :class:`MemoryReleaser` therefore releases only after the resident set has grown by its
 ``threshold`` since the last release.
 """

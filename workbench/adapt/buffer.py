@@ -7,8 +7,8 @@ that bias: the buffer also serves the previous step's longest sequences, whose s
 a policy one update old but whose length is what the drafter must get right in the tail.
 
 One step's harvest is narrow: a few hundred sequences of a few dozen prompts. Trained on it
-alone, the head fits those prompts and loses acceptance on others (BENCHMARKS.md, "why the
-adaptive drafter falls"), so the buffer can also keep whole harvests of the last
+alone, the head fits those prompts and loses acceptance on others (RESULTS.md,
+``drafter_narrow_harvest``), so the buffer can also keep whole harvests of the last
 ``history_steps`` steps, from policies a few updates old but on many more prompts.
 """
 from __future__ import annotations

@@ -66,7 +66,8 @@ IDLE_WORKERS = ("all", "first")
 def _spot_eagle() -> EagleTrainConfig:
     # training that never ends during RL: a constant LR and no horizon. The shipped head
     # finished its own training at 2e-4; at 1e-3 a few steps per RL step on one step's
-    # harvest lowered its acceptance (4.18 to 3.48 in notebook 04), hence 1e-4.
+    # harvest lowered its acceptance, the more the larger the update (RESULTS.md,
+    # drafter_narrow_harvest), hence 1e-4.
     return EagleTrainConfig.flat(horizon=None, schedule="constant", lr=1e-4, batch_size=16,
                                  checkpoint_every=0)
 

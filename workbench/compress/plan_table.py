@@ -105,8 +105,8 @@ def plan_table(model, scores: UnitScores, plans, layer_scores: Sequence[float] |
     ``predicted_speedup`` is the teacher's FLOPs per token over the plan's, and
     ``predicted_tok_s`` is ``teacher_tok_s`` (a measured tokens/s of the teacher, timed long
     enough to repeat: ``compress.evaluate.steady_decode_tok_s``) times it, NaN without one. Both are a FLOPs model, not a measurement: on small models per-call
-    overhead, not FLOPs, decides much of the speed (BENCHMARKS.md, the pruned models' decode
-    speed), so measure the plans you pick (``compress.evaluate.decode_throughput``).
+    overhead, not FLOPs, decides much of the speed (RESULTS.md, ``prune_plan_speed``), so
+    measure the plans you pick (``compress.evaluate.decode_throughput``).
 
     ``plans``: a sequence of :class:`PrunePlan` (labels from :func:`plan_label`) or a
     ``{label: plan}`` dict."""

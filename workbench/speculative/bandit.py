@@ -1,9 +1,9 @@
 """BEG-MAB: TLT's bucketed epsilon-greedy bandit, and the adaptive schedule built on it.
 
 Where speculative decoding pays depends on the machine: the same drafter at the same batch
-size can double decoding on one CPU and barely gain on another of the same kind
-(BENCHMARKS.md has the measurements), because cheap batched arithmetic leaves less per-call
-overhead for SD to save. So the adaptive engine assumes nothing and learns, per
+size can double decoding on one CPU and barely gain on another of the same kind (RESULTS.md:
+``sd_eagle_batch``, ``sd_threshold``, ``tlt_hostile``), because cheap batched arithmetic leaves
+less per-call overhead for SD to save. So the adaptive engine assumes nothing and learns, per
 batch-size bucket, on the worker's own clock, which of its arms emits the most tokens per
 second. **Plain decoding is one of the arms**, in every bucket: where no SD strategy pays, the
 engine stops speculating there by itself (the learned threshold); where one does, it picks the
