@@ -9,7 +9,7 @@ logit KD at every peak lr over several seeds (the seed orders the batches,
 Per (target, lr): the held-out LM loss before KD, of the last weights (what the schedule alone
 gives: ``keep_best=False``'s result) and of the weights a run keeps (the best evaluation,
 restored at the horizon), each as mean and sd over the seeds, and how often the last weights
-ended worse than the start. The default lr for ``BENCHMARKS.md`` is the one with the lowest
+ended worse than the start. The default lr (RESULTS.md, ``distill_peak_lr``) is the one with the lowest
 mean kept loss at both targets; a near-teacher student must never end worse than it started.
 
     python benchmarks/bench_distill_lr.py --lrs 1e-4 3e-4 1e-3 3e-3 --targets 0.7 0.5 --seeds 0 1 2

@@ -43,7 +43,7 @@ def hf_batch1(model, tok, prompts, max_new_tokens, **kw):
 
 
 def sweep_table(table: pd.DataFrame, with_batch: bool = True) -> pd.DataFrame:
-    """The printed columns of an sd_sweep table (BENCHMARKS.md's), the speedup with its spread."""
+    """The printed columns of an sd_sweep table (as docs/lab-notes/ quotes them), the speedup with its spread."""
     rows = []
     for r in table.itertuples():
         stats = {"ratio": r.speedup, "ratio_min": r.speedup_min, "ratio_max": r.speedup_max,

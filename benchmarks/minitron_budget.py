@@ -4,7 +4,7 @@ architecture from scratch at the same budgets, over seeds, greedy accuracy on he
 with bootstrap intervals (``workbench.compress.budget``).
 
 The student: the width plan notebook 05's architecture search ranked best at 50% of the
-parameters (hidden 176, MLP 320, all 8 heads, every layer: BENCHMARKS.md, "Notebook 05"), built
+parameters (hidden 176, MLP 320, all 8 heads, every layer: RESULTS.md, ``minitron_issue10``), built
 with ``PrunePlan.for_model`` and filled by activation importance (L2/mean, 256 calibration
 texts). Every run: peak lr 1e-3, warm-up then cosine to a tenth, the best held-out evaluation
 kept. Resumable: rerun the same command and the rows already in ``<out>/budget.csv`` are kept.

@@ -1,8 +1,8 @@
 """Does a drafter go stale during RL? The staleness run at the lead GRPO setting (issue #22).
 
 One GRPO trajectory of the default policy on running sums (P 16 x G 16, 256 tokens, T 1,
-lr 5e-4, k3 KL 0.05 to the start, 16 workers, exact-match reward: BENCHMARKS.md, "Fifth
-session"), with every drafter of ``workbench.rl.staleness`` measured on each step's own
+lr 5e-4, k3 KL 0.05 to the start, 16 workers, exact-match reward: RESULTS.md,
+``grpo_heldout_400``), with every drafter of ``workbench.rl.staleness`` measured on each step's own
 rollout (``--measure-groups`` groups decoded again, coupled, k ``--spec-k``). Prints one JSON
 line per step. Resumable: the run checkpoints into ``--out``/checkpoint every
 ``--checkpoint-every`` steps and goes on from there when started again with the same

@@ -1,8 +1,8 @@
 """A staleness run on two cores: the trajectory in one process, the drafters in another.
 
 On one core a lead-setting step's GRPO and its measuring and training of the drafters cost
-the same order of time (RESULTS.md, ``staleness_400``); the two halves only meet through the step's rollout, so they can run
-side by side. :class:`StalenessTrajectory` runs GRPO (rollout with harvest, update) and, after
+the same order of time (RESULTS.md, ``staleness_400``); the two halves only meet through the
+step's rollout, so they can run side by side. :class:`StalenessTrajectory` runs GRPO (rollout with harvest, update) and, after
 each rollout, puts the step's observation on the spool (:mod:`workbench.rl.staleness.spool`);
 :class:`SplitObserver` takes them in step order and runs steps 2) and 3) of
 :meth:`~workbench.rl.staleness.run.StalenessRun.step` on them with the same
