@@ -65,8 +65,8 @@ STATE_FILE = "staleness_state.pt"
 
 def lead_grpo() -> GRPOConfig:
     """The lead GRPO setting, the one whose 400-step runs (two seeds) met issue #9's
-    held-out accuracy target (RESULTS.md, ``grpo_heldout_400``): P 16 x G 16, 256 tokens, T 1, lr 5e-4, k3 KL 0.05 to the
-    start, 16 workers."""
+    held-out accuracy target (RESULTS.md, ``grpo_heldout_400``): P 16 x G 16, 256 tokens,
+    T 1, lr 5e-4, k3 KL 0.05 to the start, 16 workers."""
     return GRPOConfig.flat(prompts_per_step=16, samples_per_prompt=16, max_new_tokens=256,
                            temperature=1.0, lr=5e-4, kl_coef=0.05, workers=16)
 
