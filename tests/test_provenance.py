@@ -1,7 +1,7 @@
 """Results with their provenance (workbench/provenance.py): the schema and its refusals, the
-atomic write, the table RESULTS.md generated from the files, the CLI that writes and checks it,
-the notebook-run recorder, the benchmarks' helper, and that the committed RESULTS.md is what
-benchmarks/results/ gives."""
+atomic write, the table RESULTS.md generated from the files (workbench/provenance_table.py),
+the CLI that writes and checks it, the notebook-run recorder, the benchmarks' helper, and that
+the committed RESULTS.md is what benchmarks/results/ gives."""
 import argparse
 import json
 import subprocess
@@ -15,7 +15,8 @@ from workbench import atomic, machine, provenance
 from workbench.cli import main as cli
 from workbench.provenance import (CLOCKS, RESULT_COLUMNS, disturbed, figure_from_stats,
                                   figures_from_metrics, read_result, read_results,
-                                  results_table, validate_result, write_result)
+                                  validate_result, write_result)
+from workbench.provenance_table import figure_cell, results_table
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = {"cpu": "Test CPU", "flags": ["avx2", "avx512f", "amx_tile"], "cores": 2,
@@ -238,7 +239,7 @@ def test_results_table_round_trip(tmp_path):
     frame = read_results(tmp_path)
     for name, figure, value in zip(frame["name"], frame["figure"], frame["value"]):
         row = alpha if name == "alpha" else zeta
-        assert provenance.figure_cell(figure, {"value": value}) in row
+        assert figure_cell(figure, {"value": value}) in row
 
 
 def test_an_empty_folder_gives_a_table_that_says_so(tmp_path):

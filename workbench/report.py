@@ -4,7 +4,7 @@ The page needs no Jupyter server and no other file: every figure a run saved (``
 folder) is embedded as a data URI, and so is the explorer's last figure, the static PNG that a
 notebook ending with an explorer leaves in its last cell under papermill. It holds the results
 summary (one ``mean ± sd`` column per metric over seeds, as the CLI prints it:
-:func:`workbench.pipeline.summary_view`), then every run with its status, duration,
+:func:`workbench.pipeline_results.summary_view`), then every run with its status, duration,
 parameters, metrics, figures and, for a failed run, its error. It reads only what
 ``workbench.pipeline`` wrote (``results.parquet``, each run's ``run.json`` and executed
 ``notebook.ipynb``), so it works on any finished or partly failed pipeline.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from .atomic import write_text
-from .pipeline import load_results, summary_view
+from .pipeline_results import load_results, summary_view
 
 __all__ = ["explorer_images"]
 
