@@ -15,7 +15,7 @@ matplotlib.use("Agg", force=False)
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .logs import PARTS  # noqa: E402
+from .steplog import PARTS  # noqa: E402
 
 __all__ = ["step_split_figure", "live_batch_figure", "remedies_figure"]
 

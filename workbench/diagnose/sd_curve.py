@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .logs import _lines
+from .log_rows import data_lines
 
 __all__ = ["read_sd_curve", "sd_speedup", "crossover"]
 
@@ -38,7 +38,7 @@ def read_sd_curve(curve: str | os.PathLike | pd.DataFrame | dict) -> pd.DataFram
     elif isinstance(curve, (str, os.PathLike)):
         if not Path(curve).is_file():
             raise _refuse(what, "no such file")
-        curve = pd.read_csv(io.StringIO("\n".join(_lines(Path(curve)))))
+        curve = pd.read_csv(io.StringIO("\n".join(data_lines(Path(curve)))))
     t = curve.copy()
     if "batch_size" not in t:
         raise _refuse(what, f"no batch_size column (its columns: {list(t.columns)})")
