@@ -1,5 +1,6 @@
 """The map agrees with the territory: every import in workbench/ is one that the layer table of
-docs/architecture.md allows, and the page's diagram draws that same table."""
+docs/architecture.md allows, the page's diagram draws that same table, and every file and module
+the page names exists (the layout lives on that page only)."""
 import ast
 import re
 from pathlib import Path
@@ -129,18 +130,38 @@ def test_the_rule_tells_allowed_from_forbidden_imports(source, target, ok):
     assert (layer_of(target, table) in allowed(table)[layer_of(source, table)]) is ok
 
 
-def test_the_layout_of_the_design_notes_names_only_what_exists():
-    block = (ROOT / "docs" / "design.md").read_text().split("## Layout", 1)[1]
-    block = block.split("```", 2)[1]
-    package = None
-    for line in block.splitlines():  # entries: a file or folder at column 0 or 2
-        entry = re.match(r"^( {0,2})(\w[\w.]*(?:/|\.\w+))\s", line + " ")
-        if not entry:
-            continue
-        indent, name = entry.groups()
-        if not indent:
-            package = name if name.endswith("/") else None
-            path = ROOT / name
-        else:
-            path = ROOT / (package or "") / name
-        assert path.exists(), f"docs/design.md's layout names {path.relative_to(ROOT)}"
+def named_paths() -> list[str]:
+    """What the page names in backticks that must exist: file and folder paths (``rl/loop.py``,
+    ``rl/ablation/``, under ``workbench/`` or the repository) and dotted names that start with
+    a package module (``rollout.decoder.BatchDecoder.step``)."""
+    return re.findall(r"`([\w./]+)`", PAGE.read_text())
+
+
+def resolves(name: str) -> bool:
+    if "/" in name or name.endswith(".py"):
+        return (PACKAGE / name).exists() or (ROOT / name).exists()
+    parts = name.split(".")
+    known = modules()
+    if f"workbench.{parts[0]}" not in known:
+        return True  # a class, parameter or value, not a module path
+    for i in range(len(parts), 0, -1):  # the longest module prefix; the rest are attributes
+        module = ".".join(["workbench", *parts[:i]])
+        if module in known:
+            if i == len(parts):
+                return True
+            attr = re.escape(parts[i])  # defined, assigned, exported or imported there
+            return re.search(rf"(def|class) {attr}\b|^{attr}\s*[:=]|[\"']{attr}[\"']|"
+                             rf"import .*\b{attr}\b", known[module].read_text(), re.M) is not None
+    return False
+
+
+def test_the_page_names_only_files_and_modules_that_exist():
+    """The layout lives on this page only (docs/design.md keeps contracts, clocks and
+    measures), so every file, folder and module it names must exist."""
+    missing = [n for n in named_paths() if not resolves(n)]
+    assert missing == [], f"docs/architecture.md names what does not exist: {missing}"
+
+
+def test_the_design_notes_hold_no_second_layout():
+    assert "## Layout" not in (ROOT / "docs" / "design.md").read_text(), (
+        "the layout lives in docs/architecture.md only")
