@@ -15,7 +15,7 @@ import torch
 from workbench.plugins import load_plugins
 from workbench.registry import PluginError
 from workbench.rl import GRPOConfig
-from workbench.rl.tlt import TLTConfig
+from workbench.rl.variants import tlt_config
 from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan
 from workbench.rollout.drafts import ChainDraft
 from workbench.rollout.schedule import PLAIN, Decision, PlainSchedule, Schedule
@@ -24,6 +24,7 @@ from workbench.speculative.arms import ARMS, Arm
 from workbench.speculative.bandit import AdaptiveSchedule, parse_strategy, strategy_name
 
 from .helpers.models import PROMPTS, tiny_model
+from .helpers.speculative import Always
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "tests" / "plugins" / "confident_chain.py"
@@ -37,16 +38,6 @@ def confident():
     (module,) = load_plugins([str(PLUGIN)])
     yield module
     ARMS.unregister("confident")
-
-
-class Always(Schedule):
-    """Every decode step the same plan."""
-
-    def __init__(self, plan: StepPlan):
-        self.step = plan
-
-    def plan(self, batch_size, worker):
-        return self.step
 
 
 def rollout(model, tokenizer, temperature, schedule=None, drafter=None):
@@ -129,7 +120,7 @@ def test_an_unknown_arm_is_refused_listing_the_registered_kinds(confident):
     with pytest.raises(ValueError, match=r"plugin arm 'confident:k=K,p=P'"):
         AdaptiveSchedule(arms=["chain:k=2", "beam:k=4"])
     with pytest.raises(ValueError, match=listed):  # what notebook 04 checks up front
-        TLTConfig.variant("tlt", GRPOConfig(), arms=["confidnt:k=3"])
+        tlt_config("tlt", GRPOConfig(), arms=["confidnt:k=3"])
 
 
 def test_an_arm_with_a_misspelled_hook_is_refused_naming_the_hook():

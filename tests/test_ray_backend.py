@@ -3,6 +3,7 @@ tokens as the local backend on the wall clock, weights pushed to every actor thr
 killed actor named with its requests and replaced, a learning schedule's copies absorbed, clear
 errors before anything starts, and Ray on loopback only."""
 import os
+from pathlib import Path
 import socket
 import time
 
@@ -203,6 +204,48 @@ def test_a_learning_schedule_learns_what_every_actors_copy_saw(backend, models, 
     learned = on_ray.table()
     assert learned["pulls"].sum() == decided.groupby(["worker", "decision"]).ngroups
     assert not on_ray.learned().empty
+
+
+def test_a_plugin_arm_loaded_from_a_file_decodes_on_the_actors_as_on_the_local_backend(
+        backend, models, tokenizer):
+    """The worked arm plugin (tests/plugins/confident_chain.py), loaded from its file as a
+    notebook's ``plugins`` loads it, in a schedule the actors get copies of: greedy and
+    coupled, its chains give the local backend's tokens (plain decoding's), cut its own way
+    (sure of nothing, one draft per step; sure of everything, the whole chain); the bandit's
+    copies on the actors choose it, and the steps table and the driver's bandit name it like
+    a built-in arm."""
+    from workbench.plugins import load_plugins
+    from workbench.speculative.arms import ARMS
+    from workbench.speculative.bandit import parse_strategy
+
+    from .helpers.speculative import Always
+    load_plugins([str(Path(__file__).parent / "plugins" / "confident_chain.py")])
+    try:
+        old, _ = models
+        engine = RolloutEngine(old, tokenizer, backend=backend)
+        torch.manual_seed(0)
+        drafter = EagleDrafter(EagleHead(old))  # travels with each rollout to the actors
+        for config in (GREEDY, COUPLED):
+            for p, per_step in ((1.0, 1), (1e-9, 3)):
+                plan = parse_strategy(f"confident:k=3,p={p}")
+                kw = dict(schedule=Always(plan), drafter=drafter, progress=False)
+                on_ray = engine.rollout(PROMPTS, config, **kw)
+                here = RolloutEngine(old, tokenizer).rollout(PROMPTS, config, **kw)
+                assert on_ray.tokens == here.tokens == _tokens(old, tokenizer, config), p
+                assert set(on_ray.timeline.requests["worker"]) == {0, 1}
+                for r in on_ray.requests:
+                    assert r.drafted == per_step * len(r.accepted_per_step) > 0, p
+        # the bandit on the actors' copies: it weighs the plugin arm, and the driver's
+        # schedule absorbs what each copy chose, under the arm's name
+        arm = "confident:k=3,p=0.5"
+        bandit = AdaptiveSchedule(["chain:k=2", arm], explore_budget=1.0, seed=1)
+        res = engine.rollout(PROMPTS, COUPLED, schedule=bandit, drafter=drafter,
+                             progress=False)
+        assert res.tokens == _tokens(old, tokenizer, COUPLED)
+        assert arm in set(res.timeline.steps["arm"].dropna())
+        assert bandit.table().set_index("arm").loc[arm, "pulls"].sum() > 0
+    finally:
+        ARMS.unregister("confident")
 
 
 def test_weights_reach_every_actor_once_through_the_object_store_and_survive_a_restart(

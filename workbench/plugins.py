@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_plugins", "check_plugins"]
+__all__ = ["load_plugins", "check_plugins", "file_plugins"]
+
+# the module name of a plugin loaded from a file starts with this (its path's stem and hash
+# follow): no other process can import it by that name
+FILE_PLUGIN_PREFIX = "workbench_plugin_"
 
 
 def check_plugins(plugins) -> list[str]:
@@ -50,7 +54,7 @@ def load_plugins(plugins) -> list[ModuleType]:
 
 def _load_file(path: Path) -> ModuleType:
     path = path.resolve()
-    name = f"workbench_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    name = f"{FILE_PLUGIN_PREFIX}{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -60,3 +64,13 @@ def _load_file(path: Path) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def file_plugins() -> list[ModuleType]:
+    """The plugins of this process loaded from ``.py`` files (:func:`load_plugins`). Their
+    modules are named after their paths, which no other process can import, so a backend of
+    processes ships their classes (a plugin arm in a schedule, a plugin drafter) by value
+    rather than by reference (``rollout.ray_backend``); an importable plugin module needs no
+    such care."""
+    return [module for name, module in list(sys.modules.items())
+            if name.startswith(FILE_PLUGIN_PREFIX)]

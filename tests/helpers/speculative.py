@@ -1,5 +1,5 @@
 """Speculative-decoding test pieces: peaky models, joint-distribution sampling and chi-square
-checks, recording drafters, reference EAGLE drafts."""
+checks, recording drafters, reference EAGLE drafts, a schedule of one plan."""
 import math
 
 import torch
@@ -7,6 +7,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from workbench.rollout import RolloutEngine
 from workbench.rollout.forward import policy_forward
+from workbench.rollout.schedule import Schedule, StepPlan
 
 
 def peaky_llama(seed, vocab=5):
@@ -106,3 +107,13 @@ class NoEosTokenizer:
 
     def decode(self, ids, skip_special_tokens=True):
         return " ".join(map(str, ids))
+
+
+class Always(Schedule):
+    """Every decode step the same plan (a plugin arm's, say)."""
+
+    def __init__(self, plan: StepPlan):
+        self.step = plan
+
+    def plan(self, batch_size, worker):
+        return self.step

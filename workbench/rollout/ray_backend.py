@@ -46,6 +46,7 @@ import ray
 import torch
 
 from ..checks import check_int
+from ..plugins import file_plugins
 from ..ray_cluster import connect, known_cpus, resolve_address
 from .backend import Backend, check_placement
 from .failures import WorkerFailed, first_failure
@@ -153,6 +154,7 @@ class RayBackend(Backend):
         self._connect()
         self._gpus = self._placement(num_workers)
         self._kill_actors()
+        _ship_file_plugins_by_value()  # a plugin drafter's class in the drafter factory
         self._factories = ray.put((policy_factory, drafter_factory))
         self._weights = (None, None)
         self._actors = [self._spawn(w) for w in range(num_workers)]
@@ -229,6 +231,7 @@ class RayBackend(Backend):
         time that is every worker's 0 (the wall makespan includes shipping), and the requests
         each item holds."""
         origin = time.time()
+        _ship_file_plugins_by_value()  # a plugin arm in fn's schedule, a plugin drafter
         fn_ref = ray.put(fn)
         refs = [self._actors[w].call.remote(fn_ref, item, origin)
                 for w, item in zip(workers, items)]
@@ -364,6 +367,15 @@ class RayBackend(Backend):
         windows = [IdleWindow(w, starts[w], end_s) for w in workers]
         return IdleRun.of(windows, [failures.get(i, runs[i]) for i in range(len(workers))],
                           time.time() - since)
+
+
+def _ship_file_plugins_by_value() -> None:
+    """Have Ray pickle the classes of the plugins loaded from files by value (what a
+    function, item or idle job holds of them travels whole; ``plugins.file_plugins``): an
+    actor cannot import a module named after a file on the driver. Idempotent; called before
+    anything is put, since a plugin may be loaded after the backend started."""
+    for module in file_plugins():
+        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def _raise_failures(failures: dict[int, Exception], workers: list[int], values: list) -> None:
