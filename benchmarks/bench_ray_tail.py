@@ -26,7 +26,8 @@ from common import add_result, command_line, record
 from workbench.provenance import figure_from_stats
 from workbench.rl import GRPOConfig
 from workbench.rl.setup import rl_setup
-from workbench.rl.tlt import TLTConfig, TLTTrainer
+from workbench.rl.tlt import TLTTrainer
+from workbench.rl.variants import tlt_config
 from workbench.rollout import RayBackend
 from workbench.speedup import markdown, spread_stats
 
@@ -50,7 +51,7 @@ def main():
                            spec_mode="coupled", seed=args.seed)
     backend = RayBackend(num_cpus=2, threads_per_worker=1)
     trainers = {v: TLTTrainer(copy.deepcopy(s.policy), s.tokenizer, s.pool, s.reward,
-                              TLTConfig.variant(v, grpo),
+                              tlt_config(v, grpo),
                               drafter_head=s.drafter_head, backend=backend)
                 for v in VARIANTS}
     rows = []

@@ -14,6 +14,7 @@ from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.loss import UpdateData
 from workbench.rl.remedies import Behaviour, RemedyConfig, RemedyTrainer, Sampler
 from workbench.rl.remedies.cut import tokens_at
+from workbench.rl.variants import remedy_config
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule
 from workbench.speculative.drafters import NGramDrafter
 
@@ -25,7 +26,7 @@ from .helpers.rl import PROBLEMS, length_reward, remedy_grpo
 def _trainer(tokenizer, name, **kw):
     model = tiny_model("qwen2", tokenizer)  # lengths from 1 to the cap at temperature 1
     return RemedyTrainer(model, tokenizer, PROBLEMS, length_reward,
-                         RemedyConfig.variant(name, remedy_grpo(), **kw))
+                         remedy_config(name, remedy_grpo(), **kw))
 
 
 # ---- the engine's own caps, and the tokens at a time -----------------------------------------
@@ -287,7 +288,7 @@ def test_bad_remedy_configs_are_refused():
     with pytest.raises(ValueError, match="extra_groups"):
         RemedyConfig(extra_groups=-1)
     with pytest.raises(ValueError, match="remedy"):
-        RemedyConfig.variant("fastest")
+        remedy_config("fastest")
     cfg = RemedyConfig.flat(extra_groups=2, prompts_per_step=5, max_new_tokens=40)
     assert (cfg.extra_groups, cfg.grpo.prompts_per_step, cfg.grpo.rollout.max_new_tokens) == (
         2, 5, 40)
@@ -364,4 +365,4 @@ def test_a_checkpoint_keeps_the_carried_and_deferred_groups(tokenizer, tmp_path,
 
 def _resumable(tokenizer, name, folder, **grpo):
     return RemedyTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, length_reward,
-                         RemedyConfig.variant(name, remedy_grpo(**grpo)), checkpoint_dir=folder)
+                         remedy_config(name, remedy_grpo(**grpo)), checkpoint_dir=folder)

@@ -11,7 +11,7 @@ from workbench.rl import GRPOConfig
 from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer
 from workbench.rl.remedies.cut import tokens_at
-from workbench.rl.tlt import TLTConfig
+from workbench.rl.variants import remedy_config, tlt_config
 from workbench.rollout import LocalBackend
 from workbench.speculative.eagle import EagleHead
 from workbench.rollout.timeline import ROLLOUT_KINDS
@@ -26,8 +26,8 @@ def _grpo(workers=6):
 
 
 def _tlt(grpo):
-    return TLTConfig.variant("tlt", grpo, arms=CHAINS, spec_k=3, explore_budget=0.5,
-                             spot=SpotConfig.flat(batch_size=4, max_steps=3))
+    return tlt_config("tlt", grpo, arms=CHAINS, spec_k=3, explore_budget=0.5,
+                      spot=SpotConfig.flat(batch_size=4, max_steps=3))
 
 
 def _trainer(tokenizer, remedy, backend="local", **kw):
@@ -36,7 +36,7 @@ def _trainer(tokenizer, remedy, backend="local", **kw):
     head = EagleHead(model).to(torch.float64)
     grpo = _grpo()
     return RemedyTrainer(model, tokenizer, PROBLEMS, length_reward,
-                         RemedyConfig.variant(remedy, grpo, **kw), backend=backend,
+                         remedy_config(remedy, grpo, **kw), backend=backend,
                          tlt=_tlt(grpo), drafter_head=head)
 
 

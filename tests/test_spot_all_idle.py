@@ -165,7 +165,8 @@ def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_t
     copies)."""
 
     from workbench.rl import GRPOConfig
-    from workbench.rl.tlt import TLTConfig, TLTTrainer
+    from workbench.rl.tlt import TLTTrainer
+    from workbench.rl.variants import tlt_config
 
     from .helpers.rl import prompt_problems, letters_reward
 
@@ -176,7 +177,7 @@ def test_the_local_backends_figures_are_mains_on_a_fixed_clock(tokenizer, long_t
         grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10,
                                lr=1e-2, workers=workers, max_batch_size=3, temperature=1.0,
                                spec_mode="coupled")
-        cfg = TLTConfig.variant("adaptive_drafter", grpo, spec_k=3,
+        cfg = tlt_config("adaptive_drafter", grpo, spec_k=3,
                                 spot=SpotConfig.flat(batch_size=4, max_steps=3,
                                                      history_steps=1))
         tlt = trainer_cls(model, tokenizer, prompt_problems(), letters_reward, cfg, drafter_head=head)

@@ -13,6 +13,7 @@ from workbench.rl.setup import RLSetup
 from workbench.rl.grpo import GRPO
 from workbench.rl.loop import RLLoop
 from workbench.rl.tlt import TLTConfig, TLTTrainer, first_divergence
+from workbench.rl.variants import tlt_config
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
 from workbench.speculative.train import harvest_pairs
@@ -187,7 +188,7 @@ def test_bad_tlt_input(tokenizer):
     with pytest.raises(ValueError, match="explore_budget"):
         TLTConfig(explore_budget=2)
     with pytest.raises(ValueError, match="variant must be one of 'baseline', .*, got 'fast'"):
-        TLTConfig.variant("fast")
+        tlt_config("fast")
     with pytest.raises(ValueError, match="chain:k=9x|strateg"):
         TLTConfig(arms=("chain:k=9x",))
     model = tiny_model("llama", tokenizer)

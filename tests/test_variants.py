@@ -20,9 +20,9 @@ from workbench.rl.ablation.runs import Turns
 from workbench.rl.ablation.store import SETTINGS_FILE
 from workbench.rl.setup import rl_setup
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer, Sampler
-from workbench.rl.tlt import TLTConfig
-from workbench.rl.variants import (VARIANTS, RemedyVariant, RLVariant, get_variant, rl_variant,
-                                   speculates, variant_names)
+from workbench.rl.variants import (VARIANTS, RemedyVariant, RLVariant, get_variant,
+                                   remedy_config, rl_variant, speculates, tlt_config,
+                                   variant_names)
 from workbench.tasks import Problem
 
 from .helpers.models import tiny_model
@@ -70,8 +70,8 @@ def test_the_built_ins_are_registered_and_every_remedy_composes_with_tlt():
     assert "tlt+baseline" not in names and "tlt+tlt" not in names  # TLT's own do not compose
     assert speculates(["baseline", "april"]) is False
     assert speculates(["baseline", "tlt+april"]) and speculates(["static_sd"])
-    assert RemedyConfig.variant("april", GRPO) == get_variant("april").config(GRPO)
-    assert TLTConfig.variant("adaptive_drafter", GRPO).adaptive_engine is False
+    assert remedy_config("april", GRPO) == get_variant("april").config(GRPO)
+    assert tlt_config("adaptive_drafter", GRPO).adaptive_engine is False
 
 
 def test_the_plugin_registers_a_variant_that_composes(plugin):
@@ -79,7 +79,7 @@ def test_the_plugin_registers_a_variant_that_composes(plugin):
     assert plugin in names and f"tlt+{plugin}" in names
     assert VARIANTS.plugin_names() == [plugin]
     assert get_variant(plugin).speculative is False and get_variant(f"tlt+{plugin}").speculative
-    assert RemedyConfig.variant(plugin, GRPO) == RemedyConfig(grpo=GRPO)  # no remedy switched on
+    assert remedy_config(plugin, GRPO) == RemedyConfig(grpo=GRPO)  # no remedy switched on
 
 
 def test_a_variant_without_build_is_refused_naming_the_hook():
@@ -112,7 +112,7 @@ def test_an_unknown_variant_is_refused_listing_the_registered_names(plugin):
     with pytest.raises(ValueError, match=r"variants\[0\] must be one of .* got 'nope'"):
         rl_setup(variants=["nope"])  # before the model loads
     with pytest.raises(ValueError, match="remedy must be one of 'baseline', .*'shortest_first'"):
-        RemedyConfig.variant("tlt", GRPO)
+        remedy_config("tlt", GRPO)
 
 
 # ---- the order seam ---------------------------------------------------------------------------

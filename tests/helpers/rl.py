@@ -5,7 +5,8 @@ import torch
 
 from workbench.adapt import SpotConfig
 from workbench.rl import GRPOConfig
-from workbench.rl.tlt import TLTConfig, TLTTrainer
+from workbench.rl.tlt import TLTTrainer
+from workbench.rl.variants import tlt_config
 from workbench.rollout import LocalBackend
 from workbench.rollout import RolloutEngine
 from workbench.rollout.timeline import rollout_end_s
@@ -109,9 +110,9 @@ def tlt_trainer(tokenizer, variant, spot_steps=3, history_steps=0, backend=None,
     grpo = GRPOConfig.flat(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, lr=1e-2,
                            workers=2, max_batch_size=3, temperature=1.0, spec_mode="coupled")
     kw = {"explore_budget": 0.5, **kw}  # a short run: explore freely, so that TLT speculates
-    cfg = TLTConfig.variant(variant, grpo, arms=CHAINS, spec_k=3,
-                            spot=SpotConfig.flat(batch_size=4, max_steps=spot_steps,
-                                            history_steps=history_steps), **kw)
+    cfg = tlt_config(variant, grpo, arms=CHAINS, spec_k=3,
+                     spot=SpotConfig.flat(batch_size=4, max_steps=spot_steps,
+                                          history_steps=history_steps), **kw)
     engine = RolloutEngine(model, tokenizer, backend=backend) if backend is not None else None
     return TLTTrainer(model, tokenizer, prompt_problems(), letters_reward, cfg, drafter_head=head,
                       engine=engine)

@@ -44,7 +44,8 @@ from ..rollout.backend import LocalBackend
 from ..rollout.timeline import usage_shares
 from .config import GRPOConfig
 from .grpo import GRPO
-from .tlt import TLTConfig, TLTTrainer, tokens_digest
+from .tlt import TLTTrainer, tokens_digest
+from .variants import tlt_config
 
 __all__ = ["BackendComparison", "compare_backends", "compare_idle_rules"]
 
@@ -198,8 +199,8 @@ def compare_idle_rules(policy, tokenizer, problems, reward, drafter_head, grpo: 
     if grpo.rollout.temperature > 0:
         grpo = grpo.updated(spec_mode="coupled")
     trainers = {rule: TLTTrainer(copy.deepcopy(policy), tokenizer, problems, reward,
-                                 TLTConfig.variant("adaptive_drafter", grpo,
-                                                   spot=replace(spot, idle_workers=rule)),
+                                 tlt_config("adaptive_drafter", grpo,
+                                            spot=replace(spot, idle_workers=rule)),
                                  drafter_head=drafter_head)
                 for rule in IDLE_RULES}
     rows = []

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ..adapt import SpotConfig, SpotTrainer
-from ..checks import check_bool, check_choice, check_fraction, check_int
+from ..checks import check_bool, check_fraction, check_int
 from ..nested_config import NestedConfig
 from ..rollout import StaticSchedule
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
@@ -96,15 +96,6 @@ class TLTConfig(NestedConfig):
         if self.speculative:
             self.schedule()  # the arms parse as strategies
 
-    @classmethod
-    def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "TLTConfig":
-        """The config of RL variant ``name``: one run by this trainer (``rl.variants.
-        TLTVariant``: ``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``, or a
-        plugin's), its switches on ``grpo`` and ``kw`` the other fields."""
-        from .variants import VARIANTS, TLTVariant  # rl.variants builds on this module
-        variant = VARIANTS.get(check_choice("TLT variant", name, _names_of(TLTVariant)))
-        return variant().config(grpo, **kw)
-
     def parts(self, model, drafter_head, drafter_dir=None) -> tuple:
         """``(drafter, spot trainer, schedule)`` of this variant on ``model``: the serving
         EAGLE drafter on a copy of ``drafter_head`` (slowed by ``drafter_delay_s``), the spot
@@ -135,12 +126,6 @@ class TLTConfig(NestedConfig):
         return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
                                 window=self.window, explore_budget=self.explore_budget,
                                 seed=self.grpo.rollout.seed)
-
-
-def _names_of(kind) -> list[str]:
-    """The registered RL variants of class ``kind`` (``rl.variants``)."""
-    from .variants import VARIANTS
-    return [n for n in VARIANTS.names() if issubclass(VARIANTS.get(n), kind)]
 
 
 def tokens_digest(result) -> str:

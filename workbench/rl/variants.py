@@ -41,7 +41,8 @@ from .remedies import RemedyConfig, RemedyTrainer
 from .tlt import TLTConfig, TLTTrainer
 
 __all__ = ["RLVariant", "TLTVariant", "RemedyVariant", "VariantRun", "VARIANTS", "rl_variant",
-           "variant_names", "get_variant", "check_variant", "check_variants", "speculates"]
+           "variant_names", "get_variant", "check_variant", "check_variants", "speculates",
+           "tlt_config", "remedy_config"]
 
 COMPOSER = "tlt"  # ``tlt+<name>``: the variant whose rollouts a composable variant takes on
 
@@ -106,7 +107,7 @@ class RLVariant:
         composable: whether it may run beside TLT as ``tlt+<name>`` (``build`` then gets
             ``tlt``). Default False.
         settings(grpo) -> dict | None: the ``RemedyConfig`` fields this variant stands for
-            (``RemedyConfig.variant(name)``), None when it is not one. Default None.
+            (:func:`remedy_config`), None when it is not one. Default None.
     """
 
     build: Callable[..., Any]  # required: declared here, defined by a variant
@@ -231,6 +232,28 @@ def get_variant(name: str) -> RLVariant:
 def speculates(names) -> bool:
     """Whether any variant of ``names`` decodes speculatively (needs the pre-RL head)."""
     return any(get_variant(n).speculative for n in names)
+
+
+def tlt_config(name: str, grpo: GRPOConfig | None = None, **kw) -> TLTConfig:
+    """The ``TLTConfig`` of RL variant ``name``, one that ``TLTTrainer`` runs (a
+    :class:`TLTVariant`: ``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``, or a
+    plugin's): its switches on ``grpo``, ``kw`` the other fields. Any other name is refused,
+    listing the TLT variants."""
+    tlt_names = [n for n in VARIANTS.names() if issubclass(VARIANTS.get(n), TLTVariant)]
+    return VARIANTS.get(check_choice("TLT variant", name, tlt_names))().config(grpo, **kw)
+
+
+def remedy_config(name: str, grpo: GRPOConfig | None = None, **kw) -> RemedyConfig:
+    """The ``RemedyConfig`` of RL variant ``name``, one whose ``settings`` are remedy fields
+    (``baseline``, every remedy, a plugin's remedy), on ``grpo``: over-provisioning by half
+    of ``P`` (at least 1 group), aborting or carrying (``april``) the rest; partial rollouts
+    of a quarter of the length cap per step; one-step async; tail batching
+    (over-provisioning as ``overprovision``, the unfinished deferred). ``kw`` overrides any
+    of it. Any other name is refused, listing the variants that have remedy settings."""
+    grpo = grpo or GRPOConfig()
+    ours = {n: VARIANTS.get(n)().settings(grpo) for n in VARIANTS.names()}
+    name = check_choice("remedy", name, [n for n, on in ours.items() if on is not None])
+    return RemedyConfig(grpo=grpo, **{**ours[name], **kw})
 
 
 class _Composed(RLVariant):

@@ -30,8 +30,8 @@ from ...tasks import exact_match_reward
 from ..grpo import GRPO, GRPOConfig
 from ..remedies.compare import remedy_metrics
 from ..setup import DEFAULT_VARIANTS, RLSetup
-from ..tlt import TLTConfig, first_divergence
-from ..variants import check_variants
+from ..tlt import first_divergence
+from ..variants import check_variants, tlt_config
 from .runs import Turns, build_run, evaluate_runs, evaluation_due, lockstep
 from .store import AblationStore, ablation_settings, run_folder, saved_sim_seconds
 
@@ -230,7 +230,7 @@ def run_ablation(policy, tokenizer, problems, grpo: GRPOConfig, steps: int,
     ``variants``: any registered RL variant (``rl.variants.variant_names``): TLT's
     (``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``), the long-tail remedies'
     (``overprovision``, ``april``, ``partial``, ``async``, ``tail_batching``, each at
-    ``RemedyConfig.variant``'s defaults), a plugin's (docs/extending.md), and TLT beside each
+    ``rl.variants.remedy_config``'s defaults), a plugin's (docs/extending.md), and TLT beside each
     composable one (``tlt+<remedy>``: TLT's SD, spot-trained drafter and adaptive engine in
     the remedy's rollouts; ``tlt_kw`` as for ``tlt``).
 
@@ -331,7 +331,7 @@ def check_ablation(steps: int, variants, seeds, grpo: GRPOConfig, *,
     bad one stops it before its setup reads it, loads a model or writes its folder."""
     _check_runs(steps, variants, seeds, eval_every)
     check_int("checkpoint_every", checkpoint_every, 1, optional=True)
-    TLTConfig.variant("tlt", grpo, **tlt_kw)  # refuses bad engine and drafter arguments
+    tlt_config("tlt", grpo, **tlt_kw)  # refuses bad engine and drafter arguments
     _backend_for(backend, ray_address, grpo.rollout.workers)
 
 

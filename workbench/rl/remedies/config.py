@@ -4,8 +4,8 @@ remedy's own switch.
 ``RemedyConfig`` holds a :class:`~workbench.rl.config.GRPOConfig` (as ``TLTConfig`` does)
 rather than copying its fields; ``RemedyConfig.flat(extra_groups=4, prompts_per_step=8,
 max_new_tokens=64)`` routes each keyword to the config that declares it. Every remedy is off
-by default, so the default config is plain GRPO. ``RemedyConfig.variant(name)`` is the config
-of an RL variant of the ablation (``rl.variants``: the remedies, the baseline, a plugin's).
+by default, so the default config is plain GRPO. ``rl.variants.remedy_config(name)`` is the
+config of an RL variant of the ablation (the remedies, the baseline, a plugin's).
 """
 from __future__ import annotations
 
@@ -75,20 +75,6 @@ class RemedyConfig(NestedConfig):
             raise ValueError(f"top_p={self.grpo.rollout.top_p} with off-policy remedies: the "
                              "behaviour log-probs are the sampler's (within the nucleus), the "
                              "loss's are the whole distribution's; accepted: top_p=1")
-
-    @classmethod
-    def variant(cls, name: str, grpo: GRPOConfig | None = None, **kw) -> "RemedyConfig":
-        """The config of RL variant ``name`` (``rl.variants``: one whose ``settings`` are
-        remedy fields: ``baseline``, every remedy, a plugin's remedy) on ``grpo``: over-
-        provisioning by half of ``P`` (at least 1 group), aborting or carrying (``april``)
-        the rest; partial rollouts of a quarter of the length cap per step; one-step async;
-        tail batching (over-provisioning as ``overprovision``, the unfinished deferred).
-        ``kw`` overrides any of it."""
-        from ..variants import VARIANTS  # rl.variants builds on this module
-        grpo = grpo or GRPOConfig()
-        ours = {n: VARIANTS.get(n)().settings(grpo) for n in VARIANTS.names()}
-        name = check_choice("remedy", name, [n for n, on in ours.items() if on is not None])
-        return cls(grpo=grpo, **{**ours[name], **kw})
 
     @property
     def carries(self) -> bool:
