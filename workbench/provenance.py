@@ -2,8 +2,8 @@
 written, validated and read back here; the table ``RESULTS.md`` is generated from them by
 :mod:`workbench.provenance_table` (``workbench results table``).
 
-Every benchmark (``benchmarks/common.py``: ``record``) and every notebook run that
-``BENCHMARKS.md`` quotes (``workbench results record``) writes its figures here, beside what
+Every benchmark (``benchmarks/common.py``: ``record``) and every notebook run that a lab
+note (``docs/lab-notes/``) quotes (``workbench results record``) writes its figures here, beside what
 is needed to trust and reproduce them: the clock they were read on, how much of the run the
 machine was busy with something else, the machine, the exact command, the commit and the date.
 
