@@ -45,9 +45,12 @@ __all__ = ["seconds_reader", "wall_seconds", "sim_work", "sim_seconds", "sim_sec
            "usage_probe", "cpu_share", "SIM_SECONDS", "DISTURBED_BELOW"]
 
 SIM_SECONDS = ("thread_cpu", "wall")  # what a sim second is: new runs, and folders saved before
+"""What a sim second is: the working thread's CPU time (new runs), or wall time (folders saved
+before)."""
 # a step that got less than this share of a core was disturbed: a quiet 2-core machine gives
 # 0.95-1.0 on whole steps, one spinning process per core about 0.5
 DISTURBED_BELOW = 0.8
+"""A step that got less than this share of a core was disturbed."""
 
 _SIM_SECONDS: ContextVar[str] = ContextVar("sim_seconds", default="thread_cpu")
 

@@ -17,6 +17,7 @@ __all__ = ["machine", "commit", "cpu_from_cpuinfo", "FLAG_LABELS"]
 FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
                "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
                "amx_int8": "AMX-INT8", "asimd": "NEON", "sve": "SVE"}
+"""The CPU flags a machine's description names, with their labels."""
 ROOT = Path(__file__).resolve().parent.parent
 CPUINFO = Path("/proc/cpuinfo")  # Linux; elsewhere machine() falls back to platform
 

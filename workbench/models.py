@@ -29,6 +29,7 @@ EMBEDDED = {
     "default-drafter": DATA_DIR / "models" / "drafter_lm",  # small-LM drafter of that policy
 }
 DEFAULT_EAGLE = DATA_DIR / "models" / "eagle_head"          # EAGLE head of that policy
+"""The folder of the default policy's EAGLE head."""
 RECIPE_OF = {"default": "default", "default-drafter": "drafter-lm"}  # `workbench zoo train NAME`
 
 # What save_pretrained writes: weights (one of these, or shards), and a tokenizer file.

@@ -79,19 +79,23 @@ __all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "clock_of", "f
            "read_results", "result_files"]
 
 SCHEMA = 1
+"""The version of the result files' format."""
 CLOCKS = {
     "wall": "wall seconds (time that passed: one process, or Ray actors)",
     "sim-thread-cpu": "sim clock read as the working thread's CPU time",
     "sim-wall": "sim clock read as wall time (a run saved before one-thread sim work)",
     "none": "not a time (acceptance lengths, accuracies, counts)",
 }
+"""The clocks a figure may be measured on, each with what it means."""
 FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
+"""The fields of one figure of a result."""
 KEYS = ("schema", "name", "question", "figures", "headline", "clock", "disturbed_share",
         "disturbed_bound", "machine", "command", "git", "date")
 RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1], "unit",
                   "clock", "disturbed_share", "disturbed_bound", "cpu", "flags", "cores",
                   "accelerator", "torch", "transformers", "python", "command", "commit",
                   "dirty", "date"]
+"""The columns of the results table (`results_table`), in order."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 _NAMES = "1-100 letters, digits, '_', '.' or '-', starting with a letter or digit"
 

@@ -34,7 +34,9 @@ __all__ = ["REPORT_TO", "LOG_DIR", "ScalarLog", "TensorBoardLog", "scalar_log", 
            "scalars_of", "tag_of", "log_saved_figures"]
 
 REPORT_TO = ("none", "tensorboard")
+"""Where a run's scalars may go: nowhere, or TensorBoard."""
 LOG_DIR = "tensorboard"  # a run's log folder, under the run's own folder
+"""A run's log folder, under the run's own folder."""
 
 
 def tag_of(key: str, clock: str | None) -> str:

@@ -43,6 +43,7 @@ from .clock import DISTURBED_BELOW, cpu_share, usage_probe
 __all__ = ["WIDE_SPREAD", "interleave", "summarize", "compare", "spread_note", "markdown"]
 
 WIDE_SPREAD = 0.25  # (max - min) / median of the per-repeat ratios above this is "wide"
+"""A spread ((max - min) / median of the per-repeat ratios) above this is wide."""
 MIN_REPEATS = 3     # a median of fewer ratios says nothing about the spread
 ORDERS = ("rotate", "alternate", "fixed")
 

@@ -41,6 +41,8 @@ from .simulate import layout, simulate_rollout
 __all__ = ["RunCheck", "check_run", "run_check_metrics", "CALIBRATION_VARIANTS"]
 
 CALIBRATION_VARIANTS = ("baseline", "static_sd")
+"""The variants of a notebook-04 run that `check_run` calibrates the simulator on: the baseline
+and static SD."""
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ BACKEND_CLOCKS = {"local": "sim", "ray": "wall"}
 VALIDATION_COLUMNS = ("run", "clock", "workers", "per_worker", "seed", "repeats", "measured_s",
                       "predicted_s", "error", "error_low", "error_high", "measured_busy_s",
                       "predicted_busy_s", "busy_error")
+"""The columns of the validation table (`validation_table`), in order."""
 SPREAD_DRAWS = 16
 WARM_UP_TOKENS = 4  # tokens of each engine's warm-up rollout (``_warm_up``)
 

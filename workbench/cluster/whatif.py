@@ -21,6 +21,7 @@ __all__ = ["SCALING_WORKERS", "with_tau", "lengths_layout", "scaling_table", "sc
            "simulate_seconds", "whatif_prediction"]
 
 SCALING_WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
+"""The worker counts N of the scaling sweep (`scaling_table`)."""
 
 
 def with_tau(cost: StepCost, strategy: str, tau: float) -> StepCost:

@@ -38,8 +38,11 @@ __all__ = ["METHODS", "COLUMNS", "teacher_tokens", "check_budgets", "budget_batc
            "batch_tokens", "steps_for", "budget_study"]
 
 METHODS = ("kd", "scratch")
+"""How `budget_study` trains a student at each token budget: distilled from the teacher, or
+from scratch."""
 COLUMNS = ["method", "budget_fraction", "tokens", "steps", "seed", "accuracy", "lm_loss",
            "kept_step", "rewards"]
+"""The columns of `budget_study`'s table, in order."""
 KEY = ["method", "budget_fraction", "seed"]
 
 

@@ -39,6 +39,7 @@ CALIBRATION_SEED = 3_000_017
 
 # the fewest scored tokens distillation trains on: below this, students differ by noise
 MIN_SCORED_TOKENS = 2_000
+"""The fewest scored tokens distillation trains on: below this, students differ by noise."""
 
 def is_task(source) -> bool:
     """Whether ``source`` is a task (an embedded task name or a ``.jsonl`` file), not a text

@@ -31,6 +31,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 LABEL_KEY = ("plan labels: 6L = layers kept ([0,1,2] lists them when some are dropped), "
              "h = hidden size (embedding channels), m = MLP size (neurons per layer), "
              "q = query heads per KV group")
+"""What the parts of a `plan_label` stand for, for legends and panels that show labels."""
 
 
 def check_model_type(model_or_config) -> None:

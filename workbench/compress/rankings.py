@@ -93,6 +93,8 @@ def _check_score(name: str, plugin) -> None:
 IMPORTANCE: Registry[type] = Registry("importance score", "workbench.importance",
                                       required=HOOKS, optional=OPTIONAL_HOOKS,
                                       check=_check_score)
+"""The registry of importance scores: the built-in ones and plugins' (entry-point group
+`workbench.importance`)."""
 
 
 def importance_score(name: str, *, builtin: bool = False):
@@ -144,6 +146,8 @@ class Random(ImportanceScore):
 
 
 DEFAULT_RANKINGS = ("activation:*", "weight_magnitude", "random")  # ranking_ablation's set
+"""The rankings `ranking_ablation` compares by default: activation importance (every
+aggregation), weight magnitude and random."""
 
 
 # ---- rankings: a name and a variant ---------------------------------------------------------

@@ -23,6 +23,7 @@ __all__ = ["summarize", "paired_difference", "summarize_column", "TEST"]
 
 TEST = ("paired two-level bootstrap (seeds and items resampled): the 95% interval of the "
         "difference excludes 0")
+"""The statistical test behind a significant difference, in words."""
 
 
 def _matrix(name: str, values) -> np.ndarray:

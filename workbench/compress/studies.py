@@ -41,6 +41,7 @@ __all__ = ["ranking_ablation", "architecture_search", "width_against_depth", "re
 
 RETRAININGS = ("pruned + KD (logits)", "pruned + KD (logits + hidden)", "pruned + CE",
                "scratch + CE")
+"""The retraining runs `retraining_study` compares, by name."""
 
 def ranking_ablation(teacher, plan, calibration, held_out, seed: int = 0,
                      progress: bool = True, seeds=None,

@@ -91,6 +91,7 @@ def speed_metrics(speed: pd.DataFrame, batch: int, names: dict[str, str]) -> dic
 # each retraining run of ``studies.RETRAININGS`` as its metrics name it
 RETRAINING_NAMES = {RETRAININGS[0]: "student_kd", RETRAININGS[1]: "student_kd_hidden",
                     RETRAININGS[2]: "student_ce", RETRAININGS[3]: "scratch"}
+"""Each retraining run of `studies.RETRAININGS` as its metrics name it."""
 
 
 def retraining_metrics(table: pd.DataFrame, tests: dict, curves: pd.DataFrame, *,

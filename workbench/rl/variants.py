@@ -198,6 +198,8 @@ VARIANTS: Registry[type[RLVariant]] = Registry(
     "RL variant", "workbench.variants", required=("build",),
     optional=("speculative", "composable", "settings", "config", "order", "adaptive_drafter",
               "adaptive_engine"), check=_check)
+"""The registry of RL variants: the built-in ones and plugins' (entry-point group
+`workbench.variants`)."""
 
 
 def rl_variant(name: str, *, builtin: bool = False):

@@ -16,6 +16,7 @@ from .backend import Backend, LocalBackend
 __all__ = ["make_backend", "BACKENDS"]
 
 BACKENDS = ("local", "ray")
+"""The rollout backends `make_backend` builds, by name."""
 
 
 def make_backend(backend: str | Backend = "local", address: str | None = None,

@@ -46,6 +46,8 @@ KIND_THREAD = {**{k: "steps" for k in ROLLOUT_KINDS}, "drafter_train": "drafter 
 # args a slice carries beside its table row: which timeline it is of, a preempted drafter
 # step's wasted seconds, a request's accepted length, an idle slice's seconds
 DERIVED_ARGS = ("timeline", "wasted_s", "accepted_length", "seconds")
+"""The args a slice carries beside its table row: which timeline it is of, a preempted drafter
+step's wasted seconds, a request's accepted length, an idle slice's seconds."""
 
 
 def _json_value(v):

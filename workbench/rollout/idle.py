@@ -23,6 +23,7 @@ from .timeline import IdleWindow, Timeline
 __all__ = ["IDLE_KINDS", "IdleJob", "TailJobs", "IdleRun", "WindowEnd", "IdleClock"]
 
 IDLE_KINDS = ("drafter_train", "train")  # work an idle window runs
+"""The kinds of work an idle window runs."""
 
 
 class IdleJob:

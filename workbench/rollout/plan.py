@@ -80,6 +80,7 @@ class StepPlan:
 
 
 PLAIN = StepPlan()
+"""The plan of a plain step: no drafts."""
 
 
 class Arm:

@@ -78,6 +78,7 @@ STEP_COLUMNS = ["worker", "step", "kind", "start_s", "end_s", "batch_size", "tok
 # the steps table's plan columns and their dtypes (nullable: NA where nothing was decided)
 PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
                 "plan_budget": "Int64", "plan_drafter": "string"}
+"""The steps table's plan columns and their dtypes (nullable: NA where nothing was decided)."""
 # every optional steps column of this layer: the plans, the flag of a preempted drafter step,
 # and that of a step re-running a failed worker's requests
 OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean",

@@ -52,6 +52,8 @@ def _check_arm(name: str, plugin) -> None:
 
 ARMS: Registry[type[Arm]] = Registry("decoding arm", "workbench.arms", required=("plan",),
                                      optional=("propose",), check=_check_arm)
+"""The registry of decoding arms: the built-in kinds and plugins' (entry-point group
+`workbench.arms`)."""
 
 
 # ---- the built-in kinds -------------------------------------------------------------------

@@ -41,6 +41,8 @@ SWEEP_COLUMNS = ("temperature", "drafter", "k", "batch_size", "speedup")
 WHATIF_COLUMNS = ("temperature", "drafter", "k", "threshold", "clock", "beyond_measured",
                   "measured_threshold", "makespan_recorded_s", "makespan_whatif_s", "speedup",
                   "worker", "recorded_s", "whatif_s", "sd_steps", "decode_steps")
+"""The columns of `whatif_table`: one row per (drafter, k, threshold, worker); the setting's
+scalars (the first ten) repeat on every worker's row."""
 SD_KINDS = ("draft", "verify")  # a timeline with these already ran SD
 COUNTED_KINDS = ("prefill", "decode")  # the rollout work of a plain rollout
 

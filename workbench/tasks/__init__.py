@@ -18,8 +18,11 @@ TASKS = {"running_sum": RunningSumTask, "default": RunningSumTask}
 # problems, RL draws its prompts from RL_SEED problems, evaluation uses HELDOUT_SEED problems
 # (the generator's streams never coincide).
 TRAIN_SEED = 0
+"""The seed of the problems the zoo trains on."""
 HELDOUT_SEED = 1_000_003
+"""The seed of the held-out problems evaluation uses."""
 RL_SEED = 2_000_003  # the RL prompt pool: neither the policy's training data nor held out
+"""The seed of the RL prompt pool: neither the policy's training data nor held out."""
 
 
 def get_problems(task: str | os.PathLike, num: int | None = None,

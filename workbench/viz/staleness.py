@@ -20,6 +20,7 @@ __all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "DRAFTER_COLOR
 
 DRAFTER_COLORS = {"frozen": "#1f78b4", "adaptive": "#33a02c", "ceiling": "#6a3d9a",
                   "sibling": "#ff7f00"}
+"""One colour per staleness drafter, shared by the figures."""
 
 
 def _drafters(history: pd.DataFrame) -> list[str]:

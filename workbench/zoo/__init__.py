@@ -6,3 +6,5 @@ __all__ = ["RECIPES"]
 
 # name -> callable(out_dir=None, seed=0, minutes=None); `workbench zoo train NAME` runs it.
 RECIPES = {"default": train_policy, "drafter-lm": train_drafter_lm, "eagle": train_eagle_head}
+"""The zoo's recipes by name: `workbench zoo train NAME` calls `RECIPES[NAME](out_dir=None,
+seed=0, minutes=None)`."""

@@ -59,6 +59,7 @@ __all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "le
            "held_out_accuracy", "check_same_config"]
 
 DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling")
+"""The drafters whose tau a staleness run measures on every step."""
 DIVERGENCE = ("auto", "raise", "count")
 STATE_FILE = "staleness_state.pt"
 
