@@ -16,8 +16,8 @@ from workbench.plugins import load_plugins
 from workbench.registry import PluginError
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.speculative import NGramDrafter
-from workbench.speculative.drafters import (DRAFTERS, OPTIONAL_HOOKS, REQUIRED_HOOKS, Drafter,
-                                            SlowedDrafter)
+from workbench.speculative.drafter_protocol import OPTIONAL_HOOKS, REQUIRED_HOOKS
+from workbench.speculative.drafters import DRAFTERS, Drafter, SlowedDrafter
 from workbench.speculative.resolve import comparison_names, drafter_form, resolve_drafter
 
 from .helpers.models import PROMPTS, tiny_model
