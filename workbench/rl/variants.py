@@ -348,3 +348,8 @@ def check_variants(variants) -> list[str]:
     naming the first bad one and every accepted name."""
     return check_list("variants", variants, lambda name, v: check_variant(v, name),
                       f"variants of {variant_names()}")
+
+
+# built-in variants with modules of their own, registered when imported (here, so that every
+# lookup of a variant's name sees them): Seer's scheduling and divided rollout
+from .remedies import seer_divided as _seer_divided, seer_schedule as _seer_schedule  # noqa: E402,F401

@@ -73,6 +73,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
+import torch
+
 from ..checks import check_int
 from ..clock import sim_work
 from .request import Request
@@ -133,6 +135,18 @@ class Backend:
         """Load new policy and/or drafter weights into every worker."""
         raise NotImplementedError
 
+    def map_steps(self, begin: Callable[[Worker, object], object], items: list, dispatch,
+                  progress: Callable[[int], None] | None = None,
+                  tail: TailJobs | None = None) -> tuple[list, IdleRun]:
+        """A rollout whose workers advance together, in sim-time order, with ``dispatch``
+        (``rollout.dispatch.Dispatch``) moving work between them: ``begin(worker w,
+        items[w])`` gives each worker's ``WorkerRun``; the runs' results, and ``tail``'s jobs
+        run in the idle windows after (as ``map_tail``). Only a backend that orders its
+        workers' steps itself has it (the local one); the default refuses."""
+        raise ValueError(f"the {self.name!r} backend does not advance its workers in sim-time "
+                         "order, so no work can move between them (a Dispatch); accepted: "
+                         "the local backend")
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -176,6 +190,45 @@ class LocalBackend(Backend):
         if failures:
             raise first_failure(failures, results)
         return [results[w] for w in workers]
+
+    def map_steps(self, begin, items, dispatch, progress=None, tail=None):
+        """The seam of the local execution model (docs/design.md): a small discrete-event
+        loop that always steps the busy run whose clock is earliest (ties: the lower
+        worker), so that what a run sees of the others (their queues, their requests'
+        tokens) is where they stood at its time, to one step. Before each step ``dispatch``
+        may fill or reorder that run's queue; a run with nothing left whose clock is not
+        past the earliest busy one is offered work (``dispatch.idle``). Each step runs
+        inside ``clock.sim_work`` on its worker's own clock, resumed at its mark. A worker
+        that fails raises its ``WorkerFailed`` (no re-run: work in flight has moved)."""
+        workers = check_placement(items, None, self.num_workers)
+        for worker in self._workers:
+            worker.on_finish = progress or (lambda finished: None)
+        runs = [begin(self._workers[w], item) for w, item in zip(workers, items)]
+        dispatch.begin(runs)
+        with torch.inference_mode():
+            while True:
+                busy = [r for r in runs if r.busy]
+                if busy:
+                    now = min(r.clock_s for r in busy)
+                    for run in sorted((r for r in runs if not r.busy and r.clock_s <= now),
+                                      key=lambda r: (r.clock_s, r.index)):
+                        dispatch.idle(run, runs)
+                    busy = [r for r in runs if r.busy]
+                if not busy:
+                    break
+                run = min(busy, key=lambda r: (r.clock_s, r.index))
+                dispatch.before(run, runs)
+                with sim_work():
+                    _on(run.index, lambda: run.advance(resume=True), run.task.requests)
+        dispatch.end(runs)
+        values = [run.result() for run in runs]
+        if tail is None:
+            return values, IdleRun()
+        ends = {w: self._workers[w].rollout_end_s for w in workers}
+        last = max(ends.values(), default=0.0)
+        windows = sorted((IdleWindow(w, start, last) for w, start in ends.items()),
+                         key=lambda window: (window.start_s, window.worker))
+        return values, self._run_windows(tail, windows, values)
 
     def update_weights(self, policy=None, drafter=None) -> None:
         loaded = set()  # workers may share one module here: load each module once

@@ -80,6 +80,7 @@ class BatchDecoder:
         self.reqs = []                                   # every request admitted, in order
         self.pending_hidden: list[list[torch.Tensor]] = []  # per request, for the drafter
         self.harvested: list[list[torch.Tensor]] = []       # per request, for the caller
+        self.released: set[int] = set()  # requests moved to another worker (``release``)
         self.batch = DecodeBatch.empty(0, forward.device)
         self.mode = SamplingMode.of(self.params, config.spec_mode)  # keyed to rows per step
         if drafter is not None:
@@ -90,30 +91,44 @@ class BatchDecoder:
         return self.batch.size
 
     # ---- steps --------------------------------------------------------------------------
-    def admit(self, reqs) -> None:
+    def admit(self, reqs, moved: dict | None = None) -> None:
         """Prefill ``reqs`` and join them to the running batch: one ``prefill`` step per group
-        of similar prompt lengths (:func:`prefill_groups`), so that short prompts are not
-        padded to the longest one."""
-        for group in prefill_groups([len(r.prompt_ids) for r in reqs]):
-            self._admit_group([reqs[i] for i in group])
+        of similar context lengths (:func:`prefill_groups`), so that short prompts are not
+        padded to the longest one. A request that already has tokens is a *moved* one
+        (another worker's, :meth:`release`): its prefill re-feeds its prompt and every token
+        it has, and samples its next token at its own position, so that coupled draws give
+        the tokens it would have had where it was; ``moved``: ``{uid: (the worker it came
+        from, its harvested states there)}``; the prefill's row names that worker
+        (``moved_from``)."""
+        moved = moved or {}
+        lengths = [len(r.prompt_ids) + len(r.tokens) for r in reqs]
+        for group in prefill_groups(lengths):
+            self._admit_group([reqs[i] for i in group], moved)
 
-    def _admit_group(self, reqs) -> None:
+    def _admit_group(self, reqs, moved: dict) -> None:
         start = self.rec.begin()
         first = len(self.reqs)
         self.reqs.extend(reqs)
         self.pending_hidden.extend([] for _ in reqs)
         self.harvested.extend([] for _ in reqs)
-        new, ids, pos = DecodeBatch.from_prompts([r.prompt_ids for r in reqs],
-                                                 range(first, first + len(reqs)), self.pad_id,
-                                                 self.forward.device)
+        contexts = [list(r.prompt_ids) + list(r.tokens) for r in reqs]
+        new, ids, pos = DecodeBatch.from_prompts(contexts, range(first, first + len(reqs)),
+                                                 self.pad_id, self.forward.device)
         for r in reqs:
-            r.start_s = start
+            if r.uid not in moved:  # a moved request keeps the start it had
+                r.start_s = start
         (logits, hidden), fwd_s = self._timed(self.forward, ids, pos, new.mask, new.col_pos,
                                               new.cache)
         tok, lp = self.mode.at(self.reqs, new.request_ids).sample(logits[:, -1])
-        states = [hidden[row, -len(r.prompt_ids):] for row, r in enumerate(reqs)]
+        states = [hidden[row, -len(c):] for row, c in enumerate(contexts)]
         self._finish_step(new, "prefill", [[t] for t in tok.tolist()],
                           [[x] for x in lp.tolist()], states, fwd_s)
+        sources = {moved[r.uid][0] for r in reqs if r.uid in moved}
+        if sources:
+            self.rec.rows[-1]["moved_from"] = min(sources)
+        for i, r in enumerate(reqs, first):
+            if r.uid in moved and self.harvest:  # the states fed there, then the one new here
+                self.harvested[i] = list(moved[r.uid][1]) + [h[-1:] for h in self.harvested[i]]
         if new.size == 0:
             return
         if self.drafter is not None:
@@ -267,9 +282,32 @@ class BatchDecoder:
         b.compact()
         return n_emitted
 
+    def release(self, uids) -> list[tuple]:
+        """Take the live requests ``uids`` out of the batch (to move them to another worker,
+        whose :meth:`admit` re-prefills them): ``[(request, its harvested states here)]``.
+        Between steps a row has one emitted token not fed yet, which the re-prefill feeds."""
+        uids = set(uids)
+        b = self.batch
+        gone = [row for row, i in enumerate(b.request_ids) if self.reqs[i].uid in uids]
+        out = []
+        for row in gone:
+            i = b.request_ids[row]
+            out.append((self.reqs[i], self.harvested[i]))
+            self.harvested[i], self.pending_hidden[i] = [], []
+            self.released.add(i)
+        if gone:
+            keep = [row for row in range(b.size) if row not in set(gone)]
+            b.keep_rows(keep)
+            if self.drafter is not None:
+                self.drafter.keep_rows(keep)
+            b.compact()
+        return out
+
     def finish(self) -> None:
-        """After the last step: assemble harvested hidden states per request."""
+        """After the last step: assemble harvested hidden states per request (not those
+        released to another worker, whose decoder assembles them)."""
         if self.harvest:
             for i, r in enumerate(self.reqs):
-                r.hidden = torch.cat(self.harvested[i])
-                self.harvested[i] = []
+                if i not in self.released:
+                    r.hidden = torch.cat(self.harvested[i])
+                    self.harvested[i] = []

@@ -20,7 +20,8 @@ from ..progress import tqdm
 from .backend import Backend, LocalBackend
 from .idle import IdleRun, TailJobs
 from .config import RolloutConfig
-from .recovery import run_shards
+from .dispatch import Dispatch, drafter_view
+from .recovery import Shards, run_shards
 from .request import Request, RequestOutput
 from .sampling import make_uid
 from .schedule import PlainSchedule, Schedule, StaticSchedule, check_schedule
@@ -196,7 +197,7 @@ class RolloutEngine:
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
                 drafter=None, schedule: Schedule | None = None, tail: TailJobs | None = None,
                 caps: list[int] | None = None, rl_step: int = 0, harvest: bool = False,
-                **overrides) -> RolloutResult:
+                dispatch: Dispatch | None = None, **overrides) -> RolloutResult:
         """Generate responses for ``prompts`` (strings or token-id lists) at RL step
         ``rl_step`` (part of every request's uid, hence of its coupled draws: the same
         prompts at the same step make the same requests).
@@ -214,7 +215,9 @@ class RolloutEngine:
         is done, until the last shard is (``Backend.map_tail``); their rows join the
         timeline and their outcomes come back in ``RolloutResult.idle``. ``harvest``: keep
         the policy's pre-norm last hidden state at every fed position (drafter training
-        data) in each ``RequestOutput.hidden``.
+        data) in each ``RequestOutput.hidden``. ``dispatch``: the workers advance together in
+        sim-time order and it moves work between them (``rollout.dispatch``; the local
+        backend only, ``Backend.map_steps``); the requests' uids and tokens are unchanged.
         """
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
@@ -232,9 +235,16 @@ class RolloutEngine:
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
         try:
-            shards = run_shards(  # the bar stays here: the backend reports progress
-                self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
-                tasks, bar.update, tail)
+            if dispatch is None:
+                shards = run_shards(  # the bar stays here: the backend reports progress
+                    self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
+                    tasks, bar.update, tail)
+            else:
+                values, idle = self.backend.map_steps(
+                    lambda worker, task: worker.begin(task, schedule, drafter_view(drafter)),
+                    tasks,
+                    dispatch, bar.update, tail)
+                shards = Shards(values, idle=idle)
         finally:
             bar.close()
         by_uid = {r.uid: r for res in shards.results for r in res.requests}

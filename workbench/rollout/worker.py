@@ -32,7 +32,7 @@ from .request import Request, RequestOutput
 from .schedule import Schedule, StepReport, checked_reasons, plan_columns
 from .timeline import IdleWindow, rollout_end_s
 
-__all__ = ["WorkerTask", "WorkerResult", "Worker", "StepRecorder"]
+__all__ = ["WorkerTask", "WorkerResult", "Worker", "WorkerRun", "StepRecorder"]
 
 
 class StepRecorder:
@@ -173,33 +173,23 @@ class Worker:
 
     def rollout(self, task: WorkerTask, schedule: Schedule, drafter=None) -> WorkerResult:
         """Decode ``task.requests`` under ``schedule`` (with ``drafter``, or this worker's own)."""
-        cfg = task.config
+        run = self.begin(task, schedule, drafter)
+        with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step
+            while run.busy:
+                run.advance()
+        return run.result()
+
+    def begin(self, task: WorkerTask, schedule: Schedule, drafter=None) -> "WorkerRun":
+        """``task``'s rollout, not yet stepped: a :class:`WorkerRun` that a caller advances
+        one step at a time (``rollout`` runs it to the end; the local backend's
+        ``map_steps`` advances several workers' runs in sim-time order)."""
         drafter = drafter if drafter is not None else self.drafter
         if schedule.needs_drafter and drafter is None:
             raise ValueError(f"the schedule {type(schedule).__name__} speculates, but worker "
                              f"{self.index} has no drafter: pass drafter= or start the "
                              "workers with a drafter_factory")
         check_schedule_drafter(schedule, drafter)  # trees need a tree drafter; names, members
-        rec = self._recorder_for(task)
-        first = len(rec.rows)
-        outputs = [RequestOutput.of(q, self.index) for q in task.requests]
-        dec = BatchDecoder(self.forward, cfg, rec, task.eos_id, task.pad_id,
-                           drafter if schedule.needs_drafter else None, self.on_finish,
-                           harvest=task.harvest)
-        cap = cfg.max_batch_size or max(1, len(outputs))
-        queue = deque(outputs)
-        with torch.inference_mode():  # no autograd bookkeeping at all: ~10% of a small step
-            while queue or dec.size:
-                if queue and self._refill_due(cfg, cap, dec.size, len(queue)):
-                    dec.admit([queue.popleft() for _ in range(min(cap - dec.size, len(queue)))])
-                if dec.size:
-                    self._step(dec, schedule)
-        dec.finish()
-        rows = rec.rows[first:]
-        if task.after_s is not None:
-            for row in rows:
-                row["rerun"] = True
-        return WorkerResult(self.index, outputs, rows)
+        return WorkerRun(self, task, schedule, drafter)
 
     def _recorder_for(self, task: WorkerTask) -> StepRecorder:
         """A new recorder for a rollout; the latest one, resumed, for a re-run."""
@@ -213,7 +203,7 @@ class Worker:
         return self.recorder
 
     @staticmethod
-    def _refill_due(cfg: RolloutConfig, cap: int, live: int, waiting: int) -> bool:
+    def refill_due(cfg: RolloutConfig, cap: int, live: int, waiting: int) -> bool:
         """Whether waiting requests join now: waves when the batch is empty; continuous
         batching once ``cfg.refill_for(cap)`` slots are free (or all that wait fit)."""
         if live == 0:
@@ -277,3 +267,111 @@ class Worker:
             if self.drafter is None or self.drafter.module is None:
                 raise ValueError(f"worker {self.index} has no drafter with weights to update")
             self.drafter.module.load_state_dict(drafter)
+
+
+class WorkerRun:
+    """One worker's rollout of one task, advanced one step at a time (``Worker.begin``).
+
+    ``queue`` holds the requests not yet admitted (``RequestOutput``s, admitted from the
+    front), ``outputs`` every request the run answers for. Between two :meth:`advance` calls
+    a caller may move work (``rollout.dispatch``): reorder or refill ``queue``, take queued
+    requests away (:meth:`take_queued`), take running ones out of the batch (:meth:`release`)
+    and hand them to another run (:meth:`receive`), which re-prefills them on its own clock.
+    Requests that move keep their uid, so coupled draws give them the tokens they would have
+    had where they were."""
+
+    def __init__(self, worker: Worker, task: WorkerTask, schedule: Schedule, drafter):
+        self.worker, self.task, self.schedule = worker, task, schedule
+        cfg = task.config
+        self.rec = worker._recorder_for(task)
+        self.first = len(self.rec.rows)
+        self.outputs = [RequestOutput.of(q, worker.index) for q in task.requests]
+        self.dec = BatchDecoder(worker.forward, cfg, self.rec, task.eos_id, task.pad_id,
+                                drafter if schedule.needs_drafter else None, worker.on_finish,
+                                harvest=task.harvest)
+        self.cap = cfg.max_batch_size or max(1, len(self.outputs))
+        self.queue: deque[RequestOutput] = deque(self.outputs)
+        self.moved: dict[int, tuple] = {}  # uid -> (from worker, harvested states), to admit
+
+    @property
+    def index(self) -> int:
+        return self.worker.index
+
+    @property
+    def clock_s(self) -> float:
+        """Where this run's next step starts on its worker's clock."""
+        return self.rec.mark
+
+    @property
+    def busy(self) -> bool:
+        """Whether the run holds requests: queued or in its batch."""
+        return bool(self.queue) or self.dec.size > 0
+
+    @property
+    def running(self) -> list[RequestOutput]:
+        """The requests in the batch now."""
+        return [self.dec.reqs[i] for i in self.dec.batch.request_ids]
+
+    def refill_due(self, waiting: int | None = None) -> bool:
+        """Whether ``waiting`` requests (default: the queue's) would join at the next step."""
+        waiting = len(self.queue) if waiting is None else waiting
+        return waiting > 0 and Worker.refill_due(self.task.config, self.cap, self.dec.size,
+                                                 waiting)
+
+    def advance(self, resume: bool = False) -> None:
+        """One step: the queue's front joins the batch when a refill is due (prefilled),
+        then one decode step. ``resume``: the worker's clock resumes at its mark first (when
+        other workers ran since its last step, in this thread)."""
+        if resume:
+            self.rec.t0 = self.rec.read() - self.rec.mark
+            self.rec.used = self.rec.usage()
+        queue, dec = self.queue, self.dec
+        if queue and self.refill_due():
+            joining = [queue.popleft()
+                       for _ in range(min(max(1, self.cap - dec.size), len(queue)))]
+            moved = {r.uid: self.moved.pop(r.uid) for r in joining if r.uid in self.moved}
+            dec.admit(joining, moved)
+        if dec.size:
+            self.worker._step(dec, self.schedule)
+
+    def take_queued(self, uids) -> list[RequestOutput]:
+        """Take the queued requests ``uids`` off this run (to queue them on another)."""
+        uids = set(uids)
+        taken = [r for r in self.queue if r.uid in uids]
+        self.queue = deque(r for r in self.queue if r.uid not in uids)
+        self.outputs = [r for r in self.outputs if r.uid not in uids]
+        return taken
+
+    def give_queued(self, requests: list[RequestOutput], front: bool = False) -> None:
+        """Queue ``requests`` here (another run's, :meth:`take_queued`)."""
+        for r in requests:
+            r.worker = self.index
+        self.outputs.extend(requests)
+        self.queue = deque(requests) + self.queue if front else self.queue + deque(requests)
+
+    def release(self, uids) -> list[tuple]:
+        """Take the running requests ``uids`` out of this run's batch: ``[(request, its
+        harvested states)]`` for another run's :meth:`receive`."""
+        out = self.dec.release(uids)
+        gone = {r.uid for r, _ in out}
+        self.outputs = [r for r in self.outputs if r.uid not in gone]
+        return out
+
+    def receive(self, released: list[tuple], source: int, at_s: float) -> None:
+        """Requests another run released (``source``'s, at ``at_s`` on its clock), queued
+        first: their re-prefill is this run's next step, which starts at ``at_s`` at the
+        earliest (the time between shows as idle)."""
+        if at_s > self.rec.mark:
+            self.rec.mark = at_s
+        for r, harvested in released:
+            self.moved[r.uid] = (source, harvested)
+        self.give_queued([r for r, _ in released], front=True)
+
+    def result(self) -> WorkerResult:
+        """The run's result, once it is not :attr:`busy`."""
+        self.dec.finish()
+        rows = self.rec.rows[self.first:]
+        if self.task.after_s is not None:
+            for row in rows:
+                row["rerun"] = True
+        return WorkerResult(self.index, self.outputs, rows)

@@ -88,14 +88,20 @@ class Sampler:
         order: ``order(live)``, the order of a rollout's requests: a permutation of
             ``range(len(live))``, where ``live[i]`` is request ``i``'s ``(Group, Response)``,
             or None (as drawn); None: always as drawn (``rl.variants.RemedyVariant.order``).
+        dispatch: ``dispatch(live)``, a ``rollout.dispatch.Dispatch`` for one rollout of the
+            ``live`` requests (in ``order``'s order; request ``i``'s ``prompt_id`` is ``i``):
+            the workers then advance in sim-time order and it moves work between them
+            (``RolloutEngine.rollout(dispatch=...)``: the requests' uids, hence their tokens,
+            are unchanged); None: each worker runs its shard.
     """
 
     def __init__(self, engine, rollout: RolloutConfig, target: int,
                  problems_for: Callable[[int], list], extra_groups: int = 0,
                  leftover: str = "abort", segment_tokens: int | None = None,
-                 order: Callable[[list], Sequence[int] | None] | None = None):
+                 order: Callable[[list], Sequence[int] | None] | None = None,
+                 dispatch: Callable[[list], object] | None = None):
         self.engine, self.rollout, self.target = engine, rollout, target
-        self.problems_for, self.order = problems_for, order
+        self.problems_for, self.order, self.dispatch = problems_for, order, dispatch
         self.extra_groups, self.leftover = extra_groups, leftover
         self.segment_tokens = segment_tokens
         self.pool: list[Group] = []
@@ -160,7 +166,9 @@ class Sampler:
         result = self.engine.rollout([g.prompt_ids + r.tokens for g, r in live], config,
                                      progress=False, drafter=drafter, schedule=schedule,
                                      caps=caps, tail=None if later else tail,
-                                     rl_step=self.rollouts, harvest=harvest)  # 2) requests
+                                     rl_step=self.rollouts, harvest=harvest,
+                                     dispatch=None if self.dispatch is None
+                                     else self.dispatch(live))  # 2) requests
         self.rollouts += 1
         outs = result.requests
         ended = [self._finish(r, out, cap) for (_, r), out, cap in zip(live, outs, caps)]

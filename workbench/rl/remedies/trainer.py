@@ -37,7 +37,7 @@ from ...speculative.measure import acceptance_length
 from ...tasks import exact_match_reward
 from ..grpo import GRPO, RLStep
 from ..loop import RLLoop
-from ..tlt import TLTConfig
+from ..tlt import TLTConfig, tokens_digest
 from .config import RemedyConfig
 from .offpolicy import Behaviour, staleness_metrics
 from .sampler import Sampled, Sampler
@@ -65,6 +65,8 @@ class RemedyTrainer(RLLoop):
         drafter_head, drafter_dir: the pre-RL EAGLE head and where the spot trainer
             publishes (as :class:`~workbench.rl.tlt.TLTTrainer`'s).
         order: the order of each rollout's requests (``Sampler``'s; None: as drawn).
+        dispatch: where each rollout's requests run (``Sampler``'s; None: each worker its
+            shard).
         report_to, run_dir: the per-step scalars' log and the run's folder (``RLLoop``'s).
     """
 
@@ -75,7 +77,8 @@ class RemedyTrainer(RLLoop):
                  ray_address: str | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, tlt: TLTConfig | None = None,
                  drafter_head=None, drafter_dir: str | os.PathLike | None = None,
-                 order=None, report_to: str = "none", run_dir: str | os.PathLike | None = None):
+                 order=None, report_to: str = "none", run_dir: str | os.PathLike | None = None,
+                 dispatch=None):
         self.config = c = config if config is not None else RemedyConfig()
         if tlt is not None:
             tlt.check_head(drafter_head)  # before the backend starts
@@ -93,7 +96,7 @@ class RemedyTrainer(RLLoop):
                              "or extra_groups=0")
         self.sampler = Sampler(grpo.engine, c.grpo.rollout, c.grpo.prompts_per_step,
                                grpo.problems_for, c.extra_groups, c.leftover,
-                               c.segment_tokens, order)
+                               c.segment_tokens, order, dispatch)
         self.queued: Sampled | None = None  # async: the data the next step trains on
         self.last: list[Sampled] = []       # the rollouts of the latest step
         super().__init__(grpo, checkpoint_dir, report_to, run_dir)
@@ -122,6 +125,7 @@ class RemedyTrainer(RLLoop):
         extra = {"groups_trained": len(train.trained), "carried_groups": len(train.carried),
                  "aborted_tokens": train.aborted_tokens, "sampled_version": train.version,
                  "long_round": train.long_round,
+                 "tokens_digest": tokens_digest(self.last[0].result),
                  **staleness_metrics([r.versions for g in train.trained for r in g.responses],
                                      self.version), **_fold_drafter_figures(drafts)}
         if train.trained:                                                   # 3) update

@@ -1,0 +1,64 @@
+"""Dispatch: where requests run when the workers of one rollout are advanced together, in
+sim-time order (``LocalBackend.map_steps``; docs/design.md, "The local execution model, and
+its seam").
+
+By default each worker decodes its own shard to the end, one worker after another, and the
+sim clock lays their times side by side. A :class:`Dispatch` is handed every worker's
+:class:`~workbench.rollout.worker.WorkerRun` and asked, at three points, where work goes:
+
+- ``begin(runs)``: before any step (every run's queue holds its shard): it may reorder the
+  queues or deal the requests again;
+- ``before(run, runs)``: before ``run``'s next step, which starts at ``run.clock_s``, the
+  earliest clock of the busy runs: it may reorder ``run``'s queue or fill it;
+- ``idle(run, runs)``: ``run`` holds nothing, and its clock is not past the earliest busy
+  run's: it may move work to it, queued (``take_queued`` / ``give_queued``: free) or running
+  (``release`` / ``receive``: the receiving worker re-prefills the request's prompt and
+  tokens, a ``prefill`` row of its own with ``moved_from``, on its clock, from the source's
+  clock at the earliest).
+
+A drafter that serves every worker (``RolloutEngine.rollout(drafter=...)``) keeps per-row
+state between ``begin`` and the last step of a worker's rollout; with the workers' steps
+interleaved, each worker drafts with a view of its own (:func:`drafter_view`).
+
+Requests keep their uids wherever they run, so coupled draws give every request the tokens it
+would have had on its first worker (a re-prefill computes in one pass what the steps computed
+one at a time: equal in float64; in float32 it may round differently).
+"""
+from __future__ import annotations
+
+import copy
+
+__all__ = ["Dispatch", "drafter_view"]
+
+
+class Dispatch:
+    """Where requests run in a rollout whose workers advance in sim-time order (module
+    docstring); every hook defaults to leaving the work where it is."""
+
+    def begin(self, runs: list) -> None:
+        """Before any step."""
+
+    def before(self, run, runs: list) -> None:
+        """Before ``run``'s next step."""
+
+    def idle(self, run, runs: list) -> None:
+        """``run`` holds nothing while its clock is the earliest."""
+
+    def end(self, runs: list) -> None:
+        """After the last step (every run idle)."""
+
+
+def drafter_view(drafter):
+    """``drafter`` for one worker of a rollout whose workers' steps interleave: a shallow
+    copy, sharing its weights and memory, whose ``begin`` gives it per-row state of its own
+    (each drafter's ``begin`` assigns that state afresh); a set's members (``members``) and a
+    wrapped drafter (``drafter``) viewed alike. None stays None (each worker's own)."""
+    if drafter is None:
+        return None
+    view = copy.copy(drafter)
+    if getattr(drafter, "members", None):
+        view.members = {name: drafter_view(d) for name, d in drafter.members.items()}
+    inner = vars(drafter).get("drafter")
+    if inner is not None:
+        vars(view)["drafter"] = drafter_view(inner)
+    return view
