@@ -1,9 +1,46 @@
-"""The README's public API names what the packages export."""
+"""The README a newcomer reads first: short, with its sections, its figure and links that
+resolve, the quickstart described as its pipeline runs it, and every name it shows importable
+(the full list of public names is the generated API reference: tests/test_public_api.py)."""
 import importlib
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def test_the_readme_is_short_and_has_its_sections():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200, "the README is at most 200 lines: move detail to docs/"
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    for wanted in ("Two commands", "Notebooks", "Use your own model", "JupyterLab", "Ray",
+                   "Command line", "Where to read next"):
+        assert any(wanted in h for h in headings), (wanted, headings)
+
+
+def test_the_readme_links_and_figure_resolve():
+    """Every relative link and image of the README names a file of the repository; the
+    reading path (architecture, design, extending, RESULTS.md, the API reference) is linked."""
+    text = README.read_text()
+    targets = [t.split("#", 1)[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
+               if not re.match(r"^[a-z]+:", t)]
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert missing == [], missing
+    assert re.search(r"!\[[^\]]+\]\(docs/figures/[\w.-]+\.png\)", text), "the figure"
+    for page in ("docs/architecture.md", "docs/design.md", "docs/extending.md", "RESULTS.md",
+                 "docs/api/index.md"):
+        assert page in targets, page
+
+
+def test_the_readme_says_which_notebooks_the_quickstart_runs():
+    spec = yaml.safe_load((ROOT / "pipelines" / "quickstart.yaml").read_text())
+    runs = sorted(Path(entry["notebook"]).name[:2] for entry in spec["notebooks"])
+    said = re.findall(r"quickstart[^()\n]*?(?:\(|notebooks )(\d\d) and (\d\d)",
+                      README.read_text().replace("\n", " "))
+    assert said, "the README names the quickstart's notebooks"
+    assert all(sorted(pair) == runs for pair in said), (said, runs)
 
 
 def test_every_import_in_the_readme_resolves():

@@ -1,5 +1,6 @@
 """Minitron compression: activation-based importance, structured pruning of HF models into
-smaller HF models, architecture search, and knowledge distillation (see README's "Compression")."""
+smaller HF models, architecture search, and knowledge distillation (the API reference's
+page ``docs/api/compress.md`` lists its public modules)."""
 
-# Nothing re-exported: each module is imported by its path (README, "Every public name").
+# Nothing re-exported: each module is imported by its path.
 __all__ = []
