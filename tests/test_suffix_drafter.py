@@ -24,7 +24,8 @@ from workbench.speculative.arms import ARMS, arm_of
 from workbench.speculative.bandit import AdaptiveSchedule, parse_strategy, strategy_name
 from workbench.speculative.drafters import DRAFTERS, NGramDrafter
 from workbench.speculative.resolve import comparison_names, drafter_form, resolve_drafter
-from workbench.speculative.suffix import FILLER_LOGP, SuffixTrie, length_aware_budget
+from workbench.speculative.suffix import SuffixTrie, length_aware_budget
+from workbench.speculative.suffix_trie import FILLER_LOGP
 
 from .conftest import PROMPTS, tiny_model
 
