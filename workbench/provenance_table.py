@@ -63,7 +63,8 @@ def results_table(folder: str | os.PathLike | None = None) -> str:
              "Generated from `benchmarks/results/*.json` (one file per question, schema in "
              "`workbench/provenance.py`) by `workbench results table`; do not edit by hand "
              "(`workbench results table --check` fails when this file is stale). New figures "
-             "land here first; the lab notes (`docs/lab-notes/`) tell what they mean.", "",
+             "land here first; the lab notes (`docs/lab-notes/`) tell what they mean; a row whose "
+             "question starts SUPERSEDED names the row that replaced it.", "",
              "Figures: the value (median unless the question says otherwise), with its "
              "quartiles (IQR), range and count; WIDE: (max-min)/value above 25%. Disturbed: "
              "the share of repeats or steps (by their seconds) whose CPU share (the CPU "
