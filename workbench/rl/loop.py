@@ -176,11 +176,19 @@ class RLLoop:
 
     # ---- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The whole loop's state: GRPO's, TLT's parts (bandit, spot trainer) and the
-        trainer's own."""
+        """The whole loop's state: GRPO's, TLT's parts (bandit, spot trainer, and the
+        drafter's learnable ``module`` where no spot trainer holds it: a registered drafter
+        that learns as it drafts, a plugin's too) and the trainer's own."""
         return {"grpo": self.grpo.state_dict(), "schedule": self.schedule,
                 "spot": self.spot.state_dict() if self.spot is not None else None,
-                **self._own_state()}
+                "drafter": self._drafter_module_state(), **self._own_state()}
+
+    def _drafter_module_state(self) -> dict | None:
+        """The serving drafter's ``module`` weights, unless it has none or the spot trainer's
+        state already holds them."""
+        if self.spot is not None or self.drafter is None or self.drafter.module is None:
+            return None
+        return {k: v.detach().clone() for k, v in self.drafter.module.state_dict().items()}
 
     def load_state_dict(self, state: dict) -> None:
         # a plain GRPO checkpoint written before the shell held GRPO's state flat
@@ -188,6 +196,14 @@ class RLLoop:
         self.schedule = state.get("schedule")  # older remedy checkpoints: plain decoding
         if self.spot is not None:
             self.spot.load_state_dict(state["spot"])
+        drafter = state.get("drafter")  # None: saved before drafters' modules were, or none
+        if drafter is not None:
+            if self.spot is not None or self.drafter is None or self.drafter.module is None:
+                raise ValueError("the checkpoint holds a drafter module's weights, but this "
+                                 "run's drafter has no module of its own to load them into; "
+                                 "resume it with the drafter it was saved with "
+                                 "(TLTConfig.drafter)")
+            self.drafter.module.load_state_dict(drafter)
         self._load_own_state(state)
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:

@@ -30,6 +30,7 @@ from ..checks import check_bool, check_fraction, check_int
 from ..nested_config import NestedConfig
 from ..rollout import StaticSchedule
 from ..speculative.bandit import DEFAULT_ARMS, AdaptiveSchedule
+from ..speculative.drafter_spec import DrafterSpec
 from ..speculative.drafters import EagleDrafter, SlowedDrafter
 from ..speculative.measure import acceptance_length
 from ..tasks import exact_match_reward
@@ -66,6 +67,13 @@ class TLTConfig(NestedConfig):
         spot: the spot trainer's configuration.
         drafter_delay_s: seconds added to every drafted depth (``SlowedDrafter``): a hostile
             machine where SD cannot pay, for tests and benchmarks; 0 for real runs.
+        drafter: what drafts: ``"eagle"``, the pre-RL EAGLE head (``drafter_head``), which
+            the spot trainer trains; or a registered drafter, a plugin's too, with its
+            settings (``"NAME"`` or ``"NAME:key=value,..."``: ``speculative.drafter_spec``),
+            built on the policy. The spot trainer trains EAGLE heads only, so a registered
+            drafter runs in variants without ``adaptive_drafter``; what it learns by itself
+            (its ``module``) is in the run's checkpoints (``RLLoop.state_dict``), and its
+            name and settings, in this field, are in an ablation's settings.
     """
 
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -79,6 +87,7 @@ class TLTConfig(NestedConfig):
     explore_budget: float = 0.02
     spot: SpotConfig = field(default_factory=SpotConfig)
     drafter_delay_s: float = 0.0
+    drafter: str = "eagle"
 
     def __post_init__(self):
         for name, cls in (("grpo", GRPOConfig), ("spot", SpotConfig)):
@@ -93,18 +102,27 @@ class TLTConfig(NestedConfig):
         check_fraction("TLTConfig.explore_budget", self.explore_budget)
         check_int("TLTConfig.window", self.window, 1)
         SlowedDrafter.check_delay(self.drafter_delay_s)
+        if self.drafter != "eagle":
+            DrafterSpec.parse(self.drafter)  # a registered name, settings well formed
         if self.speculative:
             self.schedule()  # the arms parse as strategies
 
-    def parts(self, model, drafter_head, drafter_dir=None) -> tuple:
+    def parts(self, model, drafter_head, drafter_dir=None, tokenizer=None) -> tuple:
         """``(drafter, spot trainer, schedule)`` of this variant on ``model``: the serving
-        EAGLE drafter on a copy of ``drafter_head`` (slowed by ``drafter_delay_s``), the spot
-        trainer that trains it in idle windows (publishing to ``drafter_dir``), and the step
-        schedule; each None where the variant has none. Any trainer that runs TLT's rollouts
-        builds them here (``TLTTrainer``, and ``RemedyTrainer`` with a remedy)."""
+        drafter (EAGLE on a copy of ``drafter_head``, or the registered ``drafter`` built on
+        ``model`` and ``tokenizer``; slowed by ``drafter_delay_s``), the spot trainer that
+        trains it in idle windows (publishing to ``drafter_dir``), and the step schedule; each
+        None where the variant has none. Any trainer that runs TLT's rollouts builds them here
+        (``TLTTrainer``, and ``RemedyTrainer`` with a remedy)."""
         self.check_head(drafter_head)
-        drafter = (EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
-                   if self.speculative else None)
+        if self.speculative and self.adaptive_drafter and self.drafter != "eagle":
+            raise ValueError(f"drafter {self.drafter!r} with adaptive_drafter: the spot trainer "
+                             "trains EAGLE heads only; accepted: drafter 'eagle', or variants "
+                             "without the adaptive drafter (baseline, static_sd)")
+        drafter = (None if not self.speculative
+                   else EagleDrafter(copy.deepcopy(drafter_head).eval(), model)
+                   if self.drafter == "eagle"
+                   else DrafterSpec.parse(self.drafter).build(model, tokenizer))
         if drafter is not None and self.drafter_delay_s:
             drafter = SlowedDrafter(drafter, self.drafter_delay_s)
         spot = (SpotTrainer(model, drafter, self.spot, drafter_dir)
@@ -112,8 +130,9 @@ class TLTConfig(NestedConfig):
         return drafter, spot, self.schedule()
 
     def check_head(self, drafter_head) -> None:
-        """Raise ``ValueError`` when this variant speculates and ``drafter_head`` is None."""
-        if self.speculative and drafter_head is None:
+        """Raise ``ValueError`` when this variant speculates with EAGLE and ``drafter_head``
+        is None."""
+        if self.speculative and self.drafter == "eagle" and drafter_head is None:
             raise ValueError("a speculative variant needs drafter_head (the pre-RL EAGLE head, "
                              "e.g. EagleHead.from_pretrained(DEFAULT_EAGLE, policy))")
 
@@ -178,7 +197,8 @@ class TLTTrainer(RLLoop):
         c.check_head(drafter_head)  # before the backend starts
         grpo = GRPO(model, tokenizer, problems, reward, c.grpo, engine=engine,
                     backend=backend, ray_address=ray_address)
-        self.drafter, self.spot, self.schedule = c.parts(model, drafter_head, drafter_dir)
+        self.drafter, self.spot, self.schedule = c.parts(model, drafter_head, drafter_dir,
+                                                         tokenizer)
         super().__init__(grpo, checkpoint_dir, report_to, run_dir)
 
     def _step(self) -> dict:
