@@ -131,6 +131,9 @@ def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tok
     # a long request finished on worker 0, after being started on worker 1
     long_ones = req[req["prompt_id"].isin([1, 3, 5])]
     assert (long_ones["worker"] == 0).any() and (long_ones["response_tokens"] == 24).all()
+    # the moved requests had tokens when they moved: started on worker 1, before it
+    first = reprefills["start_s"].min()
+    assert (long_ones[long_ones["worker"] == 0]["start_s"] < first).all()
     assert moved.tokens == plain.tokens  # token for token, every request
     for a, b in zip(moved.logprobs, plain.logprobs):
         assert a == pytest.approx(b, abs=1e-12)
@@ -159,9 +162,23 @@ def test_the_moved_requests_re_prefill_is_charged_on_the_sim_clock(tokenizer, ti
     # worker 1 ran fewer rows after the move: its decode steps' batch shrank
     decodes = w1[w1["kind"] == "decode"]
     assert decodes["batch_size"].max() == 3 and decodes["batch_size"].iloc[-1] < 3
-    # the plain rollout had no re-prefill, and worker 0 sat idle instead
-    assert plain.timeline.steps["moved_from"].isna().all() \
-        if "moved_from" in plain.timeline.steps else True
+    assert "moved_from" not in plain.timeline.steps  # the plain rollout moved nothing
+
+
+def test_queued_requests_move_freely_to_the_worker_with_room(tokenizer, tick_clock):
+    engine, live, _, config = _divided_setup(tokenizer)
+    config = RolloutConfig(**{**vars(config), "max_batch_size": 1})
+    caps = [2, 20, 2, 2, 2, 2]  # request 1 holds worker 1; the short ones queue
+    plain = _rollout(engine, live, config, caps=caps)
+    dispatch = _InOrder(live, LengthPredictor())
+    divided = _rollout(engine, live, config, dispatch, caps)
+    req = divided.timeline.requests.set_index("prompt_id")
+    assert plain.timeline.requests.set_index("prompt_id").loc[[3, 5], "worker"].tolist() == [1, 1]
+    assert req.loc[[0, 2, 3, 4, 5], "worker"].tolist() == [0] * 5  # worker 0 took them all
+    assert req.loc[1, "worker"] == 1 and dispatch.moves == 0  # nothing running moved
+    assert "moved_from" not in divided.timeline.steps  # no re-prefill: no such column
+    assert divided.tokens == plain.tokens
+    assert divided.timeline.makespan_s < plain.timeline.makespan_s
 
 
 def test_a_backend_that_cannot_order_its_workers_refuses_a_dispatch():
