@@ -42,9 +42,20 @@ class Site:
         return ids
 
 
+TOOLS = ("mkdocs", "material", "mkdocstrings_handlers.python", "griffe")
+
+
+def require_docs_tools() -> None:
+    """Fail, saying what to install, where the test extra is missing."""
+    missing = [name for name in TOOLS if not _is_module(name)]
+    if missing:
+        import pytest
+        pytest.fail(f"{', '.join(missing)} not installed: the docs tests need the test extra, "
+                    "as the README's test command installs it (pip install -e \".[test]\")")
+
+
 @functools.cache
-def built_site() -> Site:
-    """The site, built into a temporary folder (removed at exit) the first time it is asked for."""
+def _build() -> Site:
     out = Path(tempfile.mkdtemp(prefix="workbench-site-"))
     atexit.register(shutil.rmtree, out, True)
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -55,6 +66,13 @@ def built_site() -> Site:
     seconds = time.monotonic() - started
     print(f"mkdocs build --strict: {seconds:.1f} s")
     return Site(out / "site", done.returncode, done.stdout + done.stderr, seconds)
+
+
+def built_site() -> Site:
+    """The site, built into a temporary folder (removed at exit) the first time it is asked
+    for in the session."""
+    require_docs_tools()
+    return _build()
 
 
 def documented_modules() -> dict[str, str]:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .browser import artifacts_dir, launch, require_chromium, screenshot
-from .docs_site import ROOT, built_site, documented_modules
+from .docs_site import ROOT, built_site, documented_modules, require_docs_tools
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,7 @@ def test_every_subpackage_has_its_api_page():
 def test_every_public_name_has_a_docstring():
     """Each name a documented module's ``__all__`` exports has a docstring, as the reference
     reads it (griffe, statically: a constant's docstring is the string after it)."""
+    require_docs_tools()
     import griffe
 
     package = griffe.load("workbench", search_paths=[str(ROOT)], resolve_aliases=False)
