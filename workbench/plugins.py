@@ -16,9 +16,9 @@ from types import ModuleType
 
 __all__ = ["load_plugins", "check_plugins", "file_plugins"]
 
-# the module name of a plugin loaded from a file starts with this (its path's stem and hash
-# follow): no other process can import it by that name
 FILE_PLUGIN_PREFIX = "workbench_plugin_"
+"""How the module name of a plugin loaded from a file starts (its path's stem and a hash of
+the path follow): a name no other process can import (:func:`file_plugins`)."""
 
 
 def check_plugins(plugins) -> list[str]:
