@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from workbench.cluster import Trace, load_trace, trace_from_csv, trace_from_run
-from workbench.cluster.importers import _strategy
+from workbench.cluster.importers import step_strategy
 from workbench.cluster.validate import SPECULATIVE
 from workbench.rollout import RolloutEngine
 from workbench.speculative import EagleDrafter, EagleHead
@@ -114,7 +114,7 @@ def test_step_kinds_are_the_schedules_strategy_names(arm):
     itself: this keeps the two in step)."""
     plan = parse_strategy(arm)
     drafter = "sibling" if plan.drafter == "sibling" else "eagle"
-    assert _strategy(plan.k, plan.branch, pd.NA if plan.verify_budget is None
+    assert step_strategy(plan.k, plan.branch, pd.NA if plan.verify_budget is None
                      else plan.verify_budget, drafter) == strategy_name(plan) == arm
     assert arm == "plain" or SPECULATIVE.fullmatch(arm)
 

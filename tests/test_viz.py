@@ -11,7 +11,7 @@ from workbench.evaluate import EvalReport  # noqa: E402
 from workbench.rollout.timeline import Timeline  # noqa: E402
 from workbench.viz import (  # noqa: E402
     accuracy_by_bucket, active_batch, gantt, length_distributions, length_histogram, save_figure)
-from workbench.viz.timeline import _pack_lanes  # noqa: E402
+from workbench.viz.timeline import pack_lanes  # noqa: E402
 
 # (worker, kind, start, end, batch_size) -- worker 1 finishes rollout early, then trains the drafter
 STEPS = [(0, "prefill", 0.0, 0.1, 4), (0, "decode", 0.1, 0.5, 4), (0, "decode", 0.5, 1.0, 2),
@@ -81,8 +81,8 @@ def test_gantt_bars_stay_in_their_worker_band_with_capped_lanes():
 
 def test_pack_lanes_reuses_lanes_of_finished_requests_and_folds_over_the_cap():
     starts, ends = np.array([0.0, 1.0, 0.0, 0.0]), np.array([1.0, 2.0, 2.0, 3.0])
-    assert _pack_lanes(starts, ends, max_lanes=8).tolist() == [0, 0, 1, 2]
-    assert _pack_lanes(starts, ends, max_lanes=2).tolist() == [0, 0, 1, 0]
+    assert pack_lanes(starts, ends, max_lanes=8).tolist() == [0, 0, 1, 2]
+    assert pack_lanes(starts, ends, max_lanes=2).tolist() == [0, 0, 1, 0]
 
 
 def test_gantt_idle_bubbles_equal_timeline_idle_time():

@@ -17,9 +17,11 @@ __all__ = ["trace_from_run", "trace_from_timeline", "trace_from_csv"]
 TRACE_COLUMNS = ("prompt_tokens", "response_tokens", "group", "worker")
 
 
-def _strategy(k, branch, budget, drafter) -> str:
-    """A decided step's strategy string, as ``speculative.strategies.strategy_name`` writes
-    it (this layer sits below that one)."""
+def step_strategy(k, branch, budget, drafter) -> str:
+    """A decided step's strategy string from its plan columns (``plan_k``, ``plan_branch``,
+    ``plan_budget``, ``plan_drafter``), as ``speculative.strategies.strategy_name`` writes
+    it: this layer sits below that one, so it matches the forms by itself, and a test keeps
+    the two in step."""
     if k == 0:
         return "plain"
     if branch == 1 and pd.isna(budget):
@@ -42,7 +44,7 @@ def _step_rows(timeline: Timeline) -> pd.DataFrame:
                           "seconds": prefill["stop"] - prefill["start"], "tau": 1.0})]
     d = timeline.decisions()
     if len(d):
-        kinds = [_strategy(k, b, n, dr) for k, b, n, dr in
+        kinds = [step_strategy(k, b, n, dr) for k, b, n, dr in
                  zip(d["plan_k"], d["plan_branch"], d["plan_budget"], d["plan_drafter"])]
         rows.append(pd.DataFrame({"batch_size": d["rows"].astype(int), "kind": kinds,
                                   "seconds": d["seconds"].astype(float),

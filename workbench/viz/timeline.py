@@ -69,7 +69,7 @@ def _tail_start_s(timeline: Timeline) -> float:
     return timeline.makespan_s * (1.0 - timeline.tail_share(TAIL_Q))
 
 
-def _pack_lanes(starts, ends, max_lanes: int) -> np.ndarray:
+def pack_lanes(starts, ends, max_lanes: int) -> np.ndarray:
     """Lane of each interval: greedy interval-graph coloring (first lane free by its start).
 
     When more lanes are needed than ``max_lanes`` they fold onto ``lane % max_lanes``; in a
@@ -132,7 +132,7 @@ def _draw_requests(ax, timeline: Timeline, max_lanes: int) -> PolyCollection:
     verts, colors = [], []
     for w, r in req.groupby("worker"):
         starts, ends = r["start_s"].to_numpy(float), r["end_s"].to_numpy(float)
-        lanes = _pack_lanes(starts, ends, max_lanes)
+        lanes = pack_lanes(starts, ends, max_lanes)
         n_lanes = lanes.max() + 1
         height = 0.76 / n_lanes
         for i in np.argsort(starts - ends, kind="stable"):
