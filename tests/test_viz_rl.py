@@ -6,7 +6,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from workbench.rl.ablation.runner import Ablation, amdahl  # noqa: E402
+from workbench.rl.ablation.result import Ablation, amdahl  # noqa: E402
 from workbench.rl import GRPOConfig  # noqa: E402
 from workbench.viz import rl as rlviz  # noqa: E402
 
