@@ -19,7 +19,7 @@ import pytest
 from workbench.cli import main
 from workbench.cluster.simulate import Layout, simulate_rollout
 from workbench.cluster.cost import StepCost
-from workbench.diagnose import FORMATS, diagnose, read_logs, read_sd_curve
+from workbench.diagnose import FORMATS, check_inputs, diagnose, read_logs, read_sd_curve
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diagnose"
 ISSUE6 = FIXTURES / "verl_issue6"
@@ -133,6 +133,29 @@ def test_an_ablation_checkpoint_folder_gives_the_rollouts_and_names_the_missing_
     assert (log.steps["rollout_s"] > 0).all()
     d = diagnose(log, sd_curve={1: 2.0, 8: 1.5})
     assert d.summary["predicted_tlt_threshold"] > 1
+
+
+def test_what_was_read_is_described_in_lines():
+    log = read_logs(FIXTURES / "verl_flat.csv")
+    lines = log.describe().splitlines()
+    assert lines[0] == f"{log.source}: verl, 3 steps" + (f", {log.workers} workers"
+                                                         if log.workers else "")
+    assert lines[1:] == ([f"note: {n}" for n in log.notes]
+                         + [f"missing requests: {log.missing['requests']}"])
+    assert read_logs(ISSUE6).describe().splitlines()[0].endswith(": verl, 6 steps, 8 workers")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"log_format": "bogus"}, r"log_format must be .*'verl'.*got 'bogus'"),
+    ({"workers": 0}, "workers"), ({"workers": 2.0}, "workers"),
+    ({"drafter_step_s": 0}, "drafter_step_s"),
+    ({"logs": "no/such/logs"}, r"logs 'no/such/logs' do not exist; accepted: .*'trl'")])
+def test_notebook_12s_inputs_are_checked_before_anything_is_read(bad, match):
+    inputs = {"logs": ISSUE6, "log_format": None, "workers": None, "drafter_step_s": None}
+    check_inputs(**inputs)  # None: guessed, from the logs, not counted
+    check_inputs(ISSUE6, "verl", 8, 2.0)
+    with pytest.raises(ValueError, match=match):
+        check_inputs(**{**inputs, **bad})
 
 
 def test_unknown_format_is_refused_naming_it_and_the_accepted_ones():

@@ -6,10 +6,10 @@ from .diagnosis import Diagnosis, diagnose
 from .figures import live_batch_figure, remedies_figure, step_split_figure
 from .logs import FORMATS, StepLog, read_logs
 from .report import write_diagnosis
-from .run import diagnose_logs
+from .run import check_inputs, diagnose_logs
 from .sd_curve import read_sd_curve
 from .validated import validated_errors
 
 __all__ = ["FORMATS", "StepLog", "read_logs", "read_sd_curve", "Diagnosis", "diagnose",
-           "diagnose_logs", "write_diagnosis", "validated_errors", "step_split_figure",
-           "live_batch_figure", "remedies_figure"]
+           "diagnose_logs", "check_inputs", "write_diagnosis", "validated_errors",
+           "step_split_figure", "live_batch_figure", "remedies_figure"]

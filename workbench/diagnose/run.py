@@ -8,11 +8,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..checks import check_choice, check_int, check_positive
 from .diagnosis import Diagnosis, diagnose
-from .logs import read_logs
+from .logs import FORMATS, read_logs
 from .report import check_out, write_diagnosis
 
-__all__ = ["diagnose_logs"]
+__all__ = ["check_inputs", "diagnose_logs"]
+
+
+def check_inputs(logs: str | os.PathLike, log_format: str | None = None,
+                 workers: int | None = None, drafter_step_s: float | None = None) -> None:
+    """Refuse, naming the bad value and what is accepted, a ``log_format`` not of
+    ``FORMATS``, ``workers`` not an integer >= 1, ``drafter_step_s`` not > 0 (each may be None)
+    and ``logs`` that do not exist, before anything is read in full or written (notebook 12
+    checks its parameters so; ``diagnose_logs`` reads and checks the same)."""
+    check_choice("log_format", log_format, FORMATS, optional="guessed from the logs")
+    check_int("workers", workers, 1, optional="from the logs")
+    check_positive("drafter_step_s", drafter_step_s, optional="not counted")
+    if not Path(logs).exists():
+        raise ValueError(f"logs {str(logs)!r} do not exist; accepted: a file or folder of one "
+                         f"of {list(FORMATS)}")
 
 
 def diagnose_logs(logs: str | os.PathLike, out: str | os.PathLike, format: str | None = None,
