@@ -106,8 +106,10 @@ class DecodeBatch:
 
     @classmethod
     def from_prompts(cls, prompts: list[list[int]], request_ids, pad_id: int,
-                     device) -> tuple["DecodeBatch", torch.Tensor, torch.Tensor]:
-        """A batch before prefill, plus the left-padded ``input_ids`` and ``position_ids``."""
+                     device, cache: DynamicCache | None = None
+                     ) -> tuple["DecodeBatch", torch.Tensor, torch.Tensor]:
+        """A batch before prefill, plus the left-padded ``input_ids`` and ``position_ids``;
+        its cache is ``cache`` (default: a fresh :class:`KVCache`)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -116,7 +118,8 @@ class DecodeBatch:
             mask[r, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         batch = cls(request_ids=list(request_ids), mask=mask.to(device), col_pos=pos,
-                    next_pos=mask.sum(-1).to(device), last_token=ids[:, -1].to(device))
+                    next_pos=mask.sum(-1).to(device), last_token=ids[:, -1].to(device),
+                    **({} if cache is None else {"cache": cache}))
         return batch, ids.to(device), pos
 
     @classmethod

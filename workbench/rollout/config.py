@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import check_bool, check_choice, check_int
+from .compiled import check_compile
 from .sampling import SamplingParams
 
 __all__ = ["RolloutConfig", "SPEC_MODES", "BATCHING"]
@@ -45,6 +46,11 @@ class RolloutConfig:
         ignore_eos: decode ``max_new_tokens`` for every row even past EOS, so that models
             are timed on the same number of tokens (throughput comparisons of pruned models,
             whose responses end at different lengths).
+        compile: the plain decode step compiled with ``torch.compile`` over a KV cache
+            preallocated to the rollout's length (``rollout.compiled``; the lean forward's
+            models): ``False`` (eager, the default), ``True``, or ``"auto"`` (times both at
+            each batch-size bucket on its first steps and keeps the faster). Compiles are
+            kept off the step clock. Greedy tokens in float64 equal the eager step's.
     """
 
     max_new_tokens: int = 256
@@ -59,6 +65,7 @@ class RolloutConfig:
     spec_k: int = 4
     spec_mode: str = "coupled"
     ignore_eos: bool = False
+    compile: bool | str = False
 
     def __post_init__(self):
         """Refuse bad fields at construction, each through the shared checks (docs/design.md,
@@ -72,6 +79,7 @@ class RolloutConfig:
             object.__setattr__(self, name, check_int(name, getattr(self, name), 1,
                                                      optional=True))
         object.__setattr__(self, "ignore_eos", check_bool("ignore_eos", self.ignore_eos))
+        check_compile(self.compile)
         self.sampling  # validates temperature, top_p and seed
 
     def refill_for(self, batch_size: int) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from .batch import DecodeBatch
 from .drafts import DraftInput
+from .compiled import StaticKVCache, compiled_decode_for, round_up
 from .forward import Forward
 from .plan import StepPlan, propose, serving_drafter
 from .sampling import SamplingParams
@@ -83,6 +84,8 @@ class BatchDecoder:
         self.released: set[int] = set()  # requests moved to another worker (``release``)
         self.batch = DecodeBatch.empty(0, forward.device)
         self.mode = SamplingMode.of(self.params, config.spec_mode)  # keyed to rows per step
+        # the compiled plain step (``rollout.compiled``), None for RolloutConfig.compile=False
+        self.compiled = compiled_decode_for(forward, getattr(config, "compile", False))
         if drafter is not None:
             drafter.begin()
 
@@ -113,7 +116,8 @@ class BatchDecoder:
         self.harvested.extend([] for _ in reqs)
         contexts = [list(r.prompt_ids) + list(r.tokens) for r in reqs]
         new, ids, pos = DecodeBatch.from_prompts(contexts, range(first, first + len(reqs)),
-                                                 self.pad_id, self.forward.device)
+                                                 self.pad_id, self.forward.device,
+                                                 self._new_cache(contexts))
         for r in reqs:
             if r.uid not in moved:  # a moved request keeps the start it had
                 r.start_s = start
@@ -149,13 +153,42 @@ class BatchDecoder:
         """Feed every row's last token, sample the next."""
         b = self.batch
         pos = b.append_columns(1)
-        (logits, hidden), fwd_s = self._timed(self.forward, b.last_token[:, None], pos,
-                                              b.mask, b.col_pos, b.cache)
+        (logits, hidden), fwd_s = self._plain_forward(b, pos)
         b.next_pos += 1
         tok, lp = self.mode.at(self.reqs, b.request_ids).sample(logits[:, -1])
         n = self._finish_step(b, "decode", [[t] for t in tok.tolist()],
                               [[x] for x in lp.tolist()], hidden[:, -1:].unbind(0), fwd_s)
         return StepOutcome(n, fwd_s)
+
+    def _new_cache(self, contexts):
+        """A prefill's cache: preallocated to the rollout's length for the compiled step
+        (``rollout.compiled``); ``None`` (the default growing one) otherwise."""
+        if self.compiled is None:
+            return None
+        length = min(round_up(max(map(len, contexts)) + self.config.max_new_tokens + 1, 64),
+                     round_up(self.forward.context, 64))
+        return StaticKVCache(length, self.config.max_batch_size or len(contexts))
+
+    def _plain_forward(self, b, pos):
+        """The plain step's forward, eager or compiled (``RolloutConfig.compile``); a
+        compile's seconds are kept off the worker's clock (``CompiledDecode.compiles``)."""
+        c = self.compiled
+        if c is None or not c.covers(b):
+            return self._timed(self.forward, b.last_token[:, None], pos, b.mask, b.col_pos,
+                               b.cache)
+        path = "compiled" if c.wants_compiled(b.size) else "eager"
+        start, t0 = self.rec.now(), c.timer()
+        if path == "compiled":
+            out, compile_s = c(b, pos, clock=self.rec.now)
+            self.rec.t0 += compile_s  # the compile is not the step's
+        else:
+            out = self.forward(b.last_token[:, None], pos, b.mask, b.col_pos, b.cache)
+            compile_s = 0.0
+        fwd_s = self.rec.now() - start
+        c.steps[path] += 1
+        if not compile_s:  # a step that compiled is no trial of "auto"
+            c.observe(b.size, path, c.timer() - t0)
+        return out, fwd_s
 
     def spec_step(self, plan: StepPlan) -> StepOutcome:
         """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``), over the

@@ -1,0 +1,114 @@
+"""The compiled plain decode step against the eager one (issue 41), side by side.
+
+The default policy, greedy, ``ignore_eos`` (every row decodes ``--max-new-tokens``, so the
+batch stays at its size and one graph serves every step), the engine's rollout with
+``RolloutConfig(compile=False)`` and ``compile=True`` (``rollout.compiled``) alternating
+inside each of ``--repeats`` repeats (order rotating) at each batch size; ``--warmup`` untimed
+rounds first compile the graphs (their compile seconds are printed, from
+``CompiledDecode.compiles``; a warm on-disk inductor cache shortens them). The measure is the
+seconds of the rollout's decode steps on the worker's clock (the timeline's ``decode`` rows:
+the sim clock, this thread's CPU time), per token; the ratio is eager over compiled (above 1:
+compiled is faster), the median of the per-repeat ratios with its min-max and spread.
+Tokens are compared in every repeat: float32 compiled and eager arithmetic may round a
+near-tie differently, so a mismatch is counted and printed, not fatal (float64 equality is
+tests/test_compiled_decode.py's).
+
+    python benchmarks/bench_compile.py --batch-sizes 1 8 32 --repeats 5
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import pandas as pd
+import torch
+
+from common import (add_common, add_result, disturbed_of, header, print_table, ratio_cells,
+                    record, sim_clock)
+from workbench.models import load_model
+from workbench.provenance import figure_from_stats
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.forward import policy_forward
+from workbench.speedup import interleave, summarize
+from workbench.tasks import HELDOUT_SEED, get_problems
+
+
+def decode_seconds(steps) -> float:
+    dec = steps[steps["kind"] == "decode"]
+    return float((dec["end_s"] - dec["start_s"]).sum())
+
+
+def measure(engine, prompts, bs, args):
+    cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, max_batch_size=bs,
+                        ignore_eos=True)
+
+    def run(compile_):
+        res = engine.rollout(prompts, cfg, compile=compile_, progress=False)
+        return res.tokens, res.timeline.steps
+
+    t0 = time.perf_counter()
+    runs = interleave({"eager": lambda: run(False), "compiled": lambda: run(True)},
+                      args.repeats, warmup=args.warmup,
+                      measure=lambda out, s: decode_seconds(out[1]))
+    warm_s = time.perf_counter() - t0
+    mismatched = sum(a != b for (ta, _), (tb, _) in zip(runs.outputs["eager"],
+                                                        runs.outputs["compiled"])
+                     for a, b in zip(ta, tb))
+    stats = summarize(runs, baseline="eager", wide=args.wide).set_index("system")
+    n_tokens = sum(len(t) for t in runs.outputs["eager"][0][0])
+    steps = int((runs.outputs["eager"][0][1]["kind"] == "decode").sum())
+    c = policy_forward(engine.model)._compiled_decode[True]
+    compile_s = sum(s for k, s in c.compiles.items() if k[0] == bs)
+    us = {n: stats.loc[n, "value"] / steps * 1e6 for n in ("eager", "compiled")}
+    figures = {f"compiled_over_eager_bs{bs}": figure_from_stats(stats.loc["compiled"], "x"),
+               f"eager_step_us_bs{bs}": {"value": us["eager"], "n": args.repeats, "unit": "us"},
+               f"compiled_step_us_bs{bs}": {"value": us["compiled"], "n": args.repeats,
+                                            "unit": "us"},
+               f"compile_s_bs{bs}": {"value": compile_s, "n": 1, "unit": "s"}}
+    row = {"batch size": bs, "decode steps": steps, "tokens": n_tokens,
+           "eager us/step": f"{us['eager']:.0f}", "compiled us/step": f"{us['compiled']:.0f}",
+           **ratio_cells(stats.loc["compiled"]),
+           "disturbed": f"{stats.loc['compiled', 'disturbed_share']:.0%}",
+           "compile s": f"{compile_s:.1f}", "requests differing": mismatched,
+           "spread_wide": bool(stats.loc["compiled", "spread_wide"])}
+    print(row, f"(all rounds {warm_s:.0f} s)", flush=True)
+    return row, figures, stats
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    add_common(ap, repeats=5)
+    ap.set_defaults(warmup=1)
+    add_result(ap)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model, device="cpu", dtype=torch.float32)
+    engine = RolloutEngine(model, tok)
+    rows, figures, summaries = [], {}, []
+    for bs in args.batch_sizes:
+        prompts = [p.prompt for p in get_problems("running_sum", bs, seed=HELDOUT_SEED)]
+        row, mine, stats = measure(engine, prompts, bs, args)
+        rows.append(row)
+        figures.update(mine)
+        summaries.append(stats)
+    table = pd.DataFrame(rows)
+    print("\n" + header(ap, args, f"model={args.model} cpu float32, greedy, ignore_eos, "
+                        f"max_new_tokens={args.max_new_tokens}, one rollout of batch-size "
+                        "prompts; measure: decode-step seconds on the sim clock (thread CPU)"))
+    print_table("Compiled plain decode step vs eager (ratio = eager seconds over compiled; "
+                "above 1: compiled is faster)", table.drop(columns="spread_wide"),
+                table["spread_wide"], args.wide, "batch sizes")
+    record(args, "Plain decode step, torch.compile (inductor, CPU, static preallocated KV "
+           "cache, power-of-two row buckets) over eager: eager decode seconds over compiled "
+           f"(median of per-repeat ratios) at batch sizes {args.batch_sizes}, default policy, "
+           f"float32, {args.threads} thread(s), max_new_tokens={args.max_new_tokens}",
+           figures, sim_clock(), disturbed_of(*summaries),
+           headline=[f"compiled_over_eager_bs{bs}" for bs in args.batch_sizes])
+
+
+if __name__ == "__main__":
+    main()

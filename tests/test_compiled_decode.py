@@ -1,0 +1,140 @@
+"""The compiled plain decode step (``rollout.compiled``, ``RolloutConfig.compile``): lossless
+against the eager step in float64 (Llama with rows leaving and joining, Mistral's sliding
+window, Qwen2's mix of full and sliding layers), its compiles bounded and counted, and
+``"auto"`` keeping the faster path per row bucket (a test double for the timings)."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.compiled import (StaticKVCache, check_compile, compiled_decode_for,
+                                        row_bucket)
+from workbench.rollout.forward import LeanForward, policy_forward
+
+from .helpers.models import PROMPTS, tiny_model
+
+
+def test_row_buckets_and_the_switch_is_checked():
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33)] == [1, 2, 4, 8, 8, 16, 32, 64]
+    assert RolloutConfig().compile is False  # today's eager step by default
+    for ok in (False, True, "auto"):
+        assert check_compile(ok) == ok
+    for bad in ("yes", 1, None, "Auto"):
+        with pytest.raises(ValueError, match="compile"):
+            RolloutConfig(compile=bad)
+
+
+def _compiled_of(model, mode=True):
+    return compiled_decode_for(policy_forward(model), mode)
+
+
+def test_compiled_greedy_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer):
+    """Continuous batching (2 slots, 3 requests: one joins, then one row is left): the batch
+    crosses row buckets 2 and 1, and the cache is copied back into its preallocated buffers
+    after rows leave and join."""
+    model = tiny_model("llama", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=30, max_batch_size=2, refill_slots=1)
+    prompts = PROMPTS[:3]
+    eager = engine.rollout(prompts, cfg, progress=False)
+    comp = engine.rollout(prompts, cfg, compile=True, progress=False)
+    assert comp.tokens == eager.tokens
+    np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
+                               atol=1e-10)
+    c = _compiled_of(model)
+    assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
+    assert {key[0] for key in c.compiles} <= {1, 2}  # bounded: one graph per bucket here
+    assert len(engine.rollout(prompts, cfg, compile=True, progress=False).tokens) == 3
+    assert len(c.compiles) <= 2  # a second rollout compiles nothing new
+    assert policy_forward(model)._compiled_decode[True] is c
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2_sw"])
+def test_compiled_greedy_tokens_equal_eager_with_sliding_windows(tokenizer, arch):
+    """Responses longer than the window (8): the compiled step's masks count positions."""
+    model = tiny_model(arch, tokenizer, seed=2)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = PROMPTS[1:3]
+    eager = engine.rollout(prompts, cfg, progress=False)
+    comp = engine.rollout(prompts, cfg, compile=True, progress=False)
+    assert comp.tokens == eager.tokens
+    assert all(len(t) == 24 for t in comp.tokens)
+    np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
+                               atol=1e-10)
+    assert _compiled_of(model).steps["compiled"] == 23 * 1  # every decode step, one batch
+
+
+def test_the_compiled_path_keeps_the_cache_preallocated(tokenizer):
+    model = tiny_model("qwen2", tokenizer, seed=0)
+    forward = policy_forward(model)
+    assert isinstance(forward, LeanForward)
+    assert compiled_decode_for(forward, False) is None
+    assert compiled_decode_for(policy_forward(model, lean=False), True) is None  # HF forward
+    cache = StaticKVCache(length=100, rows=3)
+    k = torch.randn(3, 2, 5, 16, dtype=torch.float64)
+    keys, _ = cache.update(k, k + 1, 0)
+    layer = cache.layers[0]
+    assert layer._buf_k.shape == (4, 2, 100, 16)  # rows to a power of two, the length
+    assert keys.data_ptr() == layer._buf_k.data_ptr() and torch.equal(keys, k)
+    layer.keys = layer.keys.index_select(0, torch.tensor([0, 2]))  # a row leaves
+    layer.values = layer.values.index_select(0, torch.tensor([0, 2]))
+    buf = layer._buf_k
+    keys, _ = cache.update(k[:2, :, :1], k[:2, :, :1], 0)
+    assert layer._buf_k is buf  # copied back into the same buffer
+    assert torch.equal(keys[:, :, :5], k[[0, 2]]) and keys.shape == (2, 2, 6, 16)
+
+
+class PathClock:
+    """A timer double for ``"auto"``: every read is ``1`` s after the last, plus ``extra``
+    seconds charged by the step that ran in between."""
+
+    def __init__(self):
+        self.t, self.pending = 0.0, 0.0
+
+    def __call__(self):
+        self.t += 1.0 + self.pending
+        self.pending = 0.0
+        return self.t
+
+
+@pytest.mark.parametrize("slower", ["compiled", "eager"])
+def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
+    """``"auto"`` alternates the two paths on a bucket's first steps, timed by its timer,
+    and keeps the faster; here the timer double says which is slower."""
+    model = tiny_model("llama", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    forward = policy_forward(model)
+    c = compiled_decode_for(forward, "auto")
+    c.backend = "eager"  # dynamo alone: the choice, not inductor, is under test
+    clock = c.timer = PathClock()
+    fn = c._compiled(forward._plans())
+    charge = {"compiled": 5.0 if slower == "compiled" else 0.0,
+              "eager": 5.0 if slower == "eager" else 0.0}
+
+    def compiled_step(*args):
+        clock.pending += charge["compiled"]
+        return fn(*args)
+    c._fn = compiled_step
+    eager_call = LeanForward.__call__
+
+    def eager_step(self, input_ids, *args, **kwargs):
+        if input_ids.shape[1] == 1:  # a plain step (not a prefill)
+            clock.pending += charge["eager"]
+        return eager_call(self, input_ids, *args, **kwargs)
+    monkeypatch.setattr(LeanForward, "__call__", eager_step)
+    cfg = RolloutConfig(max_new_tokens=20, ignore_eos=True, compile="auto")
+    res = engine.rollout(PROMPTS[:1], cfg, progress=False)
+    faster = "eager" if slower == "compiled" else "compiled"
+    assert c.choices == {1: faster}
+    trials = 2 * c.trials + 1  # the first compiled step compiled: no trial
+    assert c.steps[slower] == c.trials + (slower == "compiled")
+    assert c.steps[faster] == 19 - c.steps[slower]
+    assert sum(c.steps.values()) == 19 >= trials
+    eager = engine.rollout(PROMPTS[:1], cfg, compile=False, progress=False)
+    assert res.tokens == eager.tokens  # float64: the same tokens whichever path ran
+    before = dict(c.steps)
+    engine.rollout(PROMPTS[:1], cfg, progress=False)  # the choice is kept: no more trials
+    assert c.steps[faster] - before[faster] == 19 and c.steps[slower] == before[slower]

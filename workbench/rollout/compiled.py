@@ -1,0 +1,350 @@
+"""A compiled plain decode step (issue 41): ``torch.compile`` (inductor) of the lean forward's
+one-token step over a KV cache preallocated to the rollout's length, behind
+``RolloutConfig.compile`` (``False``: today's eager step; ``True``; ``"auto"``).
+
+Static shapes. A compiled graph is specialised to its input shapes, while the engine's cache
+grows a column a step, and loses and gains rows. So the compiled step sees the cache through
+fixed shapes:
+
+- :class:`StaticLayer` keeps each layer's keys and values in buffers preallocated to the
+  rollout's length (``[rows, kv heads, length, head dim]``, rows rounded up to a bucket),
+  zeroed, so that columns and rows past the batch's own hold finite values; the batch's
+  ``keys``/``values`` stay views ``[:B, :, :n]`` of them, so every batch operation
+  (``rollout.batch``) works unchanged, and an operation that replaces a view (rows leaving
+  or joining, compaction) is copied back into the same buffer at the next step.
+- the step runs on ``[Bb, :, :Tb]`` views of those buffers: ``Bb`` the batch size rounded up
+  to a power of two (:func:`row_bucket`), ``Tb`` the width rounded up to a multiple of
+  ``col_step``; the new token's keys and values are written in place at their column
+  (``index_copy_``) and attention sees the columns its row may see through a boolean mask
+  built from positions, as ``forward.attention_mask`` does (holes, sliding windows). Rows past
+  the batch's own see their column 0 only, so nothing is NaN.
+
+One graph per ``(Bb, Tb, buffer length)`` key: the compiles of a rollout are bounded by the
+row buckets times the column buckets, counted in :attr:`CompiledDecode.compiles` with their
+seconds. A compile runs once per key on scratch buffers of the same shapes (a warm-up) and
+its seconds are taken off the worker's clock: they are not the step's (``compile_s``).
+
+``"auto"`` times the eager step against the compiled one at each row bucket on the first
+``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
+float64) and keeps the faster; :attr:`CompiledDecode.choices` records it, per bucket, for the
+rest of the process (a later rollout reuses it). ``timer`` is the clock it times with (a
+test passes a double).
+
+Lossless: the step's arithmetic is the lean forward's (``forward.run_layer``): the same
+norms, fused matmuls, RoPE and one SDPA per layer; masked columns get weight 0 exactly. In
+float64 its tokens equal the eager step's (tests/test_compiled_decode.py); in float32 a
+near-tie may round differently, as in speculative decoding.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .batch import GrowingLayer, KVCache
+from .forward import LeanForward, _rotate, rms_norm
+
+__all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticLayer", "StaticKVCache",
+           "compiled_decode_for", "row_bucket", "check_compile"]
+
+COMPILE_CHOICES = (False, True, "auto")
+MAX_ROWS = 256  # the largest row bucket; a bigger batch runs eager
+
+
+def check_compile(value):
+    """``RolloutConfig.compile``: ``False``, ``True`` or ``"auto"`` (a ValueError otherwise)."""
+    if not any(value is c or (isinstance(c, str) and value == c) for c in COMPILE_CHOICES):
+        raise ValueError(f"compile is {value!r}; accepted: False, True or 'auto'")
+    return value
+
+
+def row_bucket(rows: int) -> int:
+    """``rows`` rounded up to a power of two (1, 2, 4, 8, ...)."""
+    return 1 << max(0, (rows - 1).bit_length())
+
+
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+# ---- the preallocated cache -------------------------------------------------------------
+class StaticLayer(GrowingLayer):
+    """A :class:`GrowingLayer` whose buffers are preallocated to ``length`` columns and a
+    power-of-two number of rows (at least ``rows``), zero-filled, and reused when rows leave
+    or join: ``keys``/``values`` are views ``[:B, :, :n]`` of them."""
+
+    def __init__(self, length: int = 0, rows: int = 1):
+        super().__init__()
+        self.length, self.rows = length, rows
+
+    def _backs(self, buf, view) -> bool:
+        return (buf is not None and view.data_ptr() == buf.data_ptr()
+                and view.shape[1] == buf.shape[1] and view.stride() == buf.stride()
+                and view.shape[0] <= buf.shape[0] and view.shape[2] <= buf.shape[2])
+
+    def _room(self, view, buf, need: int, rows: int = 0) -> torch.Tensor:
+        rows = max(rows, row_bucket(view.shape[0]))
+        if self._backs(buf, view) and buf.shape[2] >= need and buf.shape[0] >= rows:
+            return buf
+        if buf is None or buf.shape[0] < rows or buf.shape[2] < need:
+            shape = (max(rows, row_bucket(self.rows)), view.shape[1],
+                     max(self.length, round_up(need, 64)), view.shape[3])
+            buf = view.new_zeros(shape)
+        elif view.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr():
+            view = view.clone()  # a shifted view of this very buffer (trim_left)
+        buf[:view.shape[0], :, :view.shape[2]] = view
+        return buf
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
+            self._buf_k = self._buf_v = self._mine = None
+        b, n, m = key_states.shape[0], self.keys.shape[2], key_states.shape[2]
+        if self.keys is not self._mine or self._buf_k.shape[2] < n + m:
+            self._buf_k = self._room(self.keys, self._buf_k, n + m)
+            self._buf_v = self._room(self.values, self._buf_v, n + m)
+        self._buf_k[:b, :, n:n + m] = key_states
+        self._buf_v[:b, :, n:n + m] = value_states
+        self._set(b, n + m)
+        return self.keys, self.values
+
+    def _set(self, rows: int, cols: int) -> None:
+        self.keys, self.values = self._buf_k[:rows, :, :cols], self._buf_v[:rows, :, :cols]
+        self._mine = self.keys
+
+    def views(self, rows: int, cols: int):
+        """Views ``[rows, :, :cols]`` of the buffers for the compiled step, the batch's
+        current keys/values moved into them first if needed."""
+        if (self.keys is not self._mine or self._buf_k.shape[0] < rows
+                or self._buf_k.shape[2] < cols):
+            self._buf_k = self._room(self.keys, self._buf_k, cols, rows)
+            self._buf_v = self._room(self.values, self._buf_v, cols, rows)
+        return self._buf_k[:rows, :, :cols], self._buf_v[:rows, :, :cols]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (self._buf_k, self._buf_v)
+                   if b is not None)
+
+
+class StaticKVCache(KVCache):
+    """:class:`KVCache` of :class:`StaticLayer` preallocated to ``length`` columns and
+    ``rows`` rows (rounded up to a power of two)."""
+
+    def __init__(self, length: int = 0, rows: int = 1):
+        super().__init__()
+        self.length, self.rows = length, rows
+
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        while len(self.layers) <= layer_idx:
+            self.layers.append(StaticLayer(self.length, self.rows))
+        return self.layers[layer_idx].update(key_states, value_states)
+
+
+# ---- the compiled step ------------------------------------------------------------------
+def _make_step(forward: LeanForward, plans):
+    """The plain step over static buffers, its constants (eps, heads, windows, activations)
+    closed over; every tensor (weights included) is an argument, so weights loaded or
+    trained in place, or replaced by tensors of the same shapes, need no recompile."""
+    consts = [(p.eps1, p.eps2, p.n_q, p.n_kv, p.head_dim, p.scale, p.act) for p in plans]
+    windows = list(forward.windows)
+    distinct = sorted(set(windows), key=lambda w: -1 if w is None else w)
+    norm_eps = forward.decoder.norm.variance_epsilon
+
+    def step(ids, pos, vis, col_pos, col, cos, sin, emb, layers, norm_w, head_w, head_b,
+             ks, vs):
+        """ids, pos ``[Bb, 1]``; vis (bool), col_pos ``[Bb, Tb]``; col ``[1]`` the new
+        column; cos/sin ``[Bb, 1, 1, d]``; ks/vs per layer ``[Bb, kv, Tb, d]`` (written)."""
+        rows = ids.shape[0]
+        x = F.embedding(ids, emb)
+        masks = {}
+        for w in distinct:
+            allowed = vis & (col_pos <= pos)
+            if w is not None:
+                allowed = allowed & (col_pos > pos - w)
+            masks[w] = allowed[:, None, None, :]
+        for i, (eps1, eps2, n_q, n_kv, d, scale, act) in enumerate(consts):
+            ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down = layers[i]
+            h = rms_norm(ln1, eps1, x)
+            qkv = F.linear(h, w_qkv, b_qkv).view(rows, 1, -1, d)
+            n = n_q + n_kv
+            qk = _rotate(qkv[:, :, :n], cos, sin)
+            ks[i].index_copy_(2, col, qk[:, :, n_q:].transpose(1, 2))
+            vs[i].index_copy_(2, col, qkv[:, :, n:].transpose(1, 2))
+            out = F.scaled_dot_product_attention(qk[:, :, :n_q].transpose(1, 2), ks[i], vs[i],
+                                                 attn_mask=masks[windows[i]], scale=scale,
+                                                 enable_gqa=True)
+            x = x + F.linear(out.transpose(1, 2).reshape(rows, 1, -1), w_o, b_o)
+            gate, up = F.linear(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
+            x = x + F.linear(act(gate) * up, w_down, b_down)
+        return F.linear(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
+    return step
+
+
+def _layer_tensors(p) -> tuple:
+    return (p.ln1, p.w_qkv, p.b_qkv, p.w_o, p.b_o, p.ln2, p.w_gate_up, p.b_gate_up, p.w_down,
+            p.b_down)
+
+
+def _raise_recompile_limit(n: int) -> None:
+    """Let dynamo keep ``n`` graphs of the step (its default limit is 8 per function)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
+
+
+@dataclass
+class CompiledDecode:
+    """The compiled plain step of one :class:`LeanForward` (made once per forward by
+    :func:`compiled_decode_for`, so graphs and ``"auto"``'s choices outlive a rollout).
+
+    ``compiles``: ``{(Bb, Tb, length): seconds}`` of every graph compiled; ``choices``:
+    ``{Bb: "compiled" | "eager"}`` (``"auto"``'s per row bucket; ``True`` chooses compiled
+    everywhere); ``steps``: ``{"compiled": n, "eager": n}`` plain steps run each way."""
+
+    forward: LeanForward
+    mode: object = True
+    col_step: int = 128
+    trials: int = 3
+    timer: object = time.perf_counter
+    backend: str = "inductor"
+    compiles: dict = field(default_factory=dict)
+    choices: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
+    _trials: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._fn = None
+        self._key = None
+        self._tensors = None
+
+    # -- the pieces ------------------------------------------------------------------------
+    def _compiled(self, plans):
+        if self._fn is None:
+            _raise_recompile_limit(64)
+            self._fn = torch.compile(_make_step(self.forward, plans), backend=self.backend,
+                                     dynamic=False, fullgraph=True)
+        return self._fn
+
+    def _weights(self, plans):
+        if self._key != self.forward.key:
+            f = self.forward
+            norm, head = f.decoder.norm, f.lm_head
+            self._tensors = (f.decoder.embed_tokens.weight.detach(),
+                             [_layer_tensors(p) for p in plans], norm.weight.detach(),
+                             head.weight.detach(),
+                             None if head.bias is None else head.bias.detach())
+            self._key = f.key
+        return self._tensors
+
+    def covers(self, batch) -> bool:
+        """Whether this batch's next plain step can run compiled: a static cache, every
+        layer filled, and a batch no larger than the largest row bucket."""
+        cache = batch.cache
+        return (isinstance(cache, StaticKVCache) and 0 < batch.size <= MAX_ROWS
+                and len(cache.layers) == len(self.forward.decoder.layers)
+                and all(layer.is_initialized for layer in cache.layers))
+
+    # -- "auto" ----------------------------------------------------------------------------
+    def wants_compiled(self, rows: int) -> bool:
+        """Whether the next step at ``rows`` rows runs compiled: ``True``: always;
+        ``"auto"``: the bucket's choice, or while it is being timed, alternately."""
+        if self.mode is True:
+            return True
+        bucket = row_bucket(rows)
+        if bucket in self.choices:
+            return self.choices[bucket] == "compiled"
+        times = self._trials.setdefault(bucket, {"compiled": [], "eager": []})
+        return len(times["compiled"]) <= len(times["eager"])
+
+    def observe(self, rows: int, path: str, seconds: float) -> None:
+        """A timed trial step of ``"auto"``; the bucket's choice once it has ``trials`` of
+        each (the faster median: eager on a tie)."""
+        bucket = row_bucket(rows)
+        if self.mode is True or bucket in self.choices:
+            return
+        times = self._trials[bucket]
+        times[path].append(seconds)
+        if min(len(t) for t in times.values()) >= self.trials:
+            faster = statistics.median(times["compiled"]) < statistics.median(times["eager"])
+            self.choices[bucket] = "compiled" if faster else "eager"
+
+    # -- the step --------------------------------------------------------------------------
+    def __call__(self, batch, pos, clock=time.perf_counter):
+        """The plain step of ``batch``, whose new column is appended (``append_columns``)
+        but not written: ``(logits [B, 1, V], states [B, 1, H]), compile_s``, the new keys
+        and values in the cache; ``compile_s``: the seconds on ``clock`` of the compile it
+        ran first (a warm-up on scratch buffers), 0.0 when the graph was there."""
+        f = self.forward
+        plans = f._plans()
+        fn = self._compiled(plans)
+        rows, width = batch.size, batch.width
+        b_rows = row_bucket(rows)
+        layers = batch.cache.layers
+        t_cols = round_up(width, self.col_step)
+        length = max(layer.length for layer in layers)
+        if t_cols > length:  # past the preallocated length: the buffers grow (a new key)
+            length = round_up(t_cols, 64)
+            for layer in layers:
+                layer.length = length
+        views = [layer.views(b_rows, t_cols) for layer in layers]
+        key = (b_rows, t_cols, views[0][0].stride(0))
+        ids, pos_p, vis, col_pos, col, cos, sin = self._inputs(batch, pos, b_rows, t_cols)
+        emb, lt, norm_w, head_w, head_b = self._weights(plans)
+        args = [ids, pos_p, vis, col_pos, col, cos, sin, emb, lt, norm_w, head_w, head_b,
+                [v[0] for v in views], [v[1] for v in views]]
+        compile_s = 0.0
+        if key not in self.compiles:
+            start, wall = clock(), time.perf_counter()
+            scratch = [torch.zeros_like(t) for t in args[:7]] + args[7:12] + [
+                [_scratch(v[0]) for v in views], [_scratch(v[1]) for v in views]]
+            fn(*scratch)
+            self.compiles[key] = time.perf_counter() - wall
+            compile_s = clock() - start
+        logits, x = fn(*args)
+        for layer in layers:
+            layer._set(rows, width)
+        return (logits[:rows], x[:rows]), compile_s
+
+    def _inputs(self, batch, pos, b_rows: int, t_cols: int):
+        """The step's inputs padded to ``b_rows`` rows and ``t_cols`` columns (extra rows:
+        token 0 at position 0, seeing their column 0 only)."""
+        rows, width = batch.size, batch.width
+        dev = batch.mask.device
+        ids = torch.zeros((b_rows, 1), dtype=torch.long, device=dev)
+        ids[:rows, 0] = batch.last_token
+        pos_p = torch.zeros((b_rows, 1), dtype=torch.long, device=dev)
+        pos_p[:rows] = pos
+        vis = torch.zeros((b_rows, t_cols), dtype=torch.bool, device=dev)
+        vis[:rows, :width] = batch.mask.bool()
+        vis[rows:, 0] = True
+        col_pos = torch.zeros((b_rows, t_cols), dtype=torch.long, device=dev)
+        col_pos[:rows, :width] = batch.col_pos
+        col = torch.tensor([width - 1], dtype=torch.long, device=dev)
+        cos, sin = self.forward.rope(self.forward.lm_head.weight, pos_p)
+        return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2)
+
+
+def _scratch(view: torch.Tensor) -> torch.Tensor:
+    """A zeroed tensor of ``view``'s shape and strides (a warm-up writes into it, not into
+    the cache)."""
+    return torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
+                               device=view.device).zero_()
+
+
+def compiled_decode_for(forward, mode) -> CompiledDecode | None:
+    """The compiled step of ``forward`` for ``RolloutConfig.compile`` ``mode`` (``None`` for
+    ``False``, or a forward that is not the lean one), made once per forward and mode."""
+    check_compile(mode)
+    if mode is False or not isinstance(forward, LeanForward):
+        return None
+    made = forward.__dict__.setdefault("_compiled_decode", {})
+    if mode not in made:
+        made[mode] = CompiledDecode(forward, mode)
+    return made[mode]
