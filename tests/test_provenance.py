@@ -43,7 +43,7 @@ def test_a_result_round_trips_through_its_file(tmp_path):
     path = write(tmp_path, "bench_engine", figures, headline=["speedup"])
     assert path == tmp_path / "bench_engine.json"
     saved = json.loads(path.read_text())
-    assert list(saved) == list(provenance.KEYS)
+    assert list(saved) == [k for k in provenance.KEYS if k != "parameters"]  # none given
     assert saved["figures"] == figures and saved["headline"] == ["speedup"]
     assert saved["machine"] == MACHINE and saved["git"] == GIT and saved["date"] == DATE
     assert read_result(path) == saved
@@ -276,7 +276,7 @@ def test_cli_record_turns_a_notebook_run_into_a_result(tmp_path, capsys):
         "disturbed_share": 0.05, "nan_metric": None}))
     (run / "run.json").write_text(json.dumps({
         "git": GIT, "versions": {"python": "3.11.9", "torch": "2.13.0", "transformers": "5.1"},
-        "ended_at": DATE}))
+        "ended_at": DATE, "parameters": {"seeds": [0, 1], "steps": 6}}))
     folder = tmp_path / "results"
     base = ["results", "record", "nb04_tlt", "--question", "What does TLT buy end to end?",
             "--from", str(run / "metrics.json"), "--command",
@@ -290,6 +290,7 @@ def test_cli_record_turns_a_notebook_run_into_a_result(tmp_path, capsys):
     assert saved["git"] == GIT and saved["date"] == DATE
     assert saved["machine"]["transformers"] == "5.1" and saved["machine"]["python"] == "3.11.9"
     assert saved["command"] == "workbench pipeline run pipelines/tlt.yaml --only tlt"
+    assert saved["parameters"] == {"seeds": [0, 1], "steps": 6}  # the run's, beside its metrics
     # refusals: one message, exit 2, nothing written
     for extra, words in ((["--keys", "nan_metric"], "figure 'nan_metric' has no value"),
                          (["--keys", "missing"], "metric 'missing' is not in the metrics"),
@@ -311,6 +312,29 @@ def test_cli_record_needs_a_clock(tmp_path, capsys):
     saved = read_result(tmp_path / "out" / "n.json")
     assert saved["clock"] == "none" and saved["disturbed_share"] is None
     assert saved["git"] == machine.commit()  # no run.json: this checkout
+
+
+def test_cli_record_copies_a_papermill_runs_parameters(tmp_path, capsys):
+    """``papermill NB runs/x.ipynb -p out_dir runs/x``: the parameters come from the executed
+    notebook beside the run folder, or from the one named; a notebook without them is refused
+    and nothing is written."""
+    run = tmp_path / "x"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"tau": 2.0, "clock": "none"}))
+    executed = {"cells": [], "metadata": {"papermill": {"parameters": {"out_dir": "x", "k": 4}}}}
+    (tmp_path / "x.ipynb").write_text(json.dumps(executed))
+    base = ["results", "record", "n", "--question", "q", "--from", str(run / "metrics.json"),
+            "--keys", "tau", "--command", "papermill", "--folder", str(tmp_path / "out")]
+    assert cli(base) == 0
+    assert read_result(tmp_path / "out" / "n.json")["parameters"] == {"out_dir": "x", "k": 4}
+    (tmp_path / "plain.ipynb").write_text(json.dumps({"cells": [], "metadata": {}}))
+    capsys.readouterr()
+    assert cli([*base[:2], "m", *base[3:], "--notebook", str(tmp_path / "plain.ipynb")]) == 2
+    assert "holds no papermill parameters" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "m.json").exists()
+    bad = dict(read_result(tmp_path / "out" / "n.json"), parameters=["k"])
+    with pytest.raises(ValueError, match="parameters must be a dict"):
+        validate_result(bad)
 
 
 # ---- the benchmarks' helper and the committed table ----------------------------------------

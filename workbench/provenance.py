@@ -76,7 +76,7 @@ from .machine import ROOT, commit, machine
 
 __all__ = ["SCHEMA", "CLOCKS", "FIGURE_FIELDS", "RESULT_COLUMNS", "clock_of", "figure_from_stats",
            "figures_from_metrics", "disturbed", "validate_result", "write_result", "read_result",
-           "read_results", "result_files"]
+           "read_results", "result_files", "run_parameters", "KEYS", "OPTIONAL_KEYS"]
 
 SCHEMA = 1
 """The version of the result files' format."""
@@ -90,7 +90,10 @@ CLOCKS = {
 FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
 """The fields of one figure of a result."""
 KEYS = ("schema", "name", "question", "figures", "headline", "clock", "disturbed_share",
-        "disturbed_bound", "machine", "command", "git", "date")
+        "disturbed_bound", "machine", "command", "git", "date", "parameters")
+OPTIONAL_KEYS = ("headline", "parameters")
+"""The keys a result file may leave out: ``headline`` (default: every figure) and ``parameters``
+(the notebook run's parameters, which ``workbench results record`` copies beside its metrics)."""
 RESULT_COLUMNS = ["name", "question", "figure", "headline", *FIGURE_FIELDS[:-1], "unit",
                   "clock", "disturbed_share", "disturbed_bound", "cpu", "flags", "cores",
                   "accelerator", "torch", "transformers", "python", "command", "commit",
@@ -219,10 +222,10 @@ def validate_result(result) -> dict:
     if not isinstance(result, dict):
         raise ValueError(f"a result must be a JSON object, got {type(result).__name__}")
     unknown = sorted(set(result) - set(KEYS))
-    missing = [k for k in KEYS if k not in result and k not in ("headline",)]
+    missing = [k for k in KEYS if k not in result and k not in OPTIONAL_KEYS]
     if unknown or missing:
-        raise ValueError(f"a result holds exactly the keys {list(KEYS)} ('headline' "
-                         f"optional); unknown {unknown}, missing {missing}")
+        raise ValueError(f"a result holds exactly the keys {list(KEYS)} "
+                         f"({list(OPTIONAL_KEYS)} optional); unknown {unknown}, missing {missing}")
     if result["schema"] != SCHEMA:
         raise ValueError(f"schema must be {SCHEMA}, got {result['schema']!r}")
     name = _check_name("name", result["name"])
@@ -253,15 +256,23 @@ def validate_result(result) -> dict:
     if not isinstance(command, str) or not command.strip():
         raise ValueError(f"command must be the non-empty command that produced the result, "
                          f"got {command!r}")
+    parameters = result.get("parameters")
+    if parameters is not None and (not isinstance(parameters, dict)
+                                   or not all(isinstance(k, str) for k in parameters)):
+        raise ValueError(f"parameters must be a dict of parameter name -> value (the run's "
+                         f"notebook parameters), got {parameters!r}")
     git = result["git"]
     if not isinstance(git, dict) or set(git) != {"commit", "dirty"}:
         raise ValueError(f"git must be {{'commit': ..., 'dirty': ...}} as commit() gives, "
                          f"got {git!r}")
-    return {"schema": SCHEMA, "name": name, "question": question.strip(), "figures": figures,
-            "headline": list(headline), "clock": result["clock"], "disturbed_share": share,
-            "disturbed_bound": bound, "machine": box, "command": command.strip(),
-            "git": {"commit": git["commit"], "dirty": git["dirty"]},
-            "date": _check_date(result["date"])}
+    out = {"schema": SCHEMA, "name": name, "question": question.strip(), "figures": figures,
+           "headline": list(headline), "clock": result["clock"], "disturbed_share": share,
+           "disturbed_bound": bound, "machine": box, "command": command.strip(),
+           "git": {"commit": git["commit"], "dirty": git["dirty"]},
+           "date": _check_date(result["date"])}
+    if parameters is not None:
+        out["parameters"] = dict(parameters)
+    return out
 
 
 # ---- writing and reading -----------------------------------------------------------------
@@ -275,11 +286,13 @@ def write_result(name: str, question: str, figures: dict, *, clock: str,
                  disturbed_share: float | None, command: str,
                  folder: str | os.PathLike | None = None, headline: list | None = None,
                  disturbed_bound: float = DISTURBED_BELOW, machine_info: dict | None = None,
-                 git: dict | None = None, date: str | None = None) -> Path:
+                 git: dict | None = None, date: str | None = None,
+                 parameters: dict | None = None) -> Path:
     """Validate and write ``<folder>/<name>.json`` atomically (default folder:
     ``benchmarks/results`` of this checkout); return its path. ``machine_info``, ``git`` and
     ``date`` default to this machine, this checkout's commit and now (UTC); a recorded
-    notebook run passes its own. Nothing is written when a value is refused."""
+    notebook run passes its own, and its ``parameters``. Nothing is written when a value is
+    refused."""
     _check_name("name", name)  # before the machine is read and git asked
     result = validate_result({
         "schema": SCHEMA, "name": name, "question": question, "figures": figures,
@@ -287,7 +300,8 @@ def write_result(name: str, question: str, figures: dict, *, clock: str,
         "disturbed_bound": disturbed_bound,
         "machine": machine() if machine_info is None else machine_info,
         "command": command, "git": commit() if git is None else git,
-        "date": date or datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        "date": date or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **({} if parameters is None else {"parameters": parameters})})
     folder = Path(folder) if folder is not None else default_folder()
     return write_text(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
 
@@ -336,3 +350,28 @@ def read_results(folder: str | os.PathLike | None = None) -> pd.DataFrame:
     table[list(FIGURE_FIELDS[:5])] = table[list(FIGURE_FIELDS[:5])].astype(float)
     table["n"] = table["n"].astype("Int64")
     return table
+
+
+def run_parameters(metrics: str | os.PathLike, notebook: str | os.PathLike | None = None) -> dict | None:
+    """The parameters of the notebook run that wrote ``metrics`` (its ``metrics.json``): from
+    the ``run.json`` beside it (a pipeline run), else from the executed notebook's papermill
+    metadata: ``notebook`` when given, else ``notebook.ipynb`` beside the metrics or
+    ``<run folder>.ipynb`` beside the run folder (``papermill NB runs/x.ipynb -p out_dir runs/x``).
+    None when none of these exists; a ``ValueError`` when ``notebook`` is given and holds none."""
+    metrics = Path(metrics)
+    run = metrics.with_name("run.json")
+    if notebook is None and run.is_file():
+        return json.loads(run.read_text(encoding="utf-8")).get("parameters")
+    candidates = ([Path(notebook)] if notebook is not None else
+                  [metrics.with_name("notebook.ipynb"), metrics.parent.with_suffix(".ipynb")])
+    for path in candidates:
+        if path.is_file():
+            meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+            parameters = meta.get("papermill", {}).get("parameters")
+            if parameters is None and notebook is not None:
+                raise ValueError(f"{str(path)!r} holds no papermill parameters (metadata."
+                                 "papermill.parameters): pass the notebook papermill executed")
+            return parameters
+    if notebook is not None:
+        raise ValueError(f"no notebook {str(notebook)!r}")
+    return None

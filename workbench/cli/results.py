@@ -31,6 +31,10 @@ def add(sub) -> None:
                     "hold no 'clock' (wall, sim-thread-cpu, sim-wall, none)")
     rr.add_argument("--disturbed-share", type=float, default=None,
                     help="when the metrics hold no 'disturbed_share' (default: not measured)")
+    rr.add_argument("--notebook", default=None, metavar="EXECUTED_IPYNB",
+                    help="the executed notebook whose papermill parameters go into the result "
+                    "(default: run.json beside the metrics, else notebook.ipynb beside them, "
+                    "else <run folder>.ipynb)")
     rr.add_argument("--folder", default="benchmarks/results", help="where the file goes")
     rr.set_defaults(func=record)
 
@@ -63,13 +67,14 @@ def table(args) -> int:
 
 
 def record(args) -> int:
-    """Write a result file from a notebook run's metrics.json (and the run.json beside it, for
-    its commit, package versions and date); exit 2 for input that cannot make one."""
+    """Write a result file from a notebook run's metrics.json and its parameters (and the
+    run.json beside it, for its commit, package versions and date); exit 2 for input that
+    cannot make one."""
     import json
     from pathlib import Path
 
     from ..machine import machine
-    from ..provenance import clock_of, figures_from_metrics, write_result
+    from ..provenance import clock_of, figures_from_metrics, run_parameters, write_result
     try:
         path = Path(args.metrics)
         metrics = json.loads(path.read_text(encoding="utf-8"))
@@ -92,9 +97,10 @@ def record(args) -> int:
             box.update({k: versions[k] for k in ("torch", "transformers", "python")
                         if versions.get(k)})
             date = record.get("ended_at")
+        parameters = run_parameters(path, args.notebook)
         out = write_result(args.name, args.question, figures, clock=clock,
                            disturbed_share=share, command=args.command, folder=args.folder,
-                           machine_info=box, git=git, date=date)
+                           machine_info=box, git=git, date=date, parameters=parameters)
     except (ValueError, OSError) as exc:
         print(f"workbench results record: error: {exc}", file=sys.stderr)
         return 2
