@@ -13,8 +13,8 @@ def test_environment_yml_matches_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert "python=3.11" in env["dependencies"]
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    assert "-e ." in pip
-    assert sorted(p for p in pip if p != "-e .") == sorted(deps)
+    assert "-e .[test]" in pip  # the package with what its tests need, as the README's command
+    assert sorted(p for p in pip if p != "-e .[test]") == sorted(deps)
 
 
 def test_ci_runs_exactly_the_readme_test_command():
