@@ -7,7 +7,8 @@ trace of lengths and costs (docs/trace_format.md, ``cluster.trace_from_timeline`
 
 Layout (docs/chrome_trace.md): one process per worker (``pid`` = worker + 1); in it a thread
 for the rollout's engine steps, one for its idle bubble, one for drafter training, one for
-failed steps, then one thread per request (admission to finish), named by its uid. Counter
+failed steps, then one thread per request (admission to finish), named by its uid, holding
+the request's steps when the timeline recorded them (``Timeline.request_steps``). Counter
 tracks per worker: the live batch (``Timeline.active_batch``) and tokens per row of each verify
 step. Several timelines (the RL steps of a run) go one after another on one time axis, each
 offset by the makespans before it; a process "timelines" holds one slice per timeline.
@@ -136,6 +137,23 @@ def _request_events(name: str, tl: Timeline, offset: float, tids: dict) -> list[
     return out
 
 
+def _request_step_events(name: str, tl: Timeline, offset: float, tids: dict) -> list[dict]:
+    """One slice per request-steps row, on its request's track (inside its request's slice),
+    over its step's span; args: the row, the step's exact ``start_s`` and ``end_s``."""
+    if tl.request_steps is None:
+        return []
+    spans = tl.steps.set_index(["worker", "step"])[["start_s", "end_s"]]
+    rs = tl.request_steps
+    at = spans.loc[list(zip(rs["worker"], rs["step"]))].to_numpy()
+    out = []
+    for row, (start, end) in zip(_rows(rs), at):
+        tid = tids.setdefault((row["worker"], row["uid"]), REQUEST_TID_BASE + len(tids))
+        args = {**row, "timeline": name, "start_s": float(start), "end_s": float(end)}
+        out.append(_slice(row["kind"], f"request_step,{row['kind']}", row["worker"] + 1, tid,
+                          offset + start, offset + end, args))
+    return out
+
+
 def _counter_events(tl: Timeline, offset: float) -> list[dict]:
     """Per worker: the live batch at each rollout step (0 after its rollout's end), and tokens
     per row of each verify step (accepted drafts plus the one the policy adds)."""
@@ -187,11 +205,15 @@ def chrome_trace(timelines) -> dict:
                               "clock": tl.clock, "num_workers": tl.num_workers}))
         events += _step_events(name, tl, offset)
         events += _request_events(name, tl, offset, tids)
+        events += _request_step_events(name, tl, offset, tids)
         events += _counter_events(tl, offset)
         described.append({
             "name": name, "offset_s": offset, "num_workers": tl.num_workers, "clock": tl.clock,
+            "origin_s": tl.origin_s,
             "steps_dtypes": {c: str(d) for c, d in tl.steps.dtypes.items()},
-            "requests_dtypes": {c: str(d) for c, d in tl.requests.dtypes.items()}})
+            "requests_dtypes": {c: str(d) for c, d in tl.requests.dtypes.items()},
+            "request_steps_dtypes": None if tl.request_steps is None else
+            {c: str(d) for c, d in tl.request_steps.dtypes.items()}})
         offset += makespan
     for (worker, uid), tid in tids.items():
         events.append(_meta("thread_name", worker + 1, tid, name=f"uid {uid}"))
@@ -295,15 +317,16 @@ def read_chrome_trace(path: str | os.PathLike, name: str | None = None) -> Timel
     if name not in parts:
         raise ValueError(f"timeline {name!r} is not in {str(path)!r}; it holds: {list(parts)}")
     part = parts[name]
-    steps, requests = [], []
+    tables = {"step": [], "request": [], "request_step": []}
     for event in trace["traceEvents"]:
-        if event.get("ph") != "X" or event["args"].get("timeline") != name:
+        if event.get("ph") != "X" or event.get("args", {}).get("timeline") != name:
             continue
         kind = event.get("cat", "").split(",")[0]
-        if kind == "step":
-            steps.append(event["args"])
-        elif kind == "request":
-            requests.append(event["args"])
-    return Timeline(_table(steps, part["steps_dtypes"]),
-                    _table(requests, part["requests_dtypes"]), part["num_workers"],
-                    part["clock"])
+        if kind in tables:
+            tables[kind].append(event["args"])
+    detail = part.get("request_steps_dtypes")
+    return Timeline(_table(tables["step"], part["steps_dtypes"]),
+                    _table(tables["request"], part["requests_dtypes"]), part["num_workers"],
+                    part["clock"], None if detail is None else _table(tables["request_step"],
+                                                                     detail),
+                    part.get("origin_s"))

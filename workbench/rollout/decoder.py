@@ -68,12 +68,15 @@ def prefill_groups(lengths: list[int], max_padding: float = 0.25) -> list[list[i
 
 class BatchDecoder:
     """One worker's live batch: ``admit`` requests, then ``step`` until ``size == 0``;
-    ``harvest``: keep every request's policy states (``RequestOutput.hidden`` at ``finish``)."""
+    ``harvest``: keep every request's policy states (``RequestOutput.hidden`` at ``finish``);
+    ``request_steps``: keep a row per live row per step (``request_rows``, in the order of
+    ``rollout.request_steps.REQUEST_STEP_COLUMNS``)."""
 
     def __init__(self, forward: Forward, config, rec, eos_id, pad_id, drafter=None,
-                 on_finish=lambda n: None, harvest: bool = False):
+                 on_finish=lambda n: None, harvest: bool = False, request_steps: bool = False):
         self.forward, self.config, self.rec = forward, config, rec
         self.harvest = harvest
+        self.request_rows: list[tuple] | None = [] if request_steps else None
         self.drafter = drafter
         self.params: SamplingParams = config.sampling
         self.eos_id, self.pad_id, self.on_finish = eos_id, pad_id, on_finish
@@ -234,7 +237,7 @@ class BatchDecoder:
             self.reqs[i].drafted += draft.size
         rows = b.size
         n = self._finish_step(b, "verify", verdict.tokens, verdict.logprobs, verdict.states,
-                              fwd_s)
+                              fwd_s, draft.size)
         return StepOutcome(n, fwd_s, draft.size * rows, sum(verdict.accepted), draft_s, name)
 
     # ---- bookkeeping --------------------------------------------------------------------
@@ -281,11 +284,13 @@ class BatchDecoder:
                 break
         return len(r.tokens) - before
 
-    def _finish_step(self, b, kind, tokens, logprobs, states, fwd_s) -> int:
+    def _finish_step(self, b, kind, tokens, logprobs, states, fwd_s, drafted: int = 0) -> int:
         """Emit each row's new tokens (cut at EOS, the length cap or the context), keep the
-        policy states of the tokens that stayed, record the step, and drop finished rows
-        (from the drafter's batch too). Returns the tokens emitted over all rows."""
+        policy states of the tokens that stayed, record the step (and each row's part in it,
+        ``drafted`` draft tokens fed per row, when ``request_rows`` are kept), and drop
+        finished rows (from the drafter's batch too). Returns the tokens emitted over all rows."""
         finished, n_emitted = [], 0
+        detail = None if self.request_rows is None else []  # (uid, tokens, accepted) per row
         room = (self.forward.context - 1 - b.next_pos).tolist()  # positions after the last
         for row, (toks, lps, h) in enumerate(zip(tokens, logprobs, states)):
             i = b.request_ids[row]
@@ -298,9 +303,15 @@ class BatchDecoder:
             n_emitted += took
             if kind == "verify":
                 r.emitted_per_step.append(took)
+            if detail is not None:
+                detail.append((r.uid, took, r.accepted_per_step[-1] if kind == "verify" else 0))
             if r.finish:
                 finished.append(row)
         end = self.rec.end(kind, b.size, n_emitted, fwd_s)
+        if detail is not None:
+            at = (self.rec.worker, self.rec.rows[-1]["step"])
+            self.request_rows += [(*at, uid, kind, took, drafted, accepted)
+                                  for uid, took, accepted in detail]
         for row in finished:
             self.reqs[b.request_ids[row]].end_s = end
         self.on_finish(len(finished))

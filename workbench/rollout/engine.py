@@ -197,7 +197,8 @@ class RolloutEngine:
     def rollout(self, prompts, config: RolloutConfig | None = None, progress: bool = True,
                 drafter=None, schedule: Schedule | None = None, tail: TailJobs | None = None,
                 caps: list[int] | None = None, rl_step: int = 0, harvest: bool = False,
-                dispatch: Dispatch | None = None, **overrides) -> RolloutResult:
+                dispatch: Dispatch | None = None, request_steps: bool = False,
+                **overrides) -> RolloutResult:
         """Generate responses for ``prompts`` (strings or token-id lists) at RL step
         ``rl_step`` (part of every request's uid, hence of its coupled draws: the same
         prompts at the same step make the same requests).
@@ -218,6 +219,8 @@ class RolloutEngine:
         data) in each ``RequestOutput.hidden``. ``dispatch``: the workers advance together in
         sim-time order and it moves work between them (``rollout.dispatch``; the local
         backend only, ``Backend.map_steps``); the requests' uids and tokens are unchanged.
+        ``request_steps``: record the timeline's row-per-request-per-step table (its cost:
+        docs/chrome_trace.md), ``Timeline.request_steps`` (``rollout.request_steps``).
         """
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
@@ -226,12 +229,13 @@ class RolloutEngine:
         if drafter is not None:
             drafter.check_compatible(self.model, self.tokenizer)
         harvest = check_bool("harvest", harvest)
+        request_steps = check_bool("request_steps", request_steps)
         requests = self.make_requests(self.encode(prompts), config, caps, rl_step)
         self._ensure_workers(config.workers)
         n = config.workers
         eos = None if config.ignore_eos else self.eos_id
-        tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id, harvest=harvest)
-                 for w in range(n)]
+        tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id, harvest=harvest,
+                            request_steps=request_steps) for w in range(n)]
         bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
                    leave=False)
         try:
@@ -251,10 +255,21 @@ class RolloutEngine:
         outputs = [by_uid[q.uid] for q in requests]
         for r in outputs:
             r.text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
-        steps = [row for res in shards.results for row in res.steps] + shards.failed_rows
-        records = [{**r.record(), "failed_worker": shards.failed_worker.get(r.uid)}
-                   for r in outputs]
-        timeline = Timeline.from_records(steps, records, n, self.backend.clock)
+        timeline = self._timeline(shards, outputs, n, request_steps)
         if self.backend.runs_copies:
             schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
         return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle)
+
+    def _timeline(self, shards: Shards, outputs: list[RequestOutput], n: int,
+                  request_steps: bool) -> Timeline:
+        """The step's timeline from what the workers gave back (its failed rows and re-runs
+        included), with the request-steps table when asked, and the wall time that is 0 on
+        its clock where every worker had the same (a backend of processes: Ray)."""
+        steps = [row for res in shards.results for row in res.steps] + shards.failed_rows
+        records = [{**r.record(), "failed_worker": shards.failed_worker.get(r.uid)}
+                   for r in outputs]
+        detail = ([row for res in shards.results for row in res.request_steps]
+                  if request_steps else None)
+        origins = {res.origin_s for res in shards.results} - {None}
+        return Timeline.from_records(steps, records, n, self.backend.clock, detail,
+                                     origins.pop() if len(origins) == 1 else None)

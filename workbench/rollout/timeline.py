@@ -28,6 +28,7 @@ requests  one row per request
           saved before it, so old run folders still load); and failed_worker (Int64: the
           worker that failed holding the request, which ``worker`` then re-ran; NA for a
           request run once)
+request_steps  optional, recorded when asked: a row per request per step (request_steps.py)
 
 A lost worker (``rollout.recovery``, ``Backend.map_tail``) leaves one ``failed`` row: from
 where its lost work began (0 in a rollout, its window's start in an idle job) for its time
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,7 @@ import pandas as pd
 from ..atomic import atomic_dir
 from ..checks import check_choice, check_int
 from ..clock import DISTURBED_BELOW
+from .request_steps import check_request_steps, request_steps_table
 
 __all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_of", "usage_shares", "rollout_end_s"]
 
@@ -172,12 +174,16 @@ def length_percentiles(lengths, qs=(50, 90, 99)) -> dict[str, float]:
 
 @dataclass
 class Timeline:
-    """The two tables of one rollout step, the number of workers, and the clock they use."""
+    """The two tables of one rollout step, the number of workers, and the clock they use;
+    optionally the third table (``request_steps``) and ``origin_s``, the wall time that is 0
+    on a clock common to all workers (Ray: ``chrome_trace`` aligns Ray's timeline there)."""
 
     steps: pd.DataFrame
     requests: pd.DataFrame
     num_workers: int
     clock: str = "sim"
+    request_steps: pd.DataFrame | None = None
+    origin_s: float | None = None
 
     def __post_init__(self):
         check_choice("Timeline.clock", self.clock, CLOCKS)
@@ -194,18 +200,23 @@ class Timeline:
                    if str(self.steps[c].dtype) in ("object", "str")]
         self.steps = _typed(self.steps, {c: self.steps[c].tolist() for c in untyped})
         self.requests = _with_columns(self.requests, OPTIONAL_REQUEST_COLUMNS)
+        if self.request_steps is not None:
+            self.request_steps = check_request_steps(self.request_steps, self.steps,
+                                                     self.requests, self.decision_columns)
 
     @classmethod
     def from_records(cls, steps: list[dict], requests: list[dict], num_workers: int,
-                     clock: str = "sim") -> "Timeline":
+                     clock: str = "sim", request_steps: list | None = None,
+                     origin_s: float | None = None) -> "Timeline":
         known = STEP_COLUMNS + list(OPTIONAL_STEP_COLUMNS)
         decided = _new_keys(steps, known)
         s = pd.DataFrame(steps, columns=known + decided)
         s = _typed(s, {k: [row.get(k) for row in steps] for k in decided})
         s["clock"] = clock
         r = pd.DataFrame(requests, columns=REQUEST_COLUMNS + list(OPTIONAL_REQUEST_COLUMNS))
+        detail = None if request_steps is None else request_steps_table(request_steps)
         return cls(s.astype({"worker": int, "step": int, "batch_size": int, "tokens": int}),
-                   r.astype({"worker": int, "uid": "int64"}), num_workers, clock)
+                   r.astype({"worker": int, "uid": "int64"}), num_workers, clock, detail, origin_s)
 
     @property
     def decision_columns(self) -> list[str]:
@@ -217,7 +228,7 @@ class Timeline:
         """This timeline with more steps-table rows (e.g. drafter training that a worker ran
         in its idle window: what ``Backend.map_tail`` recorded on the same clock)."""
         if not rows:
-            return Timeline(self.steps, self.requests, self.num_workers, self.clock)
+            return replace(self)
         columns = list(self.steps.columns)
         extra = pd.DataFrame(rows, columns=columns + _new_keys(rows, columns))
         extra = extra.assign(clock=self.clock)
@@ -225,7 +236,7 @@ class Timeline:
         if any(key in known for key in zip(extra["worker"], extra["step"])):
             raise ValueError("these step rows are already in the timeline (same worker and step)")
         steps = pd.concat([self.steps, extra.astype(self.steps.dtypes)], ignore_index=True)
-        return Timeline(steps, self.requests, self.num_workers, self.clock)
+        return replace(self, steps=steps)
 
     def idle_windows(self) -> list[IdleWindow]:
         """Each worker's idle window after its last rollout step (``IdleWindow``), the first
@@ -352,13 +363,17 @@ class Timeline:
 
     # ---- files --------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write ``steps.parquet``, ``requests.parquet`` and ``timeline.json`` into ``folder``,
-        all three replaced at once (an interrupted save leaves the previous timeline)."""
+        """Write ``steps.parquet``, ``requests.parquet`` (``request_steps.parquet`` when
+        recorded) and ``timeline.json`` into ``folder``, all replaced at once (an interrupted
+        save leaves the previous timeline)."""
         with atomic_dir(folder) as tmp:
             self.steps.to_parquet(tmp / "steps.parquet", index=False)
             self.requests.to_parquet(tmp / "requests.parquet", index=False)
+            if self.request_steps is not None:
+                self.request_steps.to_parquet(tmp / "request_steps.parquet", index=False)
             (tmp / "timeline.json").write_text(json.dumps({"num_workers": self.num_workers,
-                                                           "clock": self.clock}))
+                                                           "clock": self.clock,
+                                                           "origin_s": self.origin_s}))
         return Path(folder)
 
     @classmethod
@@ -372,9 +387,11 @@ class Timeline:
             raise FileNotFoundError(f"no timeline in {str(folder)!r}: expected timeline.json, "
                                     "steps.parquet and requests.parquet (Timeline.save writes them)")
         meta = json.loads(meta_path.read_text())
+        detail = folder / "request_steps.parquet"
         return cls(pd.read_parquet(folder / "steps.parquet"),
                    pd.read_parquet(folder / "requests.parquet"), meta["num_workers"],
-                   meta["clock"])
+                   meta["clock"], pd.read_parquet(detail) if detail.is_file() else None,
+                   meta.get("origin_s"))
 
 
 def _new_keys(rows: list[dict], columns: list[str]) -> list[str]:

@@ -57,6 +57,7 @@ class StepRecorder:
         self.used = self.usage()  # the usage reading where the next step starts
         self.rows: list[dict] = []
         self.start_s = self.mark = ahead
+        self.origin = origin  # the wall time that is 0 here, where the backend gave one
         self.decisions = 0  # decode steps labelled so far
 
     def now(self) -> float:
@@ -140,15 +141,19 @@ class WorkerTask:
     pad_id: int
     after_s: float | None = None
     harvest: bool = False
+    request_steps: bool = False  # keep a row per request per step (rollout.request_steps)
 
 
 @dataclass
 class WorkerResult:
-    """What a worker gives back: its requests' outputs and its steps-table rows."""
+    """What a worker gives back: its requests' outputs, its steps-table rows, its
+    request-steps rows (None unless asked) and its clock's wall-time origin (None: its own)."""
 
     worker: int
     requests: list[RequestOutput]
     steps: list[dict]
+    request_steps: list[tuple] | None = None
+    origin_s: float | None = None
 
 
 def _ignore(finished: int) -> None:
@@ -288,7 +293,7 @@ class WorkerRun:
         self.outputs = [RequestOutput.of(q, worker.index) for q in task.requests]
         self.dec = BatchDecoder(worker.forward, cfg, self.rec, task.eos_id, task.pad_id,
                                 drafter if schedule.needs_drafter else None, worker.on_finish,
-                                harvest=task.harvest)
+                                harvest=task.harvest, request_steps=task.request_steps)
         self.cap = cfg.max_batch_size or max(1, len(self.outputs))
         self.queue: deque[RequestOutput] = deque(self.outputs)
         self.moved: dict[int, tuple] = {}  # uid -> (from worker, harvested states), to admit
@@ -374,4 +379,5 @@ class WorkerRun:
         if self.task.after_s is not None:
             for row in rows:
                 row["rerun"] = True
-        return WorkerResult(self.index, self.outputs, rows)
+        return WorkerResult(self.index, self.outputs, rows, self.dec.request_rows,
+                            self.rec.origin)
