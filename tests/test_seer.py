@@ -181,6 +181,15 @@ def test_queued_requests_move_freely_to_the_worker_with_room(tokenizer, tick_clo
     assert divided.timeline.makespan_s < plain.timeline.makespan_s
 
 
+def test_the_pool_drains_when_every_worker_falls_idle_at_once(tokenizer, tick_clock):
+    engine, live, _, config = _divided_setup(tokenizer)
+    config = RolloutConfig(**{**vars(config), "max_batch_size": 1})
+    caps = [2] * 6  # both workers end their first request together, four wait in the pool
+    plain = _rollout(engine, live, config, caps=caps)
+    divided = _rollout(engine, live, config, _InOrder(live, LengthPredictor()), caps)
+    assert divided.tokens == plain.tokens and len(divided.timeline.requests) == 6
+
+
 def test_a_backend_that_cannot_order_its_workers_refuses_a_dispatch():
     class Parallel(Backend):
         name, clock = "parallel", "wall"

@@ -203,25 +203,23 @@ class LocalBackend(Backend):
         workers = check_placement(items, None, self.num_workers)
         for worker in self._workers:
             worker.on_finish = progress or (lambda finished: None)
-        runs = [begin(self._workers[w], item) for w, item in zip(workers, items)]
-        dispatch.begin(runs)
-        with torch.inference_mode():
+        with sim_work(), torch.inference_mode():  # one thread throughout: the clocks' reads
+            runs = [begin(self._workers[w], item) for w, item in zip(workers, items)]
+            dispatch.begin(runs)
             while True:
                 busy = [r for r in runs if r.busy]
-                if busy:
-                    now = min(r.clock_s for r in busy)
-                    for run in sorted((r for r in runs if not r.busy and r.clock_s <= now),
-                                      key=lambda r: (r.clock_s, r.index)):
-                        dispatch.idle(run, runs)
-                    busy = [r for r in runs if r.busy]
+                now = min((r.clock_s for r in busy), default=float("inf"))
+                for run in sorted((r for r in runs if not r.busy and r.clock_s <= now),
+                                  key=lambda r: (r.clock_s, r.index)):
+                    dispatch.idle(run, runs)  # a worker with nothing left: work may move to it
+                busy = [r for r in runs if r.busy]
                 if not busy:
                     break
                 run = min(busy, key=lambda r: (r.clock_s, r.index))
                 dispatch.before(run, runs)
-                with sim_work():
-                    _on(run.index, lambda: run.advance(resume=True), run.task.requests)
-        dispatch.end(runs)
-        values = [run.result() for run in runs]
+                _on(run.index, lambda: run.advance(resume=True), run.task.requests)
+            dispatch.end(runs)
+            values = [run.result() for run in runs]
         if tail is None:
             return values, IdleRun()
         ends = {w: self._workers[w].rollout_end_s for w in workers}

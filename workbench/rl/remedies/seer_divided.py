@@ -66,6 +66,7 @@ class DividedDispatch(SeerDispatch):
     def idle(self, run, runs) -> None:
         if self.pool:
             self.fill(run)
+            self.note_starts(run)
             return
         donors = [r for r in runs if r is not run and r.dec.size >= self.min_rows
                   and any(q.uid not in self.moved for q in r.running)]
