@@ -28,6 +28,7 @@ from common import (add_common, add_result, disturbed_of, header, print_table, r
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.compiled import row_bucket
 from workbench.rollout.forward import policy_forward
 from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
@@ -36,6 +37,15 @@ from workbench.tasks import HELDOUT_SEED, get_problems
 def decode_seconds(steps) -> float:
     dec = steps[steps["kind"] == "decode"]
     return float((dec["end_s"] - dec["start_s"]).sum())
+
+
+def prealloc_mib(model, rows: int, length: int) -> float:
+    """MiB of the compiled path's preallocated KV cache for ``rows`` rows (rounded up to
+    their bucket) of ``length`` columns: keys and values of every layer, the model's dtype."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_row_col = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim
+    return row_bucket(rows) * length * per_row_col * model.dtype.itemsize / 2 ** 20
 
 
 def measure(engine, prompts, bs, args):
@@ -96,12 +106,19 @@ def main():
         figures.update(mine)
         summaries.append(stats)
     table = pd.DataFrame(rows)
+    context = int(model.config.max_position_embeddings)
+    for rows_ in (32, 256):
+        figures[f"prealloc_mib_bs{rows_}"] = {"value": prealloc_mib(model, rows_, context),
+                                              "n": 1, "unit": "MiB"}
+    memory = ", ".join(f"batch {r}: {figures[f'prealloc_mib_bs{r}']['value']:.0f} MiB"
+                       for r in (32, 256))
     print("\n" + header(ap, args, f"model={args.model} cpu float32, greedy, ignore_eos, "
                         f"max_new_tokens={args.max_new_tokens}, one rollout of batch-size "
                         "prompts; measure: decode-step seconds on the sim clock (thread CPU)"))
     print_table("Compiled plain decode step vs eager (ratio = eager seconds over compiled; "
                 "above 1: compiled is faster)", table.drop(columns="spread_wide"),
                 table["spread_wide"], args.wide, "batch sizes")
+    print(f"\nThe preallocated KV cache at the model's context ({context} columns): {memory}")
     record(args, "Plain decode step, torch.compile (inductor, CPU, static preallocated KV "
            "cache, power-of-two row buckets) over eager: eager decode seconds over compiled "
            f"(median of per-repeat ratios) at batch sizes {args.batch_sizes}, default policy, "

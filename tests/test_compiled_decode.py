@@ -138,3 +138,18 @@ def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     before = dict(c.steps)
     engine.rollout(PROMPTS[:1], cfg, progress=False)  # the choice is kept: no more trials
     assert c.steps[faster] - before[faster] == 19 and c.steps[slower] == before[slower]
+
+
+def test_auto_reuses_recorded_choices_without_timing(tokenizer):
+    """A resumed run hands ``"auto"`` the choices it recorded: no bucket is timed again."""
+    from workbench.rollout.compiled import compile_choices, use_compile_choices
+    model = tiny_model("llama", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    with pytest.raises(ValueError, match="accepted"):
+        use_compile_choices(model, {1: "fast"})
+    use_compile_choices(model, {"1": "eager"})
+    assert compile_choices(model) == {1: "eager"}
+    cfg = RolloutConfig(max_new_tokens=10, ignore_eos=True, compile="auto")
+    engine.rollout(PROMPTS[:1], cfg, progress=False)
+    c = _compiled_of(model, "auto")
+    assert c.steps == {"compiled": 0, "eager": 9} and not c.compiles

@@ -48,7 +48,8 @@ from .batch import GrowingLayer, KVCache
 from .forward import LeanForward, _rotate, rms_norm
 
 __all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticLayer", "StaticKVCache",
-           "compiled_decode_for", "row_bucket", "check_compile"]
+           "compiled_decode_for", "row_bucket", "check_compile", "compile_choices",
+           "use_compile_choices", "preallocated_bytes"]
 
 COMPILE_CHOICES = (False, True, "auto")
 MAX_ROWS = 256  # the largest row bucket; a bigger batch runs eager
@@ -336,6 +337,32 @@ def _scratch(view: torch.Tensor) -> torch.Tensor:
     the cache)."""
     return torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
                                device=view.device).zero_()
+
+
+def compile_choices(model) -> dict:
+    """``"auto"``'s choices so far for ``model``'s lean forward: ``{row bucket: "compiled" |
+    "eager"}`` (a run saves them beside its other settings, so that a resumed run decodes
+    the same way: float32 tokens then do not depend on a timing)."""
+    from .forward import policy_forward
+    made = compiled_decode_for(policy_forward(model), "auto")
+    return {} if made is None else dict(made.choices)
+
+
+def use_compile_choices(model, choices: dict) -> None:
+    """Give ``"auto"`` the ``choices`` of an earlier run (:func:`compile_choices`): those
+    buckets are not timed again. A ValueError for a choice that is neither path."""
+    from .forward import policy_forward
+    bad = {k: v for k, v in choices.items() if v not in ("compiled", "eager")}
+    if bad:
+        raise ValueError(f"compile choices {bad}; accepted: 'compiled' or 'eager' per bucket")
+    made = compiled_decode_for(policy_forward(model), "auto")
+    if made is not None:
+        made.choices.update({int(k): v for k, v in choices.items()})
+
+
+def preallocated_bytes(cache) -> int:
+    """The bytes a :class:`StaticKVCache`'s buffers hold (keys and values, every layer)."""
+    return sum(layer.nbytes for layer in cache.layers if isinstance(layer, StaticLayer))
 
 
 def compiled_decode_for(forward, mode) -> CompiledDecode | None:
