@@ -232,7 +232,8 @@ def test_the_variants_run_through_the_ablation_like_built_ins(tokenizer):
     model = tiny_model("qwen2", tokenizer)
     ablation = run_ablation(model, tokenizer, PROBLEMS, GRPO, 2, variants=variants, seeds=[0],
                             reward=_reward, progress=False, drafter_head=EagleHead(model),
-                            spec_k=2, spot=SpotConfig.flat(batch_size=4, max_steps=2))
+                            spec_k=2, spot=SpotConfig.flat(batch_size=4, max_steps=2),
+                            eval_problems=PROBLEMS[:2], eval_every=1)
     h = ablation.history
     assert list(dict.fromkeys(h["variant"])) == variants
     assert set(ablation.per_variant()["variant"]) == set(variants)
@@ -242,3 +243,36 @@ def test_the_variants_run_through_the_ablation_like_built_ins(tokenizer):
     assert list(digests["seer_schedule"]) == list(digests["seer_divided"])
     # beside TLT (SD, the spot-trained drafter, the bandit) the tokens are still the same
     assert list(digests["tlt+seer_divided"]) == list(digests["seer_divided"])
+    metrics = ablation.remedy_metrics()  # notebook 11's metrics.json
+    for v in variants[1:]:
+        assert metrics[f"offpolicy_share_{v}"] == 0.0 and f"speedup_{v}" in metrics
+    assert set(ablation.evals["variant"]) == set(variants)
+
+
+def test_notebook_11_runs_the_seer_variants_into_its_tables(tmp_path):
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+    import papermill
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    variants = ["baseline", "seer_schedule", "seer_divided", "tlt+seer_divided"]
+    papermill.execute_notebook(
+        root / "notebooks" / "11_long_tail_remedies.ipynb", tmp_path / "executed.ipynb",
+        parameters={"variants": variants, "rl_problems": 4, "eval_problems": 4, "eval_every": 1,
+                    "prompts_per_step": 4, "samples_per_prompt": 2, "max_new_tokens": 16,
+                    "steps": 2, "seeds": [0], "workers": 2, "max_batch_size": 2,
+                    "explore_budget": 0.5, "out_dir": str(out)},
+        kernel_name="python3", language="python", progress_bar=False, cwd=str(root))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["offpolicy_share_seer_divided"] == 0.0
+    assert {"speedup_seer_schedule", "speedup_seer_divided", "speedup_tlt+seer_divided",
+            "accuracy_final_seer_divided"} <= set(metrics)
+    assert metrics["first_divergence_step_seer_divided"] >= -1
+    assert metrics["max_batch_size"] == 2 and metrics["rl_problems"] == 4
+    history = pd.read_csv(out / "history.csv")
+    assert list(dict.fromkeys(history["variant"])) == variants
+    seer = history[history["variant"] == "seer_divided"]
+    assert seer["seer_n_history"].iloc[-1] > 0  # the 4-prompt pool came back at step 1
+    assert list(pd.read_csv(out / "remedies.csv")["variant"]) == variants
