@@ -227,6 +227,24 @@ def test_the_variants_keep_the_tokens_of_a_run_without_them_at_every_step(tokeni
             assert (h["seer_moves"] == 0).all() and (h["seer_reprefills"] == 0).all()
 
 
+def test_a_resumed_run_predicts_as_a_straight_one(tokenizer, tmp_path, tick_clock):
+    variant = VARIANTS.get("seer_divided")()
+
+    def trainer(folder=None):
+        return SeerTrainer(tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _reward,
+                           variant.config(GRPO), dispatch_cls=variant.dispatch_cls,
+                           checkpoint_dir=folder)
+    straight = trainer()
+    straight.run(3, progress=False)
+    first = trainer(tmp_path / "ckpt")
+    first.run(2, progress=False)
+    resumed = trainer(tmp_path / "ckpt")  # the predictor's memory comes back with the run
+    assert resumed.predictor.lengths == first.predictor.lengths
+    resumed.run(1, progress=False)
+    columns = ["step", "tokens_digest", "seer_n_history", "seer_mae_history", "seer_mae_prompt"]
+    assert resumed.history[columns].equals(straight.history[columns])
+
+
 def test_the_variants_run_through_the_ablation_like_built_ins(tokenizer):
     variants = ["baseline", "seer_schedule", "seer_divided", "tlt+seer_divided"]
     model = tiny_model("qwen2", tokenizer)
