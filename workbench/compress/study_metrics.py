@@ -1,6 +1,7 @@
 """The flat scalars of the pruning study (notebook 05), the retraining study (notebook 06) and
-the Minitron pipeline (notebook 07), read off their tables: what each notebook writes to ``metrics.json`` and ``workbench pipeline``
-gathers, named as the README's notebook table lists them.
+the Minitron pipeline (notebook 07), read off their tables: what each notebook writes to
+``metrics.json`` and ``workbench pipeline`` gathers, named as the README's notebook table lists
+them.
 
 Each function reads one table of the study (the shape its producer returns) and refuses a table
 that lacks a row it needs by naming the row and the rows it has, so that a changed study fails
@@ -88,7 +89,6 @@ def speed_metrics(speed: pd.DataFrame, batch: int, names: dict[str, str]) -> dic
             for key, name in names.items()}
 
 
-# each retraining run of ``studies.RETRAININGS`` as its metrics name it
 RETRAINING_NAMES = {RETRAININGS[0]: "student_kd", RETRAININGS[1]: "student_kd_hidden",
                     RETRAININGS[2]: "student_ce", RETRAININGS[3]: "scratch"}
 """Each retraining run of `studies.RETRAININGS` as its metrics name it."""
