@@ -197,6 +197,19 @@ def test_a_backend_that_cannot_order_its_workers_refuses_a_dispatch():
         Parallel().map_steps(None, [], None)
 
 
+def test_the_variants_are_refused_on_a_backend_of_the_wall_clock(tokenizer):
+    from workbench.rl.variants import VariantRun
+    from workbench.rollout import LocalBackend
+
+    class Wall(LocalBackend):  # as Ray's: workers in parallel, nothing moves between them
+        name, clock = "wall", "wall"
+    run = VariantRun(0, tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _reward, GRPO,
+                     backend=Wall())
+    for name in ("seer_schedule", "seer_divided"):
+        with pytest.raises(ValueError, match="does not advance its workers in sim-time order"):
+            get_variant(name).build(run)
+
+
 GRPO = GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=12, lr=5e-2,
                        workers=2, seed=1, temperature=1.0)
 PROBLEMS = [Problem(prompt=f"q{i}?" + "x" * (i * 7 % 5), answer="a", uid=i) for i in range(4)]
