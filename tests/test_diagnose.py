@@ -300,3 +300,46 @@ def test_validated_errors_read_the_result_files_and_none_elsewhere(tmp_path):
     assert validated_errors(tmp_path)["figure"].tolist() == ["sim_error_small_n"]
     assert headline_error(tmp_path) == {"error": 0.05, "figure": "sim_error_small_n",
                                         "result": "nb10"}
+
+
+# ---- the long-tail remedies replayed (cluster.remedies) ---------------------------------------
+REPLAYED = ["over_provisioning", "april", "partial_rollouts", "tail_batching"]
+
+
+def test_a_workbench_runs_diagnosis_carries_each_replayed_remedys_number(tmp_path):
+    """Over-provisioning, APRIL, partial rollouts and tail batching each get a predicted
+    end-to-end speedup from the run's own lengths; with no recorded check of the remedy model
+    the error says so and names the check; a remedy variant of the run is set beside its own
+    row, not TLT's."""
+    _workbench_run(tmp_path)
+    h = pd.read_csv(tmp_path / "history.csv")
+    over = h[h["variant"] == "baseline"].assign(variant="overprovision")
+    over["step_s"] = over["step_s"] * 0.9
+    pd.concat([h, over]).to_csv(tmp_path / "history.csv", index=False)
+    results = tmp_path / "results"
+    results.mkdir()
+    d = diagnose(read_logs(tmp_path), sd_curve={1: 2.0, 8: 1.5}, results=results)
+    r = d.remedies.set_index("remedy")
+    assert np.isfinite(r.loc[REPLAYED, "predicted_e2e_speedup"]).all()
+    assert r.loc[REPLAYED, "error"].isna().all()
+    assert r.loc["april", "error_source"].startswith("not validated yet: cluster.remedy_check")
+    assert "off-policy" in r.loc["april", "method"] and "off-policy" in r.loc["partial_rollouts", "method"]
+    assert "off-policy" in r.loc["async_one_step", "method"]
+    for name in REPLAYED:
+        assert d.summary[f"predicted_{name}"] == r.loc[name, "predicted_e2e_speedup"]
+    m = d.measured.set_index("variant")
+    assert m.loc["overprovision", "predicted_e2e_speedup"] == d.summary["predicted_over_provisioning"]
+    assert m.loc["tlt", "predicted_e2e_speedup"] == d.summary["predicted_tlt_bandit"]
+    (results / "nb11.json").write_text(json.dumps({"figures": {
+        "remedy_sim_error_april": {"value": -0.07}}}))
+    r = diagnose(read_logs(tmp_path), results=results).remedies.set_index("remedy")
+    assert r.loc["april", "error"] == -0.07 and r.loc["april", "error_source"] == \
+        "remedy_sim_error_april of nb11"
+    assert np.isnan(r.loc["tail_batching", "error"])  # never another remedy's error
+
+
+def test_a_rollout_dump_gets_the_replayed_remedies_without_an_sd_curve():
+    d = diagnose(read_logs(ISSUE6))
+    r = d.remedies.set_index("remedy")["predicted_e2e_speedup"]
+    assert (r[REPLAYED] > 1).all() and (r[REPLAYED] <= r["any_rollout_remedy_bound"]).all()
+    assert np.isnan(r["tlt_threshold"])  # SD's curve is what TLT's number lacks

@@ -19,8 +19,10 @@ cluster simulator makes from them. The recipe:
    simulated on each step; the step's rollout time scales by the simulated ratio and the rest
    of the step stays as logged. The step costs: a workbench run's measured ones (its
    baseline's plain steps and static SD's); otherwise synthetic ones from the user's curve.
-   Remedies the simulator does not model are listed as such, with no number. Each
-   prediction carries the simulator's validated error.
+   Over-provisioning, APRIL, partial rollouts and tail batching are replayed over the
+   simulated steps, one after another (``cluster.remedies``: they carry groups and prompts
+   from step to step), at the same costs. Each prediction carries its model's validated
+   error, or says that none is recorded and what would record it.
 
 Each part has its own module: the replay on the simulator (``diagnose.replay``), the
 remedies' predictions (``diagnose.remedies``) and the reading (``diagnose.findings``); this
@@ -35,7 +37,7 @@ import pandas as pd
 
 from ..checks import check_int, check_positive
 from .findings import findings_of, undecided_of
-from .remedies import measured_speedups, predict_remedies
+from .remedies import MEASURED_AS, measured_speedups, predict_remedies, remedy_ratios
 from .replay import layouts, measured_curve, simulate, synthetic_cost
 from .sd_curve import crossover, read_sd_curve
 from .steplog import PARTS, StepLog
@@ -107,15 +109,16 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
         curve = measured_curve(cost)
     threshold = crossover(curve) if curve is not None else 0
     split = _split(log)
-    tail = batch = live = None
+    tail = batch = live = replayed = None
     if lays:
         if cost is None:
             cost = synthetic_cost(curve, max(int((lay.response > 0).sum(1).max())
                                              for lay in lays.values()))
         tail, batch, live = simulate(log, lays, measured, cost, curve, threshold, drafter_step_s)
+        replayed = remedy_ratios(log, lays, measured, cost)
         workers = workers or int(tail["workers"].max())
     error = headline_error(results)
-    remedies = predict_remedies(split, tail, threshold, error)
+    remedies = predict_remedies(split, tail, threshold, error, replayed, results)
     findings = findings_of(log, split, tail, batch, curve, threshold, remedies, baseline)
     undecided = undecided_of(log, curve, tail, workers)
     means = log.means()
@@ -136,10 +139,11 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
         summary[f"predicted_{r['remedy']}"] = (None if pd.isna(r["predicted_e2e_speedup"])
                                               else float(r["predicted_e2e_speedup"]))
     measured_table = measured_speedups(log)
-    if measured_table is not None:  # each SD variant against the simulator's TLT (bandit)
-        predicted = summary.get("predicted_tlt_bandit")
-        sd = measured_table["variant"] != log.extra["variant"]
-        measured_table["predicted_e2e_speedup"] = np.where(sd, predicted or np.nan, np.nan)
+    if measured_table is not None:  # each remedy against its row, the rest against TLT's bandit
+        other = measured_table["variant"] != log.extra["variant"]
+        row = measured_table["variant"].map(MEASURED_AS).fillna("tlt_bandit")
+        predicted = row.map(lambda r: summary.get(f"predicted_{r}"))
+        measured_table["predicted_e2e_speedup"] = np.where(other, predicted.astype(float), np.nan)
         for col, of in (("error", "measured_e2e_speedup"), ("error_seed", "measured_e2e_speedup_seed")):
             measured_table[col] = (measured_table["predicted_e2e_speedup"] / measured_table[of] - 1)
         for _, r in measured_table.iterrows():

@@ -3,38 +3,101 @@ and, for a workbench run, each variant's measured speedup to set beside the pred
 
 Why end to end: a remedy speeds up the rollout alone, so the step's rollout time scales by the
 simulated ratio and the rest of the step stays as logged; two bounds need no simulation at
-all (the Amdahl bound of any rollout remedy, and one-step async), and the remedies the
-simulator does not model are listed by name with no number rather than left out.
+all (the Amdahl bound of any rollout remedy, and one-step async).
+
+Over-provisioning, APRIL, partial rollouts and tail batching are replayed over the logged
+steps by ``cluster.remedies`` (``remedy_ratios``): the steps' groups, their response lengths
+as logged, are the stream of prompts, and each remedy's step k is set beside the logged step
+k. Their error is the remedy model's own, checked on a notebook 11 run
+(``cluster.remedy_check``, ``validated.remedy_error``); where none is recorded the row says
+so and names the check that would give one. APRIL, partial rollouts and async buy their time
+by training on tokens an older policy sampled: the row's method says how many (APRIL and
+partial, counted by the replay) and that the lengths a changed policy would give are not
+modelled.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from ..cluster.cost import StepCost
+from ..cluster.remedies import groups_of_timeline, inferred_max_batch, remedy_steps
 from .steplog import StepLog
+from .validated import RESULTS, remedy_error
 
-__all__ = ["predict_remedies", "measured_speedups", "NOT_SIMULATED"]
+__all__ = ["predict_remedies", "measured_speedups", "remedy_ratios", "REPLAYED", "MEASURED_AS"]
 
-NOT_SIMULATED = {
-    "over_provisioning": "over-provisioning (end the rollout when the target groups finish)",
-    "april": "APRIL (active partial rollouts: over-provision, carry unfinished responses over)",
-    "partial_rollouts": "partial rollouts (cap each step's tokens, resume next step)",
-    "tail_batching": "tail batching (gather the long requests into a later round)"}
+REPLAYED = {
+    "over_provisioning": ("overprovision", "over-provisioning: P + max(1, P // 2) groups, the "
+                          "rollout ended when P finished, the rest aborted"),
+    "april": ("april", "APRIL: over-provisioned as above, the unfinished responses carried "
+              "into the next step and resumed"),
+    "partial_rollouts": ("partial", "partial rollouts: each response grows by at most a "
+                         "quarter of the length cap per step, resumed next step"),
+    "tail_batching": ("tail_batching", "tail batching: over-provisioned as above, the "
+                      "unfinished prompts deferred to a long round of their own once P wait")}
+"""The remedies the diagnosis replays on ``cluster.remedies``: its row name -> (notebook 11's
+variant, what the replay does)."""
+MEASURED_AS = {"overprovision": "over_provisioning", "april": "april",
+               "partial": "partial_rollouts", "tail_batching": "tail_batching",
+               "async": "async_one_step"}
+"""A workbench run's remedy variant -> the row of ``predict_remedies`` its measured speedup
+is set beside (every other variant that is not the diagnosed one: TLT's bandit row)."""
+STALE = ("off-policy: it trains on tokens an older policy sampled ({share:.0%} of the trained "
+         "tokens in the replay), which the time leaves out; the lengths a changed policy would "
+         "give are not modelled")
+
+
+def _groups(log: StepLog, lays: dict, measured: dict) -> tuple[list, int, int | None]:
+    """Per simulated step its groups' response lengths, the workers, the rows a worker
+    decodes at once (a workbench run's timelines: as they show; a dump: no cap)."""
+    if measured:
+        steps = [measured[s] for s in lays]
+        caps = {inferred_max_batch(t) for t in steps} - {None}
+        return ([groups_of_timeline(t) for t in steps], steps[0].num_workers,
+                max(caps) if caps else None)
+    r = log.requests
+    out = []
+    for step in lays:
+        mine = r[r["step"] == step]
+        key = mine["group"] if "group" in mine else pd.Series(np.arange(len(mine)), mine.index)
+        out.append([g["response_tokens"].to_numpy(np.int64)
+                    for _, g in mine.groupby(key.to_numpy(), sort=False)])
+    return out, next(iter(lays.values())).workers, None
+
+
+def remedy_ratios(log: StepLog, lays: dict, measured: dict, cost: StepCost) -> pd.DataFrame:
+    """``cluster.remedies.remedy_steps`` on the simulated steps (``replay.layouts``' steps, in
+    order): one row per step and remedy, its ``step`` the logged step it is set beside."""
+    groups, workers, max_batch = _groups(log, lays, measured)
+    table = remedy_steps(groups, workers, cost, max_batch=max_batch,
+                         remedies=[v for v, _ in REPLAYED.values()])
+    table["step"] = np.asarray(list(lays))[table["step"].to_numpy()]
+    table.attrs.update(workers=workers, max_batch=max_batch,
+                       prompts_per_step=int(np.median([len(g) for g in groups])))
+    return table
 
 
 def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str) -> float:
     """Summed logged steps over summed predicted ones (the rollout scaled by the simulated
-    ratio, the rest as logged), over the simulated steps."""
+    ratio, the rest as logged), over the simulated steps the step log holds too (a rollout
+    dump may hold steps the metrics do not); NaN where it holds none of them."""
+    tail = tail[tail["step"].isin(steps["step"])]
+    if not len(tail):
+        return float("nan")
     s = steps.set_index("step").loc[tail["step"]]
     rest = s["step_s"] - s["rollout_s"]
     return float(s["step_s"].sum() / (s["rollout_s"] * tail[ratio].to_numpy() + rest).sum())
 
 
 def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: int,
-                     error: dict | None) -> pd.DataFrame:
+                     error: dict | None, replayed: pd.DataFrame | None = None,
+                     results=RESULTS) -> pd.DataFrame:
     """One row per remedy: ``remedy``, ``predicted_e2e_speedup`` (NaN where not predicted),
     ``method`` (how it was got, or why not), ``error`` and ``error_source`` (the simulator's
-    validated error and the result that holds it)."""
+    validated error and the result that holds it; for the replayed remedies the remedy
+    model's, from ``results``). ``replayed``: ``remedy_ratios``' table (None: the logs hold
+    no per-request lengths)."""
     err = error["error"] if error else np.nan
     where = f"{error['figure']} of {error['result']}" if error else "no validation recorded"
     rows = []
@@ -58,13 +121,40 @@ def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: 
         rows.append({"remedy": "async_one_step", "predicted_e2e_speedup":
                      total / np.maximum(split["rollout_s"], split["step_s"] - split["rollout_s"]).sum(),
                      "method": "bound from the logged times (not simulated): the rollout of step "
-                               "t+1 beside the rest of step t, each step the longer of the two",
+                               "t+1 beside the rest of step t, each step the longer of the two; "
+                               "off-policy: each step trains on tokens the policy one update "
+                               "older sampled",
                      "error": 0.0, "error_source": "arithmetic on the logs"})
-    for name, what in NOT_SIMULATED.items():
-        rows.append({"remedy": name, "predicted_e2e_speedup": np.nan,
-                     "method": f"not modelled by the cluster simulator: {what}; notebook 11 "
-                               "measures it on the small model", "error": np.nan, "error_source": ""})
+    rows += _replayed_rows(split, replayed, results)
     return pd.DataFrame(rows)
+
+
+def _replayed_rows(split: pd.DataFrame, replayed: pd.DataFrame | None, results) -> list[dict]:
+    """The rows of the remedies ``cluster.remedies`` replays (module docstring)."""
+    rows = []
+    for name, (variant, what) in REPLAYED.items():
+        if replayed is None:
+            rows.append({"remedy": name, "predicted_e2e_speedup": np.nan,
+                         "method": f"not predicted: needs per-request lengths ({what})",
+                         "error": np.nan, "error_source": ""})
+            continue
+        mine = replayed[replayed["remedy"] == variant]
+        ratio = pd.DataFrame({"step": mine["step"].to_numpy(), "ratio": mine["ratio"].to_numpy()})
+        P = replayed.attrs.get("prompts_per_step")
+        method = (f"simulated ({what}) over the logged steps' lengths: trains "
+                  f"{mine['groups_trained'].mean():.3g} groups per step (P = {P})")
+        if variant == "tail_batching":
+            method += f", {mine['long_round'].mean():.0%} of the steps long rounds"
+        if variant in ("april", "partial"):
+            method += "; " + STALE.format(share=mine["offpolicy_token_share"].mean())
+        err = remedy_error(variant, results)
+        rows.append({"remedy": name, "predicted_e2e_speedup": _e2e(split, ratio, "ratio"),
+                     "method": method, "error": err["error"] if err else np.nan,
+                     "error_source": f"{err['figure']} of {err['result']}" if err else
+                     f"not validated yet: cluster.remedy_check.check_remedies on a notebook 11 "
+                     f"run folder holding the baseline's timelines and {variant!r} would give "
+                     f"remedy_sim_error_{variant}"})
+    return rows
 
 
 def measured_speedups(log: StepLog) -> pd.DataFrame | None:
