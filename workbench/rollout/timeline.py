@@ -13,7 +13,9 @@ steps     one row per engine call on a worker
           the drafter that drafted the step, ``plan.serving_drafter``; NA when none did);
           preempted (boolean: a drafter training step cut at the end of its idle window,
           its work discarded; NA elsewhere); rerun (boolean: a rollout step re-running
-          requests of a worker that failed; NA elsewhere); cpu_share (Float64: the CPU
+          requests of a worker that failed; NA elsewhere); moved_from (Int64: on a prefill
+          that re-prefilled requests moved mid-generation from another worker, that worker,
+          ``rollout.dispatch``; NA elsewhere); cpu_share (Float64: the CPU
           seconds the step's work got over its wall seconds, ``workbench.clock.cpu_share``;
           under ``DISTURBED_BELOW`` the step was disturbed by other work; NA on rows
           recorded before it and on rows no work wrote); and the *decision columns*:
@@ -84,7 +86,7 @@ PLAN_COLUMNS = {"decision": "Int64", "plan_k": "Int64", "plan_branch": "Int64",
 # every optional steps column of this layer: the plans, the flag of a preempted drafter step,
 # and that of a step re-running a failed worker's requests
 OPTIONAL_STEP_COLUMNS = {**PLAN_COLUMNS, "preempted": "boolean", "rerun": "boolean",
-                         "cpu_share": "Float64"}
+                         "moved_from": "Int64", "cpu_share": "Float64"}
 # the names a schedule's decision keys may not take (every other steps column is one of them)
 RESERVED_STEP_COLUMNS = frozenset(STEP_COLUMNS) | frozenset(OPTIONAL_STEP_COLUMNS)
 REQUEST_COLUMNS = ["worker", "uid", "prompt_id", "sample_idx", "start_s", "end_s",

@@ -233,7 +233,7 @@ class SeerTrainer(RemedyTrainer):
         row = super()._step()
         row.update(step_figures(self._errors))
         moved = [s.timeline.steps for s in self.last]
-        rows = [t[t["moved_from"].notna()] if "moved_from" in t else t.iloc[:0] for t in moved]
+        rows = [t[t["moved_from"].notna()] for t in moved]
         row["seer_reprefills"] = int(sum(len(r) for r in rows))
         row["seer_reprefill_s"] = float(sum((r["end_s"] - r["start_s"]).sum() for r in rows))
         return row
