@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..atomic import atomic_file
+from .chrome_trace_ray import ray_trace_events
 from .timeline import ROLLOUT_KINDS, Timeline
 
 __all__ = ["chrome_trace", "write_chrome_trace", "read_chrome_trace", "timeline_folders",
@@ -183,9 +184,11 @@ def _parts(timelines) -> dict[str, Timeline]:
     return {str(k): v for k, v in parts.items()}
 
 
-def chrome_trace(timelines) -> dict:
+def chrome_trace(timelines, ray_events=None) -> dict:
     """The trace-event JSON object of ``timelines``: a ``Timeline``, or ``{name: Timeline}``
-    laid one after another on one time axis (each offset by the makespans before it)."""
+    laid one after another on one time axis (each offset by the makespans before it).
+    ``ray_events``: Ray's own task timeline (``ray.timeline()``) of Ray rollouts, on processes
+    of its own, aligned at each timeline's ``origin_s`` (``rollout.chrome_trace_ray``)."""
     parts = _parts(timelines)
     events, tids, described, offset = [], {}, [], 0.0
     workers = max(tl.num_workers for tl in parts.values())
@@ -218,18 +221,24 @@ def chrome_trace(timelines) -> dict:
     for (worker, uid), tid in tids.items():
         events.append(_meta("thread_name", worker + 1, tid, name=f"uid {uid}"))
         events.append(_meta("thread_sort_index", worker + 1, tid, sort_index=tid))
+    ray = {}
+    if ray_events is not None:
+        extra, ray = ray_trace_events(ray_events, [(d["name"], parts[d["name"]], d["offset_s"])
+                                                   for d in described], workers + 1)
+        events += extra
     clocks = sorted({tl.clock for tl in parts.values()})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {"format": FORMAT, "clock": clocks[0] if len(clocks) == 1 else clocks,
                          "clock_note": "ts and dur are microseconds on the timelines' clock "
                          "(sim: each worker's measured time laid side by side; wall: one "
                          "process, measured); args start_s and end_s are the exact seconds",
-                         "timelines": described}}
+                         "timelines": described, **({"ray": ray} if ray else {})}}
 
 
-def write_chrome_trace(timelines, path: str | os.PathLike) -> Path:
-    """Write :func:`chrome_trace` of ``timelines`` to ``path`` atomically; return the path."""
-    trace = chrome_trace(timelines)
+def write_chrome_trace(timelines, path: str | os.PathLike, ray_events=None) -> Path:
+    """Write :func:`chrome_trace` of ``timelines`` (and ``ray_events``) to ``path``
+    atomically; return the path."""
+    trace = chrome_trace(timelines, ray_events)
     text = json.dumps(trace, allow_nan=False, separators=(",", ":"))
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
