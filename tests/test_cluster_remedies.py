@@ -145,3 +145,21 @@ def test_a_timelines_groups_and_its_cap_are_read_back():
     t = simulate_rollout(lay, FLAT)
     assert [g.tolist() for g in groups_of_timeline(t)] == [[3, 4], [5, 6]]
     assert inferred_max_batch(t) is None  # every worker's requests decoded at once
+
+
+def test_a_whatif_replays_every_remedy_at_each_n_from_a_traces_groups():
+    from workbench.cluster.fit import fit_lengths
+    from workbench.cluster.remedies import remedy_whatif, trace_steps
+    from workbench.cluster.trace import Trace
+    rng = np.random.default_rng(3)
+    trace = Trace(pd.DataFrame({"prompt_tokens": 10, "response_tokens": rng.integers(5, 400, 64),
+                                "group": np.repeat(np.arange(16), 4).astype(str)}))
+    steps = trace_steps(trace, 8, 3)
+    assert len(steps) == 3 and all(len(s) == 8 and all(len(g) == 4 for g in s) for s in steps)
+    model = fit_lengths(trace.requests["response_tokens"])
+    assert [len(g) for g in trace_steps(model, 2, 1, samples_per_prompt=5)[0]] == [5, 5]
+    w = remedy_whatif(trace, MEASURED, [4, 16], 8, steps=4, update_s=0.5)
+    assert len(w) == 8 and set(w["workers"]) == {4, 16}
+    # the time outside the rollout pulls the speedup toward 1: between 1 and the rollout's
+    assert ((w["e2e_speedup"] - 1).abs() <= (w["rollout_speedup"] - 1).abs() + 1e-12).all()
+    assert (np.sign(w["e2e_speedup"] - 1) == np.sign(w["rollout_speedup"] - 1)).all()

@@ -55,7 +55,7 @@ from .cost import StepCost
 
 __all__ = ["RemedyModel", "REMEDY_MODELS", "remedy_model", "RolloutRun", "run_rollout",
            "simulate_remedy", "remedy_steps", "remedy_speedups", "groups_of_timeline",
-           "inferred_max_batch"]
+           "inferred_max_batch", "trace_steps", "remedy_whatif"]
 
 LEFTOVERS = ("abort", "carry", "defer")
 REMEDY_MODELS = ("overprovision", "april", "partial", "tail_batching")
@@ -308,6 +308,41 @@ def remedy_speedups(steps: pd.DataFrame, rest_s=None) -> pd.DataFrame:
                      "aborted_tokens": float(r["aborted_tokens"].mean()),
                      "long_rounds": float(r["long_round"].mean())})
     return pd.DataFrame(rows)
+
+
+# ---- what-ifs at cluster scale ----------------------------------------------------------------
+def trace_steps(source, prompts_per_step: int, steps: int, samples_per_prompt: int = 8,
+                seed: int = 0) -> list[list[np.ndarray]]:
+    """``steps`` RL steps of ``prompts_per_step`` groups each, drawn with replacement
+    (seeded): whole groups of a recorded ``Trace`` (its ``group`` column), or groups of
+    ``samples_per_prompt`` independent draws of a fitted ``LengthModel`` (a group's shared
+    difficulty then not modelled)."""
+    from .fit import LengthModel
+    P, K = check_int("prompts_per_step", prompts_per_step, 1), check_int("steps", steps, 1)
+    rng = np.random.default_rng(seed)
+    if isinstance(source, LengthModel):
+        G = check_int("samples_per_prompt", samples_per_prompt, 1)
+        return [[source.sample(G, rng).astype(np.int64) for _ in range(P)] for _ in range(K)]
+    r = source.requests
+    groups = [g["response_tokens"].to_numpy(np.int64) for _, g in r.groupby("group", sort=False)]
+    return [[groups[i] for i in rng.integers(0, len(groups), P)] for _ in range(K)]
+
+
+def remedy_whatif(source, cost: StepCost, workers, prompts_per_step: int, steps: int = 8,
+                  samples_per_prompt: int = 8, max_new_tokens: int | None = None,
+                  max_batch: int | None = None, update_s: float = 0.0, seed: int = 0,
+                  remedies=REMEDY_MODELS) -> pd.DataFrame:
+    """Each remedy at every N of ``workers``: ``remedy_speedups`` of ``steps`` steps of
+    ``prompts_per_step`` groups (``trace_steps``, the same draws at every N) replayed on N
+    workers, each step's time outside the rollout ``update_s``; one row per N and remedy,
+    with ``workers``."""
+    stream = trace_steps(source, prompts_per_step, steps, samples_per_prompt, seed)
+    rows = []
+    for n in workers:
+        table = remedy_steps(stream, check_int("workers", n, 1), cost, max_new_tokens,
+                             max_batch, remedies)
+        rows.append(remedy_speedups(table, [update_s] * steps).assign(workers=n))
+    return pd.concat(rows, ignore_index=True)
 
 
 # ---- reading a workbench rollout ---------------------------------------------------------------
