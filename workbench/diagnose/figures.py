@@ -74,7 +74,8 @@ def live_batch_figure(diagnosis):
 
 def remedies_figure(diagnosis):
     """Horizontal bars of each remedy's predicted end-to-end speedup (error bars: the
-    simulator's validated error); remedies without a number are listed at 1 in grey."""
+    simulator's validated error; a number whose model has no recorded check says so);
+    remedies without a number are listed at 1 in grey."""
     r = diagnosis.remedies
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(r) + 1.2))
     value = r["predicted_e2e_speedup"].to_numpy(float)
@@ -84,9 +85,10 @@ def remedies_figure(diagnosis):
     colors = ["#1f77b4" if m.startswith("simulated") else "#999" if not k else "#ff7f0e"
               for m, k in zip(r["method"], known)]
     ax.barh(r["remedy"], np.where(known, value - 1, 0), left=1, xerr=err, color=colors)
-    for y, (v, k, e) in enumerate(zip(value, known, err)):
-        ax.text(v + e if k else 1, y, f" {v:.2f}x" if k else " not modelled / not decided",
-                va="center", fontsize=8)
+    unchecked = r["error_source"].fillna("").str.startswith("not validated").to_numpy()
+    for y, (v, k, e, u) in enumerate(zip(value, known, err, unchecked)):
+        ax.text(v + e if k else 1, y, (f" {v:.2f}x" + (" (error not validated)" if u else ""))
+                if k else " not modelled / not decided", va="center", fontsize=8)
     ax.axvline(1, color="k", lw=0.8)
     ax.invert_yaxis()
     ax.set_xlabel("predicted end-to-end speedup over the logged steps (blue: simulated, "
