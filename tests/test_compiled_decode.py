@@ -2,9 +2,8 @@
 against the eager step in float64 (Llama with rows leaving and joining, Mistral's sliding
 window, Qwen2's mix of full and sliding layers), its compiles bounded and counted, and
 ``"auto"`` keeping the faster path per row bucket (a test double for the timings)."""
-import itertools
-
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -129,10 +128,9 @@ def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     res = engine.rollout(PROMPTS[:1], cfg, progress=False)
     faster = "eager" if slower == "compiled" else "compiled"
     assert c.choices == {1: faster}
-    trials = 2 * c.trials + 1  # the first compiled step compiled: no trial
-    assert c.steps[slower] == c.trials + (slower == "compiled")
-    assert c.steps[faster] == 19 - c.steps[slower]
-    assert sum(c.steps.values()) == 19 >= trials
+    assert c.steps[slower] == c.trials  # the compile is no part of a trial
+    assert c.steps[faster] == 19 - c.trials
+    assert sum(c.steps.values()) == 19
     eager = engine.rollout(PROMPTS[:1], cfg, compile=False, progress=False)
     assert res.tokens == eager.tokens  # float64: the same tokens whichever path ran
     before = dict(c.steps)
@@ -153,3 +151,30 @@ def test_auto_reuses_recorded_choices_without_timing(tokenizer):
     engine.rollout(PROMPTS[:1], cfg, progress=False)
     c = _compiled_of(model, "auto")
     assert c.steps == {"compiled": 0, "eager": 9} and not c.compiles
+
+
+@pytest.mark.parametrize("clock", ["sim", "wall"])
+def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer, clock):
+    """One ``compile`` row before the first step of each new graph: empty on the sim clock
+    (sim figures never include a compile), as long as the compile on the wall clock; no
+    plan; a rollout kind, so busy time and the idle window see it."""
+    from workbench.rollout.backend import LocalBackend
+    from workbench.rollout.timeline import ROLLOUT_KINDS, STEP_KINDS
+    from workbench.viz.timeline import KIND_COLORS
+    assert "compile" in STEP_KINDS and "compile" in ROLLOUT_KINDS and "compile" in KIND_COLORS
+    model = tiny_model("llama", tokenizer, seed=1)
+    backend = LocalBackend()
+    backend.clock = clock
+    engine = RolloutEngine(model, tokenizer, backend=backend)
+    cfg = RolloutConfig(max_new_tokens=12, ignore_eos=True, compile=True)
+    prompts = ["a1 b2?", "a9 b7?"]  # one prefill group
+    steps = engine.rollout(prompts, cfg, progress=False).timeline.steps
+    kinds = steps["kind"].tolist()
+    assert kinds == ["prefill", "compile"] + ["decode"] * 11
+    row = steps.iloc[1]
+    assert row["batch_size"] == 2 and row["tokens"] == 0 and pd.isna(row["decision"])
+    assert row["start_s"] == steps.iloc[0]["end_s"] and steps.iloc[2]["start_s"] == row["end_s"]
+    seconds = row["end_s"] - row["start_s"]
+    assert (seconds == 0 and row["forward_s"] == 0) if clock == "sim" else seconds > 0
+    again = engine.rollout(prompts, cfg, progress=False).timeline.steps
+    assert "compile" not in set(again["kind"])  # the graph is there: nothing compiled

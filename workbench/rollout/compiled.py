@@ -21,8 +21,11 @@ fixed shapes:
 
 One graph per ``(Bb, Tb, buffer length)`` key: the compiles of a rollout are bounded by the
 row buckets times the column buckets, counted in :attr:`CompiledDecode.compiles` with their
-seconds. A compile runs once per key on scratch buffers of the same shapes (a warm-up) and
-its seconds are taken off the worker's clock: they are not the step's (``compile_s``).
+wall seconds. A compile runs once per key on scratch buffers of the same shapes (a warm-up),
+before the step that needs it, as a ``compile`` row of the timeline's steps table of its own
+(``rollout.timeline``): on the wall clock it lasts what it took; on the sim clock its time
+is taken off the worker's clock (it is wall time, partly in inductor's worker processes, not
+the step's), so sim-clock figures never include it.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
@@ -277,13 +280,11 @@ class CompiledDecode:
             self.choices[bucket] = "compiled" if faster else "eager"
 
     # -- the step --------------------------------------------------------------------------
-    def __call__(self, batch, pos, clock=time.perf_counter):
-        """The plain step of ``batch``, whose new column is appended (``append_columns``)
-        but not written: ``(logits [B, 1, V], states [B, 1, H]), compile_s``, the new keys
-        and values in the cache; ``compile_s``: the seconds on ``clock`` of the compile it
-        ran first (a warm-up on scratch buffers), 0.0 when the graph was there."""
-        f = self.forward
-        plans = f._plans()
+    def prepare(self, batch, pos) -> "_Call":
+        """The compiled step's call for ``batch``, whose new column is appended
+        (``append_columns``) but not written: its inputs padded to the buckets, the cache
+        moved into its preallocated buffers if an operation replaced them."""
+        plans = self.forward._plans()
         fn = self._compiled(plans)
         rows, width = batch.size, batch.width
         b_rows = row_bucket(rows)
@@ -295,23 +296,40 @@ class CompiledDecode:
             for layer in layers:
                 layer.length = length
         views = [layer.views(b_rows, t_cols) for layer in layers]
-        key = (b_rows, t_cols, views[0][0].stride(0))
         ids, pos_p, vis, col_pos, col, cos, sin = self._inputs(batch, pos, b_rows, t_cols)
         emb, lt, norm_w, head_w, head_b = self._weights(plans)
         args = [ids, pos_p, vis, col_pos, col, cos, sin, emb, lt, norm_w, head_w, head_b,
                 [v[0] for v in views], [v[1] for v in views]]
-        compile_s = 0.0
-        if key not in self.compiles:
-            start, wall = clock(), time.perf_counter()
-            scratch = [torch.zeros_like(t) for t in args[:7]] + args[7:12] + [
-                [_scratch(v[0]) for v in views], [_scratch(v[1]) for v in views]]
-            fn(*scratch)
-            self.compiles[key] = time.perf_counter() - wall
-            compile_s = clock() - start
-        logits, x = fn(*args)
-        for layer in layers:
-            layer._set(rows, width)
-        return (logits[:rows], x[:rows]), compile_s
+        return _Call(fn, args, (b_rows, t_cols, views[0][0].stride(0)), layers, rows, width)
+
+    def needs_compile(self, call: "_Call") -> bool:
+        return call.key not in self.compiles
+
+    def compile(self, call: "_Call") -> float:
+        """Compile ``call``'s graph (a warm-up on scratch buffers of the same shapes and
+        strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
+        start = time.perf_counter()
+        a = call.args
+        scratch = [torch.zeros_like(t) for t in a[:7]] + a[7:12] + [
+            [_scratch(t) for t in a[12]], [_scratch(t) for t in a[13]]]
+        call.fn(*scratch)
+        self.compiles[call.key] = time.perf_counter() - start
+        return self.compiles[call.key]
+
+    def run(self, call: "_Call"):
+        """``(logits [B, 1, V], states [B, 1, H])`` of the batch's rows; the new keys and
+        values written in the cache, whose views now cover the new column."""
+        logits, x = call.fn(*call.args)
+        for layer in call.layers:
+            layer._set(call.rows, call.width)
+        return logits[:call.rows], x[:call.rows]
+
+    def __call__(self, batch, pos):
+        """:meth:`prepare`, :meth:`compile` if needed, and :meth:`run`."""
+        call = self.prepare(batch, pos)
+        if self.needs_compile(call):
+            self.compile(call)
+        return self.run(call)
 
     def _inputs(self, batch, pos, b_rows: int, t_cols: int):
         """The step's inputs padded to ``b_rows`` rows and ``t_cols`` columns (extra rows:
@@ -330,6 +348,19 @@ class CompiledDecode:
         col = torch.tensor([width - 1], dtype=torch.long, device=dev)
         cos, sin = self.forward.rope(self.forward.lm_head.weight, pos_p)
         return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2)
+
+
+@dataclass
+class _Call:
+    """One compiled step, prepared: the graph, its arguments, its key ``(Bb, Tb, row
+    stride)``, the cache layers it writes and the batch's rows and width."""
+
+    fn: object
+    args: list
+    key: tuple
+    layers: list
+    rows: int
+    width: int
 
 
 def _scratch(view: torch.Tensor) -> torch.Tensor:

@@ -173,25 +173,42 @@ class BatchDecoder:
         return StaticKVCache(length, self.config.max_batch_size or len(contexts))
 
     def _plain_forward(self, b, pos):
-        """The plain step's forward, eager or compiled (``RolloutConfig.compile``); a
-        compile's seconds are kept off the worker's clock (``CompiledDecode.compiles``)."""
+        """The plain step's forward, eager or compiled (``RolloutConfig.compile``); a graph
+        compiled first is a ``compile`` row of its own (:meth:`_compile`)."""
         c = self.compiled
         if c is None or not c.covers(b):
             return self._timed(self.forward, b.last_token[:, None], pos, b.mask, b.col_pos,
                                b.cache)
         path = "compiled" if c.wants_compiled(b.size) else "eager"
-        start, t0 = self.rec.now(), c.timer()
         if path == "compiled":
-            out, compile_s = c(b, pos, clock=self.rec.now)
-            self.rec.t0 += compile_s  # the compile is not the step's
+            call = c.prepare(b, pos)
+            if c.needs_compile(call):
+                self._compile(c, call, b.size)
+            start, t0 = self.rec.now(), c.timer()
+            out = c.run(call)
         else:
+            start, t0 = self.rec.now(), c.timer()
             out = self.forward(b.last_token[:, None], pos, b.mask, b.col_pos, b.cache)
-            compile_s = 0.0
-        fwd_s = self.rec.now() - start
+        c.observe(b.size, path, c.timer() - t0)
         c.steps[path] += 1
-        if not compile_s:  # a step that compiled is no trial of "auto"
-            c.observe(b.size, path, c.timer() - t0)
-        return out, fwd_s
+        return out, self.rec.now() - start
+
+    def _compile(self, c, call, rows: int) -> None:
+        """Compile ``call``'s graph as a ``compile`` row (``rollout.timeline``): on the wall
+        clock it lasts what it took; on the sim clock its seconds are taken off the worker's
+        clock (wall time, partly in inductor's processes: no step's), so the row is empty."""
+        rec = self.rec
+        start = rec.now()
+        c.compile(call)
+        took = rec.now() - start
+        if rec.clock != "sim":
+            rec.end("compile", rows, 0, took)
+            return
+        prep = start - rec.mark  # the step's own work so far: its row's, not the compile's
+        rec.end("compile", rows, 0, 0.0)
+        row = rec.rows[-1]
+        row["end_s"] = rec.mark = row["start_s"]  # empty, where the step starts
+        rec.t0 = rec.read() - (rec.mark + prep)  # the clock resumes after the step's prep
 
     def spec_step(self, plan: StepPlan) -> StepOutcome:
         """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``), over the

@@ -3,8 +3,8 @@
 Schema (docs/design.md, "Timelines are data"):
 
 steps     one row per engine call on a worker
-          worker, step, kind (prefill | decode | draft | verify | drafter_train | train |
-          failed),
+          worker, step, kind (prefill | decode | draft | verify | compile | drafter_train |
+          train | failed),
           start_s, end_s, batch_size, tokens (tokens emitted), forward_s (time inside the
           model's forward), clock; the plan of each decode step (schedule.py), NA on rows that
           no decode step wrote and in tables saved before them: decision (Int64, the decode
@@ -31,6 +31,13 @@ requests  one row per request
           worker that failed holding the request, which ``worker`` then re-ran; NA for a
           request run once)
 request_steps  optional, recorded when asked: a row per request per step (request_steps.py)
+
+A ``compile`` row is the compiled decode step's graph compiled before the step that needs
+it (``rollout.compiled``, ``RolloutConfig.compile``): ``batch_size`` the rows it is for,
+``tokens`` 0, no plan. On the wall clock it lasts what the compile took, and counts as the
+worker's rollout work (a rollout kind); on the sim clock it is empty (its seconds are taken off
+the worker's clock: wall time, partly in inductor's worker processes), so sim-clock figures
+never include compiles (``CompiledDecode.compiles`` keeps their wall seconds).
 
 A lost worker (``rollout.recovery``, ``Backend.map_tail``) leaves one ``failed`` row: from
 where its lost work began (0 in a rollout, its window's start in an idle job) for its time
@@ -60,8 +67,9 @@ from .request_steps import check_request_steps, request_steps_table
 
 __all__ = ["Timeline", "IdleWindow", "PLAN_COLUMNS", "usage_of", "usage_shares", "rollout_end_s"]
 
-STEP_KINDS = ("prefill", "decode", "draft", "verify", "drafter_train", "train", "failed")
-ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify")
+STEP_KINDS = ("prefill", "decode", "draft", "verify", "compile", "drafter_train", "train",
+              "failed")
+ROLLOUT_KINDS = ("prefill", "decode", "draft", "verify", "compile")
 
 
 def rollout_end_s(steps, default: float = 0.0) -> float:

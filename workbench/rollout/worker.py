@@ -102,7 +102,8 @@ class StepRecorder:
         the steps schema)."""
         columns = {**plan_columns(report.plan, self.decisions, report.drafter), **decision}
         for row in self.rows[first:]:
-            row.update(columns)
+            if row["kind"] != "compile":  # a graph compiled first is no part of the plan
+                row.update(columns)
         self.decisions += 1
 
     def resume(self, after_s: float) -> None:

@@ -25,8 +25,8 @@ __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_per
 
 # Light colors: steps are the background the request bars are read against.
 KIND_COLORS = {"prefill": "#fdbf6f", "decode": "#a6cee3", "draft": "#cab2d6",
-               "verify": "#b2df8a", "drafter_train": "#fb9a99", "train": "#e0e0e0",
-               "failed": "#e31a1c"}
+               "verify": "#b2df8a", "compile": "#ffff99", "drafter_train": "#fb9a99",
+               "train": "#e0e0e0", "failed": "#e31a1c"}
 PERCENTILE_STYLES = {50: "-", 90: "--", 99: ":"}
 IDLE_STYLE = {"facecolor": "#f2f2f2", "edgecolor": "#7f7f7f", "hatch": "///", "linewidth": 0}
 TAIL_Q = 0.9
