@@ -27,6 +27,7 @@ step of the rollout was recorded (``tests/test_request_steps.py``).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 __all__ = ["REQUEST_STEP_COLUMNS", "REQUEST_STEP_KINDS", "request_steps_table",
@@ -37,7 +38,6 @@ REQUEST_STEP_COLUMNS = {"worker": "int64", "step": "int64", "uid": "int64", "kin
 """The request-steps table's own columns and their dtypes (the decision columns follow)."""
 REQUEST_STEP_KINDS = ("prefill", "decode", "verify")
 """The step kinds that emit tokens, hence have request-steps rows."""
-_KEY = ["worker", "step"]
 
 
 def request_steps_table(rows) -> pd.DataFrame:
@@ -68,31 +68,42 @@ def check_request_steps(table: pd.DataFrame, steps: pd.DataFrame, requests: pd.D
     bad = sorted(set(own["kind"]) - set(REQUEST_STEP_KINDS))
     if bad:
         raise ValueError(f"request_steps rows of kind(s) {bad}; accepted: {REQUEST_STEP_KINDS}")
-    if own.duplicated(_KEY + ["uid"]).any():
-        raise ValueError("request_steps has two rows of one request at one step")
     strays = sorted(set(own["uid"]) - set(requests["uid"]))
     if strays:
         raise ValueError(f"request_steps rows of uid(s) {strays[:5]} not in the requests table")
-    own_steps = steps[_KEY + ["kind", "batch_size", "tokens", *decision_columns]]
-    joined = own.merge(own_steps, on=_KEY, how="left", suffixes=("", "_of_step"),
-                       indicator=True)
-    if (joined["_merge"] != "both").any() or (joined["kind"] != joined["kind_of_step"]).any():
-        raise ValueError("request_steps rows name steps that are not in the steps table "
-                         "with their kind")
-    per_step = joined.groupby(_KEY).agg(rows=("uid", "size"), tokens=("tokens", "sum"),
-                                        batch_size=("batch_size", "first"),
-                                        step_tokens=("tokens_of_step", "first"))
-    off = per_step[(per_step["rows"] != per_step["batch_size"])
-                   | (per_step["tokens"] != per_step["step_tokens"])]
-    if len(off):
-        (w, s), row = next(off.iterrows())
-        raise ValueError(f"request_steps rows of worker {w}'s step {s} are {row['rows']} rows "
-                         f"adding {row['tokens']} tokens; the step has batch_size "
-                         f"{row['batch_size']} and tokens {row['step_tokens']}")
-    decided = joined[decision_columns]
+    at = _steps_of(own, steps)  # each row's position in the steps table
+    pairs = np.stack([at, own["uid"].to_numpy()], axis=1)
+    if len(np.unique(pairs, axis=0)) < len(pairs):
+        raise ValueError("request_steps has two rows of one request at one step")
+    rows = np.bincount(at, minlength=len(steps))
+    added = np.bincount(at, weights=own["tokens"].to_numpy(), minlength=len(steps))
+    size, tokens = steps["batch_size"].to_numpy(), steps["tokens"].to_numpy()
+    off = np.flatnonzero((rows > 0) & ((rows != size) | (added != tokens)))
+    if off.size:
+        i = off[0]
+        raise ValueError(f"request_steps rows of worker {steps['worker'].iloc[i]}'s step "
+                         f"{steps['step'].iloc[i]} are {rows[i]} rows adding {int(added[i])} "
+                         f"tokens; the step has batch_size {size[i]} and tokens {tokens[i]}")
+    decided = steps[decision_columns].iloc[at].reset_index(drop=True)
     for c in decision_columns:
         if c in table.columns:
             given = table[c].reset_index(drop=True).astype(decided[c].dtype)
             if not given.equals(decided[c]):
                 raise ValueError(f"request_steps column {c!r} differs from the steps' {c!r}")
-    return pd.concat([own, decided.reset_index(drop=True)], axis=1)
+    return pd.concat([own, decided], axis=1)
+
+
+def _steps_of(own: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """The position in ``steps`` of each row's (worker, step), refused unless it is there
+    with the row's kind."""
+    worker, step = steps["worker"].to_numpy(np.int64), steps["step"].to_numpy(np.int64)
+    span = int(max(step.max(initial=0), own["step"].max() if len(own) else 0)) + 1
+    keys, wanted = worker * span + step, own["worker"].to_numpy() * span + own["step"].to_numpy()
+    order = np.argsort(keys, kind="stable")
+    at = order[np.clip(np.searchsorted(keys[order], wanted), 0, max(len(keys) - 1, 0))] \
+        if len(keys) else np.zeros(len(own), dtype=np.int64)
+    if len(own) and (not len(keys) or (keys[at] != wanted).any()
+                     or (steps["kind"].to_numpy()[at] != own["kind"].to_numpy()).any()):
+        raise ValueError("request_steps rows name steps that are not in the steps table "
+                         "with their kind")
+    return at
