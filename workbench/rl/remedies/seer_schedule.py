@@ -26,8 +26,8 @@ absolute error in tokens over the requests it predicted when they started, and
   on every earlier step's responses; before two distinct prompt lengths were seen, the
   prompt's size in tokens.
 
-The order uses the first that has a value, ``siblings``, then ``history``, then ``prompt``
-(``used``), and never less than the furthest advanced sibling. A request moved
+The order goes by a finished sibling's length where there is one, else by ``history``, else
+by ``prompt``, never less than the furthest advanced sibling (``used``). A request moved
 mid-generation (``seer_divided``) is not predicted again. Errors are counted for the
 responses that ended in the rollout (a partial rollout's cut segment is no length).
 """
@@ -116,9 +116,13 @@ class SeerDispatch(Dispatch):
         return len(self.live[i][1].tokens) + (len(out.tokens) if out is not None else 0)
 
     def siblings(self, i: int) -> float | None:
-        """The first finished sibling's length, no less than the longest sibling's tokens
+        """The ``siblings`` predictor (:meth:`sibling_view`'s value)."""
+        return self.sibling_view(i)[0]
+
+    def sibling_view(self, i: int) -> tuple[float | None, bool]:
+        """``(the first finished sibling's length, no less than the longest sibling's tokens
         so far (finished or running: a lower bound); that lower bound alone while none
-        finished; None when no sibling has a token."""
+        finished; None when no sibling has a token, whether a sibling finished)``."""
         first, furthest = None, 0
         for j in self.members[self.group[i]]:
             if j == i:
@@ -131,18 +135,18 @@ class SeerDispatch(Dispatch):
             if r.done and first is None:
                 first = (-math.inf, len(r.tokens))
         if first is not None:
-            return float(max(first[1], furthest))
-        return float(furthest) if furthest > 0 else None
+            return float(max(first[1], furthest)), True
+        return (float(furthest) if furthest > 0 else None), False
 
     def predictions(self, i: int) -> dict:
         """Request ``i``'s predicted length by each predictor (None: no value), and the one
-        the order uses."""
+        the order uses: a finished sibling's, else the prompt's history, else the line on
+        its size, never less than the furthest advanced sibling."""
         history, prompt = self.prior[i]
-        siblings = self.siblings(i)
-        furthest = siblings or 0.0
-        used = next(v for v in (siblings, history, prompt) if v is not None)
-        return {"siblings": siblings, "history": history, "prompt": prompt,
-                "used": max(used, furthest)}
+        siblings, finished = self.sibling_view(i)
+        prior = history if history is not None else prompt
+        used = siblings if finished else max(prior, siblings or 0.0)
+        return {"siblings": siblings, "history": history, "prompt": prompt, "used": used}
 
     def left(self, out) -> float:
         """Tokens request ``out`` is predicted to have left (at least 1)."""
