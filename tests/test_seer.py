@@ -111,10 +111,16 @@ def _divided_setup(tokenizer):
 
 
 class _InOrder(DividedDispatch):
-    """The divided dispatch with every prediction equal, so that the deal is the one drawn."""
+    """The divided dispatch with every prediction equal, so that the deal is the one drawn,
+    and a move whenever a worker falls idle (half the busiest one's rows: the tick clock's
+    steps cost the same at any batch size, where no move would pay)."""
 
     def predictions(self, i):
         return {"siblings": None, "history": None, "prompt": 1.0, "used": 1.0}
+
+    def worth_moving(self, source, runs):
+        free = [q for q in source.running if q.uid not in self.moved]
+        return free[:max(1, source.dec.size // 2)]
 
 
 def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tokenizer,
@@ -188,6 +194,33 @@ def test_the_pool_drains_when_every_worker_falls_idle_at_once(tokenizer, tick_cl
     plain = _rollout(engine, live, config, caps=caps)
     divided = _rollout(engine, live, config, _InOrder(live, LengthPredictor()), caps)
     assert divided.tokens == plain.tokens and len(divided.timeline.requests) == 6
+
+
+def test_a_running_request_moves_only_when_the_measured_costs_say_it_pays(tokenizer):
+    live = _live(tokenizer, [f"p{i}?" for i in range(4)])
+    d = DividedDispatch(live, LengthPredictor())
+    d.moved = set()
+
+    class Q:  # a running request, as the dispatch reads it
+        def __init__(self, i, left):
+            self.uid = self.prompt_id = i
+            self.prompt_ids, self.tokens, self.left = [0] * 4, [0] * 2, left
+
+    class Source:
+        running = [Q(0, 40), Q(1, 30), Q(2, 10), Q(3, 5)]
+
+        class dec:
+            size = 4
+    d.left = lambda q: q.left
+    d._prefill_cost = lambda runs: 0.01  # 6 context tokens: 0.06 s a moved request
+    d._step_cost = lambda runs: (lambda rows: 1.0 if rows else 0.0)  # flat: nothing pays
+    assert d.worth_moving(Source, []) == []
+    d._step_cost = lambda runs: (lambda rows: 0.1 * rows)  # a step costs by its rows
+    # the longest alone: both end after 4.5 s (40 x 0.1 + 0.06 s; 30, 10, 5 left here)
+    # against 8.5 s alone; moving 40 and 30 as well would end after 7.12 s
+    assert [q.uid for q in d.worth_moving(Source, [])] == [0]
+    d._step_cost = lambda runs: None  # nothing measured yet: no move
+    assert d.worth_moving(Source, []) == []
 
 
 def test_a_backend_that_cannot_order_its_workers_refuses_a_dispatch():
