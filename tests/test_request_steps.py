@@ -13,6 +13,7 @@ from workbench.rollout.request_steps import REQUEST_STEP_COLUMNS
 from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGramDrafter
 
 from .helpers.models import MANY, PROMPTS, tiny_model
+from .test_faults import FailingSchedule
 
 CFG = RolloutConfig(max_new_tokens=20, workers=2, max_batch_size=3, temperature=1.0, seed=5)
 
@@ -143,3 +144,16 @@ def test_a_table_that_disagrees_with_the_steps_is_refused(recorded):
     for message, bad in cases.items():
         with pytest.raises(ValueError, match=message):
             Timeline(tl.steps, tl.requests, tl.num_workers, tl.clock, bad)
+
+
+def test_a_lost_workers_rerun_is_in_the_table_and_its_lost_steps_are_not(engine, tmp_path):
+    """A worker that fails mid-rollout loses its rows with its steps; the survivor's re-run
+    rows agree with its rerun steps, so the table still sums to every request's tokens."""
+    res = engine.rollout(PROMPTS, CFG, progress=False, request_steps=True,
+                         schedule=FailingSchedule(tmp_path))
+    tl = res.timeline
+    assert (tl.steps["kind"] == "failed").any() and tl.steps["rerun"].fillna(False).any()
+    agree(tl)
+    rerun = tl.steps[tl.steps["rerun"].fillna(False).astype(bool)]
+    rows = tl.request_steps.merge(rerun[["worker", "step"]])
+    assert set(rows["uid"]) == set(tl.requests.loc[tl.requests["failed_worker"].notna(), "uid"])
