@@ -330,12 +330,16 @@ def test_a_workbench_runs_diagnosis_carries_each_replayed_remedys_number(tmp_pat
     m = d.measured.set_index("variant")
     assert m.loc["overprovision", "predicted_e2e_speedup"] == d.summary["predicted_over_provisioning"]
     assert m.loc["tlt", "predicted_e2e_speedup"] == d.summary["predicted_tlt_bandit"]
+    assert "padded batch" in r.loc["april", "method"]  # a workbench run's update pads
     (results / "nb11.json").write_text(json.dumps({"figures": {
-        "remedy_sim_error_april": {"value": -0.07}}}))
+        "remedy_sim_error_april": {"value": 0.2},
+        "remedy_sim_error_april_padded_update": {"value": -0.07}}}))
     r = diagnose(read_logs(tmp_path), results=results).remedies.set_index("remedy")
     assert r.loc["april", "error"] == -0.07 and r.loc["april", "error_source"] == \
-        "remedy_sim_error_april of nb11"
+        "remedy_sim_error_april_padded_update of nb11"  # the check that charged updates so
     assert np.isnan(r.loc["tail_batching", "error"])  # never another remedy's error
+    r = diagnose(read_logs(ISSUE6), results=results).remedies.set_index("remedy")
+    assert r.loc["april", "error"] == 0.2 and "as logged" in r.loc["april", "method"]
 
 
 def test_a_rollout_dump_gets_the_replayed_remedies_without_an_sd_curve():

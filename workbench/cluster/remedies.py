@@ -207,8 +207,9 @@ def simulate_remedy(stream: list, prompts_per_step: int, steps: int, remedy: Rem
     run to their end), fresh groups drawn from ``stream`` (a list of arrays, each group's
     response lengths, wrapping around). One row per step: ``rollout_s`` (its rollout's end),
     ``groups_trained``, ``carried_groups``, ``aborted_tokens``, ``long_round``,
-    ``offpolicy_token_share`` (trained tokens sampled in an earlier step: by an older policy)
-    and ``trained_tokens``."""
+    ``offpolicy_token_share`` (trained tokens sampled in an earlier step: by an older policy),
+    ``trained_tokens``, ``trained_rows`` (responses trained) and ``trained_longest`` (the
+    longest of them: with ``trained_rows``, the padded batch a trainer that pads pays for)."""
     P = check_int("prompts_per_step", prompts_per_step, 1)
     remedy = remedy or RemedyModel("plain")
     E, leftover, segment = remedy.extra_groups, remedy.leftover, remedy.segment_tokens
@@ -260,6 +261,8 @@ def simulate_remedy(stream: list, prompts_per_step: int, steps: int, remedy: Rem
                      "carried_groups": len(pool),
                      "aborted_tokens": int(sum(g.got.sum() for g in dropped)),
                      "long_round": long_round, "trained_tokens": int(sum(tokens)),
+                     "trained_rows": int(sum(len(g.lengths) for g in trained)),
+                     "trained_longest": int(max((g.lengths.max() for g in trained), default=0)),
                      "offpolicy_token_share": sum(stale) / sum(tokens) if sum(tokens) else 0.0})
     return pd.DataFrame(rows)
 
@@ -280,7 +283,9 @@ def remedy_steps(step_groups: list, workers: int, cost: StepCost, max_new_tokens
     plain = pd.DataFrame([{"step": k, "rollout_s": run_rollout(
         np.concatenate(s), workers, cost, max_batch).makespan, "groups_trained": len(s),
         "carried_groups": 0, "aborted_tokens": 0, "long_round": False,
-        "trained_tokens": int(sum(np.sum(g) for g in s)), "offpolicy_token_share": 0.0}
+        "trained_tokens": int(sum(np.sum(g) for g in s)), "offpolicy_token_share": 0.0,
+        "trained_rows": int(sum(len(g) for g in s)),
+        "trained_longest": int(max(np.max(g) for g in s))}
         for k, s in enumerate(step_groups)])
     out = [plain.assign(remedy="plain", ratio=1.0)]
     for name in remedies:

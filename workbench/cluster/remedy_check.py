@@ -16,14 +16,20 @@ Recipe (as ``cluster.run_check`` does for TLT):
 2. the baseline's groups of each step (their response lengths) are the stream of prompts,
    replayed plain and with each remedy (``remedies.remedy_steps``, P and G as logged, the
    length cap the run's ``max_new_tokens`` where ``checkpoint/ablation.json`` names it);
-3. each replayed step gets the baseline's own update time of that step (``update_sim_s``);
+3. each replayed step gets the baseline's own update time of that step (``update_sim_s``),
+   as the diagnosis keeps the rest of a step as logged (``update="logged"``); or
+   (``update="padded"``) an update of ``c`` x the responses trained x the longest of them,
+   the padded batch the workbench's GRPO pays for, ``c`` fitted on the baseline's steps;
 4. predicted: summed plain steps over summed remedy steps; measured: the baseline's summed
-   ``step_s`` over the variant's, that seed (``Ablation``'s ``e2e_speedup``).
+   ``step_s`` over the variant's, that seed (``Ablation``'s ``e2e_speedup``). The rollout's
+   alone the same way (``rollout_s``): the remedy model's own error, apart from the update.
 
 What it leaves out: the remedy run's own lengths (its policy drifts apart from the
-baseline's as it trains on other data), its update times (a step that trains fewer groups,
-as partial rollouts' first steps do, updates faster), and the machine's noise in the
-measured times, which is part of the measured speedup and so of this check's error.
+baseline's as it trains on other data), its update times under ``"logged"`` (over-
+provisioning trains the groups that finish first, the short ones, so a trainer that pads to
+the longest response updates faster; partial rollouts' first steps train fewer groups), and
+the machine's noise in the measured times, which is part of the measured speedup and so of
+this check's error.
 """
 from __future__ import annotations
 
@@ -34,30 +40,44 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..checks import check_choice
 from ..rollout.timeline import Timeline
 from .cost import StepCost
 from .remedies import REMEDY_MODELS, groups_of_timeline, inferred_max_batch, remedy_steps
 
-__all__ = ["RemedyCheck", "check_remedies", "remedy_check_metrics"]
+__all__ = ["RemedyCheck", "check_remedies", "remedy_check_metrics", "UPDATES"]
+
+UPDATES = ("logged", "padded")
+"""How ``check_remedies`` charges each replayed step's update: the baseline's logged one, or
+one fitted to the padded batch trained (module docstring)."""
 
 
 @dataclass(frozen=True)
 class RemedyCheck:
     """``table``: per remedy variant of the run, ``predicted`` and ``measured`` end-to-end
-    speedups over the baseline and ``error`` ((predicted - measured) / measured); ``steps``:
-    ``remedies.remedy_steps``' per-step replay; ``seed`` the run checked."""
+    speedups over the baseline and ``error`` ((predicted - measured) / measured), and the
+    same of the rollout alone (``rollout_predicted``, ``rollout_measured``,
+    ``rollout_error``); ``steps``: ``remedies.remedy_steps``' per-step replay; ``seed`` the
+    run checked; ``update`` how the updates were charged."""
 
     table: pd.DataFrame
     steps: pd.DataFrame
     seed: int
+    update: str = "logged"
 
     def metrics(self) -> dict[str, float]:
-        out = {}
+        """The figures of a result file: per variant the predicted and measured speedups and
+        the errors, named ``remedy_sim_error_<variant>`` (end to end) and
+        ``remedy_rollout_error_<variant>`` (``"padded"`` updates: ``..._padded_update``)."""
+        out, tag = {}, "" if self.update == "logged" else f"_{self.update}_update"
         for _, r in self.table.iterrows():
             v = r["variant"]
-            out.update({f"remedy_predicted_e2e_speedup_{v}": r["predicted"],
+            out.update({f"remedy_predicted_e2e_speedup_{v}{tag}": r["predicted"],
                         f"remedy_measured_e2e_speedup_{v}_seed{self.seed}": r["measured"],
-                        f"remedy_sim_error_{v}": r["error"]})
+                        f"remedy_sim_error_{v}{tag}": r["error"],
+                        f"remedy_predicted_rollout_speedup_{v}": r["rollout_predicted"],
+                        f"remedy_measured_rollout_speedup_{v}_seed{self.seed}": r["rollout_measured"],
+                        f"remedy_rollout_error_{v}": r["rollout_error"]})
         return out
 
 
@@ -80,13 +100,15 @@ def _max_new_tokens(folder: Path) -> int | None:
 
 
 def check_remedies(folder: str | os.PathLike, seed: int = 0,
-                   cost: StepCost | None = None) -> RemedyCheck:
+                   cost: StepCost | None = None, update: str = "logged") -> RemedyCheck:
     """Predict each remedy variant's end-to-end speedup in the notebook 11 run folder
     ``folder`` from its baseline of ``seed`` (module docstring), beside the measured one.
-    ``cost``: the step costs (None: calibrated on the baseline's timelines). Variants the
+    ``cost``: the step costs (None: calibrated on the baseline's timelines); ``update``:
+    ``"logged"`` or ``"padded"`` (module docstring, step 3). Variants the
     model does not hold (``async``, TLT's, Seer's, ``tlt+<remedy>``) are left out of the
     table."""
     folder = Path(folder)
+    update = check_choice("update", update, UPDATES)
     base = [Timeline.load(p) for p in _baseline_steps(folder, seed)]
     if not (folder / "history.csv").is_file():
         raise ValueError(f"no history.csv in {str(folder)!r}; accepted: a run folder of "
@@ -103,23 +125,33 @@ def check_remedies(folder: str | os.PathLike, seed: int = 0,
                          _max_new_tokens(folder), max(caps) if caps else None,
                          variants)                                          # 2) replay
     h = h.set_index(["variant", "step"])
-    update = h.loc["baseline", "update_sim_s"].to_numpy()[:len(base)]      # 3) its update
-    plain = steps[steps["remedy"] == "plain"]["rollout_s"].to_numpy()
+    n = len(base)
+    logged = h.loc["baseline", "update_sim_s"].to_numpy()[:n]               # 3) the update
+    of = {name: r.reset_index(drop=True) for name, r in steps.groupby("remedy")}
+    padded = lambda r: (r["trained_rows"] * r["trained_longest"]).to_numpy(float)
+    c = float(padded(of["plain"]) @ logged / max(padded(of["plain"]) @ padded(of["plain"]), 1e-12))
+    charge = (lambda r: logged) if update == "logged" else (lambda r: c * padded(r))
+    plain = of["plain"]["rollout_s"].to_numpy()
     rows = []
     for v in variants:                                                      # 4) the ratios
-        mine = steps[steps["remedy"] == v]["rollout_s"].to_numpy()
-        n = len(base)
+        mine = of[v]["rollout_s"].to_numpy()
         measured = float(h.loc["baseline", "step_s"].to_numpy()[:n].sum()
                          / h.loc[v, "step_s"].to_numpy()[:n].sum())
-        predicted = float((plain + update).sum() / (mine + update).sum())
+        predicted = float((plain + charge(of["plain"])).sum() / (mine + charge(of[v])).sum())
+        rollout_measured = float(h.loc["baseline", "rollout_s"].to_numpy()[:n].sum()
+                                 / h.loc[v, "rollout_s"].to_numpy()[:n].sum())
+        rollout_predicted = float(plain.sum() / mine.sum())
         rows.append({"variant": v, "predicted": predicted, "measured": measured,
-                     "error": predicted / measured - 1})
-    return RemedyCheck(pd.DataFrame(rows), steps, seed)
+                     "error": predicted / measured - 1, "rollout_predicted": rollout_predicted,
+                     "rollout_measured": rollout_measured,
+                     "rollout_error": rollout_predicted / rollout_measured - 1})
+    return RemedyCheck(pd.DataFrame(rows), steps, seed, update)
 
 
-def remedy_check_metrics(folder: str | os.PathLike, variants, seed: int = 0) -> dict[str, float]:
+def remedy_check_metrics(folder: str | os.PathLike, variants, seed: int = 0,
+                         update: str = "logged") -> dict[str, float]:
     """:meth:`RemedyCheck.metrics` of :func:`check_remedies` where the run's ``variants``
     hold the baseline and a remedy the model holds; ``{}`` (nothing read) where they do not."""
     if "baseline" not in variants or not set(REMEDY_MODELS) & set(variants):
         return {}
-    return check_remedies(folder, seed).metrics()
+    return check_remedies(folder, seed, update=update).metrics()

@@ -68,26 +68,40 @@ def _groups(log: StepLog, lays: dict, measured: dict) -> tuple[list, int, int | 
 
 def remedy_ratios(log: StepLog, lays: dict, measured: dict, cost: StepCost) -> pd.DataFrame:
     """``cluster.remedies.remedy_steps`` on the simulated steps (``replay.layouts``' steps, in
-    order): one row per step and remedy, its ``step`` the logged step it is set beside."""
+    order): one row per step and remedy, its ``step`` the logged step it is set beside, and
+    ``rest_ratio``: what the rest of the step is scaled by. A workbench run's rest is its
+    update, which pads its batch to the longest response: the responses trained x the
+    longest of them, over the plain step's (``cluster.remedy_check``, ``update="padded"``);
+    other logs' rest stays as logged (1)."""
     groups, workers, max_batch = _groups(log, lays, measured)
     table = remedy_steps(groups, workers, cost, max_batch=max_batch,
                          remedies=[v for v, _ in REPLAYED.values()])
+    padded = log.format == "workbench"
+    if padded:
+        work = table["trained_rows"] * table["trained_longest"]
+        plain = work[table["remedy"] == "plain"].to_numpy()
+        table["rest_ratio"] = work / plain[table["step"].to_numpy()]
+    else:
+        table["rest_ratio"] = 1.0
     table["step"] = np.asarray(list(lays))[table["step"].to_numpy()]
-    table.attrs.update(workers=workers, max_batch=max_batch,
+    table.attrs.update(workers=workers, max_batch=max_batch, padded=padded,
                        prompts_per_step=int(np.median([len(g) for g in groups])))
     return table
 
 
-def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str) -> float:
+def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str, rest_ratio: str | None = None) -> float:
     """Summed logged steps over summed predicted ones (the rollout scaled by the simulated
-    ratio, the rest as logged), over the simulated steps the step log holds too (a rollout
-    dump may hold steps the metrics do not); NaN where it holds none of them."""
+    ratio, the rest as logged or scaled by ``rest_ratio``), over the simulated steps the step
+    log holds too (a rollout dump may hold steps the metrics do not); NaN where it holds none
+    of them."""
     tail = tail[tail["step"].isin(steps["step"])]
     if not len(tail):
         return float("nan")
     s = steps.set_index("step").loc[tail["step"]]
-    rest = s["step_s"] - s["rollout_s"]
-    return float(s["step_s"].sum() / (s["rollout_s"] * tail[ratio].to_numpy() + rest).sum())
+    rest = (s["step_s"] - s["rollout_s"]).to_numpy()
+    if rest_ratio is not None:
+        rest = rest * tail[rest_ratio].to_numpy()
+    return float(s["step_s"].sum() / (s["rollout_s"].to_numpy() * tail[ratio].to_numpy() + rest).sum())
 
 
 def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: int,
@@ -139,21 +153,24 @@ def _replayed_rows(split: pd.DataFrame, replayed: pd.DataFrame | None, results) 
                          "error": np.nan, "error_source": ""})
             continue
         mine = replayed[replayed["remedy"] == variant]
-        ratio = pd.DataFrame({"step": mine["step"].to_numpy(), "ratio": mine["ratio"].to_numpy()})
-        P = replayed.attrs.get("prompts_per_step")
-        method = (f"simulated ({what}) over the logged steps' lengths: trains "
-                  f"{mine['groups_trained'].mean():.3g} groups per step (P = {P})")
+        ratio = pd.DataFrame({"step": mine["step"].to_numpy(), "ratio": mine["ratio"].to_numpy(),
+                              "rest": mine["rest_ratio"].to_numpy()})
+        P, padded = replayed.attrs.get("prompts_per_step"), replayed.attrs.get("padded")
+        method = (f"simulated ({what}) over the logged steps' lengths, the rest of the step "
+                  + ("charged by its padded batch (responses trained x the longest)" if padded
+                     else "as logged")
+                  + f": trains {mine['groups_trained'].mean():.3g} groups per step (P = {P})")
         if variant == "tail_batching":
             method += f", {mine['long_round'].mean():.0%} of the steps long rounds"
         if variant in ("april", "partial"):
             method += "; " + STALE.format(share=mine["offpolicy_token_share"].mean())
-        err = remedy_error(variant, results)
-        rows.append({"remedy": name, "predicted_e2e_speedup": _e2e(split, ratio, "ratio"),
+        err = remedy_error(variant, results, padded)
+        rows.append({"remedy": name, "predicted_e2e_speedup": _e2e(split, ratio, "ratio", "rest"),
                      "method": method, "error": err["error"] if err else np.nan,
                      "error_source": f"{err['figure']} of {err['result']}" if err else
                      f"not validated yet: cluster.remedy_check.check_remedies on a notebook 11 "
                      f"run folder holding the baseline's timelines and {variant!r} would give "
-                     f"remedy_sim_error_{variant}"})
+                     f"remedy_sim_error_{variant}" + ("_padded_update" if padded else "")})
     return rows
 
 

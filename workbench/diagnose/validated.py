@@ -58,11 +58,14 @@ def headline_error(folder: str | os.PathLike = RESULTS) -> dict | None:
     return {"error": float(worst["value"]), "figure": HEADLINE, "result": worst["result"]}
 
 
-def remedy_error(variant: str, folder: str | os.PathLike = RESULTS) -> dict | None:
+def remedy_error(variant: str, folder: str | os.PathLike = RESULTS,
+                 padded: bool = False) -> dict | None:
     """The remedy model's validated error for notebook 11's ``variant`` (``overprovision``,
     ``april``, ``partial``, ``tail_batching``): the recorded ``remedy_sim_error_<variant>``
-    of largest size, with its result file; None where none is recorded."""
-    name = REMEDY_ERROR.format(variant=variant)
+    (``padded``: ``..._padded_update``, the check that charged each update by its padded
+    batch, as the diagnosis of a workbench run does) of largest size, with its result file;
+    None where none is recorded."""
+    name = REMEDY_ERROR.format(variant=variant) + ("_padded_update" if padded else "")
     errors = validated_errors(folder)
     errors = errors[errors["figure"] == name]
     if not len(errors):
