@@ -136,6 +136,13 @@ def test_remedy_check_predicts_each_remedy_from_the_baseline_beside_the_measured
     metrics = check.metrics()
     assert metrics["remedy_sim_error_april"] == table.loc["april", "error"]
     assert remedy_check_metrics(tmp_path, ["baseline", "tlt"]) == {}
+    assert check.table["rollout_error"].tolist() == pytest.approx(
+        (table["rollout_predicted"] / table["rollout_measured"] - 1).tolist())
+    padded = check_remedies(tmp_path, cost=MEASURED, update="padded")
+    assert padded.table["rollout_predicted"].tolist() == check.table["rollout_predicted"].tolist()
+    assert "remedy_sim_error_april_padded_update" in padded.metrics()
+    with pytest.raises(ValueError, match="update"):
+        check_remedies(tmp_path, cost=MEASURED, update="tokens")
     with pytest.raises(ValueError, match="no saved timelines of 'baseline'"):
         check_remedies(tmp_path / "nothing")
 
