@@ -311,6 +311,10 @@ def test_the_variants_run_through_the_ablation_like_built_ins(tokenizer):
     for v in variants[1:]:
         assert metrics[f"offpolicy_share_{v}"] == 0.0 and f"speedup_{v}" in metrics
     assert set(ablation.evals["variant"]) == set(variants)
+    from workbench.rl.remedies.compare import reading
+    said = [t for t in reading(metrics) if t.startswith("TLT beside seer_divided: ")]
+    assert len(said) == 1 and ("still pays" in said[0]) == (
+        metrics["speedup_tlt+seer_divided"] > metrics["speedup_seer_divided"])
 
 
 def test_notebook_11_runs_the_seer_variants_into_its_tables(tmp_path):

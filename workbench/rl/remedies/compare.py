@@ -196,7 +196,8 @@ def reading(m: dict) -> list[str]:
     means anything: a baseline that gained nothing, or within noise, is no target), how much
     time the baseline's step left to take back, what each variant paid or gained in accuracy
     and whether that is beyond the seeds' noise, whether TLT's final training reward stayed
-    within 2 sd of the run it speeds (it is lossless), and how they fare against TLT alone."""
+    within 2 sd of the run it speeds (it is lossless), whether TLT still pays beside a
+    variant it ran with (Seer's scheduling, a remedy), and how they fare against TLT alone."""
     variants = _variants(m)
     others = [v for v in variants if v != "baseline"]
     lines = []
@@ -213,6 +214,7 @@ def reading(m: dict) -> list[str]:
     lines.append(target_line)
     lines += [_variant_line(m, v) for v in others]
     lines += _lossless(m, variants)
+    lines += _tlt_beside(m, variants)
     if "tlt" in variants:
         lines += _against_tlt(m, others, decided)
     return lines
@@ -284,6 +286,24 @@ def _against_tlt(m: dict, others: list[str], decided: bool) -> list[str]:
             "baseline beyond 2 standard errors: " + (", ".join(above) or "none")
             + ("" if "tlt" in above else " (TLT did not)") + f"; per step faster than TLT's "
             f"{m['speedup_tlt']:.2f}x: " + (", ".join(quicker) or "none") + "."]
+
+
+def _tlt_beside(m: dict, variants: list[str]) -> list[str]:
+    """Whether TLT still pays beside each variant it ran with (``tlt+<v>`` and ``<v>`` both
+    in the run: Seer's scheduling, a remedy): the ratio of their speedups per step over the
+    baseline (medians of paired per-step ratios, so the ratio is approximate)."""
+    lines = []
+    for v in variants:
+        inner = v.removeprefix("tlt+")
+        if v == inner or inner not in variants:
+            continue
+        both, alone = m[f"speedup_{v}"], m[f"speedup_{inner}"]
+        ratio = both / alone if alone > 0 else float("nan")
+        verdict = "still pays" if ratio > 1 else "does not pay"
+        lines.append(f"TLT beside {inner}: {v} {both:.2f}x per step against {inner}'s "
+                     f"{alone:.2f}x (both over the baseline): TLT {verdict} beside it here "
+                     f"({ratio:.2f}x).")
+    return lines
 
 
 def _lossless(m: dict, variants: list[str]) -> list[str]:
