@@ -147,6 +147,20 @@ def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tok
     assert sorted(req["uid"]) == sorted(r.uid for r in plain.requests)
 
 
+def test_a_moved_request_hands_over_its_harvested_states(tokenizer, tick_clock):
+    import torch
+    engine, live, caps, config = _divided_setup(tokenizer)
+    prompts = [g.prompt_ids + r.tokens for g, r in live]
+    plain = engine.rollout(prompts, config, progress=False, caps=caps, harvest=True)
+    moved = engine.rollout(prompts, config, progress=False, caps=caps, harvest=True,
+                           dispatch=_InOrder(live, LengthPredictor()))
+    assert moved.timeline.steps["moved_from"].notna().any()
+    for a, b in zip(moved.requests, plain.requests):  # one state per fed position, as there
+        assert a.hidden.shape == b.hidden.shape == (len(a.prompt_ids) + len(a.tokens) - 1,
+                                                     a.hidden.shape[1])
+        assert torch.allclose(a.hidden, b.hidden, atol=1e-9)
+
+
 def test_the_moved_requests_re_prefill_is_charged_on_the_sim_clock(tokenizer, tick_clock):
     engine, live, caps, config = _divided_setup(tokenizer)
     plain = _rollout(engine, live, config, caps=caps)
