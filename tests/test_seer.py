@@ -147,6 +147,21 @@ def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tok
     assert sorted(req["uid"]) == sorted(r.uid for r in plain.requests)
 
 
+def test_a_moved_request_continues_token_for_token_under_speculative_decoding(tokenizer,
+                                                                             tick_clock):
+    from workbench.speculative.drafters import EagleDrafter, NGramDrafter
+    engine, live, caps, config = _divided_setup(tokenizer)
+    prompts = [g.prompt_ids + r.tokens for g, r in live]
+    plain = engine.rollout(prompts, config, progress=False, caps=caps)
+    # model-free, and an EAGLE head with per-row state (each worker drafts with a view of it)
+    for drafter in (NGramDrafter(), EagleDrafter(EagleHead(engine.model), engine.model)):
+        sd = engine.rollout(prompts, config, progress=False, caps=caps, drafter=drafter,
+                            spec_k=3, dispatch=_InOrder(live, LengthPredictor()))
+        steps = sd.timeline.steps
+        assert steps["moved_from"].notna().any() and (steps["kind"] == "verify").any()
+        assert sd.tokens == plain.tokens, type(drafter).__name__
+
+
 def test_a_moved_request_hands_over_its_harvested_states(tokenizer, tick_clock):
     import torch
     engine, live, caps, config = _divided_setup(tokenizer)
