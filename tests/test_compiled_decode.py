@@ -7,16 +7,45 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule
 from workbench.rollout.compiled import (StaticKVCache, check_compile, compiled_decode_for,
                                         row_bucket)
 from workbench.rollout.forward import LeanForward, policy_forward
 
+from .drafters import ScriptedDrafter, ScriptedTreeDrafter
 from .helpers.models import PROMPTS, tiny_model
 
 
+# Compiled and eager float64 states agree to ~1e-8, not to the last bit: the norms compute in
+# float32 (as HF's RMSNorm does, even for float64 models), and inductor's float32 reductions
+# add in another order than eager's. Tokens are equal; states and logprobs within this.
+STATES_ATOL = 1e-6
+
+
+def visible_cache_is_a_fresh_recompute(model, dec, atol: float = STATES_ATOL):
+    """``helpers.models.visible_cache_equals_fresh_recompute`` within ``atol``: every live
+    row's visible cache columns against a fresh HF forward of its fed tokens."""
+    from transformers import DynamicCache
+    b = dec.batch
+    for row, i in enumerate(b.request_ids):
+        fed = dec.reqs[i].prompt_ids + dec.reqs[i].tokens[:-1]
+        fresh = DynamicCache()
+        with torch.no_grad():
+            model(torch.tensor([fed]), cache=fresh, use_cache=True)
+        visible = b.mask[row].bool()
+        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
+        assert b.col_pos[row, visible].tolist() == list(range(len(fed)))
+        for mine, ref in zip(b.cache.layers, fresh.layers):
+            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=atol,
+                                       rtol=0)
+            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0],
+                                       atol=atol, rtol=0)
+
+
 def test_row_buckets_and_the_switch_is_checked():
+    from workbench.rollout.compiled import bucket_name
     assert [row_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32, 33)] == [1, 2, 4, 8, 8, 16, 32, 64]
+    assert bucket_name(5) == "8x1" and bucket_name(3, 5) == "4x5"
     assert RolloutConfig().compile is False  # today's eager step by default
     for ok in (False, True, "auto"):
         assert check_compile(ok) == ok
@@ -41,7 +70,7 @@ def test_compiled_greedy_tokens_equal_eager_with_rows_leaving_and_joining(tokeni
     comp = engine.rollout(prompts, cfg, compile=True, progress=False)
     assert comp.tokens == eager.tokens
     np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
-                               atol=1e-10)
+                               atol=STATES_ATOL, rtol=0)
     c = _compiled_of(model)
     assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
     assert {key[0] for key in c.compiles} <= {1, 2}  # bounded: one graph per bucket here
@@ -62,7 +91,7 @@ def test_compiled_greedy_tokens_equal_eager_with_sliding_windows(tokenizer, arch
     assert comp.tokens == eager.tokens
     assert all(len(t) == 24 for t in comp.tokens)
     np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
-                               atol=1e-10)
+                               atol=STATES_ATOL, rtol=0)
     assert _compiled_of(model).steps["compiled"] == 23 * 1  # every decode step, one batch
 
 
@@ -127,7 +156,7 @@ def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     cfg = RolloutConfig(max_new_tokens=20, ignore_eos=True, compile="auto")
     res = engine.rollout(PROMPTS[:1], cfg, progress=False)
     faster = "eager" if slower == "compiled" else "compiled"
-    assert c.choices == {1: faster}
+    assert c.choices == {"1x1": faster}
     assert c.steps[slower] == c.trials  # the compile is no part of a trial
     assert c.steps[faster] == 19 - c.trials
     assert sum(c.steps.values()) == 19
@@ -144,9 +173,9 @@ def test_auto_reuses_recorded_choices_without_timing(tokenizer):
     model = tiny_model("llama", tokenizer, seed=1)
     engine = RolloutEngine(model, tokenizer)
     with pytest.raises(ValueError, match="accepted"):
-        use_compile_choices(model, {1: "fast"})
-    use_compile_choices(model, {"1": "eager"})
-    assert compile_choices(model) == {1: "eager"}
+        use_compile_choices(model, {"1x1": "fast"})
+    use_compile_choices(model, {"1x1": "eager"})
+    assert compile_choices(model) == {"1x1": "eager"}
     cfg = RolloutConfig(max_new_tokens=10, ignore_eos=True, compile="auto")
     engine.rollout(PROMPTS[:1], cfg, progress=False)
     c = _compiled_of(model, "auto")
@@ -178,3 +207,62 @@ def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer
     assert (seconds == 0 and row["forward_s"] == 0) if clock == "sim" else seconds > 0
     again = engine.rollout(prompts, cfg, progress=False).timeline.steps
     assert "compile" not in set(again["kind"])  # the graph is there: nothing compiled
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_compiled_verify_passes_are_lossless(tokenizer, shape):
+    """Speculative steps (a chain of 4 drafts, or a tree of depth 3, branch 2, 5 nodes
+    verified) run their verify pass compiled, one graph per (row bucket, fed tokens, tree):
+    greedy tokens and logprobs equal plain eager decoding's, rows accept 0..4 drafts, and
+    the cache after the rollout's steps equals a fresh recompute."""
+    model = tiny_model("llama", tokenizer, seed=1)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1)
+    prompts = PROMPTS[:3]
+    plain = engine.rollout(prompts, cfg, progress=False)
+    continuations = {r.uid: r.tokens for r in plain.requests}
+    wrong = {r.uid: i % 5 for i, r in enumerate(plain.requests)}
+    if shape == "chain":
+        drafter, schedule = ScriptedDrafter(continuations, wrong), StaticSchedule(4)
+    else:
+        drafter = ScriptedTreeDrafter(continuations, wrong)
+        schedule = StaticSchedule(3, branch=2, verify_budget=5)
+    res = engine.rollout(prompts, cfg, compile=True, drafter=drafter, schedule=schedule,
+                         progress=False)
+    assert res.tokens == plain.tokens
+    np.testing.assert_allclose(np.concatenate(res.logprobs), np.concatenate(plain.logprobs),
+                               atol=STATES_ATOL, rtol=0)
+    assert max(a for r in res.requests for a in r.accepted_per_step) >= 2
+    c = _compiled_of(model)
+    fed = {key[3] for key in c.compiles}
+    assert fed >= {1 + (4 if shape == "chain" else 5)}  # the verify graphs
+    assert {key[4] for key in c.compiles if key[3] > 1} == {shape == "tree"}
+    assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
+
+
+def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):
+    """Compiled plain and verify steps over ragged rows leave every live row's visible
+    cache equal to a fresh forward of its tokens (the preallocated buffers' views)."""
+    from workbench.rollout.decoder import BatchDecoder
+    from workbench.rollout.request import RequestOutput
+    from workbench.rollout.plan import StepPlan
+    from workbench.rollout.worker import StepRecorder
+    model = tiny_model("mistral", tokenizer, seed=3)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=30, compile=True)
+    plain = engine.rollout(PROMPTS[:4], cfg, compile=False, progress=False)
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: i % 4 for i, r in enumerate(plain.requests)})
+    drafter.check_compatible(model, tokenizer)
+    reqs = [RequestOutput.of(q, 0)
+            for q in engine.make_requests(engine.encode(PROMPTS[:4]), cfg)]
+    dec = BatchDecoder(policy_forward(model), cfg, StepRecorder(0, "sim"),
+                       tokenizer.eos_token_id, engine.pad_id, drafter)
+    with torch.inference_mode():
+        dec.admit(reqs)
+        for i in range(8):
+            plan = StepPlan("speculative", 3) if i % 2 else StepPlan()
+            dec.step(plan, 0)
+            if dec.size:
+                visible_cache_is_a_fresh_recompute(model, dec)
+    assert isinstance(dec.batch.cache, StaticKVCache)

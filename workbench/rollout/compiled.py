@@ -1,6 +1,7 @@
-"""A compiled plain decode step (issue 41): ``torch.compile`` (inductor) of the lean forward's
-one-token step over a KV cache preallocated to the rollout's length, behind
-``RolloutConfig.compile`` (``False``: today's eager step; ``True``; ``"auto"``).
+"""A compiled decode step (issue 41): ``torch.compile`` (inductor) of the lean forward's
+one-token step, and of a speculative step's verify pass, over a KV cache preallocated to the
+rollout's length, behind ``RolloutConfig.compile`` (``False``: today's eager step; ``True``;
+``"auto"``).
 
 Static shapes. A compiled graph is specialised to its input shapes, while the engine's cache
 grows a column a step, and loses and gains rows. So the compiled step sees the cache through
@@ -33,10 +34,17 @@ float64) and keeps the faster; :attr:`CompiledDecode.choices` records it, per bu
 rest of the process (a later rollout reuses it). ``timer`` is the clock it times with (a
 test passes a double).
 
+The verify pass of a speculative step (``1 + n`` fed tokens a row, a chain or a draft tree)
+runs through the same function, one graph per (row bucket, fed tokens, tree or not): the
+draft-length buckets are the draft lengths themselves.
+
 Lossless: the step's arithmetic is the lean forward's (``forward.run_layer``): the same
 norms, fused matmuls, RoPE and one SDPA per layer; masked columns get weight 0 exactly. In
-float64 its tokens equal the eager step's (tests/test_compiled_decode.py); in float32 a
-near-tie may round differently, as in speculative decoding.
+float64 its greedy tokens equal the eager step's (tests/test_compiled_decode.py), its states
+and logprobs to about 1e-8, not to the last bit: the norms compute in float32 (as HF's
+RMSNorm does, even for a float64 model), and inductor's float32 reductions add in another
+order than eager's. In float32 a near-tie may round differently, as in speculative
+decoding.
 """
 from __future__ import annotations
 
@@ -52,7 +60,7 @@ from .forward import LeanForward, _rotate, rms_norm
 
 __all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticLayer", "StaticKVCache",
            "compiled_decode_for", "row_bucket", "check_compile", "compile_choices",
-           "use_compile_choices", "preallocated_bytes"]
+           "use_compile_choices", "preallocated_bytes", "bucket_name"]
 
 COMPILE_CHOICES = (False, True, "auto")
 MAX_ROWS = 256  # the largest row bucket; a bigger batch runs eager
@@ -68,6 +76,13 @@ def check_compile(value):
 def row_bucket(rows: int) -> int:
     """``rows`` rounded up to a power of two (1, 2, 4, 8, ...)."""
     return 1 << max(0, (rows - 1).bit_length())
+
+
+def bucket_name(rows: int, fed: int = 1) -> str:
+    """The name of ``"auto"``'s bucket of a step at ``rows`` rows feeding ``fed`` tokens a
+    row: ``"<row bucket>x<fed>"`` (``"8x1"``: a plain step of 5 to 8 rows; ``"8x5"``: a
+    verify pass of 4 drafts a row)."""
+    return f"{row_bucket(rows)}x{fed}"
 
 
 def round_up(n: int, step: int) -> int:
@@ -151,30 +166,36 @@ class StaticKVCache(KVCache):
 
 # ---- the compiled step ------------------------------------------------------------------
 def _make_step(forward: LeanForward, plans):
-    """The plain step over static buffers, its constants (eps, heads, windows, activations)
-    closed over; every tensor (weights included) is an argument, so weights loaded or
-    trained in place, or replaced by tensors of the same shapes, need no recompile."""
+    """The step over static buffers (``q`` fed tokens a row: 1 for a plain step, ``1 + n``
+    for a verify pass), its constants (eps, heads, windows, activations) closed over; every
+    tensor (weights included) is an argument, so weights loaded or trained in place, or
+    replaced by tensors of the same shapes, need no recompile."""
     consts = [(p.eps1, p.eps2, p.n_q, p.n_kv, p.head_dim, p.scale, p.act) for p in plans]
     windows = list(forward.windows)
     distinct = sorted(set(windows), key=lambda w: -1 if w is None else w)
     norm_eps = forward.decoder.norm.variance_epsilon
 
-    def step(ids, pos, vis, col_pos, col, cos, sin, emb, layers, norm_w, head_w, head_b,
-             ks, vs):
-        """ids, pos ``[Bb, 1]``; vis (bool), col_pos ``[Bb, Tb]``; col ``[1]`` the new
-        column; cos/sin ``[Bb, 1, 1, d]``; ks/vs per layer ``[Bb, kv, Tb, d]`` (written)."""
-        rows = ids.shape[0]
+    def step(ids, pos, vis, col_pos, col, cos, sin, tree, emb, layers, norm_w, head_w,
+             head_b, ks, vs):
+        """ids, pos ``[Bb, q]``; vis (bool), col_pos ``[Bb, Tb]``; col ``[q]`` the new
+        columns; cos/sin ``[Bb, q, 1, d]``; tree ``[Bb, q, Tb]`` bool (a draft tree's
+        ancestors among the new columns, every other column True) or None; ks/vs per layer
+        ``[Bb, kv, Tb, d]`` (written)."""
+        rows, q = ids.shape
         x = F.embedding(ids, emb)
         masks = {}
         for w in distinct:
-            allowed = vis & (col_pos <= pos)
+            kv, qp = col_pos[:, None, :], pos[:, :, None]
+            allowed = vis[:, None, :] & (kv <= qp)
             if w is not None:
-                allowed = allowed & (col_pos > pos - w)
-            masks[w] = allowed[:, None, None, :]
+                allowed = allowed & (kv > qp - w)
+            if tree is not None:
+                allowed = allowed & tree
+            masks[w] = allowed[:, None]
         for i, (eps1, eps2, n_q, n_kv, d, scale, act) in enumerate(consts):
             ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down = layers[i]
             h = rms_norm(ln1, eps1, x)
-            qkv = F.linear(h, w_qkv, b_qkv).view(rows, 1, -1, d)
+            qkv = F.linear(h, w_qkv, b_qkv).view(rows, q, -1, d)
             n = n_q + n_kv
             qk = _rotate(qkv[:, :, :n], cos, sin)
             ks[i].index_copy_(2, col, qk[:, :, n_q:].transpose(1, 2))
@@ -182,7 +203,7 @@ def _make_step(forward: LeanForward, plans):
             out = F.scaled_dot_product_attention(qk[:, :, :n_q].transpose(1, 2), ks[i], vs[i],
                                                  attn_mask=masks[windows[i]], scale=scale,
                                                  enable_gqa=True)
-            x = x + F.linear(out.transpose(1, 2).reshape(rows, 1, -1), w_o, b_o)
+            x = x + F.linear(out.transpose(1, 2).reshape(rows, q, -1), w_o, b_o)
             gate, up = F.linear(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
             x = x + F.linear(act(gate) * up, w_down, b_down)
         return F.linear(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
@@ -208,9 +229,10 @@ class CompiledDecode:
     """The compiled plain step of one :class:`LeanForward` (made once per forward by
     :func:`compiled_decode_for`, so graphs and ``"auto"``'s choices outlive a rollout).
 
-    ``compiles``: ``{(Bb, Tb, length): seconds}`` of every graph compiled; ``choices``:
-    ``{Bb: "compiled" | "eager"}`` (``"auto"``'s per row bucket; ``True`` chooses compiled
-    everywhere); ``steps``: ``{"compiled": n, "eager": n}`` plain steps run each way."""
+    ``compiles``: ``{(Bb, Tb, row stride, fed, tree): seconds}`` of every graph compiled;
+    ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
+    ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
+    (plain and verify) run each way."""
 
     forward: LeanForward
     mode: object = True
@@ -232,8 +254,11 @@ class CompiledDecode:
     def _compiled(self, plans):
         if self._fn is None:
             _raise_recompile_limit(64)
+            # emulate_precision_casts: round where eager rounds (the norms' float32 for a
+            # float64 model, as HF does), so that compiled states equal eager ones
+            options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
             self._fn = torch.compile(_make_step(self.forward, plans), backend=self.backend,
-                                     dynamic=False, fullgraph=True)
+                                     dynamic=False, fullgraph=True, options=options)
         return self._fn
 
     def _weights(self, plans):
@@ -256,21 +281,22 @@ class CompiledDecode:
                 and all(layer.is_initialized for layer in cache.layers))
 
     # -- "auto" ----------------------------------------------------------------------------
-    def wants_compiled(self, rows: int) -> bool:
-        """Whether the next step at ``rows`` rows runs compiled: ``True``: always;
-        ``"auto"``: the bucket's choice, or while it is being timed, alternately."""
+    def wants_compiled(self, rows: int, fed: int = 1) -> bool:
+        """Whether the next step at ``rows`` rows feeding ``fed`` tokens a row (1: a plain
+        step; ``1 + n``: a verify pass) runs compiled: ``True``: always; ``"auto"``: its
+        bucket's choice (:func:`bucket_name`), or while it is being timed, alternately."""
         if self.mode is True:
             return True
-        bucket = row_bucket(rows)
+        bucket = bucket_name(rows, fed)
         if bucket in self.choices:
             return self.choices[bucket] == "compiled"
         times = self._trials.setdefault(bucket, {"compiled": [], "eager": []})
         return len(times["compiled"]) <= len(times["eager"])
 
-    def observe(self, rows: int, path: str, seconds: float) -> None:
+    def observe(self, rows: int, fed: int, path: str, seconds: float) -> None:
         """A timed trial step of ``"auto"``; the bucket's choice once it has ``trials`` of
         each (the faster median: eager on a tie)."""
-        bucket = row_bucket(rows)
+        bucket = bucket_name(rows, fed)
         if self.mode is True or bucket in self.choices:
             return
         times = self._trials[bucket]
@@ -280,10 +306,12 @@ class CompiledDecode:
             self.choices[bucket] = "compiled" if faster else "eager"
 
     # -- the step --------------------------------------------------------------------------
-    def prepare(self, batch, pos) -> "_Call":
-        """The compiled step's call for ``batch``, whose new column is appended
-        (``append_columns``) but not written: its inputs padded to the buckets, the cache
-        moved into its preallocated buffers if an operation replaced them."""
+    def prepare(self, batch, pos, fed=None, tree=None) -> "_Call":
+        """The compiled step's call for ``batch``, whose new columns (one for a plain step:
+        it feeds ``last_token``; those of ``fed [B, q]`` for a verify pass, with the draft
+        tree's ``tree [B, q, q]`` if any) are appended (``append_columns``) at positions
+        ``pos [B, q]`` but not written: its inputs padded to the buckets, the cache moved into
+        its preallocated buffers if an operation replaced them."""
         plans = self.forward._plans()
         fn = self._compiled(plans)
         rows, width = batch.size, batch.width
@@ -296,11 +324,13 @@ class CompiledDecode:
             for layer in layers:
                 layer.length = length
         views = [layer.views(b_rows, t_cols) for layer in layers]
-        ids, pos_p, vis, col_pos, col, cos, sin = self._inputs(batch, pos, b_rows, t_cols)
+        fed = batch.last_token[:, None] if fed is None else fed
+        inputs = self._inputs(batch, fed, pos, tree, b_rows, t_cols)
         emb, lt, norm_w, head_w, head_b = self._weights(plans)
-        args = [ids, pos_p, vis, col_pos, col, cos, sin, emb, lt, norm_w, head_w, head_b,
-                [v[0] for v in views], [v[1] for v in views]]
-        return _Call(fn, args, (b_rows, t_cols, views[0][0].stride(0)), layers, rows, width)
+        args = [*inputs, emb, lt, norm_w, head_w, head_b, [v[0] for v in views],
+                [v[1] for v in views]]
+        key = (b_rows, t_cols, views[0][0].stride(0), fed.shape[1], tree is not None)
+        return _Call(fn, args, key, layers, rows, width)
 
     def needs_compile(self, call: "_Call") -> bool:
         return call.key not in self.compiles
@@ -310,44 +340,49 @@ class CompiledDecode:
         strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
         start = time.perf_counter()
         a = call.args
-        scratch = [torch.zeros_like(t) for t in a[:7]] + a[7:12] + [
-            [_scratch(t) for t in a[12]], [_scratch(t) for t in a[13]]]
+        scratch = [None if t is None else torch.zeros_like(t) for t in a[:8]] + a[8:13] + [
+            [_scratch(t) for t in a[13]], [_scratch(t) for t in a[14]]]
         call.fn(*scratch)
         self.compiles[call.key] = time.perf_counter() - start
         return self.compiles[call.key]
 
     def run(self, call: "_Call"):
-        """``(logits [B, 1, V], states [B, 1, H])`` of the batch's rows; the new keys and
-        values written in the cache, whose views now cover the new column."""
+        """``(logits [B, q, V], states [B, q, H])`` of the batch's rows; the new keys and
+        values written in the cache, whose views now cover the new columns."""
         logits, x = call.fn(*call.args)
         for layer in call.layers:
             layer._set(call.rows, call.width)
         return logits[:call.rows], x[:call.rows]
 
-    def __call__(self, batch, pos):
+    def __call__(self, batch, pos, fed=None, tree=None):
         """:meth:`prepare`, :meth:`compile` if needed, and :meth:`run`."""
-        call = self.prepare(batch, pos)
+        call = self.prepare(batch, pos, fed, tree)
         if self.needs_compile(call):
             self.compile(call)
         return self.run(call)
 
-    def _inputs(self, batch, pos, b_rows: int, t_cols: int):
+    def _inputs(self, batch, fed, pos, tree, b_rows: int, t_cols: int):
         """The step's inputs padded to ``b_rows`` rows and ``t_cols`` columns (extra rows:
         token 0 at position 0, seeing their column 0 only)."""
         rows, width = batch.size, batch.width
+        q = fed.shape[1]
         dev = batch.mask.device
-        ids = torch.zeros((b_rows, 1), dtype=torch.long, device=dev)
-        ids[:rows, 0] = batch.last_token
-        pos_p = torch.zeros((b_rows, 1), dtype=torch.long, device=dev)
+        ids = torch.zeros((b_rows, q), dtype=torch.long, device=dev)
+        ids[:rows] = fed
+        pos_p = torch.zeros((b_rows, q), dtype=torch.long, device=dev)
         pos_p[:rows] = pos
         vis = torch.zeros((b_rows, t_cols), dtype=torch.bool, device=dev)
         vis[:rows, :width] = batch.mask.bool()
         vis[rows:, 0] = True
         col_pos = torch.zeros((b_rows, t_cols), dtype=torch.long, device=dev)
         col_pos[:rows, :width] = batch.col_pos
-        col = torch.tensor([width - 1], dtype=torch.long, device=dev)
+        col = torch.arange(width - q, width, dtype=torch.long, device=dev)
         cos, sin = self.forward.rope(self.forward.lm_head.weight, pos_p)
-        return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2)
+        full = None
+        if tree is not None:  # the tree's ancestors among the new columns; all else open
+            full = torch.ones((b_rows, q, t_cols), dtype=torch.bool, device=dev)
+            full[:rows, :, width - q:width] = tree
+        return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2), full
 
 
 @dataclass
@@ -371,8 +406,8 @@ def _scratch(view: torch.Tensor) -> torch.Tensor:
 
 
 def compile_choices(model) -> dict:
-    """``"auto"``'s choices so far for ``model``'s lean forward: ``{row bucket: "compiled" |
-    "eager"}`` (a run saves them beside its other settings, so that a resumed run decodes
+    """``"auto"``'s choices so far for ``model``'s lean forward: ``{bucket: "compiled" |
+    "eager"}`` (:func:`bucket_name`; a run saves them beside its other settings, so that a resumed run decodes
     the same way: float32 tokens then do not depend on a timing)."""
     from .forward import policy_forward
     made = compiled_decode_for(policy_forward(model), "auto")
@@ -388,7 +423,7 @@ def use_compile_choices(model, choices: dict) -> None:
         raise ValueError(f"compile choices {bad}; accepted: 'compiled' or 'eager' per bucket")
     made = compiled_decode_for(policy_forward(model), "auto")
     if made is not None:
-        made.choices.update({int(k): v for k, v in choices.items()})
+        made.choices.update({str(k): v for k, v in choices.items()})
 
 
 def preallocated_bytes(cache) -> int:

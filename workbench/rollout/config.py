@@ -46,11 +46,12 @@ class RolloutConfig:
         ignore_eos: decode ``max_new_tokens`` for every row even past EOS, so that models
             are timed on the same number of tokens (throughput comparisons of pruned models,
             whose responses end at different lengths).
-        compile: the plain decode step compiled with ``torch.compile`` over a KV cache
-            preallocated to the rollout's length (``rollout.compiled``; the lean forward's
-            models): ``False`` (eager, the default), ``True``, or ``"auto"`` (times both at
-            each batch-size bucket on its first steps and keeps the faster). Compiles are
-            kept off the step clock. Greedy tokens in float64 equal the eager step's.
+        compile: the plain decode step and the verify pass compiled with ``torch.compile``
+            over a KV cache preallocated to the rollout's length (``rollout.compiled``; the
+            lean forward's models): ``False`` (eager, the default), ``True``, or ``"auto"``
+            (times both at each bucket of batch size and fed tokens on its first steps and
+            keeps the faster). A compile is a ``compile`` row of the timeline, empty on the
+            sim clock. Greedy tokens in float64 equal the eager step's.
     """
 
     max_new_tokens: int = 256

@@ -156,7 +156,7 @@ class BatchDecoder:
         """Feed every row's last token, sample the next."""
         b = self.batch
         pos = b.append_columns(1)
-        (logits, hidden), fwd_s = self._plain_forward(b, pos)
+        (logits, hidden), fwd_s = self._step_forward(b, pos)
         b.next_pos += 1
         tok, lp = self.mode.at(self.reqs, b.request_ids).sample(logits[:, -1])
         n = self._finish_step(b, "decode", [[t] for t in tok.tolist()],
@@ -172,24 +172,27 @@ class BatchDecoder:
                      round_up(self.forward.context, 64))
         return StaticKVCache(length, self.config.max_batch_size or len(contexts))
 
-    def _plain_forward(self, b, pos):
-        """The plain step's forward, eager or compiled (``RolloutConfig.compile``); a graph
-        compiled first is a ``compile`` row of its own (:meth:`_compile`)."""
+    def _step_forward(self, b, pos, fed=None, tree=None):
+        """The step's forward, eager or compiled (``RolloutConfig.compile``): a plain step
+        (``fed`` None: each row's last token) or a verify pass of ``fed [B, 1 + n]`` (and
+        a draft tree's ``tree``); ``((logits, states), seconds)``. A graph compiled first is
+        a ``compile`` row of its own (:meth:`_compile`)."""
         c = self.compiled
+        ids, more = (b.last_token[:, None], {}) if fed is None else (
+            fed, {"logits_from": 0, "tree": tree})
         if c is None or not c.covers(b):
-            return self._timed(self.forward, b.last_token[:, None], pos, b.mask, b.col_pos,
-                               b.cache)
-        path = "compiled" if c.wants_compiled(b.size) else "eager"
+            return self._timed(self.forward, ids, pos, b.mask, b.col_pos, b.cache, **more)
+        path = "compiled" if c.wants_compiled(b.size, ids.shape[1]) else "eager"
         if path == "compiled":
-            call = c.prepare(b, pos)
+            call = c.prepare(b, pos, fed, tree)
             if c.needs_compile(call):
                 self._compile(c, call, b.size)
             start, t0 = self.rec.now(), c.timer()
             out = c.run(call)
         else:
             start, t0 = self.rec.now(), c.timer()
-            out = self.forward(b.last_token[:, None], pos, b.mask, b.col_pos, b.cache)
-        c.observe(b.size, path, c.timer() - t0)
+            out = self.forward(ids, pos, b.mask, b.col_pos, b.cache, **more)
+        c.observe(b.size, ids.shape[1], path, c.timer() - t0)
         c.steps[path] += 1
         return out, self.rec.now() - start
 
@@ -243,8 +246,7 @@ class BatchDecoder:
         width = b.width
         fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)     # [B, 1 + n]
         pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))
-        (logits, hidden), fwd_s = self._timed(self.forward, fed, pos, b.mask, b.col_pos,
-                                              b.cache, logits_from=0, tree=draft.visible)
+        (logits, hidden), fwd_s = self._step_forward(b, pos, fed, draft.visible)
         verdict = draft.verify(logits, hidden, mode)
         b.mask[:, width:] = verdict.keep.to(b.mask.dtype)
         b.trim_right()
