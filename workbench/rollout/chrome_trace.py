@@ -10,8 +10,10 @@ for the rollout's engine steps, one for its idle bubble, one for drafter trainin
 failed steps, then one thread per request (admission to finish), named by its uid, holding
 the request's steps when the timeline recorded them (``Timeline.request_steps``). Counter
 tracks per worker: the live batch (``Timeline.active_batch``) and tokens per row of each verify
-step. Several timelines (the RL steps of a run) go one after another on one time axis, each
-offset by the makespans before it; a process "timelines" holds one slice per timeline.
+step. A Ray rollout's trace may add Ray's own task timeline, aligned at the rollout's start
+(``rollout.chrome_trace_ray``). Several timelines (the RL steps of a run) go one after another
+on one time axis, each offset by the makespans before it; a process "timelines" holds one
+slice per timeline.
 
 Why the tables round-trip: ``ts`` and ``dur`` are whole microseconds, so every step and request
 slice carries its table row in ``args`` (every column, ``start_s`` and ``end_s`` exact), and the

@@ -219,8 +219,7 @@ class RolloutEngine:
         data) in each ``RequestOutput.hidden``. ``dispatch``: the workers advance together in
         sim-time order and it moves work between them (``rollout.dispatch``; the local
         backend only, ``Backend.map_steps``); the requests' uids and tokens are unchanged.
-        ``request_steps``: record the timeline's row-per-request-per-step table (its cost:
-        docs/chrome_trace.md), ``Timeline.request_steps`` (``rollout.request_steps``).
+        ``request_steps``: record ``Timeline.request_steps`` too (``rollout.request_steps``).
         """
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
