@@ -14,6 +14,7 @@ from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGr
 
 from .helpers.models import MANY, PROMPTS, tiny_model
 from .test_faults import FailingSchedule
+from .test_seer import LengthPredictor, _divided_setup, _InOrder
 
 CFG = RolloutConfig(max_new_tokens=20, workers=2, max_batch_size=3, temperature=1.0, seed=5)
 
@@ -157,3 +158,22 @@ def test_a_lost_workers_rerun_is_in_the_table_and_its_lost_steps_are_not(engine,
     rerun = tl.steps[tl.steps["rerun"].fillna(False).astype(bool)]
     rows = tl.request_steps.merge(rerun[["worker", "step"]])
     assert set(rows["uid"]) == set(tl.requests.loc[tl.requests["failed_worker"].notna(), "uid"])
+
+
+def test_a_request_moved_between_workers_has_its_rows_on_both(tokenizer, tick_clock):
+    """Seer's divided rollout moves running requests (``rollout.dispatch``): a moved
+    request's rows lie on the worker it started on and on the one that re-prefilled it,
+    and still sum to its tokens."""
+    engine, live, caps, config = _divided_setup(tokenizer)
+    dispatch = _InOrder(live, LengthPredictor())
+    res = engine.rollout([g.prompt_ids + r.tokens for g, r in live], config, progress=False,
+                         caps=caps, dispatch=dispatch, request_steps=True)
+    assert dispatch.moves >= 1
+    tl = res.timeline
+    agree(tl)
+    workers = tl.request_steps.groupby("uid")["worker"].nunique()
+    assert (workers == 2).any()
+    trace = chrome_trace(tl)  # the rows on the first worker go on a track of their own there
+    moved = [e for e in trace["traceEvents"] if e.get("cat", "").startswith("request_step")
+             and e["args"]["uid"] in set(workers[workers == 2].index)]
+    assert len({e["pid"] for e in moved}) == 2
