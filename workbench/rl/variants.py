@@ -11,7 +11,9 @@ reads a run by its name alone, so a plugin's variant is handled like a built-in.
 The built-ins, registered here: TLT's ``baseline``, ``static_sd``, ``adaptive_drafter`` and
 ``tlt`` (:class:`TLTVariant`: TLT's three switches, run by ``TLTTrainer``), and the long-tail
 remedies ``overprovision``, ``april``, ``partial``, ``async`` and ``tail_batching``
-(:class:`RemedyVariant`: ``RemedyConfig``'s fields, run by ``RemedyTrainer``). A composable
+(:class:`RemedyVariant`: ``RemedyConfig``'s fields, run by ``RemedyTrainer``), and Seer's
+``seer_schedule`` and ``seer_divided`` (their dispatch in ``rl/remedies/seer_*.py``, which
+import no variant, so the registry is filled by importing this module alone). A composable
 variant (every remedy, a plugin's remedy too) also runs beside TLT as ``tlt+<name>``: its own
 trainer, with TLT's SD, spot-trained drafter and adaptive engine in its rollouts.
 
@@ -38,6 +40,8 @@ from ..checks import check_choice, check_list
 from ..registry import PluginError, Registry
 from .config import GRPOConfig
 from .remedies import RemedyConfig, RemedyTrainer
+from .remedies.seer_divided import DividedDispatch
+from .remedies.seer_schedule import SeerDispatch, SeerTrainer
 from .tlt import TLTConfig, TLTTrainer
 
 __all__ = ["RLVariant", "TLTVariant", "RemedyVariant", "VariantRun", "VARIANTS", "rl_variant",
@@ -343,13 +347,35 @@ class TailBatching(RemedyVariant):
         return {"extra_groups": _extra(grpo), "leftover": "defer"}
 
 
+@rl_variant("seer_schedule", builtin=True)
+class SeerSchedule(RemedyVariant):
+    """GRPO whose rollouts start their requests longest predicted first, across workers
+    (Seer's context-aware scheduling); tokens as drawn, so nothing but time changes."""
+
+    dispatch_cls = SeerDispatch
+
+    def build(self, run: VariantRun, tlt=None) -> SeerTrainer:
+        backend = run.backend
+        if not isinstance(backend, str) and backend.clock != "sim":
+            raise ValueError(f"{type(self).__name__}: the {backend.name!r} backend does not "
+                             "advance its workers in sim-time order; accepted: the local "
+                             "backend")
+        return SeerTrainer(run.policy, run.tokenizer, run.problems, run.reward,
+                           self.config(run.grpo), backend=backend, tlt=tlt,
+                           drafter_head=run.drafter_head, dispatch_cls=self.dispatch_cls,
+                           **run.loop)
+
+
+@rl_variant("seer_divided", builtin=True)
+class SeerDivided(SeerSchedule):
+    """GRPO whose rollouts divide the requests over the workers as they free (queued ones
+    freely, running ones re-prefilled), longest predicted first; tokens unchanged."""
+
+    dispatch_cls = DividedDispatch
+
+
 def check_variants(variants) -> list[str]:
     """``variants`` as a list of registered RL variants' names, each once; ``ValueError``
     naming the first bad one and every accepted name."""
     return check_list("variants", variants, lambda name, v: check_variant(v, name),
                       f"variants of {variant_names()}")
-
-
-# built-in variants with modules of their own, registered when imported (here, so that every
-# lookup of a variant's name sees them): Seer's scheduling and divided rollout
-from .remedies import seer_divided as _seer_divided, seer_schedule as _seer_schedule  # noqa: E402,F401

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import math
 
-from ..variants import rl_variant
-from .seer_schedule import SeerDispatch, SeerSchedule
+from .seer_schedule import SeerDispatch
 
-__all__ = ["DividedDispatch", "SeerDivided"]
+__all__ = ["DividedDispatch"]
 
 
 class DividedDispatch(SeerDispatch):
@@ -153,11 +152,3 @@ class DividedDispatch(SeerDispatch):
                            if r["kind"] == "prefill" and r.get("moved_from") is None)
             tokens += sum(len(q.prompt_ids) for q in run.dec.reqs if q.uid not in self.moved)
         return seconds / tokens if tokens > 0 and seconds > 0 else None
-
-
-@rl_variant("seer_divided", builtin=True)
-class SeerDivided(SeerSchedule):
-    """GRPO whose rollouts divide the requests over the workers as they free (queued ones
-    freely, running ones re-prefilled), longest predicted first; tokens unchanged."""
-
-    dispatch_cls = DividedDispatch

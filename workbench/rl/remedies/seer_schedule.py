@@ -37,10 +37,9 @@ import math
 from collections import defaultdict
 
 from ...rollout.dispatch import Dispatch
-from ..variants import RemedyVariant, VariantRun, rl_variant
 from .trainer import RemedyTrainer
 
-__all__ = ["LengthPredictor", "SeerDispatch", "SeerTrainer", "SeerSchedule", "PREDICTORS"]
+__all__ = ["LengthPredictor", "SeerDispatch", "SeerTrainer", "PREDICTORS"]
 
 PREDICTORS = ("siblings", "history", "prompt", "used")
 """The predictors whose errors the history records (``seer_mae_<name>``, ``seer_n_<name>``);
@@ -248,22 +247,3 @@ class SeerTrainer(RemedyTrainer):
     def _load_own_state(self, state: dict) -> None:
         super()._load_own_state(state)
         self.predictor = state.get("seer_predictor", self.predictor)
-
-
-@rl_variant("seer_schedule", builtin=True)
-class SeerSchedule(RemedyVariant):
-    """GRPO whose rollouts start their requests longest predicted first, across workers
-    (Seer's context-aware scheduling); tokens as drawn, so nothing but time changes."""
-
-    dispatch_cls = SeerDispatch
-
-    def build(self, run: VariantRun, tlt=None) -> SeerTrainer:
-        backend = run.backend
-        if not isinstance(backend, str) and backend.clock != "sim":
-            raise ValueError(f"{type(self).__name__}: the {backend.name!r} backend does not "
-                             "advance its workers in sim-time order; accepted: the local "
-                             "backend")
-        return SeerTrainer(run.policy, run.tokenizer, run.problems, run.reward,
-                           self.config(run.grpo), backend=backend, tlt=tlt,
-                           drafter_head=run.drafter_head, dispatch_cls=self.dispatch_cls,
-                           **run.loop)
