@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from .checks import check_int, check_real
-from .rollout.timeline import length_percentiles
+from .rollout.timeline_stats import length_percentiles
 from .tasks import Problem, exact_match_reward
 
 __all__ = ["EvalReport", "evaluate_policy", "score_rollout"]

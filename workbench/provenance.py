@@ -91,6 +91,7 @@ FIGURE_FIELDS = ("value", "q25", "q75", "min", "max", "n", "unit")
 """The fields of one figure of a result."""
 KEYS = ("schema", "name", "question", "figures", "headline", "clock", "disturbed_share",
         "disturbed_bound", "machine", "command", "git", "date", "parameters")
+"""The keys of a result file, in the order it is written."""
 OPTIONAL_KEYS = ("headline", "parameters")
 """The keys a result file may leave out: ``headline`` (default: every figure) and ``parameters``
 (the notebook run's parameters, which ``workbench results record`` copies beside its metrics)."""

@@ -39,7 +39,7 @@ import torch
 from ..clock import cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutEngine, make_backend
-from ..rollout.timeline import usage_of, usage_shares
+from ..rollout.timeline_stats import usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
 from .config import GRPOConfig

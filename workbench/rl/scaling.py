@@ -41,7 +41,7 @@ from ..adapt import SpotConfig
 from ..checks import check_int
 from ..rollout import RolloutEngine
 from ..rollout.backend import LocalBackend
-from ..rollout.timeline import usage_shares
+from ..rollout.timeline_stats import usage_shares
 from .config import GRPOConfig
 from .grpo import GRPO
 from .tlt import TLTTrainer, tokens_digest
@@ -80,7 +80,7 @@ class BackendComparison:
 
     def usage(self, system: str) -> dict[str, float]:
         """``disturbed_share`` and ``cpu_share`` of ``system``'s steps, pooled by their
-        seconds (``rollout.timeline.usage_shares``)."""
+        seconds (``rollout.timeline_stats.usage_shares``)."""
         mine = self.steps[self.steps["system"] == system]
         return usage_shares(mine[["measured_s", "disturbed_s", "cpu_s"]].to_dict("records"))
 

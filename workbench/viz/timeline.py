@@ -19,7 +19,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from ..checks import check_int
-from ..rollout.timeline import STEP_KINDS, Timeline, length_percentiles
+from ..rollout.timeline import STEP_KINDS, Timeline
+from ..rollout.timeline_stats import length_percentiles
 
 __all__ = ["gantt", "length_histogram", "active_batch", "save_figure", "mark_percentiles"]
 
