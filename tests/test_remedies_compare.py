@@ -212,3 +212,17 @@ def test_remedy_figures_draw_the_tables():
     assert [p.get_height() for p in fig.axes[0].patches] == pytest.approx([0, 1, 0, 0.25])
     fig = remviz.offpolicy_share(history.drop(columns=["offpolicy_token_share"]))
     assert [p.get_height() for p in fig.axes[0].patches] == [0, 0, 0, 0]
+
+
+def test_first_divergence_is_the_earliest_step_any_seed_differs():
+    """Two variants' histories compared seed by seed on ``tokens_digest``: the earliest step
+    where one seed's tokens differ, -1 when every common step matches."""
+    def rows(variant, seed, digests):
+        return [{"variant": variant, "seed": seed, "step": s, "tokens_digest": d}
+                for s, d in enumerate(digests)]
+    same = pd.DataFrame(rows("a", 0, "xyz") + rows("b", 0, "xyz") + rows("a", 1, "pqr")
+                        + rows("b", 1, "pqr"))
+    assert Ablation(history=same, evals=pd.DataFrame()).first_divergence("a", "b") == -1
+    apart = pd.DataFrame(rows("a", 0, "xyz") + rows("b", 0, "xyZ") + rows("a", 1, "pqr")
+                         + rows("b", 1, "pQr"))
+    assert Ablation(history=apart, evals=pd.DataFrame()).first_divergence("a", "b") == 1

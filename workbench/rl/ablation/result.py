@@ -18,6 +18,7 @@ import pandas as pd
 from ...speculative.decisions import (BANDIT_CHOICE_COLUMNS, DECIDED_COLUMNS, bandit_choices,
                                     bandit_decisions, explore_cost, plain_share)
 from ..grpo import GRPO
+from ..tlt import first_divergence
 from ..remedies.compare import remedy_metrics
 
 __all__ = ["Ablation", "amdahl"]
@@ -126,6 +127,19 @@ class Ablation:
         steps = self.history.pivot_table(index=["seed", "step"], columns="variant",
                                          values="step_s")
         return (steps["baseline"] / steps[variant]).dropna().rename("e2e_speedup")
+
+    def first_divergence(self, a: str, b: str) -> int:
+        """The first RL step whose tokens differ between variants ``a`` and ``b``
+        (``tokens_digest``) over every seed both ran; -1 when every common step matches.
+        With coupled sampling two variants that change only when and where requests run (a
+        Seer dispatch against another) draw the same tokens, unless float32 arithmetic rounds
+        a near-tie differently (a re-prefill in one pass where the tokens were decoded step by
+        step)."""
+        h = self.history
+        steps = [first_divergence(h[(h["variant"] == a) & (h["seed"] == seed)],
+                                  h[(h["variant"] == b) & (h["seed"] == seed)])
+                 for seed in sorted(set(h["seed"]))]
+        return min((d for d in steps if d >= 0), default=-1)
 
     def remedy_metrics(self) -> dict:
         """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
