@@ -334,7 +334,10 @@ def test_a_workbench_runs_diagnosis_carries_each_replayed_remedys_number(tmp_pat
     (results / "nb11.json").write_text(json.dumps({"figures": {
         "remedy_sim_error_april": {"value": 0.2},
         "remedy_sim_error_april_padded_update": {"value": -0.07}}}))
-    r = diagnose(read_logs(tmp_path), results=results).remedies.set_index("remedy")
+    d = diagnose(read_logs(tmp_path), results=results)
+    from workbench.diagnose import remedies_figure
+    remedies_figure(d)  # a negative error's bar is its size
+    r = d.remedies.set_index("remedy")
     assert r.loc["april", "error"] == -0.07 and r.loc["april", "error_source"] == \
         "remedy_sim_error_april_padded_update of nb11"  # the check that charged updates so
     assert np.isnan(r.loc["tail_batching", "error"])  # never another remedy's error

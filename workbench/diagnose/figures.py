@@ -81,7 +81,7 @@ def remedies_figure(diagnosis):
     value = r["predicted_e2e_speedup"].to_numpy(float)
     known = np.isfinite(value)
     err = np.where(known & np.isfinite(r["error"].to_numpy(float)),
-                   value * r["error"].fillna(0).to_numpy(float), 0)
+                   value * r["error"].fillna(0).abs().to_numpy(float), 0)  # a signed error's size
     colors = ["#1f77b4" if m.startswith("simulated") else "#999" if not k else "#ff7f0e"
               for m, k in zip(r["method"], known)]
     ax.barh(r["remedy"], np.where(known, value - 1, 0), left=1, xerr=err, color=colors)
