@@ -119,8 +119,9 @@ def main():
                 "above 1: compiled is faster)", table.drop(columns="spread_wide"),
                 table["spread_wide"], args.wide, "batch sizes")
     print(f"\nThe preallocated KV cache at the model's context ({context} columns): {memory}")
-    record(args, "Plain decode step, torch.compile (inductor, CPU, static preallocated KV "
-           "cache, power-of-two row buckets) over eager: eager decode seconds over compiled "
+    record(args, "Plain decode step, torch.compile (inductor, CPU, preallocated KV cache, "
+           "power-of-two row buckets, the width a symbolic size) over eager: eager decode "
+           "seconds over compiled "
            f"(median of per-repeat ratios) at batch sizes {args.batch_sizes}, default policy, "
            f"float32, {args.threads} thread(s), max_new_tokens={args.max_new_tokens}",
            figures, sim_clock(), disturbed_of(*summaries),

@@ -14,19 +14,30 @@ fixed shapes:
   (``rollout.batch``) works unchanged, and an operation that replaces a view (rows leaving
   or joining, compaction) is copied back into the same buffer at the next step.
 - the step runs on ``[Bb, :, :Tb]`` views of those buffers: ``Bb`` the batch size rounded up
-  to a power of two (:func:`row_bucket`), ``Tb`` the width rounded up to a multiple of
-  ``col_step``; the new token's keys and values are written in place at their column
-  (``index_copy_``) and attention sees the columns its row may see through a boolean mask
-  built from positions, as ``forward.attention_mask`` does (holes, sliding windows). Rows past
-  the batch's own see their column 0 only, so nothing is NaN.
+  to a power of two (:func:`row_bucket`); ``Tb`` the batch's width, a symbolic size of the
+  graph (``dynamic_cols``, the default: one graph serves every width, and attention sees no
+  padded columns), or with ``dynamic_cols=False`` the width rounded up to a multiple of
+  ``col_step`` (fully static shapes, a graph per column bucket). The new tokens' keys and
+  values are written in place at their columns (``index_copy_``) and attention sees the
+  columns its row may see through a boolean mask built from positions, as
+  ``forward.attention_mask`` does (holes, sliding windows). Rows past the batch's own see
+  their column 0 only, so nothing is NaN.
 
-One graph per ``(Bb, Tb, buffer length)`` key: the compiles of a rollout are bounded by the
-row buckets times the column buckets, counted in :attr:`CompiledDecode.compiles` with their
+One graph per key ``(Bb, Tb or None, buffer row stride, fed tokens, tree)``: the compiles of
+a rollout are bounded by the row buckets (times the column buckets when static, times the
+draft lengths a schedule verifies), counted in :attr:`CompiledDecode.compiles` with their
 wall seconds. A compile runs once per key on scratch buffers of the same shapes (a warm-up),
 before the step that needs it, as a ``compile`` row of the timeline's steps table of its own
 (``rollout.timeline``): on the wall clock it lasts what it took; on the sim clock its time
 is taken off the worker's clock (it is wall time, partly in inductor's worker processes, not
-the step's), so sim-clock figures never include it.
+the step's), so sim-clock figures never include it. Inductor's on-disk cache makes a later
+process's compiles short. With symbolic columns, dynamo's automatic dynamic shapes may also
+make the rows symbolic once a second row bucket compiles; later buckets then reuse that
+graph (a ``compile`` row of a few milliseconds).
+
+On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
+step is about as fast as the eager lean forward: a small-batch step there is bound by the
+matmuls' weight reads, which compiling does not change; hence ``False`` by default.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
@@ -237,6 +248,7 @@ class CompiledDecode:
     forward: LeanForward
     mode: object = True
     col_step: int = 128
+    dynamic_cols: bool = True
     trials: int = 3
     timer: object = time.perf_counter
     backend: str = "inductor"
@@ -258,7 +270,8 @@ class CompiledDecode:
             # float64 model, as HF does), so that compiled states equal eager ones
             options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
             self._fn = torch.compile(_make_step(self.forward, plans), backend=self.backend,
-                                     dynamic=False, fullgraph=True, options=options)
+                                     dynamic=None if self.dynamic_cols else False,
+                                     fullgraph=True, options=options)
         return self._fn
 
     def _weights(self, plans):
@@ -317,7 +330,7 @@ class CompiledDecode:
         rows, width = batch.size, batch.width
         b_rows = row_bucket(rows)
         layers = batch.cache.layers
-        t_cols = round_up(width, self.col_step)
+        t_cols = width if self.dynamic_cols else round_up(width, self.col_step)
         length = max(layer.length for layer in layers)
         if t_cols > length:  # past the preallocated length: the buffers grow (a new key)
             length = round_up(t_cols, 64)
@@ -329,7 +342,15 @@ class CompiledDecode:
         emb, lt, norm_w, head_w, head_b = self._weights(plans)
         args = [*inputs, emb, lt, norm_w, head_w, head_b, [v[0] for v in views],
                 [v[1] for v in views]]
-        key = (b_rows, t_cols, views[0][0].stride(0), fed.shape[1], tree is not None)
+        if self.dynamic_cols:  # one graph for every width: the columns' count is symbolic
+            for t in args[2], args[3]:
+                torch._dynamo.mark_dynamic(t, 1)
+            if args[7] is not None:
+                torch._dynamo.mark_dynamic(args[7], 2)
+            for t in args[-2] + args[-1]:
+                torch._dynamo.mark_dynamic(t, 2)
+        key = (b_rows, None if self.dynamic_cols else t_cols, views[0][0].stride(0),
+               fed.shape[1], tree is not None)
         return _Call(fn, args, key, layers, rows, width)
 
     def needs_compile(self, call: "_Call") -> bool:
