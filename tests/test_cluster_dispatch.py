@@ -10,8 +10,8 @@ import pytest
 
 from workbench.cluster.cost import StepCost
 from workbench.cluster.dispatch import (POLICIES, SEER_SETTINGS, predicted_lengths,
-                                        prefill_per_token, seer_answer, seer_whatif,
-                                        simulate_dispatch)
+                                        prefill_per_token, seer_answer, seer_metrics,
+                                        seer_whatif, simulate_dispatch)
 from workbench.cluster.remedies import run_rollout
 from workbench.cluster.simulate import Layout, simulate_rollout
 
@@ -133,6 +133,9 @@ def test_the_whatif_sets_seers_scheduling_tlt_and_both_beside_static_at_each_n()
     # longest first from the siblings beats the static layout here, and TLT's arm helps both
     assert (table["speedup_seer_divided"] > 1).all()
     assert (table["makespan_tlt+seer_divided_s"] <= table["makespan_seer_divided_s"]).all()
+    metrics = seer_metrics(table, 8)
+    assert metrics["predicted_speedup_seer_divided_8"] == table["speedup_seer_divided"].iloc[1]
+    assert "predicted_speedup_tlt+seer_divided_8" in metrics and "predicted_moves_seer_divided_8" in metrics
     said = seer_answer(table, 8)
     assert said.startswith("N=8: ") and "TLT beside Seer" in said
     with pytest.raises(ValueError, match="no row at N=64"):

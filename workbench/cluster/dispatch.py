@@ -62,7 +62,7 @@ from .cost import StepCost, UpdateCost
 
 __all__ = ["POLICIES", "RULES", "PREDICTORS", "DispatchRun", "predicted_lengths",
            "prefill_per_token", "simulate_dispatch", "SEER_SETTINGS", "seer_whatif",
-           "seer_answer"]
+           "seer_answer", "seer_metrics"]
 
 POLICIES = ("static", "as_drawn", "longest_first", "divided")
 """The placement policies of :func:`simulate_dispatch` (module docstring); ``static`` is
@@ -397,15 +397,30 @@ def seer_whatif(source, cost: StepCost, per_worker: int, max_batch: int | None,
     return pd.DataFrame(rows)
 
 
-def seer_answer(table: pd.DataFrame, workers: int) -> str:
-    """The answer at ``workers`` (a row of :func:`seer_whatif`'s table), from its numbers:
-    which of TLT, Seer's divided rollout and both is fastest, each one's speedup over the
-    static plain step, and whether TLT still pays beside Seer."""
+def _row(table: pd.DataFrame, workers: int) -> pd.Series:
     rows = table[table["workers"] == workers]
     if len(rows) != 1:
         raise ValueError(f"the table has no row at N={workers}; its N: "
                          f"{table['workers'].tolist()}")
-    r = rows.iloc[0]
+    return rows.iloc[0]
+
+
+def seer_metrics(table: pd.DataFrame, workers: int = 64) -> dict[str, float]:
+    """notebook 10's figures at ``workers`` (a row of :func:`seer_whatif`'s table): each
+    setting's predicted speedup over the static plain step, keyed
+    ``predicted_speedup_<setting>_{workers}``, and the divided rollout's moves."""
+    r = _row(table, workers)
+    out = {f"predicted_speedup_{k}_{workers}": float(r[f"speedup_{k}"])
+           for k in SEER_SETTINGS if k != "static"}
+    out[f"predicted_moves_seer_divided_{workers}"] = int(r["moves"])
+    return out
+
+
+def seer_answer(table: pd.DataFrame, workers: int) -> str:
+    """The answer at ``workers`` (a row of :func:`seer_whatif`'s table), from its numbers:
+    which of TLT, Seer's divided rollout and both is fastest, each one's speedup over the
+    static plain step, and whether TLT still pays beside Seer."""
+    r = _row(table, workers)
     s = {k: float(r[f"speedup_{k}"]) for k in ("tlt", "seer_schedule", "seer_divided",
                                                 "tlt+seer_divided")}
     best = max(("tlt", "seer_divided", "tlt+seer_divided"), key=s.get)
