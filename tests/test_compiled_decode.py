@@ -266,3 +266,21 @@ def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):
             if dec.size:
                 visible_cache_is_a_fresh_recompute(model, dec)
     assert isinstance(dec.batch.cache, StaticKVCache)
+
+
+def test_static_column_buckets_are_lossless_across_bucket_edges(tokenizer):
+    """With ``dynamic_cols=False`` every shape is static: the width is padded to a multiple
+    of ``col_step`` (16 here, so the rollout crosses three buckets, a graph each)."""
+    model = tiny_model("mistral", tokenizer, seed=2)
+    engine = RolloutEngine(model, tokenizer)
+    c = _compiled_of(model)
+    c.dynamic_cols, c.col_step = False, 16
+    cfg = RolloutConfig(max_new_tokens=24, ignore_eos=True)
+    prompts = PROMPTS[1:3]
+    eager = engine.rollout(prompts, cfg, progress=False)
+    comp = engine.rollout(prompts, cfg, compile=True, progress=False)
+    assert comp.tokens == eager.tokens
+    np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
+                               atol=STATES_ATOL, rtol=0)
+    widths = {key[1] for key in c.compiles}
+    assert len(widths) >= 3 and all(w % 16 == 0 for w in widths)
