@@ -350,3 +350,8 @@ def test_a_rollout_dump_gets_the_replayed_remedies_without_an_sd_curve():
     r = d.remedies.set_index("remedy")["predicted_e2e_speedup"]
     assert (r[REPLAYED] > 1).all() and (r[REPLAYED] <= r["any_rollout_remedy_bound"]).all()
     assert np.isnan(r["tlt_threshold"])  # SD's curve is what TLT's number lacks
+    best = r[REPLAYED].idxmax()
+    tail = next(f["sentence"] for f in d.findings if f["cause"] == "tail_bound")
+    assert best == "partial_rollouts" and tail.endswith(
+        f"of the remedies that cut the tail, partial rollouts would buy about {r[best]:.2f}x "
+        "(training on tokens an older policy sampled)")

@@ -62,13 +62,29 @@ def findings_of(log, split, tail, batch, curve, threshold, remedies, baseline) -
         buys = f": TLT would buy about {gain:.2f}x {span}" if np.isfinite(gain) else ""
         out.append({"cause": "tail_bound", "sentence":
                     f"the tail holds {_pct(tail['tail_share'].mean())} of the rollout (idle "
-                    f"fraction {_pct(tail['idle_fraction'].mean())}){buys}"})
+                    f"fraction {_pct(tail['idle_fraction'].mean())}){buys}{_best_cut(remedies)}"})
     share = m.get("rollout_share", np.nan)
     if not out and np.isfinite(share) and bound is not None:
         out.append({"cause": "rollout_bound", "sentence":
                     f"the rollout is {_pct(share)} of the step: rollout remedies can buy up to "
                     f"{bound:.2f}x"})
     return out
+
+
+CUTS = {"over_provisioning": "over-provisioning", "april": "APRIL",
+        "partial_rollouts": "partial rollouts", "tail_batching": "tail batching"}
+STALE = ("april", "partial_rollouts")  # they train on tokens an older policy sampled
+
+
+def _best_cut(remedies) -> str:
+    """``"; of the remedies that cut the tail, <name> would buy about <x>"``: the replayed
+    remedy with the largest predicted gain, where one was predicted; "" otherwise."""
+    r = remedies.set_index("remedy")["predicted_e2e_speedup"].reindex(list(CUTS)).dropna()
+    if not len(r):
+        return ""
+    best = r.idxmax()
+    return (f"; of the remedies that cut the tail, {CUTS[best]} would buy about {r[best]:.2f}x"
+            + (" (training on tokens an older policy sampled)" if best in STALE else ""))
 
 
 def undecided_of(log, curve, tail, workers) -> list[str]:
