@@ -55,7 +55,7 @@ from .cost import StepCost
 
 __all__ = ["RemedyModel", "REMEDY_MODELS", "remedy_model", "RolloutRun", "run_rollout",
            "simulate_remedy", "remedy_steps", "remedy_speedups", "groups_of_timeline",
-           "inferred_max_batch", "trace_steps", "remedy_whatif"]
+           "inferred_max_batch", "trace_steps", "remedy_whatif", "padded_work", "update_fit"]
 
 LEFTOVERS = ("abort", "carry", "defer")
 REMEDY_MODELS = ("overprovision", "april", "partial", "tail_batching")
@@ -313,6 +313,30 @@ def remedy_speedups(steps: pd.DataFrame, rest_s=None) -> pd.DataFrame:
                      "aborted_tokens": float(r["aborted_tokens"].mean()),
                      "long_rounds": float(r["long_round"].mean())})
     return pd.DataFrame(rows)
+
+
+# ---- the update a remedy's step trains -----------------------------------------------------------
+def padded_work(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's padded batch (``simulate_remedy``'s rows): the responses trained x the
+    longest of them, what a trainer that pads to the longest response pays for."""
+    return (steps["trained_rows"] * steps["trained_longest"]).to_numpy(float)
+
+
+def update_fit(work, seconds) -> tuple[float, float]:
+    """``(intercept, slope)`` of ``seconds ~ intercept + slope x work`` over a run's steps
+    (least squares), the slope at least 0 and the intercept at least 0 (then a fit through 0);
+    ``(mean, 0)``, an update that does not move with the batch, where the work never varies."""
+    w, y = np.asarray(work, float), np.asarray(seconds, float)
+    ok = np.isfinite(w) & np.isfinite(y)
+    w, y = w[ok], y[ok]
+    if len(np.unique(w)) < 2:
+        return (float(y.mean()) if len(y) else 0.0), 0.0
+    slope, intercept = np.polyfit(w, y, 1)
+    if slope <= 0:
+        return float(y.mean()), 0.0
+    if intercept < 0:
+        return 0.0, float(w @ y / (w @ w))
+    return float(intercept), float(slope)
 
 
 # ---- what-ifs at cluster scale ----------------------------------------------------------------

@@ -18,8 +18,9 @@ Recipe (as ``cluster.run_check`` does for TLT):
    length cap the run's ``max_new_tokens`` where ``checkpoint/ablation.json`` names it);
 3. each replayed step gets the baseline's own update time of that step (``update_sim_s``),
    as the diagnosis keeps the rest of a step as logged (``update="logged"``); or
-   (``update="padded"``) an update of ``c`` x the responses trained x the longest of them,
-   the padded batch the workbench's GRPO pays for, ``c`` fitted on the baseline's steps;
+   (``update="padded"``) that update moved by ``slope`` x the change in the padded batch
+   (the responses trained x the longest of them, what the workbench's GRPO pays for), the
+   slope fitted on the baseline's steps (``remedies.update_fit``);
 4. predicted: summed plain steps over summed remedy steps; measured: the baseline's summed
    ``step_s`` over the variant's, that seed (``Ablation``'s ``e2e_speedup``). The rollout's
    alone the same way (``rollout_s``): the remedy model's own error, apart from the update.
@@ -38,12 +39,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..checks import check_choice
 from ..rollout.timeline import Timeline
 from .cost import StepCost
-from .remedies import REMEDY_MODELS, groups_of_timeline, inferred_max_batch, remedy_steps
+from .remedies import (REMEDY_MODELS, groups_of_timeline, inferred_max_batch, padded_work,
+                       remedy_steps, update_fit)
 
 __all__ = ["RemedyCheck", "check_remedies", "remedy_check_metrics", "UPDATES"]
 
@@ -128,9 +131,9 @@ def check_remedies(folder: str | os.PathLike, seed: int = 0,
     n = len(base)
     logged = h.loc["baseline", "update_sim_s"].to_numpy()[:n]               # 3) the update
     of = {name: r.reset_index(drop=True) for name, r in steps.groupby("remedy")}
-    padded = lambda r: (r["trained_rows"] * r["trained_longest"]).to_numpy(float)
-    c = float(padded(of["plain"]) @ logged / max(padded(of["plain"]) @ padded(of["plain"]), 1e-12))
-    charge = (lambda r: logged) if update == "logged" else (lambda r: c * padded(r))
+    _, slope = update_fit(padded_work(of["plain"]), logged)
+    charge = (lambda r: logged) if update == "logged" else (
+        lambda r: np.maximum(logged + slope * (padded_work(r) - padded_work(of["plain"])), 0.0))
     plain = of["plain"]["rollout_s"].to_numpy()
     rows = []
     for v in variants:                                                      # 4) the ratios

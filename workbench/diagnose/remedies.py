@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from ..cluster.cost import StepCost
-from ..cluster.remedies import groups_of_timeline, inferred_max_batch, remedy_steps
+from ..cluster.remedies import (groups_of_timeline, inferred_max_batch, padded_work,
+                                remedy_steps, update_fit)
 from .steplog import StepLog
 from .validated import RESULTS, remedy_error
 
@@ -69,38 +70,40 @@ def _groups(log: StepLog, lays: dict, measured: dict) -> tuple[list, int, int | 
 def remedy_ratios(log: StepLog, lays: dict, measured: dict, cost: StepCost) -> pd.DataFrame:
     """``cluster.remedies.remedy_steps`` on the simulated steps (``replay.layouts``' steps, in
     order): one row per step and remedy, its ``step`` the logged step it is set beside, and
-    ``rest_ratio``: what the rest of the step is scaled by. A workbench run's rest is its
-    update, which pads its batch to the longest response: the responses trained x the
-    longest of them, over the plain step's (``cluster.remedy_check``, ``update="padded"``);
-    other logs' rest stays as logged (1)."""
+    ``rest_delta``: the seconds the rest of the step moves by. A workbench run's rest is its
+    update, which pads its batch to the longest response: it moves by the slope of the
+    logged rest against the plain step's padded batch (``cluster.remedies.update_fit``) x
+    the change in that batch (``cluster.remedy_check``, ``update="padded"``); other logs'
+    rest stays as logged (0)."""
     groups, workers, max_batch = _groups(log, lays, measured)
     table = remedy_steps(groups, workers, cost, max_batch=max_batch,
                          remedies=[v for v, _ in REPLAYED.values()])
     padded = log.format == "workbench"
+    table["rest_delta"] = 0.0
     if padded:
-        work = table["trained_rows"] * table["trained_longest"]
-        plain = work[table["remedy"] == "plain"].to_numpy()
-        table["rest_ratio"] = work / plain[table["step"].to_numpy()]
-    else:
-        table["rest_ratio"] = 1.0
+        work = padded_work(table)
+        plain = work[(table["remedy"] == "plain").to_numpy()]
+        s = log.steps.set_index("step").reindex(list(lays))
+        _, slope = update_fit(plain, (s["step_s"] - s["rollout_s"]).to_numpy())
+        table["rest_delta"] = slope * (work - plain[table["step"].to_numpy()])
     table["step"] = np.asarray(list(lays))[table["step"].to_numpy()]
     table.attrs.update(workers=workers, max_batch=max_batch, padded=padded,
                        prompts_per_step=int(np.median([len(g) for g in groups])))
     return table
 
 
-def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str, rest_ratio: str | None = None) -> float:
+def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str, rest_delta: str | None = None) -> float:
     """Summed logged steps over summed predicted ones (the rollout scaled by the simulated
-    ratio, the rest as logged or scaled by ``rest_ratio``), over the simulated steps the step
-    log holds too (a rollout dump may hold steps the metrics do not); NaN where it holds none
-    of them."""
+    ratio, the rest as logged or moved by ``rest_delta`` seconds, never below 0), over the
+    simulated steps the step log holds too (a rollout dump may hold steps the metrics do
+    not); NaN where it holds none of them."""
     tail = tail[tail["step"].isin(steps["step"])]
     if not len(tail):
         return float("nan")
     s = steps.set_index("step").loc[tail["step"]]
     rest = (s["step_s"] - s["rollout_s"]).to_numpy()
-    if rest_ratio is not None:
-        rest = rest * tail[rest_ratio].to_numpy()
+    if rest_delta is not None:
+        rest = np.maximum(rest + tail[rest_delta].to_numpy(), 0.0)
     return float(s["step_s"].sum() / (s["rollout_s"].to_numpy() * tail[ratio].to_numpy() + rest).sum())
 
 
@@ -154,10 +157,10 @@ def _replayed_rows(split: pd.DataFrame, replayed: pd.DataFrame | None, results) 
             continue
         mine = replayed[replayed["remedy"] == variant]
         ratio = pd.DataFrame({"step": mine["step"].to_numpy(), "ratio": mine["ratio"].to_numpy(),
-                              "rest": mine["rest_ratio"].to_numpy()})
+                              "rest": mine["rest_delta"].to_numpy()})
         P, padded = replayed.attrs.get("prompts_per_step"), replayed.attrs.get("padded")
         method = (f"simulated ({what}) over the logged steps' lengths, the rest of the step "
-                  + ("charged by its padded batch (responses trained x the longest)" if padded
+                  + ("moved with its padded batch (responses trained x the longest)" if padded
                      else "as logged")
                   + f": trains {mine['groups_trained'].mean():.3g} groups per step (P = {P})")
         if variant == "tail_batching":
