@@ -166,3 +166,18 @@ def test_a_seer_runs_rollouts_are_replayed_and_their_error_reported(tokenizer, t
     assert seer_check_metrics(tmp_path, ["seer_divided"]) == {}  # no baseline: nothing read
     with pytest.raises(ValueError, match="no saved timelines of 'baseline'"):
         check_seer(tmp_path / "nothing")
+
+
+def test_stragglers_slow_the_same_workers_as_in_the_static_simulator():
+    tokens = np.random.default_rng(4).integers(1, 200, 24)
+    lay = Layout(tokens.reshape(6, 4).T.copy(), np.zeros((4, 6), np.int64))
+    t = simulate_rollout(lay, MEASURED, spread=0.3, seed=5)
+    assert simulate_dispatch(tokens, 4, MEASURED, spread=0.3, seed=5).makespan == t.makespan_s
+    # a slow worker takes fewer requests from the shared queue
+    from workbench.cluster.simulate import worker_speeds
+    speed = worker_speeds(2, 1.0, 9)  # worker 1 about 2.8 times slower
+    fast = int(np.argmin(speed))
+    assert speed.max() / speed.min() > 2
+    run = simulate_dispatch([5] * 12, 2, FLAT, 1, "as_drawn", spread=1.0, seed=9)
+    assert (run.worker == fast).sum() > 6 and run.makespan < simulate_dispatch(
+        [5] * 12, 2, FLAT, 1, spread=1.0, seed=9).makespan

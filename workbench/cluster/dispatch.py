@@ -59,6 +59,7 @@ import pandas as pd
 
 from ..checks import check_choice, check_int, check_non_negative
 from .cost import StepCost, UpdateCost
+from .simulate import worker_speeds
 
 __all__ = ["POLICIES", "RULES", "PREDICTORS", "DispatchRun", "predicted_lengths",
            "prefill_per_token", "simulate_dispatch", "SEER_SETTINGS", "seer_whatif",
@@ -161,7 +162,8 @@ class _Plan:
 def simulate_dispatch(tokens, workers: int, cost: StepCost, max_batch: int | None = None,
                       policy: str = "static", predicted=None, prompt_tokens=None,
                       rule: str = "plain", prefill_per_token: float | None = None,
-                      schedule_queues: bool = False) -> DispatchRun:
+                      schedule_queues: bool = False, spread: float = 0.0,
+                      seed: int = 0) -> DispatchRun:
     """One rollout of requests of ``tokens`` response tokens each (as drawn) on ``workers``
     workers of ``max_batch`` rows, placed by ``policy`` (:data:`POLICIES`, module docstring)
     and decoded by ``rule`` (:data:`RULES`). ``predicted``: each request's predicted length
@@ -169,7 +171,9 @@ def simulate_dispatch(tokens, workers: int, cost: StepCost, max_batch: int | Non
     request or one number; 0 when None) and ``prefill_per_token`` (seconds per context token;
     default :func:`prefill_per_token` of the costs) charge ``divided``'s re-prefills.
     ``schedule_queues``: ``longest_first`` with per-worker queues dealt in that order (the
-    harness's ``seer_schedule``) instead of one shared queue."""
+    harness's ``seer_schedule``) instead of one shared queue. ``spread``: stragglers, each
+    worker's steps (prefills and re-prefills too) ``simulate.worker_speeds(N, spread, seed)``
+    times their cost, as ``simulate_rollout`` takes them (0: every worker alike)."""
     tokens = np.asarray(tokens, np.int64)
     n, R = check_int("workers", workers, 1), len(tokens)
     policy = check_choice("policy", policy, POLICIES)
@@ -197,18 +201,20 @@ def simulate_dispatch(tokens, workers: int, cost: StepCost, max_batch: int | Non
         first = [d[:cap] for d in dealt]
         placed = {i for f in first for i in f}
         queues, shared = [deque(f) for f in first], deque(i for i in order if i not in placed)
+    speed = worker_speeds(n, check_non_negative("spread", spread), seed)
     return _Loop(tokens, n, cap, cost, _Plan(cost, rule), queues, shared, predicted, prompts,
-                 prefill_per_token if policy == "divided" else None).run()
+                 prefill_per_token if policy == "divided" else None, speed).run()
 
 
 class _Loop:
     """The event loop of :func:`simulate_dispatch`: per worker its live rows (request ->
     tokens left at its segment's start), the segment's start, step seconds and tau."""
 
-    def __init__(self, tokens, n, cap, cost, plan, queues, shared, predicted, prompts, per_token):
+    def __init__(self, tokens, n, cap, cost, plan, queues, shared, predicted, prompts, per_token,
+                 speed):
         self.tokens, self.n, self.cap, self.plan = tokens, n, cap, plan
         self.queues, self.shared, self.predicted, self.prompts = queues, shared, predicted, prompts
-        self.per_token, self.prefill = per_token, cost.has("prefill")
+        self.per_token, self.prefill, self.speed = per_token, cost.has("prefill"), speed
         self.cost = cost
         R = len(tokens)
         self.end, self.join = np.full(R, np.nan), np.full(R, np.nan)
@@ -259,7 +265,8 @@ class _Loop:
         if not self.live[w]:
             self.next[w] = np.inf
             return
-        self.sec[w], self.tau[w] = self.plan(len(self.live[w]))
+        sec, self.tau[w] = self.plan(len(self.live[w]))
+        self.sec[w] = sec * self.speed[w]
         steps = math.ceil(min(self.live[w].values()) / self.tau[w] - _EPS)
         self.next[w] = t + steps * self.sec[w]
 
@@ -269,7 +276,7 @@ class _Loop:
             k = min(self.cap - len(self.live[w]), len(queue))
             admitted = [queue.popleft() for _ in range(k)]
             if self.prefill:
-                sec = float(self.cost.seconds("prefill", [k])[0])
+                sec = float(self.cost.seconds("prefill", [k])[0]) * self.speed[w]
                 t += sec
                 self.busy[w] += sec
             for i in admitted:
@@ -292,29 +299,31 @@ class _Loop:
             if not idle or not donors:
                 return
             source = max(donors, key=lambda w: (len(self.live[w]), -w))
-            take = self._worth_moving(source, now)
+            to = min(idle)
+            take = self._worth_moving(source, to, now)
             if not take:
                 return
-            self._move(source, min(idle), take, now)
+            self._move(source, to, take, now)
 
     def _left_at(self, w, t) -> dict:
         """Worker ``w``'s rows' true tokens left after its step in flight at ``t``."""
         steps = math.ceil((t - self.start[w]) / self.sec[w] - _EPS) if t > self.start[w] else 0
         return {i: max(0.0, left - steps * self.tau[w]) for i, left in self.live[w].items()}
 
-    def _worth_moving(self, source, now) -> list:
+    def _worth_moving(self, source, to, now) -> list:
         left = self._left_at(source, now)
         done = {i: self.tokens[i] - left[i] for i in left}
         guess = {i: max(1.0, self.predicted[i] - done[i]) for i in left}
         free = sorted((i for i in left if not self.moved[i]), key=lambda i: (-guess[i], i))
-        alone = self.plan.finish(list(guess.values()))
+        alone = self.plan.finish(list(guess.values())) * self.speed[source]
         best, best_end = [], alone
         for k in range(1, max(1, len(left) // 2) + 1):
             moved = free[:k]
             stay = [guess[i] for i in left if i not in moved]
             context = sum(self.prompts[i] + done[i] for i in moved)
-            end = max(self.plan.finish(stay),
-                      self.per_token * context + self.plan.finish([guess[i] for i in moved]))
+            end = max(self.plan.finish(stay) * self.speed[source],
+                      (self.per_token * context + self.plan.finish([guess[i] for i in moved]))
+                      * self.speed[to])
             if end < best_end - _EPS:
                 best, best_end = moved, end
         return best
@@ -333,7 +342,7 @@ class _Loop:
         self._segment(source, release)
         begin = max(now, release)
         context = sum(self.prompts[i] + self.tokens[i] - left for i, left in rows.items())
-        seconds = self.per_token * context
+        seconds = self.per_token * context * self.speed[to]
         self.busy[to] += seconds
         self.reprefill_s += seconds
         for i in rows:
@@ -355,7 +364,8 @@ def seer_whatif(source, cost: StepCost, per_worker: int, max_batch: int | None,
                 workers=(8, 16, 32, 64, 128, 256, 512, 1024), samples_per_prompt: int = 8,
                 predictor: str = "siblings", noise: float = 0.0,
                 update: float | UpdateCost = 0.0, prompt_tokens: float | None = None,
-                prefill_per_token: float | None = None, seed: int = 0) -> pd.DataFrame:
+                prefill_per_token: float | None = None, spread: float = 0.0,
+                seed: int = 0) -> pd.DataFrame:
     """Seer's scheduling, TLT, or both at every N of ``workers``: one RL step of ``N x
     per_worker`` requests (whole groups of a ``Trace`` or a ``LengthModel``'s draws,
     ``remedies.trace_steps``, seeded), each worker ``max_batch`` rows at once, replayed under
@@ -363,7 +373,8 @@ def seer_whatif(source, cost: StepCost, per_worker: int, max_batch: int | None,
     One row per N: ``makespan_<setting>_s``, ``speedup_<setting>`` (the static plain step's
     time, rollout and ``update``, over the setting's), ``idle_fraction_<setting>``, ``moves``
     and ``reprefill_s`` of ``seer_divided``. Prompt tokens: the trace's mean where not given
-    (a ``LengthModel``: 0 unless given)."""
+    (a ``LengthModel``: 0 unless given). ``spread``: stragglers (``simulate_dispatch``), the
+    same slow workers under every setting."""
     from .remedies import trace_steps
     from .trace import Trace
     per_worker = check_int("per_worker", per_worker, 1)
@@ -385,7 +396,7 @@ def seer_whatif(source, cost: StepCost, per_worker: int, max_batch: int | None,
         row = {"workers": n, "requests": need, "update_s": update_s}
         for name, (policy, rule) in SEER_SETTINGS.items():
             run = simulate_dispatch(tokens, n, cost, max_batch, policy, guess, prompt_tokens,
-                                    rule, prefill_per_token)
+                                    rule, prefill_per_token, spread=spread, seed=seed)
             row[f"makespan_{name}_s"] = run.makespan
             row[f"idle_fraction_{name}"] = run.idle_fraction()
             if name == "seer_divided":
