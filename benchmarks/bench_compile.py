@@ -1,7 +1,8 @@
 """The compiled plain decode step against the eager one (issue 41), side by side.
 
 The default policy, greedy, ``ignore_eos`` (every row decodes ``--max-new-tokens``, so the
-batch stays at its size and one graph serves every step), the engine's rollout with
+batch stays at its size and one graph serves every step), the engine's rollout, plain and
+(``--sd-batch-sizes``) speculative with the shipped small LM drafting, with
 ``RolloutConfig(compile=False)`` and ``compile=True`` (``rollout.compiled``) alternating
 inside each of ``--repeats`` repeats (order rotating) at each batch size; ``--warmup`` untimed
 rounds first compile the graphs (their compile seconds are printed, from
@@ -30,12 +31,15 @@ from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.rollout.compiled import row_bucket
 from workbench.rollout.forward import policy_forward
+from workbench.speculative import LMDrafter
 from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 
 def decode_seconds(steps) -> float:
-    dec = steps[steps["kind"] == "decode"]
+    """Seconds of the rollout's decode work: plain steps, and a speculative step's draft and
+    verify rows (prefills and compile rows left out)."""
+    dec = steps[steps["kind"].isin(["decode", "draft", "verify"])]
     return float((dec["end_s"] - dec["start_s"]).sum())
 
 
@@ -48,12 +52,15 @@ def prealloc_mib(model, rows: int, length: int) -> float:
     return row_bucket(rows) * length * per_row_col * model.dtype.itemsize / 2 ** 20
 
 
-def measure(engine, prompts, bs, args):
+def measure(engine, prompts, bs, args, drafter=None):
+    """Eager against compiled at batch ``bs``: plain steps, or with ``drafter`` speculative
+    steps of ``--spec-k`` drafts (the verify pass compiled; the drafter's own steps eager)."""
     cfg = RolloutConfig(max_new_tokens=args.max_new_tokens, max_batch_size=bs,
-                        ignore_eos=True)
+                        ignore_eos=True, spec_k=args.spec_k)
+    sd = "sd_" if drafter is not None else ""
 
     def run(compile_):
-        res = engine.rollout(prompts, cfg, compile=compile_, progress=False)
+        res = engine.rollout(prompts, cfg, compile=compile_, drafter=drafter, progress=False)
         return res.tokens, res.timeline.steps
 
     t0 = time.perf_counter()
@@ -66,16 +73,19 @@ def measure(engine, prompts, bs, args):
                      for a, b in zip(ta, tb))
     stats = summarize(runs, baseline="eager", wide=args.wide).set_index("system")
     n_tokens = sum(len(t) for t in runs.outputs["eager"][0][0])
-    steps = int((runs.outputs["eager"][0][1]["kind"] == "decode").sum())
+    kinds = runs.outputs["eager"][0][1]["kind"]
+    steps = int(kinds.isin(["decode", "verify"]).sum())
     c = policy_forward(engine.model)._compiled_decode[True]
-    compile_s = sum(s for k, s in c.compiles.items() if k[0] == bs)
+    compile_s = sum(s for k, s in c.compiles.items() if k[0] == bs and (k[3] > 1) == bool(sd))
     us = {n: stats.loc[n, "value"] / steps * 1e6 for n in ("eager", "compiled")}
-    figures = {f"compiled_over_eager_bs{bs}": figure_from_stats(stats.loc["compiled"], "x"),
-               f"eager_step_us_bs{bs}": {"value": us["eager"], "n": args.repeats, "unit": "us"},
-               f"compiled_step_us_bs{bs}": {"value": us["compiled"], "n": args.repeats,
-                                            "unit": "us"},
-               f"compile_s_bs{bs}": {"value": compile_s, "n": 1, "unit": "s"}}
-    row = {"batch size": bs, "decode steps": steps, "tokens": n_tokens,
+    figures = {f"{sd}compiled_over_eager_bs{bs}": figure_from_stats(stats.loc["compiled"], "x"),
+               f"{sd}eager_step_us_bs{bs}": {"value": us["eager"], "n": args.repeats,
+                                             "unit": "us"},
+               f"{sd}compiled_step_us_bs{bs}": {"value": us["compiled"], "n": args.repeats,
+                                                "unit": "us"},
+               f"{sd}compile_s_bs{bs}": {"value": compile_s, "n": 1, "unit": "s"}}
+    row = {"steps": "SD, small LM" if sd else "plain", "batch size": bs,
+           "decode steps": steps, "tokens": n_tokens,
            "eager us/step": f"{us['eager']:.0f}", "compiled us/step": f"{us['compiled']:.0f}",
            **ratio_cells(stats.loc["compiled"]),
            "disturbed": f"{stats.loc['compiled', 'disturbed_share']:.0%}",
@@ -91,6 +101,10 @@ def main():
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sd-batch-sizes", type=int, nargs="*", default=[1],
+                    help="batch sizes also measured with speculative steps (the shipped "
+                    "small LM drafting --spec-k tokens; the verify pass compiled)")
+    ap.add_argument("--spec-k", type=int, default=4)
     add_common(ap, repeats=5)
     ap.set_defaults(warmup=1)
     add_result(ap)
@@ -99,9 +113,15 @@ def main():
     model, tok = load_model(args.model, device="cpu", dtype=torch.float32)
     engine = RolloutEngine(model, tok)
     rows, figures, summaries = [], {}, []
-    for bs in args.batch_sizes:
+    drafter = None
+    if args.sd_batch_sizes:
+        small, _ = load_model("default-drafter", device="cpu", dtype=torch.float32)
+        drafter = LMDrafter(small, tok)
+    plans = [(bs, None) for bs in args.batch_sizes] + [(bs, drafter)
+                                                       for bs in args.sd_batch_sizes]
+    for bs, d in plans:
         prompts = [p.prompt for p in get_problems("running_sum", bs, seed=HELDOUT_SEED)]
-        row, mine, stats = measure(engine, prompts, bs, args)
+        row, mine, stats = measure(engine, prompts, bs, args, d)
         rows.append(row)
         figures.update(mine)
         summaries.append(stats)
@@ -115,17 +135,21 @@ def main():
     print("\n" + header(ap, args, f"model={args.model} cpu float32, greedy, ignore_eos, "
                         f"max_new_tokens={args.max_new_tokens}, one rollout of batch-size "
                         "prompts; measure: decode-step seconds on the sim clock (thread CPU)"))
-    print_table("Compiled plain decode step vs eager (ratio = eager seconds over compiled; "
-                "above 1: compiled is faster)", table.drop(columns="spread_wide"),
-                table["spread_wide"], args.wide, "batch sizes")
+    print_table("Compiled decode step vs eager (ratio = eager seconds over compiled; "
+                "above 1: compiled is faster; SD rows: draft and verify seconds, the verify "
+                "pass compiled)", table.drop(columns="spread_wide"),
+                table["spread_wide"], args.wide, "rows")
     print(f"\nThe preallocated KV cache at the model's context ({context} columns): {memory}")
     record(args, "Plain decode step, torch.compile (inductor, CPU, preallocated KV cache, "
            "power-of-two row buckets, the width a symbolic size) over eager: eager decode "
            "seconds over compiled "
            f"(median of per-repeat ratios) at batch sizes {args.batch_sizes}, default policy, "
-           f"float32, {args.threads} thread(s), max_new_tokens={args.max_new_tokens}",
+           f"float32, {args.threads} thread(s), max_new_tokens={args.max_new_tokens}; "
+           f"sd_*: speculative steps with the shipped small LM (k={args.spec_k}) at batch "
+           f"sizes {args.sd_batch_sizes}, draft and verify seconds, the verify pass compiled",
            figures, sim_clock(), disturbed_of(*summaries),
-           headline=[f"compiled_over_eager_bs{bs}" for bs in args.batch_sizes])
+           headline=[f"compiled_over_eager_bs{bs}" for bs in args.batch_sizes]
+           + [f"sd_compiled_over_eager_bs{bs}" for bs in args.sd_batch_sizes])
 
 
 if __name__ == "__main__":
