@@ -170,3 +170,12 @@ def test_a_whatif_replays_every_remedy_at_each_n_from_a_traces_groups():
     # the time outside the rollout pulls the speedup toward 1: between 1 and the rollout's
     assert ((w["e2e_speedup"] - 1).abs() <= (w["rollout_speedup"] - 1).abs() + 1e-12).all()
     assert (np.sign(w["e2e_speedup"] - 1) == np.sign(w["rollout_speedup"] - 1)).all()
+
+
+def test_the_update_fit_keeps_its_fixed_part_and_never_a_negative_one():
+    from workbench.cluster.remedies import update_fit
+    assert update_fit([1, 2, 3], [2, 3, 4]) == pytest.approx((1.0, 1.0))
+    assert update_fit([5, 5], [1.0, 3.0]) == (2.0, 0.0)       # the batch never varied
+    assert update_fit([1, 2, 3], [3, 2, 1]) == (2.0, 0.0)       # no slope to move by
+    a, b = update_fit([1, 2, 3], [0.5, 2.0, 3.5])             # a negative intercept: through 0
+    assert a == 0.0 and b == pytest.approx((0.5 + 4 + 10.5) / 14)
