@@ -181,3 +181,13 @@ def test_stragglers_slow_the_same_workers_as_in_the_static_simulator():
     run = simulate_dispatch([5] * 12, 2, FLAT, 1, "as_drawn", spread=1.0, seed=9)
     assert (run.worker == fast).sum() > 6 and run.makespan < simulate_dispatch(
         [5] * 12, 2, FLAT, 1, spread=1.0, seed=9).makespan
+
+
+def test_the_answer_names_the_fastest_and_what_each_adds_beside_the_other():
+    table = pd.DataFrame({"workers": [64, 1024], "speedup_tlt": [1.06, 1.2],
+                          "speedup_seer_schedule": [1.0, 1.5], "speedup_seer_divided": [1.0, 1.5],
+                          "speedup_tlt+seer_divided": [1.0602, 1.8]})
+    assert seer_answer(table, 64).startswith("N=64: TLT and TLT with Seer tie for fastest")
+    assert "TLT beside Seer still pays (1.06x), Seer beside TLT adds nothing" in seer_answer(table, 64)
+    assert seer_answer(table, 1024).startswith("N=1024: TLT with Seer is fastest")
+    assert "Seer beside TLT still pays (1.50x)" in seer_answer(table, 1024)

@@ -427,17 +427,23 @@ def seer_metrics(table: pd.DataFrame, workers: int = 64) -> dict[str, float]:
     return out
 
 
-def seer_answer(table: pd.DataFrame, workers: int) -> str:
+def seer_answer(table: pd.DataFrame, workers: int, tie: float = 0.005) -> str:
     """The answer at ``workers`` (a row of :func:`seer_whatif`'s table), from its numbers:
-    which of TLT, Seer's divided rollout and both is fastest, each one's speedup over the
-    static plain step, and whether TLT still pays beside Seer."""
+    which of TLT, Seer (its divided rollout) and both is fastest (those within ``tie``, a
+    relative margin, of the fastest tie with it), each one's speedup over the static plain
+    step, and whether TLT still pays beside Seer and Seer beside TLT."""
     r = _row(table, workers)
     s = {k: float(r[f"speedup_{k}"]) for k in ("tlt", "seer_schedule", "seer_divided",
                                                 "tlt+seer_divided")}
-    best = max(("tlt", "seer_divided", "tlt+seer_divided"), key=s.get)
-    gain = s["tlt+seer_divided"] / s["seer_divided"]
-    return (f"N={workers}: {best} is fastest (speedup over static plain: TLT {s['tlt']:.2f}x, "
-            f"Seer's scheduling {s['seer_schedule']:.2f}x, Seer divided "
-            f"{s['seer_divided']:.2f}x, both {s['tlt+seer_divided']:.2f}x); TLT beside Seer "
-            + (f"still pays ({gain:.2f}x more)" if gain > 1.005 else
-               f"adds nothing ({gain:.3f}x)"))
+    names = {"tlt": "TLT", "seer_divided": "Seer", "tlt+seer_divided": "TLT with Seer"}
+    top = max(s[k] for k in names)
+    leaders = [names[k] for k in names if s[k] >= top / (1 + tie)]
+    lead = (f"{leaders[0]} is fastest" if len(leaders) == 1
+            else " and ".join(leaders) + " tie for fastest")
+    pays = lambda gain: (f"still pays ({gain:.2f}x)" if gain > 1 + tie
+                         else f"adds nothing ({gain:.3f}x)")
+    return (f"N={workers}: {lead} (speedup over static plain: TLT {s['tlt']:.2f}x, Seer's "
+            f"scheduling {s['seer_schedule']:.2f}x, Seer divided {s['seer_divided']:.2f}x, "
+            f"both {s['tlt+seer_divided']:.2f}x); TLT beside Seer "
+            f"{pays(s['tlt+seer_divided'] / s['seer_divided'])}, Seer beside TLT "
+            f"{pays(s['tlt+seer_divided'] / s['tlt'])}")
