@@ -124,7 +124,7 @@ def test_the_whatif_sets_seers_scheduling_tlt_and_both_beside_static_at_each_n()
     trace = Trace(pd.DataFrame({"group": groups.astype(str), "prompt_tokens": 12,
                                 "response_tokens": np.clip(lengths, 1, 500).astype(int)}),
                   MEASURED.table)
-    table = seer_whatif(trace, MEASURED, per_worker=8, max_batch=2, workers=[2, 8],
+    table = seer_whatif(trace, MEASURED, per_worker=8, max_batch=2, workers=[2, 8], draws=2,
                         samples_per_prompt=4, update=0.1)
     assert table["workers"].tolist() == [2, 8] and (table["requests"] == [16, 64]).all()
     assert table["speedup_static"].tolist() == [1.0, 1.0]
@@ -133,6 +133,9 @@ def test_the_whatif_sets_seers_scheduling_tlt_and_both_beside_static_at_each_n()
     # longest first from the siblings beats the static layout here, and TLT's arm helps both
     assert (table["speedup_seer_divided"] > 1).all()
     assert (table["makespan_tlt+seer_divided_s"] <= table["makespan_seer_divided_s"]).all()
+    single = [seer_whatif(trace, MEASURED, 8, 2, [8], 4, update=0.1, seed=k) for k in (0, 1)]
+    assert table["makespan_seer_divided_s"].iloc[1] == pytest.approx(  # the mean of 2 draws
+        np.mean([t["makespan_seer_divided_s"].iloc[0] for t in single]))
     metrics = seer_metrics(table, 8)
     assert metrics["predicted_speedup_seer_divided_8"] == table["speedup_seer_divided"].iloc[1]
     assert "predicted_speedup_tlt+seer_divided_8" in metrics and "predicted_moves_seer_divided_8" in metrics

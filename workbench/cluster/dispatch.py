@@ -365,47 +365,59 @@ def seer_whatif(source, cost: StepCost, per_worker: int, max_batch: int | None,
                 predictor: str = "siblings", noise: float = 0.0,
                 update: float | UpdateCost = 0.0, prompt_tokens: float | None = None,
                 prefill_per_token: float | None = None, spread: float = 0.0,
-                seed: int = 0) -> pd.DataFrame:
+                seed: int = 0, draws: int = 1) -> pd.DataFrame:
     """Seer's scheduling, TLT, or both at every N of ``workers``: one RL step of ``N x
     per_worker`` requests (whole groups of a ``Trace`` or a ``LengthModel``'s draws,
     ``remedies.trace_steps``, seeded), each worker ``max_batch`` rows at once, replayed under
     each of :data:`SEER_SETTINGS` (predictions by ``predictor``, :func:`predicted_lengths`).
-    One row per N: ``makespan_<setting>_s``, ``speedup_<setting>`` (the static plain step's
-    time, rollout and ``update``, over the setting's), ``idle_fraction_<setting>``, ``moves``
-    and ``reprefill_s`` of ``seer_divided``. Prompt tokens: the trace's mean where not given
-    (a ``LengthModel``: 0 unless given). ``spread``: stragglers (``simulate_dispatch``), the
-    same slow workers under every setting."""
-    from .remedies import trace_steps
-    from .trace import Trace
+    One row per N: ``makespan_<setting>_s``, ``idle_fraction_<setting>``, ``moves`` and
+    ``reprefill_s`` of ``seer_divided``, each the mean over ``draws`` steps (seeds ``seed``,
+    ``seed + 1``, ...: their lengths and slow workers), and ``speedup_<setting>``, the mean
+    static plain step's time (rollout and ``update``) over the setting's. Prompt tokens: the
+    trace's mean where not given (a ``LengthModel``: 0 unless given). ``spread``: stragglers
+    (``simulate_dispatch``), the same slow workers under every setting of a draw."""
     per_worker = check_int("per_worker", per_worker, 1)
     G = check_int("samples_per_prompt", samples_per_prompt, 1)
+    draws = check_int("draws", draws, 1)
     if prompt_tokens is None:
         prompt_tokens = (float(source.requests["prompt_tokens"].mean())
-                         if isinstance(source, Trace) else 0.0)
+                         if hasattr(source, "requests") else 0.0)
     rows = []
     for n in workers:
         n = check_int("workers", n, 1)
-        need = n * per_worker
-        groups = trace_steps(source, math.ceil(need / G) + 1, 1, G, seed)[0]
-        while sum(len(g) for g in groups) < need:  # a trace's groups may be smaller than G
-            groups += trace_steps(source, len(groups), 1, G, seed + len(groups))[0]
-        tokens = np.concatenate(groups)[:need]
-        labels = np.repeat(np.arange(len(groups)), [len(g) for g in groups])[:need]
-        guess = predicted_lengths(tokens, labels, predictor, noise, seed)
         update_s = update.seconds(n) if isinstance(update, UpdateCost) else float(update)
-        row = {"workers": n, "requests": need, "update_s": update_s}
-        for name, (policy, rule) in SEER_SETTINGS.items():
-            run = simulate_dispatch(tokens, n, cost, max_batch, policy, guess, prompt_tokens,
-                                    rule, prefill_per_token, spread=spread, seed=seed)
-            row[f"makespan_{name}_s"] = run.makespan
-            row[f"idle_fraction_{name}"] = run.idle_fraction()
-            if name == "seer_divided":
-                row["moves"], row["reprefill_s"] = run.moves, run.reprefill_s
+        step = pd.DataFrame([_seer_step(source, cost, n, per_worker, max_batch, G, predictor,
+                                        noise, prompt_tokens, prefill_per_token, spread, s)
+                             for s in range(seed, seed + draws)]).mean()
+        row = {"workers": n, "requests": n * per_worker, "draws": draws, "update_s": update_s,
+               **step.to_dict()}
         base = row["makespan_static_s"] + update_s
         for name in SEER_SETTINGS:
             row[f"speedup_{name}"] = base / (row[f"makespan_{name}_s"] + update_s)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _seer_step(source, cost, n, per_worker, max_batch, G, predictor, noise, prompt_tokens,
+               prefill_per_token, spread, seed) -> dict:
+    """One drawn step of ``seer_whatif`` at N = ``n`` under every setting."""
+    from .remedies import trace_steps
+    need = n * per_worker
+    groups = trace_steps(source, math.ceil(need / G) + 1, 1, G, seed)[0]
+    while sum(len(g) for g in groups) < need:  # a trace's groups may be smaller than G
+        groups += trace_steps(source, len(groups), 1, G, seed + len(groups))[0]
+    tokens = np.concatenate(groups)[:need]
+    labels = np.repeat(np.arange(len(groups)), [len(g) for g in groups])[:need]
+    guess = predicted_lengths(tokens, labels, predictor, noise, seed)
+    out = {}
+    for name, (policy, rule) in SEER_SETTINGS.items():
+        run = simulate_dispatch(tokens, n, cost, max_batch, policy, guess, prompt_tokens,
+                                rule, prefill_per_token, spread=spread, seed=seed)
+        out[f"makespan_{name}_s"] = run.makespan
+        out[f"idle_fraction_{name}"] = run.idle_fraction()
+        if name == "seer_divided":
+            out["moves"], out["reprefill_s"] = run.moves, run.reprefill_s
+    return out
 
 
 def _row(table: pd.DataFrame, workers: int) -> pd.Series:
@@ -423,7 +435,7 @@ def seer_metrics(table: pd.DataFrame, workers: int = 64) -> dict[str, float]:
     r = _row(table, workers)
     out = {f"predicted_speedup_{k}_{workers}": float(r[f"speedup_{k}"])
            for k in SEER_SETTINGS if k != "static"}
-    out[f"predicted_moves_seer_divided_{workers}"] = int(r["moves"])
+    out[f"predicted_moves_seer_divided_{workers}"] = float(r["moves"])
     return out
 
 
