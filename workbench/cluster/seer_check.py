@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from ..checks import check_choice, check_int
-from ..rollout.timeline import Timeline
+from ..rollout.timeline import Timeline, usage_shares
 from .cost import StepCost
 from .dispatch import predicted_lengths, simulate_dispatch
 from .remedies import inferred_max_batch
@@ -53,7 +53,9 @@ SEER_POLICIES = {"seer_schedule": "longest_first", "seer_divided": "divided"}
 class SeerCheck:
     """``steps``: per replayed step of ``variant`` (``seed``), the measured makespan, the
     predicted one, the static layout's predicted and the baseline's measured makespans, and
-    the moves measured (``moved_from`` rows) and predicted."""
+    the moves measured (``moved_from`` rows) and predicted, and the share of the step's
+    measured seconds that other work on the machine disturbed (``Timeline.usage_s``: a
+    disturbed step's sim seconds grow, which no replay predicts)."""
 
     steps: pd.DataFrame
     variant: str
@@ -76,10 +78,12 @@ class SeerCheck:
         return float(self.steps["baseline_s"].sum() / self.steps["measured_s"].sum())
 
     def metrics(self) -> dict[str, float]:
-        """The figures of a result file: ``seer_sim_error_<variant>`` (the makespans') and
-        the predicted and measured rollout speedups over the baseline."""
+        """The figures of a result file: ``seer_sim_error_<variant>`` (the makespans'), the
+        predicted and measured rollout speedups over the baseline, and the replayed steps'
+        mean disturbed share."""
         v = self.variant
         return {f"seer_sim_error_{v}": self.error,
+                f"seer_check_disturbed_share_{v}": float(self.steps["disturbed_share"].mean()),
                 f"seer_predicted_rollout_speedup_{v}": self.predicted_speedup,
                 f"seer_measured_rollout_speedup_{v}_seed{self.seed}": self.measured_speedup}
 
@@ -152,7 +156,8 @@ def check_seer(folder: str | os.PathLike, variant: str = "seer_divided", seed: i
         rows.append({"step": step, "measured_s": t.makespan_s, "predicted_s": run.makespan,
                      "static_s": static.makespan,
                      "baseline_s": base[step].makespan_s if step < len(base) else np.nan,
-                     "moves_measured": moved, "moves_predicted": run.moves})
+                     "moves_measured": moved, "moves_predicted": run.moves,
+                     "disturbed_share": usage_shares([t.usage_s()])["disturbed_share"]})
     steps = pd.DataFrame(rows)
     return SeerCheck(steps[steps["baseline_s"].notna()].reset_index(drop=True), variant, seed)
 
