@@ -197,7 +197,8 @@ def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer
     engine = RolloutEngine(model, tokenizer, backend=backend)
     cfg = RolloutConfig(max_new_tokens=12, ignore_eos=True, compile=True)
     prompts = ["a1 b2?", "a9 b7?"]  # one prefill group
-    steps = engine.rollout(prompts, cfg, progress=False).timeline.steps
+    first = engine.rollout(prompts, cfg, progress=False).timeline
+    steps = first.steps
     kinds = steps["kind"].tolist()
     assert kinds == ["prefill", "compile"] + ["decode"] * 11
     row = steps.iloc[1]
@@ -207,6 +208,14 @@ def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer
     assert (seconds == 0 and row["forward_s"] == 0) if clock == "sim" else seconds > 0
     again = engine.rollout(prompts, cfg, progress=False).timeline.steps
     assert "compile" not in set(again["kind"])  # the graph is there: nothing compiled
+    if clock == "wall":  # the consumers of step kinds draw it and trace it
+        import matplotlib
+        matplotlib.use("Agg")
+        from workbench.rollout.chrome_trace import chrome_trace
+        from workbench.viz.timeline import gantt
+        assert gantt(first) is not None
+        names = {e.get("name") for e in chrome_trace({"run": first})["traceEvents"]}
+        assert "compile" in names
 
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
