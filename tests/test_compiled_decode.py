@@ -58,13 +58,15 @@ def _compiled_of(model, mode=True):
     return compiled_decode_for(policy_forward(model), mode)
 
 
-def test_compiled_greedy_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer):
-    """Continuous batching (2 slots, 3 requests: one joins, then one row is left): the batch
-    crosses row buckets 2 and 1, and the cache is copied back into its preallocated buffers
-    after rows leave and join."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, temperature):
+    """Greedy and coupled sampling; continuous batching (2 slots, 3 requests: one joins,
+    then one row is left): the batch crosses row buckets 2 and 1, and the cache is copied
+    back into its preallocated buffers after rows leave and join."""
     model = tiny_model("llama", tokenizer, seed=1)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=30, max_batch_size=2, refill_slots=1)
+    cfg = RolloutConfig(max_new_tokens=30, max_batch_size=2, refill_slots=1,
+                        temperature=temperature, seed=3)
     prompts = PROMPTS[:3]
     eager = engine.rollout(prompts, cfg, progress=False)
     comp = engine.rollout(prompts, cfg, compile=True, progress=False)
@@ -218,15 +220,16 @@ def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer
         assert "compile" in names
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_compiled_verify_passes_are_lossless(tokenizer, shape):
+@pytest.mark.parametrize("shape,temperature", [("chain", 0.0), ("tree", 0.0), ("chain", 1.0)])
+def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
     """Speculative steps (a chain of 4 drafts, or a tree of depth 3, branch 2, 5 nodes
     verified) run their verify pass compiled, one graph per (row bucket, fed tokens, tree):
-    greedy tokens and logprobs equal plain eager decoding's, rows accept 0..4 drafts, and
+    greedy and coupled tokens and logprobs equal plain eager decoding's, rows accept 0..4 drafts, and
     the cache after the rollout's steps equals a fresh recompute."""
     model = tiny_model("llama", tokenizer, seed=1)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1)
+    cfg = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1,
+                        temperature=temperature, seed=3)  # coupled at 1.0
     prompts = PROMPTS[:3]
     plain = engine.rollout(prompts, cfg, progress=False)
     continuations = {r.uid: r.tokens for r in plain.requests}
