@@ -146,7 +146,9 @@ def main():
            f"(median of per-repeat ratios) at batch sizes {args.batch_sizes}, default policy, "
            f"float32, {args.threads} thread(s), max_new_tokens={args.max_new_tokens}; "
            f"sd_*: speculative steps with the shipped small LM (k={args.spec_k}) at batch "
-           f"sizes {args.sd_batch_sizes}, draft and verify seconds, the verify pass compiled",
+           f"sizes {args.sd_batch_sizes}, draft and verify seconds, the verify pass compiled. "
+           "Note: [2026-12-05-compiled-decode-step.md]"
+           "(docs/lab-notes/2026-12-05-compiled-decode-step.md).",
            figures, sim_clock(), disturbed_of(*summaries),
            headline=[f"compiled_over_eager_bs{bs}" for bs in args.batch_sizes]
            + [f"sd_compiled_over_eager_bs{bs}" for bs in args.sd_batch_sizes])
