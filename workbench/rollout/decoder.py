@@ -165,8 +165,10 @@ class BatchDecoder:
 
     def _new_cache(self, contexts):
         """A prefill's cache: preallocated to the rollout's length for the compiled step
-        (``rollout.compiled``); ``None`` (the default growing one) otherwise."""
-        if self.compiled is None:
+        (``rollout.compiled``) when it becomes the batch's; ``None`` (the default growing
+        one) otherwise, and for requests joining a running batch (``concat`` copies their
+        columns into the batch's buffers)."""
+        if self.compiled is None or self.batch.size:
             return None
         length = min(round_up(max(map(len, contexts)) + self.config.max_new_tokens + 1, 64),
                      round_up(self.forward.context, 64))
