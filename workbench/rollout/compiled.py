@@ -237,10 +237,15 @@ def _raise_recompile_limit(n: int) -> None:
 
 @dataclass
 class CompiledDecode:
-    """The compiled plain step of one :class:`LeanForward` (made once per forward by
-    :func:`compiled_decode_for`, so graphs and ``"auto"``'s choices outlive a rollout).
+    """The compiled plain step and verify pass of one :class:`LeanForward` (made once per
+    forward by :func:`compiled_decode_for`, so graphs and ``"auto"``'s choices outlive a
+    rollout; a Ray actor's worker compiles its own).
 
-    ``compiles``: ``{(Bb, Tb, row stride, fed, tree): seconds}`` of every graph compiled;
+    ``dynamic_cols``: the width a symbolic size (one graph for every width); ``False``: the
+    width padded to a multiple of ``col_step`` (every shape static). ``trials``: ``"auto"``'s
+    timed steps per path and bucket; ``timer``: its clock; ``backend``: ``torch.compile``'s.
+    Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
+    tree): seconds}`` of every graph compiled;
     ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
     ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
     (plain and verify) run each way."""
