@@ -7,12 +7,10 @@ Static shapes. A compiled graph is specialised to its input shapes, while the en
 grows a column a step, and loses and gains rows. So the compiled step sees the cache through
 fixed shapes:
 
-- :class:`StaticLayer` keeps each layer's keys and values in buffers preallocated to the
-  rollout's length (``[rows, kv heads, length, head dim]``, rows rounded up to a bucket),
-  zeroed, so that columns and rows past the batch's own hold finite values; the batch's
-  ``keys``/``values`` stay views ``[:B, :, :n]`` of them, so every batch operation
-  (``rollout.batch``) works unchanged, and an operation that replaces a view (rows leaving
-  or joining, compaction) is copied back into the same buffer at the next step.
+- the cache is a :class:`~workbench.rollout.static_cache.StaticKVCache`
+  (``rollout.static_cache``): each layer's keys and values in zeroed buffers preallocated to
+  the rollout's length, rows rounded up to a bucket, the batch's ``keys``/``values`` views of
+  them, so every batch operation works unchanged.
 - the step runs on ``[Bb, :, :Tb]`` views of those buffers: ``Bb`` the batch size rounded up
   to a power of two (:func:`row_bucket`); ``Tb`` the batch's width, a symbolic size of the
   graph (``dynamic_cols``, the default: one graph serves every width, and attention sees no
@@ -49,13 +47,8 @@ The verify pass of a speculative step (``1 + n`` fed tokens a row, a chain or a 
 runs through the same function, one graph per (row bucket, fed tokens, tree or not): the
 draft-length buckets are the draft lengths themselves.
 
-Lossless: the step's arithmetic is the lean forward's (``forward.run_layer``): the same
-norms, fused matmuls, RoPE and one SDPA per layer; masked columns get weight 0 exactly. In
-float64 its greedy tokens equal the eager step's (tests/test_compiled_decode.py), its states
-and logprobs to about 1e-8, not to the last bit: the norms compute in float32 (as HF's
-RMSNorm does, even for a float64 model), and inductor's float32 reductions add in another
-order than eager's. In float32 a near-tie may round differently, as in speculative
-decoding.
+Lossless: the graph's arithmetic is the lean forward's (``rollout.step_graph``): in float64
+its greedy tokens equal the eager step's (tests/test_compiled_decode.py).
 """
 from __future__ import annotations
 
@@ -64,14 +57,16 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from .batch import GrowingLayer, KVCache
-from .forward import LeanForward, _rotate, rms_norm
+from .forward import LeanForward
+from .static_cache import StaticKVCache, round_up, row_bucket
+from .step_graph import layer_tensors, make_step
 
-__all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticLayer", "StaticKVCache",
-           "compiled_decode_for", "row_bucket", "check_compile", "compile_choices",
-           "use_compile_choices", "preallocated_bytes", "bucket_name"]
+# StaticKVCache and row_bucket live in rollout.static_cache, re-exported: tests and benchmarks
+# import them from here, beside the step that uses them
+__all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticKVCache", "compiled_decode_for",
+           "row_bucket", "check_compile", "compile_choices", "use_compile_choices",
+           "bucket_name"]
 
 COMPILE_CHOICES = (False, True, "auto")
 MAX_ROWS = 256  # the largest row bucket; a bigger batch runs eager
@@ -84,11 +79,6 @@ def check_compile(value):
     return value
 
 
-def row_bucket(rows: int) -> int:
-    """``rows`` rounded up to a power of two (1, 2, 4, 8, ...)."""
-    return 1 << max(0, (rows - 1).bit_length())
-
-
 def bucket_name(rows: int, fed: int = 1) -> str:
     """The name of ``"auto"``'s bucket of a step at ``rows`` rows feeding ``fed`` tokens a
     row: ``"<row bucket>x<fed>"`` (``"8x1"``: a plain step of 5 to 8 rows; ``"8x5"``: a
@@ -96,143 +86,14 @@ def bucket_name(rows: int, fed: int = 1) -> str:
     return f"{row_bucket(rows)}x{fed}"
 
 
-def round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
-
-
-# ---- the preallocated cache -------------------------------------------------------------
-class StaticLayer(GrowingLayer):
-    """A :class:`GrowingLayer` whose buffers are preallocated to ``length`` columns and a
-    power-of-two number of rows (at least ``rows``), zero-filled, and reused when rows leave
-    or join: ``keys``/``values`` are views ``[:B, :, :n]`` of them."""
-
-    def __init__(self, length: int = 0, rows: int = 1):
-        super().__init__()
-        self.length, self.rows = length, rows
-
-    def _backs(self, buf, view) -> bool:
-        return (buf is not None and view.data_ptr() == buf.data_ptr()
-                and view.shape[1] == buf.shape[1] and view.stride() == buf.stride()
-                and view.shape[0] <= buf.shape[0] and view.shape[2] <= buf.shape[2])
-
-    def _room(self, view, buf, need: int, rows: int = 0) -> torch.Tensor:
-        rows = max(rows, row_bucket(view.shape[0]))
-        if self._backs(buf, view) and buf.shape[2] >= need and buf.shape[0] >= rows:
-            return buf
-        if buf is None or buf.shape[0] < rows or buf.shape[2] < need:
-            shape = (max(rows, row_bucket(self.rows)), view.shape[1],
-                     max(self.length, round_up(need, 64)), view.shape[3])
-            buf = view.new_zeros(shape)
-        elif view.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr():
-            view = view.clone()  # a shifted view of this very buffer (trim_left)
-        buf[:view.shape[0], :, :view.shape[2]] = view
-        return buf
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
-            self._buf_k = self._buf_v = self._mine = None
-        b, n, m = key_states.shape[0], self.keys.shape[2], key_states.shape[2]
-        if self.keys is not self._mine or self._buf_k.shape[2] < n + m:
-            self._buf_k = self._room(self.keys, self._buf_k, n + m)
-            self._buf_v = self._room(self.values, self._buf_v, n + m)
-        self._buf_k[:b, :, n:n + m] = key_states
-        self._buf_v[:b, :, n:n + m] = value_states
-        self._set(b, n + m)
-        return self.keys, self.values
-
-    def _set(self, rows: int, cols: int) -> None:
-        self.keys, self.values = self._buf_k[:rows, :, :cols], self._buf_v[:rows, :, :cols]
-        self._mine = self.keys
-
-    def views(self, rows: int, cols: int):
-        """Views ``[rows, :, :cols]`` of the buffers for the compiled step, the batch's
-        current keys/values moved into them first if needed."""
-        if (self.keys is not self._mine or self._buf_k.shape[0] < rows
-                or self._buf_k.shape[2] < cols):
-            self._buf_k = self._room(self.keys, self._buf_k, cols, rows)
-            self._buf_v = self._room(self.values, self._buf_v, cols, rows)
-        return self._buf_k[:rows, :, :cols], self._buf_v[:rows, :, :cols]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in (self._buf_k, self._buf_v)
-                   if b is not None)
-
-
-class StaticKVCache(KVCache):
-    """:class:`KVCache` of :class:`StaticLayer` preallocated to ``length`` columns and
-    ``rows`` rows (rounded up to a power of two)."""
-
-    def __init__(self, length: int = 0, rows: int = 1):
-        super().__init__()
-        self.length, self.rows = length, rows
-
-    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        while len(self.layers) <= layer_idx:
-            self.layers.append(StaticLayer(self.length, self.rows))
-        return self.layers[layer_idx].update(key_states, value_states)
-
-
 # ---- the compiled step ------------------------------------------------------------------
-def _make_step(forward: LeanForward, plans):
-    """The step over static buffers (``q`` fed tokens a row: 1 for a plain step, ``1 + n``
-    for a verify pass), its constants (eps, heads, windows, activations) closed over; every
-    tensor (weights included) is an argument, so weights loaded or trained in place, or
-    replaced by tensors of the same shapes, need no recompile."""
-    consts = [(p.eps1, p.eps2, p.n_q, p.n_kv, p.head_dim, p.scale, p.act) for p in plans]
-    windows = list(forward.windows)
-    distinct = sorted(set(windows), key=lambda w: -1 if w is None else w)
-    norm_eps = forward.decoder.norm.variance_epsilon
-
-    def step(ids, pos, vis, col_pos, col, cos, sin, tree, emb, layers, norm_w, head_w,
-             head_b, ks, vs):
-        """ids, pos ``[Bb, q]``; vis (bool), col_pos ``[Bb, Tb]``; col ``[q]`` the new
-        columns; cos/sin ``[Bb, q, 1, d]``; tree ``[Bb, q, Tb]`` bool (a draft tree's
-        ancestors among the new columns, every other column True) or None; ks/vs per layer
-        ``[Bb, kv, Tb, d]`` (written)."""
-        rows, q = ids.shape
-        x = F.embedding(ids, emb)
-        masks = {}
-        for w in distinct:
-            kv, qp = col_pos[:, None, :], pos[:, :, None]
-            allowed = vis[:, None, :] & (kv <= qp)
-            if w is not None:
-                allowed = allowed & (kv > qp - w)
-            if tree is not None:
-                allowed = allowed & tree
-            masks[w] = allowed[:, None]
-        for i, (eps1, eps2, n_q, n_kv, d, scale, act) in enumerate(consts):
-            ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down = layers[i]
-            h = rms_norm(ln1, eps1, x)
-            qkv = F.linear(h, w_qkv, b_qkv).view(rows, q, -1, d)
-            n = n_q + n_kv
-            qk = _rotate(qkv[:, :, :n], cos, sin)
-            ks[i].index_copy_(2, col, qk[:, :, n_q:].transpose(1, 2))
-            vs[i].index_copy_(2, col, qkv[:, :, n:].transpose(1, 2))
-            out = F.scaled_dot_product_attention(qk[:, :, :n_q].transpose(1, 2), ks[i], vs[i],
-                                                 attn_mask=masks[windows[i]], scale=scale,
-                                                 enable_gqa=True)
-            x = x + F.linear(out.transpose(1, 2).reshape(rows, q, -1), w_o, b_o)
-            gate, up = F.linear(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + F.linear(act(gate) * up, w_down, b_down)
-        return F.linear(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
-    return step
-
-
-def _layer_tensors(p) -> tuple:
-    return (p.ln1, p.w_qkv, p.b_qkv, p.w_o, p.b_o, p.ln2, p.w_gate_up, p.b_gate_up, p.w_down,
-            p.b_down)
-
-
 def _raise_recompile_limit(n: int) -> None:
-    """Let dynamo keep ``n`` graphs of the step (its default limit is 8 per function)."""
+    """Let dynamo keep ``n`` graphs of the step (its default limit is 8 per function). The
+    names are those of the pinned torch (2.13: ``cache_size_limit`` and
+    ``accumulated_cache_size_limit`` are aliases of these)."""
     cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), n))
+    cfg.recompile_limit = max(cfg.recompile_limit, n)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, n)
 
 
 @dataclass
@@ -274,7 +135,7 @@ class CompiledDecode:
             # emulate_precision_casts: round where eager rounds (the norms' float32 for a
             # float64 model, as HF does), so that compiled states equal eager ones
             options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
-            self._fn = torch.compile(_make_step(self.forward, plans), backend=self.backend,
+            self._fn = torch.compile(make_step(self.forward, plans), backend=self.backend,
                                      dynamic=None if self.dynamic_cols else False,
                                      fullgraph=True, options=options)
         return self._fn
@@ -284,7 +145,7 @@ class CompiledDecode:
             f = self.forward
             norm, head = f.decoder.norm, f.lm_head
             self._tensors = (f.decoder.embed_tokens.weight.detach(),
-                             [_layer_tensors(p) for p in plans], norm.weight.detach(),
+                             [layer_tensors(p) for p in plans], norm.weight.detach(),
                              head.weight.detach(),
                              None if head.bias is None else head.bias.detach())
             self._key = f.key
@@ -377,7 +238,7 @@ class CompiledDecode:
         values written in the cache, whose views now cover the new columns."""
         logits, x = call.fn(*call.args)
         for layer in call.layers:
-            layer._set(call.rows, call.width)
+            layer.set_views(call.rows, call.width)
         return logits[:call.rows], x[:call.rows]
 
     def __call__(self, batch, pos, fed=None, tree=None):
@@ -433,8 +294,8 @@ def _scratch(view: torch.Tensor) -> torch.Tensor:
 
 def compile_choices(model) -> dict:
     """``"auto"``'s choices so far for ``model``'s lean forward: ``{bucket: "compiled" |
-    "eager"}`` (:func:`bucket_name`; a run saves them beside its other settings, so that a resumed run decodes
-    the same way: float32 tokens then do not depend on a timing)."""
+    "eager"}`` (:func:`bucket_name`; a run saves them beside its other settings, so that a
+    resumed run decodes the same way: float32 tokens then do not depend on a timing)."""
     from .forward import policy_forward
     made = compiled_decode_for(policy_forward(model), "auto")
     return {} if made is None else dict(made.choices)
@@ -450,11 +311,6 @@ def use_compile_choices(model, choices: dict) -> None:
     made = compiled_decode_for(policy_forward(model), "auto")
     if made is not None:
         made.choices.update({str(k): v for k, v in choices.items()})
-
-
-def preallocated_bytes(cache) -> int:
-    """The bytes a :class:`StaticKVCache`'s buffers hold (keys and values, every layer)."""
-    return sum(layer.nbytes for layer in cache.layers if isinstance(layer, StaticLayer))
 
 
 def compiled_decode_for(forward, mode) -> CompiledDecode | None:

@@ -18,12 +18,13 @@ import torch
 
 from .batch import DecodeBatch
 from .drafts import DraftInput
-from .compiled import StaticKVCache, compiled_decode_for, round_up
+from .compiled import compiled_decode_for
 from .forward import Forward
 from .plan import StepPlan, propose, serving_drafter
 from .sampling import SamplingParams
 from .sampling_mode import SamplingMode
 from .schedule import StepReport
+from .static_cache import StaticKVCache, round_up
 
 __all__ = ["BatchDecoder", "StepOutcome", "prefill_groups"]
 
@@ -88,7 +89,7 @@ class BatchDecoder:
         self.batch = DecodeBatch.empty(0, forward.device)
         self.mode = SamplingMode.of(self.params, config.spec_mode)  # keyed to rows per step
         # the compiled plain step (``rollout.compiled``), None for RolloutConfig.compile=False
-        self.compiled = compiled_decode_for(forward, getattr(config, "compile", False))
+        self.compiled = compiled_decode_for(forward, config.compile)
         if drafter is not None:
             drafter.begin()
 

@@ -56,7 +56,7 @@ def drafter_view(drafter):
     if drafter is None:
         return None
     view = copy.copy(drafter)
-    if getattr(drafter, "members", None):
+    if drafter.members:  # the protocol's hook, read directly as plan.py does (None: one drafter)
         view.members = {name: drafter_view(d) for name, d in drafter.members.items()}
     inner = vars(drafter).get("drafter")
     if inner is not None:

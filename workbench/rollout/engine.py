@@ -221,6 +221,7 @@ class RolloutEngine:
         backend only, ``Backend.map_steps``); the requests' uids and tokens are unchanged.
         ``request_steps``: record ``Timeline.request_steps`` too (``rollout.request_steps``).
         """
+        # 1. the settings: the config with its overrides, the schedule, the drafter checked
         config = replace(config or RolloutConfig(), **overrides)
         if schedule is None:
             schedule = StaticSchedule(config.spec_k) if drafter is not None else PlainSchedule()
@@ -229,35 +230,46 @@ class RolloutEngine:
             drafter.check_compatible(self.model, self.tokenizer)
         harvest = check_bool("harvest", harvest)
         request_steps = check_bool("request_steps", request_steps)
+        # 2. the requests, a shard per worker (the workers started or synced first)
         requests = self.make_requests(self.encode(prompts), config, caps, rl_step)
         self._ensure_workers(config.workers)
         n = config.workers
         eos = None if config.ignore_eos else self.eos_id
         tasks = [WorkerTask(w, requests[w::n], config, eos, self.pad_id, harvest=harvest,
                             request_steps=request_steps) for w in range(n)]
-        bar = tqdm(total=len(requests), desc="rollout", unit="req", disable=not progress,
-                   leave=False)
-        try:
-            if dispatch is None:
-                shards = run_shards(  # the bar stays here: the backend reports progress
-                    self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
-                    tasks, bar.update, tail)
-            else:
-                values, idle = self.backend.map_steps(
-                    lambda worker, task: worker.begin(task, schedule, drafter_view(drafter)),
-                    tasks,
-                    dispatch, bar.update, tail)
-                shards = Shards(values, idle=idle)
-        finally:
-            bar.close()
+        # 3. the workers decode their shards
+        shards = self._decode(tasks, schedule, drafter, dispatch, tail, progress)
+        # 4. the outputs in request order, with their text
         by_uid = {r.uid: r for res in shards.results for r in res.requests}
         outputs = [by_uid[q.uid] for q in requests]
         for r in outputs:
             r.text = self.tokenizer.decode(r.tokens, skip_special_tokens=True)
+        # 5. the timeline; the schedule learns what the workers' copies of it learned
         timeline = self._timeline(shards, outputs, n, request_steps)
         if self.backend.runs_copies:
-            schedule.absorb(timeline.steps)  # the workers' copies learned; learn it here too
+            schedule.absorb(timeline.steps)
         return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle)
+
+    def _decode(self, tasks: list[WorkerTask], schedule: Schedule, drafter,
+                dispatch: Dispatch | None, tail: TailJobs | None, progress: bool) -> Shards:
+        """The workers' shards decoded behind a progress bar of the requests: each worker to
+        its end, a lost one's shard re-run on a survivor (``run_shards``; the bar stays here:
+        the backend reports progress); with a ``dispatch``, the workers together in sim-time
+        order (``Backend.map_steps``), each drafting with a view of the shared drafter of its
+        own (``drafter_view``)."""
+        bar = tqdm(total=sum(len(t.requests) for t in tasks), desc="rollout", unit="req",
+                   disable=not progress, leave=False)
+        try:
+            if dispatch is None:
+                return run_shards(
+                    self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
+                    tasks, bar.update, tail)
+            values, idle = self.backend.map_steps(
+                lambda worker, task: worker.begin(task, schedule, drafter_view(drafter)),
+                tasks, dispatch, bar.update, tail)
+            return Shards(values, idle=idle)
+        finally:
+            bar.close()
 
     def _timeline(self, shards: Shards, outputs: list[RequestOutput], n: int,
                   request_steps: bool) -> Timeline:
