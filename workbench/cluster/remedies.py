@@ -255,16 +255,21 @@ def simulate_remedy(stream: list, prompts_per_step: int, steps: int, remedy: Rem
         dropped = [] if leftover == "carry" else rest
         if leftover == "defer":
             tail += [g.fresh() for g in dropped if not g.finished]
-        tokens = [k for g in trained for v in g.versions for _, k in v]
-        stale = [k for g in trained for v in g.versions for s, k in v if s < step]
-        rows.append({"step": step, "rollout_s": end_s, "groups_trained": len(trained),
-                     "carried_groups": len(pool),
-                     "aborted_tokens": int(sum(g.got.sum() for g in dropped)),
-                     "long_round": long_round, "trained_tokens": int(sum(tokens)),
-                     "trained_rows": int(sum(len(g.lengths) for g in trained)),
-                     "trained_longest": int(max((g.lengths.max() for g in trained), default=0)),
-                     "offpolicy_token_share": sum(stale) / sum(tokens) if sum(tokens) else 0.0})
+        rows.append(_step_row(step, end_s, long_round, trained, pool, dropped))  # 6) row
     return pd.DataFrame(rows)
+
+
+def _step_row(step, end_s, long_round, trained, pool, dropped) -> dict:
+    """A step's row of :func:`simulate_remedy`: what it trained (tokens sampled in an earlier
+    step count as off-policy, an older policy's), carried to the next step and aborted."""
+    tokens = [k for g in trained for v in g.versions for _, k in v]
+    stale = [k for g in trained for v in g.versions for s, k in v if s < step]
+    return {"step": step, "rollout_s": end_s, "groups_trained": len(trained),
+            "carried_groups": len(pool), "aborted_tokens": int(sum(g.got.sum() for g in dropped)),
+            "long_round": long_round, "trained_tokens": int(sum(tokens)),
+            "trained_rows": int(sum(len(g.lengths) for g in trained)),
+            "trained_longest": int(max((g.lengths.max() for g in trained), default=0)),
+            "offpolicy_token_share": sum(stale) / sum(tokens) if sum(tokens) else 0.0}
 
 
 def remedy_steps(step_groups: list, workers: int, cost: StepCost, max_new_tokens: int | None = None,
