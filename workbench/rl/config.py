@@ -63,6 +63,13 @@ class GRPOConfig(NestedConfig):
         kl_sample: sequences per step on which the KL to the starting policy is measured
             when ``kl_coef`` is 0 (the measure needs the reference's forward; a sample keeps
             it cheap); with ``kl_coef`` > 0 every sequence has it anyway.
+        request_steps: record each rollout's per-request, per-step table
+            (``Timeline.request_steps``: a row per request per engine step, with its accepted
+            length and the bandit's arm; ``rollout.request_steps``) in the step's timeline,
+            hence in its saved folder and its Chrome trace. Off by default (it costs a tuple
+            per live row per step). A recording choice only: the rollouts are the same either
+            way, so it is left out of the config's ``repr`` and a checkpointed run resumes
+            with it switched either way.
     """
 
     rollout: RolloutConfig = field(default_factory=_default_rollout)
@@ -76,6 +83,8 @@ class GRPOConfig(NestedConfig):
     scale_rewards: bool = True
     micro_tokens: int = 8192
     kl_sample: int = 32
+    request_steps: bool = field(default=False, repr=False)
+    """Record ``Timeline.request_steps`` in every rollout of the run (see Args)."""
 
     def __post_init__(self):
         self.validate()
@@ -99,6 +108,7 @@ class GRPOConfig(NestedConfig):
         check_fraction("GRPOConfig.clip_eps", self.clip_eps, low_open=True, high_open=True)
         check_non_negative("GRPOConfig.kl_coef", self.kl_coef)
         check_bool("GRPOConfig.scale_rewards", self.scale_rewards)
+        check_bool("GRPOConfig.request_steps", self.request_steps)
 
     def _validate_parts(self) -> None:
         """What GRPO asks of its rollout and optimizer beyond their own checks."""

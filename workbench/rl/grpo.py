@@ -131,11 +131,13 @@ class GRPO:
     def rollout(self, schedule=None, drafter=None, harvest: bool = False,
                 tail=None) -> RLStep:
         """Sample this step's groups and score them (the policy is not changed); ``tail``:
-        jobs for the idle windows of the rollout (``RolloutEngine.rollout``)."""
+        jobs for the idle windows of the rollout (``RolloutEngine.rollout``); the timeline
+        records ``request_steps`` when the config asks."""
         problems = self.problems_for(self.rl_step)
         result = self.engine.rollout([p.prompt for p in problems], self.config.rollout,
                                      progress=False, drafter=drafter, schedule=schedule,
-                                     tail=tail, rl_step=self.rl_step, harvest=harvest)
+                                     tail=tail, rl_step=self.rl_step, harvest=harvest,
+                                     request_steps=self.config.request_steps)
         rewards = score_rollout(result, problems, self.reward)
         return RLStep(self.rl_step, result, problems, rewards, {})
 

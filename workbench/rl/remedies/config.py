@@ -70,6 +70,11 @@ class RemedyConfig(NestedConfig):
                              f"to continue them next step, but leftover={self.leftover!r}; "
                              "accepted: leftover='carry' with segment_tokens")
         check_bool("RemedyConfig.one_step_async", self.one_step_async)
+        if self.grpo.request_steps:
+            raise ValueError("RemedyConfig.grpo.request_steps=True: the remedies' sampler does "
+                             "not record Timeline.request_steps (its timelines are cut where "
+                             "the step ends, and the table's rows are not cut with them); "
+                             "accepted: request_steps=False with a remedy")
         check_real("RemedyConfig.is_cap", self.is_cap, 1.0, optional=True)
         if self.off_policy and self.grpo.rollout.top_p != 1:
             raise ValueError(f"top_p={self.grpo.rollout.top_p} with off-policy remedies: the "
