@@ -39,6 +39,7 @@ import torch
 from ..clock import cpu_share, seconds_reader, sim_work, usage_probe
 from ..evaluate import accuracy, score_rollout
 from ..rollout import RolloutEngine, make_backend
+from ..rollout.compiled import use_compile_choices
 from ..rollout.timeline_stats import usage_of, usage_shares
 from ..tasks import Problem, exact_match_reward
 from ..train import Trainer
@@ -114,6 +115,9 @@ class GRPO:
         self.trainer = Trainer(model, self._loss, self.config.train)
         self.rl_step = 0  # the policy's version: updates done
         self.rows: list[dict] = []
+        # compile="auto"'s path per bucket, as the rollouts returned them: saved with the
+        # run, so that a resumed run decodes as it did, untimed (load_state_dict)
+        self.compile_choices: dict[str, str] = {}
 
     # ---- data ---------------------------------------------------------------------------
     def problems_for(self, step: int) -> list[Problem]:
@@ -143,6 +147,7 @@ class GRPO:
 
     def update(self, rl: RLStep, extra: dict | None = None) -> dict:
         """Update the policy on ``rl``'s groups; returns (and records) the step's metrics."""
+        self.compile_choices.update(getattr(rl.result, "compile_choices", {}))
         clock = rl.result.timeline.clock  # the rollout's clock (workbench.clock)
         with sim_work() if clock == "sim" else nullcontext():
             read, usage = seconds_reader(clock), usage_probe(clock)
@@ -257,13 +262,31 @@ class GRPO:
     def state_dict(self) -> dict:
         return {"rl_step": self.rl_step, "rows": list(self.rows),
                 "trainer": self.trainer.state_dict(),
-                "reference": self.reference.state_dict()}
+                "reference": self.reference.state_dict(),
+                "compile_choices": dict(self.compile_choices)}
 
     def load_state_dict(self, state: dict) -> None:
         self.trainer.load_state_dict(state["trainer"])
         self.reference.load_state_dict(state["reference"])
         self.rl_step, self.rows = int(state["rl_step"]), list(state["rows"])
+        self._resume_compile_choices(state.get("compile_choices") or {})
         self.engine.policy_changed()
+
+    def _resume_compile_choices(self, choices: dict) -> None:
+        """Decode on the paths the saved run chose (``compile="auto"``'s per bucket): given
+        to the policy's compiled step before the first step, so no bucket is timed again and
+        float32 tokens do not depend on a timing. Refused where this run's ``compile`` is not
+        ``"auto"``: it would decode otherwise than the run it resumes."""
+        if not choices:
+            return
+        mode = self.config.rollout.compile
+        if not (isinstance(mode, str) and mode == "auto"):
+            raise ValueError(f"the checkpoint records the paths compile='auto' chose per "
+                             f"bucket {choices}, but this run has compile={mode!r}; accepted: "
+                             "compile='auto' (as saved: it resumes on those paths), or another "
+                             "checkpoint_dir to start over")
+        use_compile_choices(self.model, choices)
+        self.compile_choices = dict(choices)
 
 
 def _usage_columns(timeline, update_s: float, update_share: float) -> dict[str, float]:

@@ -43,11 +43,16 @@ class RunRecord:
         learned: what the run's adaptive engine learned of this machine
             (``AdaptiveSchedule.learned``: per bucket, plain's and the best SD arm's
             tokens/s and the arm it now chooses); None without an adaptive engine.
+        compile_choices: with ``RolloutConfig.compile="auto"``, the path each bucket's
+            steps decode on (``{bucket: "compiled" | "eager"}``, as the rollouts returned
+            them: ``RolloutResult.compile_choices``), saved in the run's checkpoint and
+            reused, untimed, when it resumes (``GRPO.load_state_dict``).
     """
 
     rows: list = field(default_factory=list)
     timelines: dict = field(default_factory=dict)
     learned: pd.DataFrame | None = None
+    compile_choices: dict = field(default_factory=dict)
 
     @property
     def history(self) -> pd.DataFrame:
@@ -124,7 +129,8 @@ class RLLoop:
     def record(self) -> RunRecord:
         """The run so far (:class:`RunRecord`), for readers outside the trainer."""
         learned = self.schedule.learned() if self.schedule is not None else None
-        return RunRecord(list(self.grpo.rows), dict(self.timelines), learned)
+        return RunRecord(list(self.grpo.rows), dict(self.timelines), learned,
+                         dict(self.grpo.compile_choices))
 
     def step(self) -> dict:
         """One RL step (the trainer's), its row sent to the run's log; returns the row."""

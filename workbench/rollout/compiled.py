@@ -40,8 +40,11 @@ matmuls' weight reads, which compiling does not change; hence ``False`` by defau
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
 float64) and keeps the faster; :attr:`CompiledDecode.choices` records it, per bucket, for the
-rest of the process (a later rollout reuses it). ``timer`` is the clock it times with (a
-test passes a double).
+rest of the process (a later rollout reuses it). Each rollout returns them
+(``RolloutResult.compile_choices``); an RL run saves them in its checkpoint (``GRPO``'s state)
+and, resumed, gives them back (:func:`use_compile_choices`) before its first step, so no
+bucket is timed again and float32 tokens do not depend on a timing. ``timer`` is the clock it
+times with (a test passes a double).
 
 The verify pass of a speculative step (``1 + n`` fed tokens a row, a chain or a draft tree)
 runs through the same function, one graph per (row bucket, fed tokens, tree or not): the

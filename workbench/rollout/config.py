@@ -50,8 +50,9 @@ class RolloutConfig:
             over a KV cache preallocated to the rollout's length (``rollout.compiled``; the
             lean forward's models): ``False`` (eager, the default), ``True``, or ``"auto"``
             (times both at each bucket of batch size and fed tokens on its first steps and
-            keeps the faster). A compile is a ``compile`` row of the timeline, empty on the
-            sim clock. Greedy tokens in float64 equal the eager step's.
+            keeps the faster: ``RolloutResult.compile_choices``, which an RL run saves in its
+            checkpoint and reuses, untimed, on resume). A compile is a ``compile`` row of the
+            timeline, empty on the sim clock. Greedy tokens in float64 equal the eager step's.
     """
 
     max_new_tokens: int = 256

@@ -18,6 +18,7 @@ from ..checks import check_bool, check_int
 from ..progress import tqdm
 
 from .backend import Backend, LocalBackend
+from .compiled import compile_choices
 from .idle import IdleRun, TailJobs
 from .config import RolloutConfig
 from .dispatch import Dispatch, drafter_view
@@ -33,12 +34,18 @@ __all__ = ["RolloutConfig", "RequestOutput", "RolloutResult", "RolloutEngine"]
 @dataclass
 class RolloutResult:
     """Requests in (prompt_id, sample_idx) order, the step's timeline (the idle jobs' rows
-    included), and what the idle jobs of a rollout with a ``tail`` handed back."""
+    included), what the idle jobs of a rollout with a ``tail`` handed back, and
+    ``compile_choices``: with ``RolloutConfig.compile="auto"``, the path each bucket decodes
+    on since its timing (``rollout.compiled.compile_choices``: ``{bucket: "compiled" |
+    "eager"}``, this rollout's and earlier ones' on the same model), which a run records to
+    resume on (``GRPO.state_dict``); ``{}`` otherwise, and where the workers decode on copies
+    of the model (Ray actors: each times its own)."""
 
     requests: list[RequestOutput]
     timeline: Timeline
     config: RolloutConfig
     idle: IdleRun = field(default_factory=IdleRun)
+    compile_choices: dict = field(default_factory=dict)
 
     @property
     def texts(self) -> list[str]:
@@ -248,7 +255,16 @@ class RolloutEngine:
         timeline = self._timeline(shards, outputs, n, request_steps)
         if self.backend.runs_copies:
             schedule.absorb(timeline.steps)
-        return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle)
+        return RolloutResult(outputs, shards.idle.on(timeline), config, shards.idle,
+                             self._compile_choices(config))
+
+    def _compile_choices(self, config: RolloutConfig) -> dict:
+        """``"auto"``'s choices for this engine's model (``RolloutResult.compile_choices``):
+        ``{}`` unless ``config.compile`` is ``"auto"`` and the workers decode on it."""
+        if not (isinstance(config.compile, str) and config.compile == "auto") or (
+                self.backend.runs_copies):
+            return {}
+        return compile_choices(self.model)
 
     def _decode(self, tasks: list[WorkerTask], schedule: Schedule, drafter,
                 dispatch: Dispatch | None, tail: TailJobs | None, progress: bool) -> Shards:

@@ -199,7 +199,8 @@ class Sampler:
         ``tail``'s jobs run in that timeline's idle windows, which end at the cut."""
         requests = [_cut_request(out, at_end[out.uid], end_s) if out.uid in at_end else out
                     for out in result.requests]
-        seen = RolloutResult(requests, timeline, result.config)
+        seen = RolloutResult(requests, timeline, result.config,
+                             compile_choices=result.compile_choices)
         seen.idle = self.engine.backend.run_idle(tail, timeline, [seen])
         seen.timeline = seen.idle.on(timeline)
         return seen

@@ -160,7 +160,9 @@ class RemedyTrainer(RLLoop):
         requests = [RequestOutput(r.uid, p, s, list(g.prompt_ids), tokens=list(r.tokens),
                                   finish=r.finish, text=decode(r.tokens, skip_special_tokens=True))
                     for p, g in enumerate(groups) for s, r in enumerate(g.responses)]
-        result = RolloutResult(requests, sampled.timeline, c.grpo.rollout)
+        # with the paths compile="auto" chose, which the run records (GRPO.update)
+        result = RolloutResult(requests, sampled.timeline, c.grpo.rollout,
+                               compile_choices=sampled.result.compile_choices)
         problems = [g.problem for g in groups]
         rewards = score_rollout(result, problems, self.grpo.reward) if groups else []
         responses = [r for g in groups for r in g.responses]
