@@ -6,7 +6,8 @@ own, docs/architecture.md); ``cluster.whatif`` sweeps it over N; ``cluster.remed
 the long-tail remedies (over-provisioning, APRIL, partial rollouts, tail batching) over a
 run's steps, and ``cluster.remedy_check`` checks that on a notebook 11 run;
 ``cluster.dispatch`` places requests when a worker frees (Seer's scheduling and divided
-rollout beside TLT at every N), and ``cluster.seer_check`` checks it on a Seer run."""
+rollout beside TLT at every N), ``cluster.seer_check`` checks it on a Seer run, and
+``cluster.seer_run`` asks both of a finished notebook 11 run."""
 from .cost import StepCost, UpdateCost
 from .fit import LengthModel, fit_lengths, layout_from_model
 from .importers import trace_from_csv, trace_from_run, trace_from_timeline

@@ -91,10 +91,12 @@ class SeerCheck:
 def saved_steps(folder: str | os.PathLike, variant: str, seed: int) -> list[Path]:
     """The folders of ``variant``'s saved step timelines of ``seed`` in the run folder
     ``folder`` (``timelines/<variant>-seed<s>`` or ``checkpoint/<variant>-seed<s>/
-    timelines``), in step order."""
+    timelines``, or ``<variant>-seed<s>/timelines`` where ``folder`` is the checkpoint
+    folder itself), in step order."""
     folder = Path(folder)
     for where in (folder / "timelines" / f"{variant}-seed{seed}",
-                  folder / "checkpoint" / f"{variant}-seed{seed}" / "timelines"):
+                  folder / "checkpoint" / f"{variant}-seed{seed}" / "timelines",
+                  folder / f"{variant}-seed{seed}" / "timelines"):
         steps = sorted(where.glob("step*")) if where.is_dir() else []
         if steps:
             return steps
@@ -104,9 +106,13 @@ def saved_steps(folder: str | os.PathLike, variant: str, seed: int) -> list[Path
 
 
 def _from_ablation(folder: Path, name: str) -> int | None:
-    path = folder / "checkpoint" / "ablation.json"
-    found = re.search(rf"{name}=(\d+)", path.read_text()) if path.is_file() else None
-    return int(found.group(1)) if found else None
+    """``name``'s value in the run's ``ablation.json`` (the run folder's ``checkpoint/``, or
+    ``folder`` itself a checkpoint folder); None where it is not there."""
+    for path in (folder / "checkpoint" / "ablation.json", folder / "ablation.json"):
+        if path.is_file():
+            found = re.search(rf"{name}=(\d+)", path.read_text())
+            return int(found.group(1)) if found else None
+    return None
 
 
 def _per_token(timelines) -> float:
