@@ -69,6 +69,7 @@ def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, te
                         temperature=temperature, seed=3)
     prompts = PROMPTS[:3]
     eager = engine.rollout(prompts, cfg, progress=False)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     comp = engine.rollout(prompts, cfg, compile=True, progress=False)
     assert comp.tokens == eager.tokens
     np.testing.assert_allclose(np.concatenate(comp.logprobs), np.concatenate(eager.logprobs),
@@ -76,6 +77,9 @@ def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, te
     c = _compiled_of(model)
     assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
     assert {key[0] for key in c.compiles} <= {1, 2}  # bounded: one graph per bucket here
+    # each warm-up compiled the graph its steps run (its scratch inputs as symbolic as
+    # theirs): no step compiled another (none at all where an earlier test's graph served)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= len(c.compiles)
     assert len(engine.rollout(prompts, cfg, compile=True, progress=False).tokens) == 3
     assert len(c.compiles) <= 2  # a second rollout compiles nothing new
     assert policy_forward(model)._compiled_decode[True] is c

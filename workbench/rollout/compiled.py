@@ -230,8 +230,8 @@ class CompiledDecode:
         strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
         start = time.perf_counter()
         a = call.args
-        scratch = [None if t is None else torch.zeros_like(t) for t in a[:8]] + a[8:13] + [
-            [_scratch(t) for t in a[13]], [_scratch(t) for t in a[14]]]
+        scratch = [None if t is None else _marked(torch.zeros_like(t), t) for t in a[:8]] + (
+            a[8:13] + [[_scratch(t) for t in a[13]], [_scratch(t) for t in a[14]]])
         call.fn(*scratch)
         self.compiles[call.key] = time.perf_counter() - start
         return self.compiles[call.key]
@@ -290,9 +290,19 @@ class _Call:
 
 def _scratch(view: torch.Tensor) -> torch.Tensor:
     """A zeroed tensor of ``view``'s shape and strides (a warm-up writes into it, not into
-    the cache)."""
-    return torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
-                               device=view.device).zero_()
+    the cache), its dims as symbolic as ``view``'s."""
+    return _marked(torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
+                                       device=view.device).zero_(), view)
+
+
+def _marked(scratch: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``scratch`` with ``like``'s dims marked dynamic (``mark_dynamic``, which a copy does
+    not carry): the warm-up then compiles the graph that the step itself runs, not a static
+    one that the first real step would replace (a second compile, outside the compile row)."""
+    dims = getattr(like, "_dynamo_dynamic_indices", None)
+    if dims:
+        torch._dynamo.mark_dynamic(scratch, sorted(dims))
+    return scratch
 
 
 def compile_choices(model) -> dict:
