@@ -41,7 +41,7 @@ from .progress import tqdm
 
 from .atomic import atomic_dir, load_torch_file, recover_dir
 from .checks import check_int
-from .train_config import SCHEDULES, TrainConfig, lr_at
+from .train_config import TrainConfig, lr_at
 
 __all__ = ["TrainConfig", "Trainer"]
 

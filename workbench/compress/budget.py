@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..checks import check_int, check_positive
+from ..checks import check_int
 from ..lm_train import length_batches
 from ..results import read_table, write_table
 from .data import CALIBRATION_SEED, check_seeds, lm_loss, pad_id, sequences_from, token_batches
