@@ -14,25 +14,12 @@ from workbench.rl.loop import RLLoop
 from workbench.rollout.compiled import CompiledDecode, compiled_decode_for
 from workbench.rollout.forward import LeanForward, policy_forward
 
-from .helpers.models import tiny_model
+from .helpers.models import StepClock, tiny_model
 from .helpers.rl import PROBLEMS, length_reward
 
 # 4 x 2 rows decoding 10 tokens each (ignore_eos): every plain step is in bucket "8x1"
 CONFIG = dict(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, ignore_eos=True,
               lr=1e-2, seed=1, compile="auto")
-
-
-class StepClock:
-    """A timer double: every read is 1 s after the last, plus what the step between charged
-    (an eager plain step charges 5 s here, so ``"auto"`` keeps the compiled path)."""
-
-    def __init__(self):
-        self.t, self.pending = 0.0, 0.0
-
-    def __call__(self):
-        self.t += 1.0 + self.pending
-        self.pending = 0.0
-        return self.t
 
 
 @pytest.fixture

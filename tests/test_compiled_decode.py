@@ -13,33 +13,13 @@ from workbench.rollout.compiled import (StaticKVCache, check_compile, compiled_d
 from workbench.rollout.forward import LeanForward, policy_forward
 
 from .drafters import ScriptedDrafter, ScriptedTreeDrafter
-from .helpers.models import PROMPTS, tiny_model
+from .helpers.models import PROMPTS, StepClock, tiny_model, visible_cache_equals_fresh_recompute
 
 
 # Compiled and eager float64 states agree to ~1e-8, not to the last bit: the norms compute in
 # float32 (as HF's RMSNorm does, even for float64 models), and inductor's float32 reductions
 # add in another order than eager's. Tokens are equal; states and logprobs within this.
 STATES_ATOL = 1e-6
-
-
-def visible_cache_is_a_fresh_recompute(model, dec, atol: float = STATES_ATOL):
-    """``helpers.models.visible_cache_equals_fresh_recompute`` within ``atol``: every live
-    row's visible cache columns against a fresh HF forward of its fed tokens."""
-    from transformers import DynamicCache
-    b = dec.batch
-    for row, i in enumerate(b.request_ids):
-        fed = dec.reqs[i].prompt_ids + dec.reqs[i].tokens[:-1]
-        fresh = DynamicCache()
-        with torch.no_grad():
-            model(torch.tensor([fed]), cache=fresh, use_cache=True)
-        visible = b.mask[row].bool()
-        assert int(visible.sum()) == len(fed) == int(b.next_pos[row])
-        assert b.col_pos[row, visible].tolist() == list(range(len(fed)))
-        for mine, ref in zip(b.cache.layers, fresh.layers):
-            torch.testing.assert_close(mine.keys[row][:, visible], ref.keys[0], atol=atol,
-                                       rtol=0)
-            torch.testing.assert_close(mine.values[row][:, visible], ref.values[0],
-                                       atol=atol, rtol=0)
 
 
 def test_row_buckets_and_the_switch_is_checked():
@@ -121,19 +101,6 @@ def test_the_compiled_path_keeps_the_cache_preallocated(tokenizer):
     assert torch.equal(keys[:, :, :5], k[[0, 2]]) and keys.shape == (2, 2, 6, 16)
 
 
-class PathClock:
-    """A timer double for ``"auto"``: every read is ``1`` s after the last, plus ``extra``
-    seconds charged by the step that ran in between."""
-
-    def __init__(self):
-        self.t, self.pending = 0.0, 0.0
-
-    def __call__(self):
-        self.t += 1.0 + self.pending
-        self.pending = 0.0
-        return self.t
-
-
 @pytest.mark.parametrize("slower", ["compiled", "eager"])
 def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     """``"auto"`` alternates the two paths on a bucket's first steps, timed by its timer,
@@ -143,7 +110,7 @@ def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     forward = policy_forward(model)
     c = compiled_decode_for(forward, "auto")
     c.backend = "eager"  # dynamo alone: the choice, not inductor, is under test
-    clock = c.timer = PathClock()
+    clock = c.timer = StepClock()
     fn = c._compiled(forward._plans())
     charge = {"compiled": 5.0 if slower == "compiled" else 0.0,
               "eager": 5.0 if slower == "eager" else 0.0}
@@ -280,7 +247,7 @@ def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):
             plan = StepPlan("speculative", 3) if i % 2 else StepPlan()
             dec.step(plan, 0)
             if dec.size:
-                visible_cache_is_a_fresh_recompute(model, dec)
+                visible_cache_equals_fresh_recompute(model, dec, atol=STATES_ATOL)
     assert isinstance(dec.batch.cache, StaticKVCache)
 
 
