@@ -75,7 +75,7 @@ def measure(engine, prompts, bs, args, drafter=None):
     n_tokens = sum(len(t) for t in runs.outputs["eager"][0][0])
     kinds = runs.outputs["eager"][0][1]["kind"]
     steps = int(kinds.isin(["decode", "verify"]).sum())
-    c = policy_forward(engine.model)._compiled_decode[True]
+    c = policy_forward(engine.model).compiled_decodes[True]
     compile_s = sum(s for k, s in c.compiles.items() if k[0] == bs and (k[3] > 1) == bool(sd))
     us = {n: stats.loc[n, "value"] / steps * 1e6 for n in ("eager", "compiled")}
     figures = {f"{sd}compiled_over_eager_bs{bs}": figure_from_stats(stats.loc["compiled"], "x"),

@@ -73,7 +73,7 @@ def test_an_interrupted_auto_run_resumes_on_its_recorded_choices_untimed(tokeniz
     r = _auto(resumed)
     assert r.choices == {"8x1": "compiled"} and resumed.rl_step == 1
     resumed.run(1, progress=False)
-    assert r._trials == {} and r.steps == {"compiled": 9, "eager": 0}
+    assert r.trial_times == {} and r.steps == {"compiled": 9, "eager": 0}
     assert resumed.record.compile_choices == {"8x1": "compiled"}
     assert resumed.history.iloc[-1]["tokens"] == straight.history.iloc[-1]["tokens"]
     assert resumed.history.iloc[-1]["reward"] == straight.history.iloc[-1]["reward"]
@@ -110,5 +110,5 @@ def test_an_ablation_records_each_runs_choices_in_its_folder_and_resumes_on_them
     assert state["grpo"]["compile_choices"] == {"8x1": "compiled"}
     resumed = ablation(2).trainers[("baseline", 0)]
     c = _auto(resumed)
-    assert c._trials == {} and c.steps == {"compiled": 9, "eager": 0}  # step 2: untimed
+    assert c.trial_times == {} and c.steps == {"compiled": 9, "eager": 0}  # step 2: untimed
     assert resumed.record.compile_choices == {"8x1": "compiled"}

@@ -62,7 +62,7 @@ def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, te
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= len(c.compiles)
     assert len(engine.rollout(prompts, cfg, compile=True, progress=False).tokens) == 3
     assert len(c.compiles) <= 2  # a second rollout compiles nothing new
-    assert policy_forward(model)._compiled_decode[True] is c
+    assert policy_forward(model).compiled_decodes[True] is c  # kept on the forward
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2_sw"])
@@ -91,13 +91,13 @@ def test_the_compiled_path_keeps_the_cache_preallocated(tokenizer):
     k = torch.randn(3, 2, 5, 16, dtype=torch.float64)
     keys, _ = cache.update(k, k + 1, 0)
     layer = cache.layers[0]
-    assert layer._buf_k.shape == (4, 2, 100, 16)  # rows to a power of two, the length
-    assert keys.data_ptr() == layer._buf_k.data_ptr() and torch.equal(keys, k)
+    buf, _ = layer.buffers
+    assert buf.shape == (4, 2, 100, 16)  # rows to a power of two, the length
+    assert keys.data_ptr() == buf.data_ptr() and torch.equal(keys, k)
     layer.keys = layer.keys.index_select(0, torch.tensor([0, 2]))  # a row leaves
     layer.values = layer.values.index_select(0, torch.tensor([0, 2]))
-    buf = layer._buf_k
     keys, _ = cache.update(k[:2, :, :1], k[:2, :, :1], 0)
-    assert layer._buf_k is buf  # copied back into the same buffer
+    assert layer.buffers[0] is buf  # copied back into the same buffer
     assert torch.equal(keys[:, :, :5], k[[0, 2]]) and keys.shape == (2, 2, 6, 16)
 
 
@@ -107,18 +107,18 @@ def test_auto_keeps_the_faster_path_per_bucket(tokenizer, monkeypatch, slower):
     and keeps the faster; here the timer double says which is slower."""
     model = tiny_model("llama", tokenizer, seed=1)
     engine = RolloutEngine(model, tokenizer)
-    forward = policy_forward(model)
-    c = compiled_decode_for(forward, "auto")
+    c = compiled_decode_for(policy_forward(model), "auto")
     c.backend = "eager"  # dynamo alone: the choice, not inductor, is under test
     clock = c.timer = StepClock()
-    fn = c._compiled(forward._plans())
     charge = {"compiled": 5.0 if slower == "compiled" else 0.0,
               "eager": 5.0 if slower == "eager" else 0.0}
 
-    def compiled_step(*args):
-        clock.pending += charge["compiled"]
-        return fn(*args)
-    c._fn = compiled_step
+    def charged(fn):
+        def compiled_step(*args):
+            clock.pending += charge["compiled"]
+            return fn(*args)
+        return compiled_step
+    c.step_wrapper = charged
     eager_call = LeanForward.__call__
 
     def eager_step(self, input_ids, *args, **kwargs):

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -108,6 +109,8 @@ class CompiledDecode:
     ``dynamic_cols``: the width a symbolic size (one graph for every width); ``False``: the
     width padded to a multiple of ``col_step`` (every shape static). ``trials``: ``"auto"``'s
     timed steps per path and bucket; ``timer``: its clock; ``backend``: ``torch.compile``'s.
+    ``step_wrapper``: wraps the compiled step function once it is made (a test's double
+    charges its timer around it; ``None``, the default: the compiled function itself).
     Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
     tree): seconds}`` of every graph compiled;
     ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
@@ -121,6 +124,7 @@ class CompiledDecode:
     trials: int = 3
     timer: object = time.perf_counter
     backend: str = "inductor"
+    step_wrapper: Callable[[Callable], Callable] | None = None
     compiles: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
     steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
@@ -138,9 +142,10 @@ class CompiledDecode:
             # emulate_precision_casts: round where eager rounds (the norms' float32 for a
             # float64 model, as HF does), so that compiled states equal eager ones
             options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
-            self._fn = torch.compile(make_step(self.forward, plans), backend=self.backend,
-                                     dynamic=None if self.dynamic_cols else False,
-                                     fullgraph=True, options=options)
+            fn = torch.compile(make_step(self.forward, plans), backend=self.backend,
+                               dynamic=None if self.dynamic_cols else False,
+                               fullgraph=True, options=options)
+            self._fn = fn if self.step_wrapper is None else self.step_wrapper(fn)
         return self._fn
 
     def _weights(self, plans):
@@ -163,6 +168,14 @@ class CompiledDecode:
                 and all(layer.is_initialized for layer in cache.layers))
 
     # -- "auto" ----------------------------------------------------------------------------
+    @property
+    def trial_times(self) -> dict:
+        """``"auto"``'s timed trial steps so far: ``{bucket: {"compiled": [seconds], "eager":
+        [seconds]}}`` (a copy; empty where no bucket was timed: ``True``, or every bucket's
+        choice given by :func:`use_compile_choices`)."""
+        return {bucket: {path: list(t) for path, t in times.items()}
+                for bucket, times in self._trials.items()}
+
     def wants_compiled(self, rows: int, fed: int = 1) -> bool:
         """Whether the next step at ``rows`` rows feeding ``fed`` tokens a row (1: a plain
         step; ``1 + n``: a verify pass) runs compiled: ``True``: always; ``"auto"``: its
@@ -328,11 +341,12 @@ def use_compile_choices(model, choices: dict) -> None:
 
 def compiled_decode_for(forward, mode) -> CompiledDecode | None:
     """The compiled step of ``forward`` for ``RolloutConfig.compile`` ``mode`` (``None`` for
-    ``False``, or a forward that is not the lean one), made once per forward and mode."""
+    ``False``, or a forward that is not the lean one), made once per forward and mode and
+    kept in its :attr:`LeanForward.compiled_decodes`."""
     check_compile(mode)
     if mode is False or not isinstance(forward, LeanForward):
         return None
-    made = forward.__dict__.setdefault("_compiled_decode", {})
+    made = forward.compiled_decodes
     if mode not in made:
         made[mode] = CompiledDecode(forward, mode)
     return made[mode]

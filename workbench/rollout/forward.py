@@ -262,6 +262,9 @@ class LeanForward(Forward):
         self.rope = RopeTable(self.decoder.rotary_emb)
         self.params = list(model.parameters())
         self.key, self.plans = None, []
+        # rollout.compiled.compiled_decode_for's CompiledDecode per RolloutConfig.compile mode
+        # (True, "auto"), made once per forward so that its graphs and choices outlive a rollout
+        self.compiled_decodes: dict = {}
 
     @staticmethod
     def covers(model) -> bool:

@@ -90,6 +90,16 @@ class StaticLayer(GrowingLayer):
         return self._buf_k[:rows, :, :cols], self._buf_v[:rows, :, :cols]
 
     @property
+    def buffers(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The preallocated keys and values buffers ``[row bucket, kv heads, length, head
+        dim]`` (read-only; ``(None, None)`` before the first update). ``keys``/``values`` are
+        views of them until an operation replaces those; the next update or :meth:`views`
+        copies such a replacement back into them (a new buffer only when it must grow)."""
+        if not self.is_initialized:
+            return None, None
+        return self._buf_k, self._buf_v
+
+    @property
     def nbytes(self) -> int:
         """The bytes its two buffers hold."""
         return sum(b.numel() * b.element_size() for b in (self._buf_k, self._buf_v)
