@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Generic, TypeVar
 
-__all__ = ["Registry", "PluginError"]
+__all__ = ["Registry", "PluginError", "parse_settings"]
 
 T = TypeVar("T")
 
@@ -183,3 +184,31 @@ def _same(a, b) -> bool:
 def _label(plugin) -> str:
     module = getattr(plugin, "__module__", None) or "?"
     return f"{module}.{getattr(plugin, '__qualname__', type(plugin).__name__)}"
+
+
+_SETTING = re.compile(r"([A-Za-z_]\w*)=([^,=]+)")
+
+
+def parse_settings(params: str, *, what: str, booleans: bool) -> dict:
+    """The ``key=value,...`` tail of a registered name's spec (``"NAME:key=value,..."``, as
+    drafters and decoding arms are named) as a dict, each value an integer, a number, with
+    ``booleans`` ``true``/``false`` as bools, else the word; ``ValueError`` naming the first
+    part that is not ``key=value`` or repeats a key (``what``: ``"setting"``, ``"parameter"``)."""
+    settings: dict = {}
+    for part in params.split(",") if params else []:
+        match = _SETTING.fullmatch(part)
+        if match is None or match.group(1) in settings:
+            raise ValueError(f"{what} {part!r} is not 'key=value' given once")
+        settings[match.group(1)] = _value(match.group(2), booleans)
+    return settings
+
+
+def _value(text: str, booleans: bool):
+    if booleans and text in ("true", "false"):
+        return text == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text

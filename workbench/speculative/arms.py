@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 
-from ..registry import PluginError, Registry
+from ..registry import PluginError, Registry, parse_settings
 from ..rollout.plan import PLAIN, Arm, StepPlan
 
 __all__ = ["ARMS", "Arm", "arm_of", "arm_name", "arm_forms", "plan_of"]
@@ -135,7 +134,6 @@ BUILTIN_FORMS = ("'plain', 'chain:k=K' or 'tree:k=K,b=B[,n=N]' (integers K, B, N
                  "'sibling:k=K' (a chain by the drafter set's 'sibling' member), or "
                  "'suffix:k_max=K[,b=B,n=N]' (the 'suffix' member, DAS's length-aware budget "
                  "up to K)")
-_PARAM = re.compile(r"([A-Za-z_]\w*)=([^,=]+)")
 
 
 # ---- strings to arms and back ---------------------------------------------------------------
@@ -161,27 +159,13 @@ def arm_of(text: str) -> Arm:
     if kind_name not in ARMS:
         raise ValueError(f"no decoding arm kind {kind_name!r}")
     kind = ARMS.get(kind_name)
-    values: dict = {}
-    for part in params.split(",") if params else []:
-        match = _PARAM.fullmatch(part)
-        if match is None or match.group(1) in values:
-            raise ValueError(f"parameter {part!r} is not 'name=value' given once")
-        values[match.group(1)] = _value(match.group(2))
+    values = parse_settings(params, what="parameter", booleans=False)
     names = [f.name for f in dataclasses.fields(kind)]
     try:
         arm = kind(**values)
     except TypeError as e:  # a missing or unknown parameter
         raise ValueError(f"{kind_name} takes the parameters {names} ({e})") from None
     return arm
-
-
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
 
 
 def plan_of(arm: Arm) -> StepPlan:

@@ -11,15 +11,12 @@ default ``cls(**settings)``).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from ..registry import parse_settings
 from .drafters import DRAFTERS
 
 __all__ = ["DrafterSpec"]
-
-_SETTING = re.compile(r"([A-Za-z_]\w*)=([^,=]+)")
-
 
 @dataclass(frozen=True)
 class DrafterSpec:
@@ -40,13 +37,10 @@ class DrafterSpec:
         if name not in DRAFTERS:
             raise ValueError(f"drafter {name!r} is not registered; registered: "
                              f"{DRAFTERS.names()} (a plugin registers its own: docs/extending.md)")
-        settings: dict = {}
-        for part in params.split(",") if params else []:
-            match = _SETTING.fullmatch(part)
-            if match is None or match.group(1) in settings:
-                raise ValueError(f"drafter {text!r}: setting {part!r} is not 'key=value' given "
-                                 "once")
-            settings[match.group(1)] = _value(match.group(2))
+        try:
+            settings = parse_settings(params, what="setting", booleans=True)
+        except ValueError as e:
+            raise ValueError(f"drafter {text!r}: {e}") from None
         return cls(name, settings)
 
     def build(self, policy, tokenizer):
@@ -60,14 +54,3 @@ class DrafterSpec:
                 raise
             raise ValueError(f"drafter {self.name!r} does not take the settings "
                              f"{self.settings} ({e})") from None
-
-
-def _value(text: str):
-    if text in ("true", "false"):
-        return text == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
