@@ -27,23 +27,23 @@ class ApartBackend(Backend):
     runs_copies = False  # map runs fn itself: a schedule learns in place, no absorb needed
 
     def __init__(self):
-        self._workers, self.calls = [], []
+        self.held_workers, self.calls = [], []
 
     @property
     def num_workers(self) -> int:
-        return len(self._workers)
+        return len(self.held_workers)
 
     def start(self, policy_factory, drafter_factory=None, num_workers=1):
         self.calls.append("start")
-        self._workers = []
+        self.held_workers = []
         for w in range(num_workers):
             policy = policy_factory(w)
             drafter = drafter_factory(w, policy) if drafter_factory is not None else None
-            self._workers.append(Worker(w, policy, drafter, self.clock))
+            self.held_workers.append(Worker(w, policy, drafter, self.clock))
 
     def map(self, fn, items, progress=None):
         self.calls.append("map")
-        done = {w: fn(self._workers[w], item) for w, item in reversed(list(enumerate(items)))}
+        done = {w: fn(self.held_workers[w], item) for w, item in reversed(list(enumerate(items)))}
         if progress is not None:  # as a backend of processes: per worker, as results arrive
             for item in items:
                 progress(len(getattr(item, "requests", ())))
@@ -51,7 +51,7 @@ class ApartBackend(Backend):
 
     def update_weights(self, policy=None, drafter=None):
         self.calls.append("update_weights")
-        for worker in self._workers:
+        for worker in self.held_workers:
             worker.load_weights(policy, drafter)
 
     def map_tail(self, fn, items, tail, progress=None):
@@ -59,19 +59,19 @@ class ApartBackend(Backend):
         the order they finished, its window's end known (sim clock)."""
         self.calls.append("map_tail")
         values = self.map(fn, items, progress)
-        lengthen_slowest([w.recorder for w in self._workers], values)  # as ``long_tails``
-        ends = sorted((w.rollout_end_s, w.index) for w in self._workers[:len(items)])
+        lengthen_slowest([w.recorder for w in self.held_workers], values)  # as ``long_tails``
+        ends = sorted((w.rollout_end_s, w.index) for w in self.held_workers[:len(items)])
         windows, runs = [], []
         for start, w in ends[:-1]:
             window = IdleWindow(w, start, ends[-1][0])
             job = tail.job(window, values)
             if job is not None:
                 windows.append(window)
-                runs.append(self._workers[w].run_idle(copy.deepcopy(job), window))
+                runs.append(self.held_workers[w].run_idle(copy.deepcopy(job), window))
         return values, IdleRun.of(windows, runs)
 
     def close(self):
-        self._workers = []
+        self.held_workers = []
 
 
 def test_a_backend_written_against_the_protocol_runs_tlt_steps(tokenizer):
