@@ -150,4 +150,5 @@ def test_interrupted_table_write_keeps_the_previous_table(tmp_path, monkeypatch)
         write_table(pd.DataFrame({"a": [2]}), path)
     monkeypatch.undo()
     assert pd.read_parquet(path)["a"].tolist() == [1]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "t.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "provenance.json",
+                                                          "t.parquet"]

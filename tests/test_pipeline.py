@@ -190,6 +190,16 @@ def test_notebook_without_parameters_cell_is_an_error(project, tmp_path):
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    seeds: [true]\n", r"`seeds` item 0 must be an integer >= 0, got True"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {out_dir: x}\n", "set by the runner"),
     ("notebooks:\n  - notebook: notebooks/toy.ipynb\n  - notebook: notebooks/toy.ipynb\n", "share the folder"),
+    # a value of another kind than the notebook's default (x = 1, fail = False): refused here,
+    # not by the notebook once its folder is written; null always passes
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {x: '3'}\n",
+     r"parameter 'x' = '3'; the notebook takes an integer there \(its default: 1\) or null"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    grid: {x: [1, 2.5]}\n",
+     r"parameter 'x' = 2.5; the notebook takes an integer"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {fail: 1}\n",
+     r"parameter 'fail' = 1; the notebook takes true or false"),
+    ("notebooks:\n  - notebook: notebooks/toy.ipynb\n    parameters: {x: true}\n",
+     r"parameter 'x' = True; the notebook takes an integer"),
 ])
 def test_invalid_pipelines_are_rejected(project, tmp_path, text, match):
     with pytest.raises(PipelineError, match=match):

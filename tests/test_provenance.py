@@ -314,6 +314,30 @@ def test_cli_record_needs_a_clock(tmp_path, capsys):
     assert saved["git"] == machine.commit()  # no run.json: this checkout
 
 
+def test_a_run_outside_a_pipeline_records_the_commit_it_set_up_at(tmp_path, monkeypatch, capsys):
+    """write_metrics records the commit read when the run prepared its folder (the code it
+    imported), not the one of a later commit, and ``results record`` takes it, with the
+    machine and the time of writing, over this checkout's."""
+    from workbench import results
+    started = {"commit": "a" * 40, "dirty": False}
+    later = {"commit": "b" * 40, "dirty": False}
+    monkeypatch.setattr(machine, "commit", lambda root=None: started)
+    machine.run_commit.cache_clear()
+    try:
+        run = results.prepare_out_dir(tmp_path / "run")  # the run sets up ...
+        monkeypatch.setattr(machine, "commit", lambda root=None: later)  # ... a commit lands
+        results.write_metrics(run, {"tau": 2.0, "clock": "none"})
+    finally:
+        machine.run_commit.cache_clear()
+    written = json.loads((run / results.PROVENANCE).read_text())
+    assert written["git"] == started and written["machine"]["cores"] >= 1
+    args = ["results", "record", "n", "--question", "q", "--from", str(run / "metrics.json"),
+            "--keys", "tau", "--command", "c", "--folder", str(tmp_path / "out")]
+    assert cli(args) == 0
+    saved = read_result(tmp_path / "out" / "n.json")
+    assert saved["git"] == started and saved["date"] == written["written_at"]
+
+
 def test_cli_record_copies_a_papermill_runs_parameters(tmp_path, capsys):
     """``papermill NB runs/x.ipynb -p out_dir runs/x``: the parameters come from the executed
     notebook beside the run folder, or from the one named; a notebook without them is refused

@@ -9,10 +9,11 @@ import platform
 import re
 import subprocess
 import sys
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["machine", "commit", "cpu_from_cpuinfo", "FLAG_LABELS"]
+__all__ = ["machine", "commit", "run_commit", "cpu_from_cpuinfo", "FLAG_LABELS"]
 
 FLAG_LABELS = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16",
                "avx512_vnni": "AVX512-VNNI", "amx_tile": "AMX", "amx_bf16": "AMX-BF16",
@@ -92,3 +93,12 @@ def commit(root: str | os.PathLike | None = None) -> dict:
         return {"commit": None, "dirty": None}
     status = git("status", "--porcelain")
     return {"commit": head, "dirty": None if status is None else bool(status)}
+
+
+@lru_cache(maxsize=1)
+def run_commit() -> dict:
+    """:func:`commit` of this package's checkout as it was when this process first asked: the
+    code a process runs is the code it imported at its start, so a commit made while a
+    notebook runs must not be credited with the run's figures (``results.prepare_out_dir``
+    asks first, as a notebook sets up; ``results.write_metrics`` records it)."""
+    return commit()

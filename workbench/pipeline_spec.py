@@ -25,13 +25,17 @@ Every parameter a pipeline sets, ``seed`` included, must be declared in the note
 ``parameters``-tagged cell, and so must ``out_dir``: the runner injects the absolute run folder
 there (users never set it) and the notebook writes its artifacts into it. papermill only warns
 about undeclared parameters; a misspelt one would silently run the default, so here it is an
-error. All checks happen before anything runs or is written: a bad pipeline leaves no trace.
+error. A value must also have the kind of the parameter's default in the notebook (a number, a
+string, a list...; null always passes), so that a value the notebook could not take is refused
+here rather than by the notebook after its run folder is written. All checks happen before
+anything runs or is written: a bad pipeline leaves no trace.
 
 :func:`load_pipeline` turns a YAML into its validated :class:`RunSpec` list; they run in
 :mod:`workbench.pipeline`.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import itertools
@@ -163,7 +167,8 @@ def _entry_runs(entry: Any, pipeline: str, yaml_path: Path) -> list[RunSpec]:
     _check_overlaps(fixed, grid, where)
 
     notebook_path, root = _resolve_notebook(notebook, yaml_path)
-    _check_declared(notebook_path, [*fixed, *grid, OUT_DIR], where)
+    declared = _check_declared(notebook_path, [*fixed, *grid, OUT_DIR], where)
+    _check_kinds(declared, {**{k: [v] for k, v in fixed.items()}, **grid}, where)
     prefix = _slug(str(entry.get("name", notebook_path.stem)))
     combos = itertools.product(*grid.values())
     return [RunSpec(pipeline=pipeline, entry=prefix, notebook=notebook, notebook_path=notebook_path,
@@ -206,8 +211,9 @@ def _resolve_notebook(notebook: str, yaml_path: Path) -> tuple[Path, Path]:
                         f"{Path.cwd()} and {yaml_path.resolve().parent.parent})")
 
 
-def _check_declared(notebook_path: Path, names: list[str], where: str) -> None:
-    """Every parameter must be declared in the notebook's parameters cell (papermill only warns)."""
+def _check_declared(notebook_path: Path, names: list[str], where: str) -> dict:
+    """Every parameter must be declared in the notebook's parameters cell (papermill only warns);
+    the declared parameters, as papermill inspects them."""
     try:
         nb = nbformat.read(notebook_path, as_version=4)
     except Exception as exc:  # nbformat raises several types for unreadable files
@@ -221,6 +227,34 @@ def _check_declared(notebook_path: Path, names: list[str], where: str) -> None:
         raise PipelineError(f"{where}: parameter(s) {missing} not declared in the notebook's "
                             f"parameters cell; declared: {sorted(declared)}"
                             f"{_suggest(missing, sorted(declared))}")
+    return declared
+
+
+# What a value may be, by the kind of the notebook's default: a pipeline value of another kind
+# (a list for a number, a number in quotes) is a mistake the notebook would find only once it
+# runs, after its folder is written. None is always let through (many parameters read it as
+# "off"), and a default that is not a literal tells nothing.
+KINDS = ((bool, (bool,), "true or false"), (int, (int,), "an integer"),
+         (float, (int, float), "a number"), (str, (str,), "a string"),
+         ((list, tuple), (list,), "a list"), (dict, (dict,), "a mapping"))
+
+
+def _check_kinds(declared: dict, values: dict[str, list], where: str) -> None:
+    """Each value given for a parameter has the kind of the notebook's default (:data:`KINDS`)."""
+    for name, given in values.items():
+        try:
+            default = ast.literal_eval(declared[name]["default"])
+        except (ValueError, SyntaxError, TypeError):
+            continue
+        for kind, accepted, words in KINDS:
+            if default is None or not isinstance(default, kind):
+                continue
+            bad = [v for v in given if v is not None and (
+                not isinstance(v, accepted) or (isinstance(v, bool) and bool not in accepted))]
+            if bad:
+                raise PipelineError(f"{where}: parameter {name!r} = {bad[0]!r}; the notebook "
+                                    f"takes {words} there (its default: {default!r}) or null")
+            break
 
 
 def _check_unique(runs: list[RunSpec], yaml_path: Path) -> None:

@@ -8,19 +8,27 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from .atomic import atomic_file, write_json
+from .machine import machine, run_commit
 
 __all__ = ["prepare_out_dir", "write_metrics", "write_table", "read_table"]
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+PROVENANCE = "provenance.json"
+"""The file :func:`write_metrics` writes beside ``metrics.json``: ``{"git", "machine",
+"written_at"}``."""
 
 
 def prepare_out_dir(out_dir: str | os.PathLike) -> Path:
-    """``out_dir`` as a Path, created if missing; an error if it is an existing file."""
+    """``out_dir`` as a Path, created if missing; an error if it is an existing file. The
+    checkout's commit is read here, as a run sets up (:func:`~workbench.machine.run_commit`),
+    for :func:`write_metrics` to record."""
+    run_commit()
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"out_dir {str(path)!r} is an existing file; pass a folder path "
@@ -42,11 +50,18 @@ def _scalar(key: str, value):
 
 
 def write_metrics(out_dir: str | os.PathLike, metrics: dict) -> Path:
-    """Write ``{out_dir}/metrics.json`` atomically; non-finite numbers become null."""
+    """Write ``{out_dir}/metrics.json`` atomically; non-finite numbers become null. Beside
+    it, ``provenance.json``: the commit the run's code came from (read as it set up), the
+    machine and the time of writing, which ``workbench results record`` puts into a result
+    of a run made outside a pipeline (a pipeline's ``run.json`` holds its own)."""
     if not isinstance(metrics, dict):
         raise TypeError(f"metrics must be a dict of scalars, got {type(metrics).__name__}")
     clean = {str(k): _scalar(str(k), v) for k, v in metrics.items()}
-    return write_json(prepare_out_dir(out_dir) / "metrics.json", clean)
+    folder = prepare_out_dir(out_dir)
+    write_json(folder / PROVENANCE, {
+        "git": run_commit(), "machine": machine(),
+        "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return write_json(folder / "metrics.json", clean)
 
 
 def write_table(table: pd.DataFrame, path: str | os.PathLike) -> Path:

@@ -67,14 +67,16 @@ def table(args) -> int:
 
 
 def record(args) -> int:
-    """Write a result file from a notebook run's metrics.json and its parameters (and the
-    run.json beside it, for its commit, package versions and date); exit 2 for input that
-    cannot make one."""
+    """Write a result file from a notebook run's metrics.json and its parameters, with the
+    commit, machine and date of the run: from the pipeline's run.json beside it, else from
+    the provenance.json ``write_metrics`` wrote, else this checkout's and now; exit 2 for
+    input that cannot make one."""
     import json
     from pathlib import Path
 
     from ..machine import machine
     from ..provenance import clock_of, figures_from_metrics, run_parameters, write_result
+    from ..results import PROVENANCE
     try:
         path = Path(args.metrics)
         metrics = json.loads(path.read_text(encoding="utf-8"))
@@ -88,7 +90,7 @@ def record(args) -> int:
                              "'sim_seconds'); pass --clock")
         share = (args.disturbed_share if args.disturbed_share is not None
                  else metrics.get("disturbed_share"))
-        run = path.with_name("run.json")
+        run, written = path.with_name("run.json"), path.with_name(PROVENANCE)
         box, git, date = machine(), None, None
         if run.is_file():  # a pipeline run: its own commit, versions and end time
             record = json.loads(run.read_text(encoding="utf-8"))
@@ -97,6 +99,9 @@ def record(args) -> int:
             box.update({k: versions[k] for k in ("torch", "transformers", "python")
                         if versions.get(k)})
             date = record.get("ended_at")
+        elif written.is_file():  # a notebook run of its own: what write_metrics recorded
+            record = json.loads(written.read_text(encoding="utf-8"))
+            git, box, date = record["git"], record["machine"], record["written_at"]
         parameters = run_parameters(path, args.notebook)
         out = write_result(args.name, args.question, figures, clock=clock,
                            disturbed_share=share, command=args.command, folder=args.folder,
