@@ -77,7 +77,7 @@ import torch
 
 from ..checks import check_int
 from ..clock import sim_work
-from .request import Request
+from .request import Request, RequestOutput
 from .timeline import IdleWindow, Timeline
 from .failures import WorkerFailed, first_failure
 from .idle import IdleRun, TailJobs
@@ -141,8 +141,11 @@ class Backend:
         """A rollout whose workers advance together, in sim-time order, with ``dispatch``
         (``rollout.dispatch.Dispatch``) moving work between them: ``begin(worker w,
         items[w])`` gives each worker's ``WorkerRun``; the runs' results, and ``tail``'s jobs
-        run in the idle windows after (as ``map_tail``). Only a backend that orders its
-        workers' steps itself has it (the local one); the default refuses."""
+        run in the idle windows after (as ``map_tail``). A worker lost on the way has its
+        whole share re-run by the survivors inside the call (``dispatch.lost``); its value
+        is its :class:`WorkerFailed`, and no job runs (``rollout.recovery``, "on the
+        dispatch path"). Only a backend that orders its workers' steps itself has it (the
+        local one); the default refuses."""
         raise ValueError(f"the {self.name!r} backend does not advance its workers in sim-time "
                          "order, so no work can move between them (a Dispatch); accepted: "
                          "the local backend")
@@ -199,28 +202,18 @@ class LocalBackend(Backend):
         may fill or reorder that run's queue; a run with nothing left whose clock is not
         past the earliest busy one is offered work (``dispatch.idle``). Each step runs
         inside ``clock.sim_work`` on its worker's own clock, resumed at its mark. A worker
-        that fails raises its ``WorkerFailed`` (no re-run: work in flight has moved)."""
+        that fails is lost, not raised: its whole share goes to ``dispatch.lost`` for the
+        survivors, from scratch, once every busy clock has reached the failure; its value is
+        its ``WorkerFailed``, and no tail job runs (``rollout.recovery``, "on the dispatch
+        path", which also says when it raises)."""
         workers = check_placement(items, None, self.num_workers)
         for worker in self._workers:
             worker.on_finish = progress or (lambda finished: None)
         with sim_work(), torch.inference_mode():  # one thread throughout: the clocks' reads
             runs = [begin(self._workers[w], item) for w, item in zip(workers, items)]
-            dispatch.begin(runs)
-            while True:
-                busy = [r for r in runs if r.busy]
-                now = min((r.clock_s for r in busy), default=float("inf"))
-                for run in sorted((r for r in runs if not r.busy and r.clock_s <= now),
-                                  key=lambda r: (r.clock_s, r.index)):
-                    dispatch.idle(run, runs)  # a worker with nothing left: work may move to it
-                busy = [r for r in runs if r.busy]
-                if not busy:
-                    break
-                run = min(busy, key=lambda r: (r.clock_s, r.index))
-                dispatch.before(run, runs)
-                _on(run.index, lambda: run.advance(resume=True), run.task.requests)
-            dispatch.end(runs)
-            values = [run.result() for run in runs]
-        if tail is None:
+            lost = _in_time_order(runs, dispatch)
+            values = [lost[run.index] if run.index in lost else run.result() for run in runs]
+        if tail is None or lost:
             return values, IdleRun()
         ends = {w: self._workers[w].rollout_end_s for w in workers}
         last = max(ends.values(), default=0.0)
@@ -314,6 +307,69 @@ def check_placement(items: list, workers: Sequence[int] | None, num_workers: int
         raise ValueError(f"workers must be one distinct worker of 0..{num_workers - 1} per "
                          f"item ({len(items)} items), got {workers!r}")
     return workers
+
+
+def _in_time_order(runs: list, dispatch) -> dict[int, WorkerFailed]:
+    """``LocalBackend.map_steps``'s loop over ``runs`` under ``dispatch``, to the end; the
+    workers lost on the way, each with its ``WorkerFailed`` (its share handed to
+    ``dispatch.lost`` once the earliest busy clock reached the failure)."""
+    live, lost, pending = list(runs), {}, []  # pending: lost, the share not yet handed out
+    dispatch.begin(live)
+    while True:
+        busy = [r for r in live if r.busy]
+        now = min((r.clock_s for r in busy), default=float("inf"))
+        for failed in [f for f in pending if f.at_s <= now]:  # the failure is known by now
+            pending.remove(failed)
+            for run in live:  # none of the share starts before the failure
+                run.wait_until(failed.at_s)
+            dispatch.lost(runs[failed.worker], [RequestOutput.of(q, -1) for q in
+                                                failed.requests], live)
+        for run in sorted((r for r in live if not r.busy and r.clock_s <= now),
+                          key=lambda r: (r.clock_s, r.index)):
+            dispatch.idle(run, live)  # a worker with nothing left: work may move to it
+        busy = [r for r in live if r.busy]
+        if not busy:
+            break
+        run = min(busy, key=lambda r: (r.clock_s, r.index))
+        dispatch.before(run, live)
+        failed = _step(run)
+        if failed is not None:
+            live.remove(run)
+            _check_rerun(failed, list(lost.values()), live)
+            lost[run.index] = failed
+            pending.append(failed)
+    dispatch.end(live)
+    return lost
+
+
+def _step(run) -> WorkerFailed | None:
+    """One step of ``run``; None, or its worker's failure (a ValueError, bad input, passes
+    through as it is), holding the run's whole share (``WorkerRun.held``: none of it came
+    back), at its worker's clock."""
+    try:
+        run.advance(resume=True)
+    except ValueError:
+        raise
+    except Exception as exc:
+        failed = WorkerFailed(run.index, exc, run.held(), run.rec.now())
+        failed.__cause__ = exc
+        return failed
+    return None
+
+
+def _check_rerun(failed: WorkerFailed, earlier: list[WorkerFailed], survivors: list) -> None:
+    """Raise ``failed`` where recovery gives no second chance: its worker held a request
+    that was already re-running one of ``earlier``'s (it names them, the one it re-ran in
+    its ``__context__``), or no worker survives (the lowest worker's failure, holding every
+    failure, as ``Backend.map`` raises)."""
+    uids = {q.uid for q in failed.requests}
+    for first in earlier:
+        if uids & {q.uid for q in first.requests}:
+            failed.failures, failed.results = [failed, *earlier], {}
+            failed.__context__ = first
+            raise failed
+    if not survivors:
+        raise first_failure([*earlier, failed], {})
 
 
 def _on(worker: int, call: Callable[[], object], requests: Sequence[Request] = ()):

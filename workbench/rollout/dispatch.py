@@ -14,7 +14,11 @@ sim clock lays their times side by side. A :class:`Dispatch` is handed every wor
   run's: it may move work to it, queued (``take_queued`` / ``give_queued``: free) or running
   (``release`` / ``receive``: the receiving worker re-prefills the request's prompt and
   tokens, a ``prefill`` row of its own with ``moved_from``, on its clock, from the source's
-  clock at the earliest).
+  clock at the earliest);
+- ``lost(run, requests, runs)``: ``run``'s worker failed; ``requests``, fresh outputs of
+  every request it answered for (none came back), run again from scratch on ``runs``, the
+  survivors, whose clocks are all at the failure or past it by then (``rollout.recovery``,
+  "on the dispatch path").
 
 A drafter that serves every worker (``RolloutEngine.rollout(drafter=...)``) keeps per-row
 state between ``begin`` and the last step of a worker's rollout; with the workers' steps
@@ -43,6 +47,15 @@ class Dispatch:
 
     def idle(self, run, runs: list) -> None:
         """``run`` holds nothing while its clock is the earliest."""
+
+    def lost(self, run, requests: list, runs: list) -> None:
+        """``run``'s worker was lost: ``requests`` (fresh ``RequestOutput``s of its whole
+        share) go to ``runs``, the survivors; by default dealt round-robin, in their order,
+        over the survivors by clock (the earliest first; ties: the lower worker), at the
+        back of each queue, so that the first free survivor starts the first of them."""
+        order = sorted(runs, key=lambda r: (r.clock_s, r.index))
+        for k, survivor in enumerate(order):
+            survivor.give_queued(requests[k::len(order)])
 
     def end(self, runs: list) -> None:
         """After the last step (every run idle)."""

@@ -22,7 +22,7 @@ from .compiled import compile_choices
 from .idle import IdleRun, TailJobs
 from .config import RolloutConfig
 from .dispatch import Dispatch, drafter_view
-from .recovery import Shards, run_shards
+from .recovery import Shards, run_shards, run_steps
 from .request import Request, RequestOutput
 from .sampling import make_uid
 from .schedule import PlainSchedule, Schedule, StaticSchedule, check_schedule
@@ -280,10 +280,10 @@ class RolloutEngine:
                 return run_shards(
                     self.backend, lambda worker, task: worker.rollout(task, schedule, drafter),
                     tasks, bar.update, tail)
-            values, idle = self.backend.map_steps(
+            return run_steps(
+                self.backend,
                 lambda worker, task: worker.begin(task, schedule, drafter_view(drafter)),
                 tasks, dispatch, bar.update, tail)
-            return Shards(values, idle=idle)
         finally:
             bar.close()
 

@@ -27,6 +27,20 @@ survivor and the requests it was re-running). With no survivor, the first failur
 
 The timeline marks both (``rollout.timeline``): a ``failed`` steps row for each lost worker,
 the re-run's steps flagged ``rerun``, and each re-run request's ``failed_worker``.
+
+On the dispatch path (``Backend.map_steps``, :func:`run_steps`: the workers advance together
+and a ``rollout.dispatch.Dispatch`` moves work between them) the re-run happens inside the
+call, and the survivors keep going. A lost worker takes its whole share with it (every
+request it answered for, queued, running or finished: a run's outputs come back only at its
+end, which it never reaches), and once every busy worker's clock has reached the failure,
+that share, from scratch, goes to ``dispatch.lost`` with the survivors (by default dealt
+round-robin over them, the earliest clock first; Seer's divided rollout puts it in its pool,
+longest predicted first), none of it starting before the failure. The same rules hold: no
+second chance (a worker lost while it holds a request that already re-runs raises, naming
+the requests it held, the first failure in its ``__context__``), and with no survivor the
+lowest worker's failure is raised. The timeline has the ``failed`` row and each re-run
+request's ``failed_worker``, as above; no step is flagged ``rerun``, since a survivor's steps
+mix its own requests with the re-run ones.
 """
 from __future__ import annotations
 
@@ -39,7 +53,7 @@ from .idle import IdleRun, TailJobs
 from .timeline import rollout_end_s
 from .worker import WorkerResult, WorkerTask
 
-__all__ = ["Shards", "run_shards"]
+__all__ = ["Shards", "run_shards", "run_steps"]
 
 
 @dataclass
@@ -87,3 +101,17 @@ def _rerun(backend: Backend, fn: Callable, tasks: dict[int, WorkerTask], failed:
                   [failure_row(lost, 0) for lost in failed.failures],
                   {q.uid: lost.worker for lost in failed.failures for q in lost.requests})
 
+
+
+def run_steps(backend: Backend, begin: Callable, tasks: list[WorkerTask], dispatch,
+              progress: Callable[[int], None] | None = None,
+              tail: TailJobs | None = None) -> Shards:
+    """``backend.map_steps(begin, tasks, dispatch, progress, tail)``, the workers advanced
+    together under ``dispatch``, as :class:`Shards`: a lost worker's share was re-run by the
+    survivors inside the call (module docstring, "on the dispatch path"), and its value, a
+    ``WorkerFailed``, becomes its ``failed`` row and its requests' ``failed_worker``."""
+    values, idle = backend.map_steps(begin, tasks, dispatch, progress, tail)
+    lost = [value for value in values if isinstance(value, WorkerFailed)]
+    return Shards([value for value in values if not isinstance(value, WorkerFailed)],
+                  [failure_row(failed, 0) for failed in lost],
+                  {q.uid: failed.worker for failed in lost for q in failed.requests}, idle)

@@ -367,11 +367,24 @@ class WorkerRun:
         """Requests another run released (``source``'s, at ``at_s`` on its clock), queued
         first: their re-prefill is this run's next step, which starts at ``at_s`` at the
         earliest (the time between shows as idle)."""
-        if at_s > self.rec.mark:
-            self.rec.mark = at_s
+        self.wait_until(at_s)
         for r, harvested in released:
             self.moved[r.uid] = (source, harvested)
         self.give_queued([r for r, _ in released], front=True)
+
+    def wait_until(self, at_s: float) -> None:
+        """This run's next step starts at ``at_s`` at the earliest (work that reaches it
+        from another worker's time, a move or a lost worker's share; the time between shows
+        as idle). A run that never steps again keeps its end: that is its rows'."""
+        if at_s > self.rec.mark:
+            self.rec.mark = at_s
+
+    def held(self) -> list[Request]:
+        """Every request this run answers for (queued, running or finished), as drawn:
+        what a lost worker takes with it, since a run's outputs come back only with its
+        :meth:`result`."""
+        return [Request(r.uid, r.prompt_id, r.sample_idx, tuple(r.prompt_ids),
+                        r.max_new_tokens) for r in self.outputs]
 
     def result(self) -> WorkerResult:
         """The run's result, once it is not :attr:`busy`."""

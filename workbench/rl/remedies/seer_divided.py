@@ -67,6 +67,13 @@ class DividedDispatch(SeerDispatch):
         self.fill(run)
         super().before(run, runs)
 
+    def lost(self, run, requests, runs) -> None:
+        """A lost worker's share, from scratch, waits in the pool (longest predicted first)
+        for the survivors' refills and idle turns; its requests may move again."""
+        self.adopt(requests)
+        self.moved -= {q.uid for q in requests}
+        self.pool = self.longest_first(self.pool + list(requests))
+
     def idle(self, run, runs) -> None:
         if self.pool:
             self.fill(run)

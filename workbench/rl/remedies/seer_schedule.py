@@ -183,6 +183,19 @@ class SeerDispatch(Dispatch):
         run.queue = type(run.queue)(self.longest_first(list(run.queue)))
         self.note_starts(run)
 
+    def lost(self, run, requests, runs) -> None:
+        """A lost worker's share, from scratch: the predictors read the fresh outputs from
+        now on, and the share is dealt as the default deals it (the earliest survivor
+        first), longest predicted first."""
+        self.adopt(requests)
+        super().lost(run, self.longest_first(requests), runs)
+
+    def adopt(self, requests) -> None:
+        """Read ``requests`` (outputs run again from scratch) where their uids' old outputs
+        were."""
+        for out in requests:
+            self.outputs[out.prompt_id] = out
+
     def end(self, runs) -> None:
         """The rollout is over: each predictor's error on the responses that ended, and
         what they teach the predictor."""
