@@ -22,7 +22,7 @@ from .helpers.staleness import (SAME, staleness_config, staleness_grpo,  # noqa:
                                 staleness_problems, staleness_reward,   # steady_clock, straight)
                                 staleness_run, steady_clock, straight)
 
-TAUS = ["tau_frozen", "tau_adaptive", "tau_ceiling", "tau_sibling"]
+TAUS = ["tau_frozen", "tau_adaptive", "tau_ceiling", "tau_sibling", "tau_suffix"]
 
 
 def test_measuring_leaves_the_trajectory_unchanged(tokenizer, straight):
@@ -38,8 +38,9 @@ def test_measuring_leaves_the_trajectory_unchanged(tokenizer, straight):
     assert (history.filter(like="diverged_") == 0).all().all()
     assert history["ceiling_steps"].min() >= 1 and history["adaptive_steps"].min() >= 1
     pos = straight.positions
-    assert set(pos["drafter"]) == {"frozen", "adaptive", "ceiling", "sibling"}
+    assert set(pos["drafter"]) == {"frozen", "adaptive", "ceiling", "sibling", "suffix"}
     assert history["sibling_prompts"].tolist() == [2, 4, 6]  # each step's 2 new prompts
+    assert history["suffix_prompts"].tolist() == [2, 4, 6]
     assert set(pos["step"]) == {0, 1, 2}
     assert (pos["position"] % 2 == 0).all() and (pos["emitted"] >= pos["verify_steps"]).all()
 
@@ -64,7 +65,8 @@ def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, str
     # the spot trainer's step-time estimate (which steps fit the next windows) comes back too
     assert resumed.drafters["adaptive"].spot.step_s == first.drafters["adaptive"].spot.step_s > 0
     resumed.run_to(3, progress=False)
-    pd.testing.assert_frame_equal(straight.history[SAME], resumed.history[SAME])
+    same = SAME + ["tau_suffix", "suffix_prompts"]
+    pd.testing.assert_frame_equal(straight.history[same], resumed.history[same])
     pd.testing.assert_frame_equal(straight.positions, resumed.positions)
     for a, b in zip(straight.policy.state_dict().values(), resumed.policy.state_dict().values()):
         assert torch.equal(a, b)
@@ -72,8 +74,9 @@ def test_resume_equals_an_uninterrupted_run_for_3_steps(tokenizer, tmp_path, str
         assert all(torch.equal(a, b) for a, b in zip(
             straight.drafters[name].drafter.head.state_dict().values(),
             resumed.drafters[name].drafter.head.state_dict().values()))
-    memory = {k: list(v) for k, v in straight.drafters["sibling"].drafter.memory.items()}
-    assert {k: list(v) for k, v in resumed.drafters["sibling"].drafter.memory.items()} == memory
+    for name in ("sibling", "suffix"):
+        memory = {k: list(v) for k, v in straight.drafters[name].drafter.memory.items()}
+        assert {k: list(v) for k, v in resumed.drafters[name].drafter.memory.items()} == memory
 
 
 def test_a_checkpoint_is_refused_when_damaged_or_made_with_another_config(tokenizer,
@@ -147,6 +150,39 @@ def test_metrics_and_tau_change_read_the_tables():
     assert m["tau_frozen_final"] == pytest.approx(3.1)
     assert m["tau_frozen_final"] - m["tau_frozen_first"] == pytest.approx(m["tau_frozen_change"])
     assert m["byproduct_gain"] == 0.25 and m["accuracy_final"] == 0.5 and m["rl_steps"] == 20
+
+
+def test_the_suffix_drafter_is_reported_against_the_sibling_on_the_same_steps():
+    """The table, the metrics and the figure difference the two drafters' tau step by step
+    (the same rollouts), with a paired 95% interval and the share of steps suffix leads."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from workbench.rl.staleness.report import paired_difference, tau_per_step
+    from workbench.viz import staleness as sviz
+    history = pd.DataFrame({"step": [0, 1, 2, 3], "kl_start": [0.0] * 4,
+                            "tau_frozen": [3.0, 3.0, 3.0, 3.0],
+                            "tau_sibling": [2.0, 2.5, 2.0, 3.0],
+                            "tau_suffix": [2.5, 2.5, 3.0, 2.0], "reward": [0.1] * 4})
+    taus = tau_per_step(history)
+    assert list(taus.columns) == ["step", "tau_frozen", "tau_sibling", "tau_suffix",
+                                  "suffix_minus_sibling", "suffix_minus_frozen"]
+    assert taus["suffix_minus_sibling"].tolist() == [0.5, 0.0, 1.0, -1.0]
+    diff = pd.Series([0.5, 0.0, 1.0, -1.0])
+    m = staleness_metrics(history)
+    assert m["tau_suffix_minus_sibling"] == pytest.approx(0.125)
+    assert m["tau_suffix_minus_sibling_ci95"] == pytest.approx(1.96 * diff.std() / 2)
+    assert m["tau_suffix_above_sibling_share"] == 0.5
+    assert m["tau_suffix_minus_frozen"] == pytest.approx(-0.5)
+    assert "tau_suffix_minus_adaptive" not in m and m["tau_suffix_mean"] == 2.5
+    assert paired_difference(pd.Series([3.0]), pd.Series([2.0]))[1] != \
+        paired_difference(pd.Series([3.0]), pd.Series([2.0]))[1]  # NaN: one step
+    fig = sviz.suffix_against_sibling(taus, label="tiny", k=4)
+    top, low = fig.axes
+    assert [list(line.get_ydata()) for line in top.lines] == [
+        [3.0] * 4, [2.0, 2.5, 2.0, 3.0], [2.5, 2.5, 3.0, 2.0]]
+    assert [p.get_height() for p in low.patches] == [0.5, 0.0, 1.0, -1.0]
+    with pytest.raises(ValueError, match=r"lacks \['tau_suffix', 'suffix_minus_sibling'\]"):
+        sviz.suffix_against_sibling(history[["step", "tau_sibling"]])
 
 
 def test_bad_arguments_are_refused_before_anything_runs(tokenizer, tmp_path, monkeypatch):

@@ -17,12 +17,14 @@ import pandas as pd
 import torch
 from ..progress import tqdm
 
+from ..checks import check_int
 from ..rollout import RolloutConfig
 from ..speedup import (
     WIDE_SPREAD, check_repeats, interleave, per_repeat_ratios, spread_note, spread_stats)
 from .measure import acceptance_length, sd_bound, step_times
 
-__all__ = ["sd_sweep", "check_lossless", "sweep_metrics", "sweep_spread_note"]
+__all__ = ["sd_sweep", "check_lossless", "sweep_metrics", "sweep_spread_note", "check_only",
+           "drafter_speedups"]
 
 # the columns sd_sweep adds for the spread of the per-repeat speedups
 SPREAD_COLUMNS = ("speedup_min", "speedup_max", "speedup_spread", "spread_wide", "repeats")
@@ -51,12 +53,44 @@ def _median(results, attr) -> float:
     return float(pd.Series([getattr(r.timeline, attr) for r in results]).median())
 
 
-def _cell_systems(engine, prompts, base, drafters, ks) -> tuple[dict, dict]:
-    """``{system name: callable}`` for plain and every (drafter, k), and ``{name: (drafter,
-    k)}`` for the SD ones."""
+def check_only(only, drafters, ks, batch_sizes) -> dict:
+    """``only`` (``{drafter name: {"batch_sizes": [...], "ks": [...]}}``, None: nothing
+    narrowed) once every name is a drafter of the sweep and every batch size and k is one of
+    the grid's (a key left out: all of the grid's); each bad value named."""
+    if only is None:
+        return {}
+    if not isinstance(only, dict):
+        raise ValueError(f"only {only!r}: accepted None or a dict {{drafter name: "
+                         "{'batch_sizes': [...], 'ks': [...]}}")
+    grid = {"batch_sizes": list(batch_sizes), "ks": list(ks)}
+    out = {}
+    for name, where in only.items():
+        if name not in drafters:
+            raise ValueError(f"only: {name!r} is not a drafter of the sweep; accepted: "
+                             f"{list(drafters)}")
+        if not isinstance(where, dict) or not set(where) <= set(grid):
+            raise ValueError(f"only[{name!r}] = {where!r}: accepted a dict with the keys "
+                             f"{list(grid)} (either may be left out)")
+        for key, values in where.items():
+            if (not isinstance(values, (list, tuple, set)) or not values
+                    or not set(values) <= set(grid[key])):
+                raise ValueError(f"only[{name!r}][{key!r}] = {values!r}: accepted a non-empty "
+                                 f"list of the sweep's {key} {grid[key]}")
+        out[name] = {key: set(where.get(key, grid[key])) for key in grid}
+    return out
+
+
+def _cell_systems(engine, prompts, base, drafters, ks, only) -> tuple[dict, dict]:
+    """``{system name: callable}`` for plain and every (drafter, k) measured at ``base``'s
+    batch size (``only``: :func:`check_only`'s), and ``{name: (drafter, k)}`` for the SD
+    ones."""
     systems = {"plain": lambda: engine.rollout(prompts, base, progress=False)}
     which = {}
     for (name, drafter), k in product(drafters.items(), ks):
+        where = only.get(name)
+        if where is not None and (k not in where["ks"]
+                                  or base.max_batch_size not in where["batch_sizes"]):
+            continue
         key = f"{name} k={k}"
         which[key] = (name, k)
         cfg = replace(base, spec_k=k)
@@ -87,7 +121,8 @@ def _sd_row(plain, sd, ratios, k, wide) -> dict:
 
 def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
              temperatures=(0.0,), repeats: int = 3, max_new_tokens: int = 384,
-             seed: int = 0, progress: bool = True, wide: float = WIDE_SPREAD) -> pd.DataFrame:
+             seed: int = 0, progress: bool = True, wide: float = WIDE_SPREAD,
+             samples_per_prompt: int = 1, only: dict | None = None) -> pd.DataFrame:
     """One row per (temperature, batch size, drafter, k): speedup over plain decoding, tau,
     T1/Td/Tv, the bound, and whether the SD tokens equal the plain tokens (greedy and coupled
     sampling must; float32 rounding can make them diverge late, reported as ``diverged_at``,
@@ -101,16 +136,27 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
     and ``plain_tok_s``/``sd_tok_s`` are medians over repeats (so ``speedup`` need not equal
     their ratio exactly); T1, Td and Tv are median step times over all repeats, tau is over all
     verify steps of all repeats.
+
+    ``samples_per_prompt`` responses per prompt (a GRPO group, each with its own draws) make
+    every rollout: a drafter that drafts from a row's siblings (``sibling``, ``suffix``) has
+    none with one; at temperature 0 the samples of a prompt are identical, so there a
+    finished sibling is an exact draft. ``only`` narrows where a drafter is measured
+    (:func:`check_only`; e.g. ``{"suffix": {"batch_sizes": [1, 16], "ks": [4]}}``): plain
+    decoding and the other drafters still run in that cell.
     """
     check_repeats(repeats)
+    samples_per_prompt = check_int("samples_per_prompt", samples_per_prompt, 1)
+    only = check_only(only, drafters, ks, batch_sizes)
     rows = []
     grid = list(product(temperatures, batch_sizes))
-    bar = tqdm(total=len(grid) * repeats * (1 + len(drafters) * len(ks)), desc="sd sweep",
-               disable=not progress)
-    for temp, bs in grid:
-        base = RolloutConfig(max_new_tokens=max_new_tokens, temperature=temp, seed=seed,
-                             max_batch_size=bs)
-        systems, which = _cell_systems(engine, prompts, base, drafters, ks)
+    base_cfgs = {(temp, bs): RolloutConfig(
+        max_new_tokens=max_new_tokens, temperature=temp, seed=seed, max_batch_size=bs,
+        samples_per_prompt=samples_per_prompt) for temp, bs in grid}
+    cells = {cell: _cell_systems(engine, prompts, cfg, drafters, ks, only)
+             for cell, cfg in base_cfgs.items()}
+    bar = tqdm(total=repeats * sum(len(systems) for systems, _ in cells.values()),
+               desc="sd sweep", disable=not progress)
+    for (temp, bs), (systems, which) in cells.items():
         runs = interleave(systems, repeats, measure=_tok_s, higher_is_better=True,
                           on_run=lambda *_: bar.update())
         ratios = per_repeat_ratios(runs, "plain")
@@ -186,3 +232,18 @@ def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFram
     metrics["lossless"] = bool(len(exact) > 0 and exact["identical"].all())
     metrics["k"] = k
     return metrics
+
+
+def drafter_speedups(table: pd.DataFrame, k: int, batch_sizes=(1, 16)) -> dict:
+    """Every drafter's speedup at chain ``k`` and each of ``batch_sizes`` it was measured at
+    (an ``sd_sweep`` table), at every temperature: ``speedup_bs<b>_<drafter>`` (greedy) or
+    ``speedup_bs<b>_t<T>_<drafter>``, each with ``_min``/``_max`` (the per-repeat extremes);
+    a cell not measured has no key. For notebook 02's comparison at batch 1 and 16."""
+    out = {}
+    rows = table[(table["k"] == k) & table["batch_size"].isin(list(batch_sizes))]
+    for r in rows.itertuples():
+        temp = "" if r.temperature == 0 else f"_t{r.temperature:g}"
+        key = f"speedup_bs{r.batch_size}{temp}_{r.drafter}"
+        out.update({key: float(r.speedup), f"{key}_min": float(r.speedup_min),
+                    f"{key}_max": float(r.speedup_max)})
+    return out

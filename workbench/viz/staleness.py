@@ -16,10 +16,11 @@ import pandas as pd
 from ..checks import check_int
 from .timeline import _caption
 
-__all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "DRAFTER_COLORS"]
+__all__ = ["tau_over_steps", "tau_by_position", "byproduct_bars", "suffix_against_sibling",
+           "DRAFTER_COLORS"]
 
 DRAFTER_COLORS = {"frozen": "#1f78b4", "adaptive": "#33a02c", "ceiling": "#6a3d9a",
-                  "sibling": "#ff7f00"}
+                  "sibling": "#ff7f00", "suffix": "#e31a1c"}
 """One colour per staleness drafter, shared by the figures."""
 
 
@@ -105,4 +106,36 @@ def byproduct_bars(table: pd.DataFrame, label: str = ""):
     ax.set_ylabel("tau on held-out prompts, final policy")
     ax.legend(fontsize=7, loc="lower right")
     _caption(ax, label)
+    return fig
+
+
+def suffix_against_sibling(taus: pd.DataFrame, label: str = "", k: int | None = None):
+    """Above, tau per RL step, one line per drafter (the model-free ones bold); below, the
+    suffix drafter's tau minus the sibling drafter's on each step's same rollouts, with its
+    mean. ``taus``: ``rl.staleness.report.tau_per_step``'s table (``step``, ``tau_<drafter>``,
+    ``suffix_minus_sibling``)."""
+    missing = [c for c in ("step", "tau_suffix", "tau_sibling", "suffix_minus_sibling")
+               if c not in taus]
+    if missing:
+        raise ValueError(f"the tau-per-step table lacks {missing}; it needs a run that "
+                         "measured the suffix and sibling drafters (tau_per_step's table)")
+    fig, (top, low) = plt.subplots(2, 1, figsize=(7.0, 5.2), sharex=True,
+                                   layout="constrained", height_ratios=[2, 1])
+    for name in _drafters(taus):
+        bold = name in ("suffix", "sibling")
+        top.plot(taus["step"], taus[f"tau_{name}"], marker="o", ms=3 if bold else 2,
+                 lw=1.8 if bold else 0.9, alpha=1.0 if bold else 0.6, label=name,
+                 color=DRAFTER_COLORS.get(name))
+    top.set_ylabel("tau (tokens per verify step)" + (f", k={k}" if k else ""))
+    top.legend(fontsize=7, ncols=5, loc="lower left")
+    _caption(top, label)
+    diff = taus["suffix_minus_sibling"]
+    low.bar(taus["step"], diff, color=np.where(diff >= 0, DRAFTER_COLORS["suffix"],
+                                               DRAFTER_COLORS["sibling"]), alpha=0.7)
+    low.axhline(float(diff.mean()), color="#333333", lw=1.0, ls="--",
+                label=f"mean {diff.mean():+.3f}")
+    low.axhline(0.0, color="#999999", lw=0.6)
+    low.set_ylabel("tau: suffix\nminus sibling")
+    low.set_xlabel("RL step")
+    low.legend(fontsize=7, loc="upper right")
     return fig

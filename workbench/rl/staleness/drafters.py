@@ -14,6 +14,9 @@ it serves from the next step, as TLT's drafter does; the dict joins the step's r
 - :class:`SiblingMemory`: the model-free
   :class:`~workbench.speculative.sibling.SiblingDrafter`: a row drafts from its group's other
   rows on the same worker, and remembers each step's responses for the steps after.
+- :class:`SuffixMemory`: the model-free :class:`~workbench.speculative.suffix.SuffixDrafter`
+  (DAS/SuffixDecoding): the same sources as the sibling drafter, pooled in a suffix trie per
+  prompt, drafting the most frequent continuation.
 
 Glossary:
 
@@ -35,10 +38,11 @@ from ...checks import check_fraction, check_int
 from ...nested_config import NestedConfig
 from ...speculative.drafters import EagleDrafter
 from ...speculative.sibling import SiblingDrafter
+from ...speculative.suffix import SuffixDrafter
 from ...speculative.train import EagleTrainConfig, EagleTrainer, harvest_pairs
 
 __all__ = ["CeilingConfig", "FrozenDrafter", "AdaptiveDrafter", "CeilingDrafter",
-           "SiblingMemory"]
+           "ResponseMemory", "SiblingMemory", "SuffixMemory"]
 
 
 def _spot_eagle() -> EagleTrainConfig:
@@ -187,18 +191,18 @@ class CeilingDrafter:
         self.drafter.head.load_state_dict(state["serving"])
 
 
-class SiblingMemory:
-    """The sibling drafter (``SiblingDrafter(**kw)``): it drafts from the row's siblings on
-    its worker and from its prompt's responses in earlier steps, which it learns by
-    remembering every response of each step (the latest ``max_per_prompt`` per prompt)."""
+class ResponseMemory:
+    """A model-free drafter that drafts from its prompt's earlier responses (``drafter``: a
+    ``SiblingDrafter`` or ``SuffixDrafter``, named ``name``), which it learns by remembering
+    every response of each step (the latest ``max_per_prompt`` per prompt)."""
 
-    def __init__(self, **kw):
-        self.drafter = SiblingDrafter(**kw)
+    def __init__(self, name: str, drafter):
+        self.name, self.drafter = name, drafter
 
     def learn(self, rl, backend) -> dict:
-        """Remember every response of ``rl``; ``sibling_prompts``: prompts in memory."""
+        """Remember every response of ``rl``; ``<name>_prompts``: prompts in memory."""
         self.drafter.remember_result(rl.result)
-        return {"sibling_prompts": len(self.drafter.memory)}
+        return {f"{self.name}_prompts": len(self.drafter.memory)}
 
     def state_dict(self) -> dict:
         return {"memory": [(key, list(responses))
@@ -206,7 +210,28 @@ class SiblingMemory:
 
     def load_state_dict(self, state: dict) -> None:
         self.drafter.memory.clear()
-        self.drafter.memory_index.clear()
         for key, responses in state["memory"]:
             for response in responses:
                 self.drafter.remember(key, response)
+
+
+class SiblingMemory(ResponseMemory):
+    """The sibling drafter (``SiblingDrafter(**kw)``): it drafts from the row's siblings on
+    its worker (the nearest n-gram occurrence) and from its prompt's earlier responses."""
+
+    def __init__(self, **kw):
+        super().__init__("sibling", SiblingDrafter(**kw))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drafter.memory_index.clear()  # indexes of the memory replaced
+        super().load_state_dict(state)
+
+
+class SuffixMemory(ResponseMemory):
+    """The suffix drafter (``SuffixDrafter(**kw)``, DAS/SuffixDecoding style): the most
+    frequent continuation of the row's context among its siblings on its worker and its
+    prompt's earlier responses, counted in one suffix trie per prompt (rebuilt from the
+    memory at each rollout's start)."""
+
+    def __init__(self, **kw):
+        super().__init__("suffix", SuffixDrafter(**kw))

@@ -23,8 +23,8 @@ import torch
 from ...rollout import RolloutEngine
 from ...train import isolated_rng
 from ..acceptance import measure_tau
-from .drafters import (AdaptiveDrafter, CeilingDrafter, FrozenDrafter,
-                                 SiblingMemory)
+from .drafters import (AdaptiveDrafter, CeilingDrafter, FrozenDrafter, SiblingMemory,
+                       SuffixMemory)
 
 __all__ = ["StalenessObserver", "rng_seed"]
 
@@ -57,7 +57,7 @@ class StalenessObserver:
         build = {"frozen": lambda: FrozenDrafter(drafter_head, policy),
                  "adaptive": lambda: AdaptiveDrafter(drafter_head, policy, c.spot),
                  "ceiling": lambda: CeilingDrafter(drafter_head, policy, c.ceiling, G),
-                 "sibling": SiblingMemory}
+                 "sibling": SiblingMemory, "suffix": SuffixMemory}
         self.drafters = {name: build[name]() for name in c.drafters}
         self._positions: list[dict] = []
 

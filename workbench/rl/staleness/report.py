@@ -11,6 +11,9 @@ flat metrics of its tables.
 - :func:`tau_change`: how far a drafter's tau moved over the run, against the step-to-step
   noise: the mean of the last ``window`` steps minus the mean of the first ``window``, with
   a 95% interval from each window's spread over its steps (normal approximation).
+- :func:`tau_per_step`: every drafter's tau per RL step, with the suffix drafter's lead over
+  the sibling drafter's on the same rollouts (:func:`paired_difference`: the mean of per-step
+  differences, with a 95% interval from their spread).
 - :func:`staleness_metrics`: the flat scalars of ``metrics.json``, from the run's tables.
 """
 from __future__ import annotations
@@ -24,7 +27,12 @@ from ...checks import check_int, check_non_negative
 from ..acceptance import group_speedups
 from ..export import probe_acceptance
 
-__all__ = ["FinalConfig", "byproduct", "sibling_speedups", "tau_change", "staleness_metrics"]
+__all__ = ["FinalConfig", "byproduct", "sibling_speedups", "tau_change", "staleness_metrics",
+           "tau_per_step", "paired_difference", "PAIRS"]
+
+PAIRS = (("suffix", "sibling"), ("suffix", "frozen"), ("suffix", "adaptive"))
+"""The drafters whose per-step tau the metrics difference (``tau_<a>_minus_<b>``): the suffix
+drafter against the sibling drafter and against the EAGLE heads, pre-RL and TLT's."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,41 @@ def tau_change(tau: pd.Series, window: int | None = None) -> tuple[float, float]
     return change, 1.96 * math.sqrt(first.var() / window + last.var() / window)
 
 
+def paired_difference(a: pd.Series, b: pd.Series) -> tuple[float, float]:
+    """``(mean, ci95)`` of ``a - b`` step by step (two drafters' tau on the same rollouts, so
+    the prompts' own difficulty cancels): the mean difference and the half-width of its 95%
+    interval, ``1.96 * sd / sqrt(steps)`` (NaN for one step)."""
+    diff = (pd.Series(a, dtype=float).reset_index(drop=True)
+            - pd.Series(b, dtype=float).reset_index(drop=True))
+    if len(diff) < 2:
+        return float(diff.mean()), float("nan")
+    return float(diff.mean()), 1.96 * float(diff.std()) / math.sqrt(len(diff))
+
+
+def tau_per_step(history: pd.DataFrame) -> pd.DataFrame:
+    """``step`` and every drafter's ``tau_<drafter>`` per RL step, and ``<a>_minus_<b>`` for
+    each of :data:`PAIRS` the run measured (both on the step's same rollouts)."""
+    taus = [c for c in history.columns if c.startswith("tau_")]
+    out = history[["step", *taus]].reset_index(drop=True)
+    for a, b in PAIRS:
+        if f"tau_{a}" in out and f"tau_{b}" in out:
+            out[f"{a}_minus_{b}"] = out[f"tau_{a}"] - out[f"tau_{b}"]
+    return out
+
+
+def _pair_metrics(history: pd.DataFrame) -> dict:
+    """``tau_<a>_minus_<b>``, its ``_ci95`` and ``tau_<a>_above_<b>_share`` for each pair of
+    :data:`PAIRS` in ``history``."""
+    out = {}
+    for a, b in PAIRS:
+        if f"tau_{a}" in history and f"tau_{b}" in history:
+            ta, tb = history[f"tau_{a}"], history[f"tau_{b}"]
+            diff, ci = paired_difference(ta, tb)
+            out.update({f"tau_{a}_minus_{b}": diff, f"tau_{a}_minus_{b}_ci95": ci,
+                        f"tau_{a}_above_{b}_share": float((ta > tb).mean())})
+    return out
+
+
 def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
                       byproduct_table: pd.DataFrame | None = None,
                       speedups: pd.DataFrame | None = None, temperature: float = 1.0) -> dict:
@@ -131,7 +174,10 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
     with the by-product table, ``tau_byproduct_frozen``, ``tau_byproduct_adaptive`` and
     ``byproduct_gain`` (adaptive minus frozen) at ``temperature``; with the sibling drafter's
     speedups (:func:`sibling_speedups`), per batch size ``b``: ``sibling_speedup_bs<b>`` (and
-    ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``."""
+    ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``; for each pair ``(a, b)``
+    of :data:`PAIRS` measured, ``tau_<a>_minus_<b>`` and ``_ci95`` (:func:`paired_difference`
+    over every step) and ``tau_<a>_above_<b>_share`` (the share of steps where ``a``'s tau is
+    the higher)."""
     if not len(history):
         raise ValueError("the history is empty: run at least one RL step")
     window = max(1, len(history) // 10)
@@ -146,6 +192,7 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
                     f"{column}_change_ci95": ci})
         diverged = "diverged_" + column.removeprefix("tau_")
         out[diverged] = int(history[diverged].sum()) if diverged in history else 0
+    out.update(_pair_metrics(history))
     if "adaptive_steps" in history:
         out["adaptive_steps_mean"] = float(history["adaptive_steps"].mean())
     if "ceiling_steps" in history:

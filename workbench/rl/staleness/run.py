@@ -6,12 +6,13 @@ serves every drafter, and each is measured on every step's own rollout
 drafter, coupled at the rollout's temperature, the tokens checked against the trajectory's).
 The drafters (:mod:`workbench.rl.staleness.drafters`) are ``frozen`` (the pre-RL EAGLE head),
 ``adaptive`` (TLT's spot trainer on every idle worker), ``ceiling`` (trained to convergence on
-each step's whole harvest) and ``sibling`` (model-free: the row's group on its worker, and its
-prompt's earlier responses). Each learns from a step after its tau on that step is measured,
-so it serves from the next step, as in TLT. Measured on one worker, every row of a measured
-group is there for the sibling drafter: the group-affine placement, not the trajectory's
-(requests are dealt round-robin to the workers, so with G = N a worker holds one row of each
-group, and no sibling).
+each step's whole harvest), ``sibling`` (model-free: the row's group on its worker, and its
+prompt's earlier responses) and ``suffix`` (model-free, the same sources counted in a suffix
+trie per prompt: DAS/SuffixDecoding). Each learns from a step after its tau on that step is
+measured, so it serves from the next step, as in TLT. Measured on one worker, every row of a
+measured group is there for the sibling and suffix drafters: the group-affine placement, not
+the trajectory's (requests are dealt round-robin to the workers, so with G = N a worker holds
+one row of each group, and no sibling).
 
 One RL step (:meth:`StalenessRun.step`):
 
@@ -58,7 +59,7 @@ from .observer import StalenessObserver, rng_seed
 __all__ = ["StalenessConfig", "StalenessRun", "DRAFTERS", "staleness_setup", "lead_grpo",
            "held_out_accuracy", "check_same_config"]
 
-DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling")
+DRAFTERS = ("frozen", "adaptive", "ceiling", "sibling", "suffix")
 """The drafters whose tau a staleness run measures on every step."""
 DIVERGENCE = ("auto", "raise", "count")
 STATE_FILE = "staleness_state.pt"
