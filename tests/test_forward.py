@@ -32,7 +32,7 @@ def test_forward_equals_hf_on_each_rows_own_sequence_with_padding_and_holes(arch
     than the sliding window: every kept token's logits equal HF's forward of that row alone."""
     model = peaked(tiny_model(arch, tokenizer, seed=1))
     kinds = [HFForward(model)] + ([LeanForward(model)] if LeanForward.covers(model) else [])
-    assert (arch != "qwen3") == (len(kinds) == 2)  # q/k norms take the HF path
+    assert len(kinds) == 2  # every variant claimed runs lean too (Qwen3's q/k norms included)
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
     g = torch.Generator().manual_seed(0)
     for fwd in kinds:
@@ -67,14 +67,19 @@ def test_attention_mask_counts_positions_not_columns():
 
 
 def test_policy_forward_picks_lean_where_covered_and_refuses_lean_elsewhere(tokenizer):
+    from transformers import GemmaConfig, GemmaForCausalLM
     llama, qwen3 = tiny_model("llama", tokenizer), tiny_model("qwen3", tokenizer)
     assert isinstance(policy_forward(llama), LeanForward)
     assert policy_forward(llama) is policy_forward(llama)  # made once per model
     assert isinstance(policy_forward(llama, lean=False), HFForward)
-    assert isinstance(policy_forward(qwen3), HFForward)
-    assert not supports_lean(qwen3.config, qwen3.get_decoder().layers[0])
-    with pytest.raises(ValueError, match="no lean forward for model type 'qwen3'"):
-        LeanForward(qwen3)
+    assert isinstance(policy_forward(qwen3), LeanForward)  # q/k norms: lean too
+    gemma = GemmaForCausalLM(GemmaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, head_dim=8))
+    assert isinstance(policy_forward(gemma), HFForward)
+    assert not supports_lean(gemma.config, gemma.get_decoder().layers[0])
+    with pytest.raises(ValueError, match="no lean forward for model type 'gemma'"):
+        LeanForward(gemma)
 
 
 def test_prenorm_states_equal_hf_hidden_states(tokenizer):

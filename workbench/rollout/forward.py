@@ -18,8 +18,8 @@ each sees only its own ancestors among the new columns (:func:`attention_mask`).
   with GQA, cos/sin from a table, and no mask at all for a one-token step that may see every
   column. HF's model forward rebuilds masks and rotary embeddings, checks inputs and records
   outputs on every call; on small models that fixed cost is most of a step.
-  Covered: Llama, Qwen2 and Mistral layers (sliding windows included) without per-head q/k
-  norms (:func:`supports_lean`).
+  Covered: Llama, Qwen2, Mistral (sliding windows included) and Qwen3 layers, whose per-head
+  q/k RMSNorms run before RoPE (:func:`supports_lean`).
 - :class:`HFForward` runs the model's own decoder with a prepared 4D mask (a dict of masks
   for models that mix full and sliding layers): any other Llama-family architecture.
 :func:`policy_forward` picks the lean one where it applies. Both are tested equal to HF.
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 __all__ = ["policy_forward"]
 
-LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral")
+LEAN_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
 
 
 # ---- masks ------------------------------------------------------------------------------
@@ -108,11 +108,14 @@ _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def supports_lean(config, layer) -> bool:
     """Whether ``layer`` (of a model with ``config``) can run through :func:`lean_layer`:
-    Llama-style attention without q/k norms, a gated MLP, and RMS norms."""
+    Llama-style attention (with Qwen3's per-head q/k RMS norms, both or neither), a gated
+    MLP, and RMS norms."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     norms = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
+    qk_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+    qk_ok = qk_norms == [None, None] or all(hasattr(n, "variance_epsilon") for n in qk_norms)
     return (getattr(config, "model_type", None) in LEAN_MODEL_TYPES and attn is not None
-            and all(hasattr(attn, n) for n in _PROJECTIONS) and not hasattr(attn, "q_norm")
+            and all(hasattr(attn, n) for n in _PROJECTIONS) and qk_ok
             and all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             and all(hasattr(n, "variance_epsilon") for n in norms))
 
@@ -161,12 +164,19 @@ class LayerPlan:
     act: object
     w_down: torch.Tensor
     b_down: torch.Tensor | None
+    q_norm: torch.Tensor | None = None  # Qwen3's per-head RMSNorm weights [d] (None: none)
+    k_norm: torch.Tensor | None = None
+    eps_q: float = 0.0
+    eps_k: float = 0.0
 
     @classmethod
     def of(cls, layer) -> "LayerPlan":
         attn, mlp = layer.self_attn, layer.mlp
         qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
         d = attn.head_dim
+        qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        qk_norms = () if qn is None else (qn.weight, kn.weight, qn.variance_epsilon,
+                                         kn.variance_epsilon)
         return cls(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
                    _cat([m.weight for m in qkv]), _cat([m.bias for m in qkv]),
                    attn.q_proj.weight.shape[0] // d, attn.k_proj.weight.shape[0] // d, d,
@@ -174,7 +184,7 @@ class LayerPlan:
                    layer.post_attention_layernorm.weight,
                    layer.post_attention_layernorm.variance_epsilon,
                    _cat([m.weight for m in gate_up]), _cat([m.bias for m in gate_up]),
-                   mlp.act_fn, mlp.down_proj.weight, mlp.down_proj.bias)
+                   mlp.act_fn, mlp.down_proj.weight, mlp.down_proj.bias, *qk_norms)
 
 
 def layer_plan(layer) -> LayerPlan:
@@ -192,6 +202,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def normed_qk(qkv: torch.Tensor, n_q: int, n_kv: int, q_norm, k_norm, eps_q: float,
+              eps_k: float) -> torch.Tensor:
+    """The queries and keys ``[B, L, n_q + n_kv, d]`` of fused projections ``qkv [B, L,
+    heads, d]``, each head RMS-normed over ``d`` where the layer has q/k norms (Qwen3, before
+    RoPE, as HF does), else as projected."""
+    n = n_q + n_kv
+    if q_norm is None:
+        return qkv[:, :, :n]
+    return torch.cat([rms_norm(q_norm, eps_q, qkv[:, :, :n_q]),
+                      rms_norm(k_norm, eps_k, qkv[:, :, n_q:n])], dim=2)
+
+
 def run_layer(p: LayerPlan, x, mask, position_embeddings, cache, layer_idx: int):
     """One decoder layer on ``x``, the same arithmetic as the HF layer, with its KV in entry
     ``layer_idx`` of ``cache``; ``mask`` is additive (or ``None``: see everything);
@@ -201,7 +223,8 @@ def run_layer(p: LayerPlan, x, mask, position_embeddings, cache, layer_idx: int)
     h = rms_norm(p.ln1, p.eps1, x)
     qkv = F.linear(h, p.w_qkv, p.b_qkv).view(*h.shape[:-1], -1, p.head_dim)  # [B, L, heads, d]
     n = p.n_q + p.n_kv
-    qk = _rotate(qkv[:, :, :n], *position_embeddings)
+    qk = _rotate(normed_qk(qkv, p.n_q, p.n_kv, p.q_norm, p.k_norm, p.eps_q, p.eps_k),
+                 *position_embeddings)
     k, v = cache.update(qk[:, :, p.n_q:].transpose(1, 2), qkv[:, :, n:].transpose(1, 2),
                         layer_idx)
     out = F.scaled_dot_product_attention(qk[:, :, :p.n_q].transpose(1, 2), k, v,
@@ -249,7 +272,7 @@ class Forward:
 
 
 class LeanForward(Forward):
-    """The protocol through :func:`run_layer` (Llama, Qwen2, Mistral). The layers' plans are
+    """The protocol through :func:`run_layer` (Llama, Qwen2, Mistral, Qwen3). The layers' plans are
     checked against the weights once per call (:func:`weights_key`), so weights loaded or
     trained in place are used at the next step. A module given a new parameter object needs
     a new forward."""
@@ -257,7 +280,7 @@ class LeanForward(Forward):
     def __init__(self, model):
         if not self.covers(model):
             raise ValueError(f"no lean forward for model type {model.config.model_type!r}; "
-                             f"supported: {LEAN_MODEL_TYPES} without per-head q/k norms")
+                             f"supported: {LEAN_MODEL_TYPES}")
         super().__init__(model)
         self.rope = RopeTable(self.decoder.rotary_emb)
         self.params = list(model.parameters())
