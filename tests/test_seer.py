@@ -120,7 +120,7 @@ class _InOrder(DividedDispatch):
 
     def worth_moving(self, source, runs):
         free = [q for q in source.running if q.uid not in self.moved]
-        return free[:max(1, source.dec.size // 2)]
+        return free[:max(1, len(source.running) // 2)]
 
 
 def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tokenizer,
@@ -237,9 +237,6 @@ def test_a_running_request_moves_only_when_the_measured_costs_say_it_pays(tokeni
 
     class Source:
         running = [Q(0, 40), Q(1, 30), Q(2, 10), Q(3, 5)]
-
-        class dec:
-            size = 4
     d.left = lambda q: q.left
     d._prefill_cost = lambda runs: 0.01  # 6 context tokens: 0.06 s a moved request
     d._step_cost = lambda runs: (lambda rows: 1.0 if rows else 0.0)  # flat: nothing pays

@@ -4,7 +4,7 @@ its seam").
 
 By default each worker decodes its own shard to the end, one worker after another, and the
 sim clock lays their times side by side. A :class:`Dispatch` is handed every worker's
-:class:`~workbench.rollout.worker.WorkerRun` and asked, at three points, where work goes:
+run (:class:`Run`: a ``WorkerRun``, or on Ray the driver's mirror of one) and asked, at three points, where work goes:
 
 - ``begin(runs)``: before any step (every run's queue holds its shard): it may reorder the
   queues or deal the requests again;
@@ -31,8 +31,51 @@ one at a time: equal in float64; in float32 it may round differently).
 from __future__ import annotations
 
 import copy
+from typing import Protocol
 
-__all__ = ["Dispatch", "drafter_view"]
+__all__ = ["Dispatch", "Run", "drafter_view"]
+
+
+class Run(Protocol):
+    """What a dispatch reads and moves of one worker's rollout: the local backend's
+    ``WorkerRun`` itself, or, on Ray, the driver's mirror of the one its actor holds
+    (``rollout.ray_steps``), whose reads are as of the latest round.
+
+    Reads: ``index`` (the worker), ``clock_s`` (where its next step starts on the step's
+    clock), ``busy`` (it holds queued or running requests), ``queue`` (queued
+    ``RequestOutput``s, admitted from the front), ``running`` (those in the batch), ``cap``
+    (its batch's rows at most), ``outputs`` (every request it answers for), ``rows`` (this
+    rollout's steps rows so far), ``admitted`` (every request prefilled on it so far).
+    Moves: ``order_queue`` (the queued requests, in a new order), ``take_queued`` /
+    ``give_queued`` (free), ``release`` / ``receive`` (the receiving worker re-prefills)."""
+
+    index: int
+    clock_s: float
+    busy: bool
+    queue: object
+    running: list
+    cap: int
+    outputs: list
+    rows: list
+    admitted: list
+
+    def refill_due(self, waiting: int | None = None) -> bool:
+        """Whether ``waiting`` requests (default: the queue's) would join at its next step."""
+
+    def order_queue(self, requests: list) -> None:
+        """Queue ``requests``, its queued ones, in this order (front first)."""
+
+    def take_queued(self, uids) -> list:
+        """Take its queued requests ``uids`` (to queue them on another run)."""
+
+    def give_queued(self, requests: list, front: bool = False) -> None:
+        """Queue ``requests`` on it (at the back, or the front)."""
+
+    def release(self, uids) -> list:
+        """Take its running requests ``uids`` out of the batch: ``[(request, harvested)]``."""
+
+    def receive(self, released: list, source: int, at_s: float) -> None:
+        """Queue first what ``source`` released at ``at_s`` on its clock, to re-prefill."""
 
 
 class Dispatch:

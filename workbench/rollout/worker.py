@@ -276,15 +276,11 @@ class Worker:
 
 
 class WorkerRun:
-    """One worker's rollout of one task, advanced one step at a time (``Worker.begin``).
-
+    """One worker's rollout of one task, advanced one step at a time (``Worker.begin``): the
+    run a dispatch moves work between (``rollout.dispatch.Run``, where each member is said).
     ``queue`` holds the requests not yet admitted (``RequestOutput``s, admitted from the
-    front), ``outputs`` every request the run answers for. Between two :meth:`advance` calls
-    a caller may move work (``rollout.dispatch``): reorder or refill ``queue``, take queued
-    requests away (:meth:`take_queued`), take running ones out of the batch (:meth:`release`)
-    and hand them to another run (:meth:`receive`), which re-prefills them on its own clock.
-    Requests that move keep their uid, so coupled draws give them the tokens they would have
-    had where they were."""
+    front), ``outputs`` every request the run answers for. Requests that move keep their
+    uid, so coupled draws give them the tokens they would have had where they were."""
 
     def __init__(self, worker: Worker, task: WorkerTask, schedule: Schedule, drafter):
         self.worker, self.task, self.schedule = worker, task, schedule
@@ -318,6 +314,15 @@ class WorkerRun:
         """The requests in the batch now."""
         return [self.dec.reqs[i] for i in self.dec.batch.request_ids]
 
+    rows = property(lambda self: self.rec.rows[self.first:])  # this rollout's steps rows
+    admitted = property(lambda self: list(self.dec.reqs))  # every request prefilled here
+
+    def order_queue(self, requests: list[RequestOutput]) -> None:
+        if sorted(r.uid for r in requests) != sorted(r.uid for r in self.queue):
+            raise ValueError(f"order_queue takes worker {self.index}'s queued requests, "
+                             f"{[r.uid for r in self.queue]}; got {[r.uid for r in requests]}")
+        self.queue = deque(requests)
+
     def refill_due(self, waiting: int | None = None) -> bool:
         """Whether ``waiting`` requests (default: the queue's) would join at the next step."""
         waiting = len(self.queue) if waiting is None else waiting
@@ -326,11 +331,10 @@ class WorkerRun:
 
     def advance(self, resume: bool = False) -> None:
         """One step: the queue's front joins the batch when a refill is due (prefilled),
-        then one decode step. ``resume``: the worker's clock resumes at its mark first (when
-        other workers ran since its last step, in this thread)."""
+        then one decode step. ``resume``: the clock resumes at its mark first (sim: others
+        ran in this thread since; wall: the step starts now, the wait shows as idle)."""
         if resume:
-            self.rec.t0 = self.rec.read() - self.rec.mark
-            self.rec.used = self.rec.usage()
+            self.rec.resume(self.rec.mark)
         queue, dec = self.queue, self.dec
         if queue and self.refill_due():
             joining = [queue.popleft()
@@ -365,24 +369,21 @@ class WorkerRun:
 
     def receive(self, released: list[tuple], source: int, at_s: float) -> None:
         """Requests another run released (``source``'s, at ``at_s`` on its clock), queued
-        first: their re-prefill is this run's next step, which starts at ``at_s`` at the
-        earliest (the time between shows as idle)."""
+        first: their re-prefill is this run's next step, from ``at_s`` at the earliest."""
         self.wait_until(at_s)
         for r, harvested in released:
             self.moved[r.uid] = (source, harvested)
         self.give_queued([r for r, _ in released], front=True)
 
     def wait_until(self, at_s: float) -> None:
-        """This run's next step starts at ``at_s`` at the earliest (work that reaches it
-        from another worker's time, a move or a lost worker's share; the time between shows
-        as idle). A run that never steps again keeps its end: that is its rows'."""
+        """The next step starts at ``at_s`` at the earliest (the time between shows as idle);
+        a run that never steps again keeps its end, its rows'."""
         if at_s > self.rec.mark:
             self.rec.mark = at_s
 
     def held(self) -> list[Request]:
-        """Every request this run answers for (queued, running or finished), as drawn:
-        what a lost worker takes with it, since a run's outputs come back only with its
-        :meth:`result`."""
+        """Every request this run answers for, as drawn: what a lost worker takes with it
+        (a run's outputs come back only with its :meth:`result`)."""
         return [Request(r.uid, r.prompt_id, r.sample_idx, tuple(r.prompt_ids),
                         r.max_new_tokens) for r in self.outputs]
 

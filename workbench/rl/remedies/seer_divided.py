@@ -56,7 +56,7 @@ class DividedDispatch(SeerDispatch):
         when its refill is due with them waiting."""
         if not self.pool:
             return
-        room = run.cap - run.dec.size - len(run.queue)
+        room = run.cap - len(run.running) - len(run.queue)
         if room <= 0 or not run.refill_due(len(run.queue) + len(self.pool)):
             return
         self.pool = self.longest_first(self.pool)
@@ -79,11 +79,11 @@ class DividedDispatch(SeerDispatch):
             self.fill(run)
             self.note_starts(run)
             return
-        donors = [r for r in runs if r is not run and r.dec.size >= self.min_rows
+        donors = [r for r in runs if r is not run and len(r.running) >= self.min_rows
                   and any(q.uid not in self.moved for q in r.running)]
         if not donors:
             return
-        source = max(donors, key=lambda r: (r.dec.size, -r.index))
+        source = max(donors, key=lambda r: (len(r.running), -r.index))
         take = self.worth_moving(source, runs)
         if not take:
             return
@@ -119,7 +119,7 @@ class DividedDispatch(SeerDispatch):
             return seconds
         alone = finish(source.running)
         best, best_end = [], alone
-        for k in range(1, max(1, source.dec.size // 2) + 1):
+        for k in range(1, max(1, len(source.running) // 2) + 1):
             moved = free[:k]
             stay = [q for q in source.running if q not in moved]
             context = sum(len(q.prompt_ids) + len(q.tokens) for q in moved)
@@ -135,7 +135,7 @@ class DividedDispatch(SeerDispatch):
         were seen."""
         points = []
         for run in runs:
-            rows = run.rec.rows[run.first:]
+            rows = run.rows
             for i, row in enumerate(rows):
                 if row["kind"] in ("decode", "verify"):
                     seconds = row["end_s"] - row["start_s"]
@@ -155,7 +155,7 @@ class DividedDispatch(SeerDispatch):
         their prompts), or None before one."""
         seconds = tokens = 0.0
         for run in runs:
-            seconds += sum(r["end_s"] - r["start_s"] for r in run.rec.rows[run.first:]
+            seconds += sum(r["end_s"] - r["start_s"] for r in run.rows
                            if r["kind"] == "prefill" and r.get("moved_from") is None)
-            tokens += sum(len(q.prompt_ids) for q in run.dec.reqs if q.uid not in self.moved)
+            tokens += sum(len(q.prompt_ids) for q in run.admitted if q.uid not in self.moved)
         return seconds / tokens if tokens > 0 and seconds > 0 else None

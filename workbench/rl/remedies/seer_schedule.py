@@ -161,7 +161,7 @@ class SeerDispatch(Dispatch):
         (those it admits first from its queue), once each."""
         if not run.refill_due():
             return
-        joining = list(run.queue)[:max(1, run.cap - run.dec.size)]
+        joining = list(run.queue)[:max(1, run.cap - len(run.running))]
         for r in joining:
             if r.prompt_id not in self.predicted and not r.tokens:
                 self.predicted[r.prompt_id] = self.predictions(r.prompt_id)
@@ -180,7 +180,7 @@ class SeerDispatch(Dispatch):
             run.give_queued(requests[k::len(runs)])
 
     def before(self, run, runs) -> None:
-        run.queue = type(run.queue)(self.longest_first(list(run.queue)))
+        run.order_queue(self.longest_first(list(run.queue)))
         self.note_starts(run)
 
     def lost(self, run, requests, runs) -> None:
