@@ -147,7 +147,7 @@ class GRPO:
 
     def update(self, rl: RLStep, extra: dict | None = None) -> dict:
         """Update the policy on ``rl``'s groups; returns (and records) the step's metrics."""
-        self.compile_choices.update(getattr(rl.result, "compile_choices", {}))
+        self.compile_choices.update(rl.result.compile_choices)
         clock = rl.result.timeline.clock  # the rollout's clock (workbench.clock)
         with sim_work() if clock == "sim" else nullcontext():
             read, usage = seconds_reader(clock), usage_probe(clock)
