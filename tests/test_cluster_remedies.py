@@ -179,3 +179,40 @@ def test_the_update_fit_keeps_its_fixed_part_and_never_a_negative_one():
     assert update_fit([1, 2, 3], [3, 2, 1]) == (2.0, 0.0)       # no slope to move by
     a, b = update_fit([1, 2, 3], [0.5, 2.0, 3.5])             # a negative intercept: through 0
     assert a == 0.0 and b == pytest.approx((0.5 + 4 + 10.5) / 14)
+
+
+# ---- TLT beside a remedy, the stale update and one-step async (cluster.composed) ---------------
+def test_tlt_at_its_limit_decodes_every_remedys_replay_at_its_cheapest_arm_per_token():
+    """An SD arm half plain's seconds per token at every batch: the bandit's curve is that
+    half, prefill as it was, and each remedy replayed on it ends its rollout at exactly half
+    the time, having trained the same groups (the cut falls at the same tokens)."""
+    from workbench.cluster.composed import bandit_cost
+    sd = StepCost(pd.DataFrame({"batch_size": [1, 64, 1, 64], "kind": ["plain", "plain", "chain:k=4",
+                                                                   "chain:k=4"],
+                                "seconds": [1.0, 1.0, 2.0, 2.0], "tau": [1.0, 1.0, 4.0, 4.0]}))
+    fast = bandit_cost(sd)
+    assert fast.kinds == ["plain"] and fast.seconds("plain", [1, 7, 64]).tolist() == [0.5] * 3
+    assert bandit_cost(FLAT) is None and bandit_cost(MEASURED) is None  # no SD arm measured
+    assert bandit_cost(StepCost(pd.concat([sd.table, MEASURED.table[MEASURED.table["kind"] == "prefill"]]))
+                       ).seconds("prefill", [8]).tolist() == [0.03]
+    steps = [[_g(3, 9), _g(2, 2), _g(7, 1)], [_g(4, 4), _g(1, 12), _g(5, 6)]]
+    plain = remedy_steps(steps, 2, FLAT, 12)
+    tlt = remedy_steps(steps, 2, fast, 12)
+    assert (tlt["rollout_s"] * 2).tolist() == plain["rollout_s"].tolist()
+    assert tlt["groups_trained"].tolist() == plain["groups_trained"].tolist()
+
+
+def test_one_step_async_overlaps_the_next_rollout_with_the_update_and_charges_stale_updates():
+    """Step 0 samples its own rollout, then the next beside its update; every later step the
+    next rollout beside its update, which trains on stale tokens (x 5/4); the rollout after
+    the last is the rollouts' mean."""
+    from workbench.cluster.composed import STALE_UPDATE, async_step_times, stale_update
+    rollout, update = [1.0, 3.0, 2.0], [2.0, 2.0, 0.5]
+    assert STALE_UPDATE == 1.25
+    assert async_step_times(rollout, update).tolist() == [1 + 3, max(2, 2.5), max(2, 0.625)]
+    assert async_step_times(rollout, update, stale=1.0).tolist() == [4.0, 2.0, 2.0]
+    assert stale_update([2.0, 2.0], [0.0, 0.3]).tolist() == [2.0, 2.5]
+    with pytest.raises(ValueError, match=r"one value per step.*\(3,\) and \(2,\)"):
+        async_step_times(rollout, update[:2])
+    with pytest.raises(ValueError, match="at least 1; got 0.5"):
+        async_step_times(rollout, update, stale=0.5)

@@ -355,3 +355,93 @@ def test_a_rollout_dump_gets_the_replayed_remedies_without_an_sd_curve():
     assert best == "partial_rollouts" and tail.endswith(
         f"of the remedies that cut the tail, partial rollouts would buy about {r[best]:.2f}x "
         "(training on tokens an older policy sampled)")
+
+
+# ---- TLT beside each remedy, Seer's variants and one-step async (diagnose.variants) ----------
+COMPOSED = ["async_one_step", "tlt+async_one_step", "seer_schedule", "seer_divided",
+            "tlt+seer_divided", *[f"tlt+{name}" for name in REPLAYED]]
+
+
+def test_a_workbench_run_gets_tlt_beside_each_remedy_seer_and_async_each_by_its_check(tmp_path):
+    """Every composed and scheduled variant gets a number; TLT (an SD curve above 1 at every
+    batch) makes each replayed remedy faster; async is each step the longer of the next
+    rollout and its update (x 5/4 once its tokens are stale), computed here from the logged
+    times; each measured variant is set beside its own row; the errors are each variant's own
+    check, or "not validated yet" naming it."""
+    _workbench_run(tmp_path)
+    h = pd.read_csv(tmp_path / "history.csv")
+    base = h[h["variant"] == "baseline"]
+    extra = [base.assign(variant=v, step_s=base["step_s"] * f)
+             for v, f in (("async", 0.8), ("tlt+partial", 0.7), ("seer_divided", 0.9))]
+    pd.concat([h, *extra]).to_csv(tmp_path / "history.csv", index=False)
+    results = tmp_path / "results"
+    results.mkdir()
+    d = diagnose(read_logs(tmp_path), sd_curve={1: 2.0, 8: 1.5}, results=results)
+    r = d.remedies.set_index("remedy")
+    speed = r["predicted_e2e_speedup"]
+    assert np.isfinite(speed[COMPOSED]).all() and (speed[COMPOSED] > 0).all()
+    for name in REPLAYED:
+        assert speed[f"tlt+{name}"] > speed[name], name
+    s = d.steps
+    rollout, update = s["rollout_s"].to_numpy(), (s["step_s"] - s["rollout_s"]).to_numpy()
+    times = np.maximum(np.append(rollout[1:], rollout.mean()), update * [1, 1.25, 1.25])
+    times[0] += rollout[0]
+    assert speed["async_one_step"] == pytest.approx(s["step_s"].sum() / times.sum(), rel=1e-12)
+    assert speed["tlt+async_one_step"] > speed["async_one_step"]
+    assert "off-policy" in r.loc["async_one_step", "method"]
+    m = d.measured.set_index("variant")["predicted_e2e_speedup"]
+    for variant, row in (("async", "async_one_step"), ("tlt+partial", "tlt+partial_rollouts"),
+                         ("seer_divided", "seer_divided")):
+        assert m[variant] == d.summary[f"predicted_{row}"] == speed[row]
+    assert r.loc["tlt+partial_rollouts", "error_source"] == (
+        "not validated yet: benchmarks/check_remedy_model.py on a notebook 11 run folder "
+        "holding 'tlt+partial' would give diagnose_error_tlt_partial")
+    assert "cluster.seer_check.check_seer" in r.loc["seer_divided", "error_source"]
+    (results / "nb11.json").write_text(json.dumps({"figures": {
+        "diagnose_error_tlt_partial": {"value": 0.04}, "seer_sim_error_seer_divided": {"value": -0.03},
+        "diagnose_error_async": {"value": 0.02}}}))
+    r = diagnose(read_logs(tmp_path), results=results).remedies.set_index("remedy")
+    assert r.loc["tlt+partial_rollouts", "error"] == 0.04
+    assert r.loc["seer_divided", "error_source"] == "seer_sim_error_seer_divided of nb11"
+    assert r.loc["async_one_step", "error"] == 0.02
+    assert np.isnan(r.loc["tlt+seer_divided", "error"])  # never Seer's or TLT's error
+
+
+def test_seer_places_equal_lengths_as_the_static_layout_and_needs_no_prefill_cost():
+    """A dump's steps of equal lengths: longest first and the divided rollout have nothing to
+    reorder or move, so each Seer row predicts the step as logged (1x); the synthetic costs
+    have no prefill, so a re-prefill is charged nothing rather than refused."""
+    from workbench.diagnose.logs import StepLog
+    from workbench.diagnose.steplog import finish_steps
+    steps = pd.DataFrame({"step": [0, 1], "rollout_s": [2.0, 2.0], "reward_s": 1.0,
+                          "logprob_s": np.nan, "update_s": 1.0, "step_s": 4.0,
+                          "response_mean": 50.0, "response_max": 50.0, "response_min": 50.0})
+    requests = pd.DataFrame({"step": np.repeat([0, 1], 8), "response_tokens": 50,
+                             "group": np.repeat(np.arange(4), 4)})
+    log = StepLog(finish_steps(steps), "verl", "equal lengths", requests=requests, workers=2)
+    r = diagnose(log, sd_curve={1: 2.0, 8: 1.5}).remedies.set_index("remedy")["predicted_e2e_speedup"]
+    assert r["seer_schedule"] == r["seer_divided"] == 1.0
+    assert r["tlt+seer_divided"] > 1  # TLT still pays on the same placement
+
+
+def test_a_run_folder_whose_timelines_are_in_its_checkpoint_alone_is_read_from_there(tmp_path):
+    _workbench_run(tmp_path)
+    held = tmp_path / "checkpoint" / "baseline-seed0"
+    held.mkdir(parents=True)
+    (tmp_path / "timelines" / "baseline-seed0").rename(held / "timelines")
+    log = read_logs(tmp_path)
+    assert len(log.timelines) == 3 and log.timelines[0].parent == held / "timelines"
+    assert "requests" not in log.missing
+    assert diagnose(log, sd_curve={1: 2.0, 8: 1.5}).tail["measured"].all()
+
+
+def test_where_the_run_capped_its_rows_tlts_ratio_is_the_capped_replays():
+    from workbench.diagnose.variants import capped_bandit
+    tail = pd.DataFrame({"step": [3, 5], "bandit_ratio": [0.5, 0.6]})
+    replayed = pd.DataFrame({"step": [3, 5, 3, 5], "remedy": ["plain", "plain", "tlt", "tlt"],
+                             "ratio": [1.0, 1.0, 0.7, 0.8]})
+    replayed.attrs["max_batch"] = 2
+    out = capped_bandit(tail, replayed)
+    assert out["bandit_ratio"].tolist() == [0.7, 0.8] and out.attrs["bandit_cap"] == 2
+    replayed.attrs["max_batch"] = None  # each worker's requests at once: the layout's ratio
+    assert capped_bandit(tail, replayed) is tail

@@ -43,7 +43,8 @@ from .cost import StepCost
 from .dispatch import predicted_lengths, simulate_dispatch
 from .remedies import inferred_max_batch
 
-__all__ = ["SEER_POLICIES", "SeerCheck", "check_seer", "seer_check_metrics", "saved_steps"]
+__all__ = ["SEER_POLICIES", "SeerCheck", "check_seer", "seer_check_metrics", "saved_steps",
+           "prefill_seconds_per_token"]
 
 SEER_POLICIES = {"seer_schedule": "longest_first", "seer_divided": "divided"}
 """The Seer variants ``check_seer`` replays, each with its ``dispatch`` policy."""
@@ -115,8 +116,9 @@ def _from_ablation(folder: Path, name: str) -> int | None:
     return None
 
 
-def _per_token(timelines) -> float:
-    """Prefill seconds per prompt token over ``timelines`` (fresh prefills only)."""
+def prefill_seconds_per_token(timelines) -> float:
+    """Prefill seconds per prompt token over ``timelines`` (fresh prefills only, not a moved
+    row's re-prefill): what a re-prefill of a moved row is charged per context token."""
     seconds = tokens = 0.0
     for t in timelines:
         s = t.steps
@@ -144,7 +146,7 @@ def check_seer(folder: str | os.PathLike, variant: str = "seer_divided", seed: i
     G = (check_int("samples_per_prompt", samples_per_prompt, 1) if samples_per_prompt
          else _from_ablation(folder, "samples_per_prompt") or 1)
     cost = cost if cost is not None else StepCost.from_timelines(base)       # 1) calibrate
-    per_token = _per_token(base)
+    per_token = prefill_seconds_per_token(base)
     policy = SEER_POLICIES[variant]
     rows = []
     for step, t in enumerate(mine):                                          # 2) replay

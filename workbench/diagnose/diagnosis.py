@@ -21,8 +21,10 @@ cluster simulator makes from them. The recipe:
    baseline's plain steps and static SD's); otherwise synthetic ones from the user's curve.
    Over-provisioning, APRIL, partial rollouts and tail batching are replayed over the
    simulated steps, one after another (``cluster.remedies``: they carry groups and prompts
-   from step to step), at the same costs. Each prediction carries its model's validated
-   error, or says that none is recorded and what would record it.
+   from step to step), at the same costs; TLT beside each, one-step async (alone and with
+   TLT) and Seer's scheduling (alone and with TLT) are simulated too (``diagnose.variants``).
+   Each prediction carries its model's validated error, or says that none is recorded and
+   what would record it.
 
 Each part has its own module: the replay on the simulator (``diagnose.replay``), the
 remedies' predictions (``diagnose.remedies``) and the reading (``diagnose.findings``); this
@@ -42,6 +44,7 @@ from .replay import layouts, measured_curve, simulate, synthetic_cost
 from .sd_curve import crossover, read_sd_curve
 from .steplog import PARTS, StepLog
 from .validated import RESULTS, headline_error
+from .variants import capped_bandit, seer_ratios, variant_rows
 
 __all__ = ["Diagnosis", "diagnose"]
 
@@ -109,16 +112,20 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
         curve = measured_curve(cost)
     threshold = crossover(curve) if curve is not None else 0
     split = _split(log)
-    tail = batch = live = replayed = None
+    tail = batch = live = replayed = seer = None
     if lays:
         if cost is None:
             cost = synthetic_cost(curve, max(int((lay.response > 0).sum(1).max())
                                              for lay in lays.values()))
         tail, batch, live = simulate(log, lays, measured, cost, curve, threshold, drafter_step_s)
         replayed = remedy_ratios(log, lays, measured, cost)
+        seer = seer_ratios(log, lays, measured, cost, replayed.attrs["max_batch"])
+        tail = capped_bandit(tail, replayed)
         workers = workers or int(tail["workers"].max())
     error = headline_error(results)
     remedies = predict_remedies(split, tail, threshold, error, replayed, results)
+    remedies = pd.concat([remedies, pd.DataFrame(variant_rows(
+        split, tail, replayed, seer, log.format == "workbench", results))], ignore_index=True)
     findings = findings_of(log, split, tail, batch, curve, threshold, remedies, baseline)
     undecided = undecided_of(log, curve, tail, workers)
     means = log.means()

@@ -2,31 +2,35 @@
 and, for a workbench run, each variant's measured speedup to set beside the prediction.
 
 Why end to end: a remedy speeds up the rollout alone, so the step's rollout time scales by the
-simulated ratio and the rest of the step stays as logged; two bounds need no simulation at
-all (the Amdahl bound of any rollout remedy, and one-step async).
+simulated ratio and the rest of the step stays as logged; one bound needs no simulation at
+all (the Amdahl bound of any rollout remedy).
 
 Over-provisioning, APRIL, partial rollouts and tail batching are replayed over the logged
-steps by ``cluster.remedies`` (``remedy_ratios``): the steps' groups, their response lengths
-as logged, are the stream of prompts, and each remedy's step k is set beside the logged step
-k. Their error is the remedy model's own, checked on a notebook 11 run
-(``cluster.remedy_check``, ``validated.remedy_error``); where none is recorded the row says
-so and names the check that would give one. APRIL, partial rollouts and async buy their time
-by training on tokens an older policy sampled: the row's method says how many (APRIL and
-partial, counted by the replay) and that the lengths a changed policy would give are not
-modelled.
+steps by ``cluster.remedies`` (``remedy_ratios``), and again at TLT's limit for TLT beside
+each (``cluster.composed.bandit_cost``; those rows, async's and Seer's are
+``diagnose.variants``'): the steps' groups, their response lengths as logged, are the stream
+of prompts, and each remedy's step k is set beside the logged step k. Their error is the
+remedy model's own, checked on a notebook 11 run (``cluster.remedy_check``,
+``validated.remedy_error``); where none is recorded the row says so and names the check that
+would give one. APRIL, partial rollouts and async buy their time by training on tokens an
+older policy sampled: the row's method says how many (APRIL and partial, counted by the
+replay) and that the lengths a changed policy would give are not modelled; a workbench run's
+update on such tokens pays for their old log-probs (``cluster.composed.STALE_UPDATE``).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from ..cluster.composed import bandit_cost, stale_update
 from ..cluster.cost import StepCost
 from ..cluster.remedies import (groups_of_timeline, inferred_max_batch, padded_work,
                                 remedy_steps, update_fit)
 from .steplog import StepLog
 from .validated import RESULTS, remedy_error
 
-__all__ = ["predict_remedies", "measured_speedups", "remedy_ratios", "REPLAYED", "MEASURED_AS"]
+__all__ = ["predict_remedies", "measured_speedups", "remedy_ratios", "e2e_speedup", "REPLAYED",
+           "MEASURED_AS"]
 
 REPLAYED = {
     "over_provisioning": ("overprovision", "over-provisioning: P + max(1, P // 2) groups, the "
@@ -39,11 +43,16 @@ REPLAYED = {
                       "unfinished prompts deferred to a long round of their own once P wait")}
 """The remedies the diagnosis replays on ``cluster.remedies``: its row name -> (notebook 11's
 variant, what the replay does)."""
-MEASURED_AS = {"overprovision": "over_provisioning", "april": "april",
+MEASURED_AS = {"tlt": "tlt_bandit", "overprovision": "over_provisioning", "april": "april",
                "partial": "partial_rollouts", "tail_batching": "tail_batching",
-               "async": "async_one_step"}
-"""A workbench run's remedy variant -> the row of ``predict_remedies`` its measured speedup
-is set beside (every other variant that is not the diagnosed one: TLT's bandit row)."""
+               "async": "async_one_step", "seer_schedule": "seer_schedule",
+               "seer_divided": "seer_divided", "tlt+overprovision": "tlt+over_provisioning",
+               "tlt+april": "tlt+april", "tlt+partial": "tlt+partial_rollouts",
+               "tlt+tail_batching": "tlt+tail_batching", "tlt+async": "tlt+async_one_step",
+               "tlt+seer_divided": "tlt+seer_divided"}
+"""A workbench run's variant -> the row of the diagnosis's remedies its measured speedup is
+set beside (any other variant that is not the diagnosed one, notebook 04's: TLT's bandit
+row)."""
 STALE = ("off-policy: it trains on tokens an older policy sampled ({share:.0%} of the trained "
          "tokens in the replay), which the time leaves out; the lengths a changed policy would "
          "give are not modelled")
@@ -69,30 +78,42 @@ def _groups(log: StepLog, lays: dict, measured: dict) -> tuple[list, int, int | 
 
 def remedy_ratios(log: StepLog, lays: dict, measured: dict, cost: StepCost) -> pd.DataFrame:
     """``cluster.remedies.remedy_steps`` on the simulated steps (``replay.layouts``' steps, in
-    order): one row per step and remedy, its ``step`` the logged step it is set beside, and
-    ``rest_delta``: the seconds the rest of the step moves by. A workbench run's rest is its
-    update, which pads its batch to the longest response: it moves by the slope of the
-    logged rest against the plain step's padded batch (``cluster.remedies.update_fit``) x
-    the change in that batch (``cluster.remedy_check``, ``update="padded"``); other logs'
+    order), at ``cost`` and, where it measured SD, at TLT's limit (``cluster.composed.
+    bandit_cost``: rows ``tlt`` and ``tlt+<remedy>``): one row per step and remedy, its
+    ``step`` the logged step it is set beside, ``ratio`` its rollout over the plain one at
+    ``cost``, and ``rest_delta``: the seconds the rest of the step moves by. A workbench run's
+    rest is its update, which pads its batch to the longest response: it moves by the slope
+    of the logged rest against the plain step's padded batch (``cluster.remedies.
+    update_fit``) x the change in that batch (``cluster.remedy_check``, ``update="padded"``),
+    and a step that trains on stale tokens pays ``composed.STALE_UPDATE`` on it; other logs'
     rest stays as logged (0)."""
     groups, workers, max_batch = _groups(log, lays, measured)
-    table = remedy_steps(groups, workers, cost, max_batch=max_batch,
-                         remedies=[v for v, _ in REPLAYED.values()])
+    names = [v for v, _ in REPLAYED.values()]
+    table = remedy_steps(groups, workers, cost, max_batch=max_batch, remedies=names)
+    plain_s = table.loc[table["remedy"] == "plain", "rollout_s"].to_numpy()
+    fast = bandit_cost(cost)
+    if fast is not None:  # TLT beside each remedy: the same replay at TLT's step costs
+        tlt = remedy_steps(groups, workers, fast, max_batch=max_batch, remedies=names)
+        tlt["remedy"] = np.where(tlt["remedy"] == "plain", "tlt", "tlt+" + tlt["remedy"])
+        tlt["ratio"] = tlt["rollout_s"].to_numpy() / plain_s[tlt["step"].to_numpy()]
+        table = pd.concat([table, tlt], ignore_index=True)
     padded = log.format == "workbench"
     table["rest_delta"] = 0.0
     if padded:
-        work = padded_work(table)
-        plain = work[(table["remedy"] == "plain").to_numpy()]
+        work, at = padded_work(table), table["step"].to_numpy()
+        plain = work[(table["remedy"] == "plain").to_numpy()]  # one per step, in order
         s = log.steps.set_index("step").reindex(list(lays))
-        _, slope = update_fit(plain, (s["step_s"] - s["rollout_s"]).to_numpy())
-        table["rest_delta"] = slope * (work - plain[table["step"].to_numpy()])
+        rest = (s["step_s"] - s["rollout_s"]).to_numpy()
+        _, slope = update_fit(plain, rest)
+        moved = np.maximum(rest[at] + slope * (work - plain[at]), 0.0)
+        table["rest_delta"] = stale_update(moved, table["offpolicy_token_share"]) - rest[at]
     table["step"] = np.asarray(list(lays))[table["step"].to_numpy()]
     table.attrs.update(workers=workers, max_batch=max_batch, padded=padded,
                        prompts_per_step=int(np.median([len(g) for g in groups])))
     return table
 
 
-def _e2e(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str, rest_delta: str | None = None) -> float:
+def e2e_speedup(steps: pd.DataFrame, tail: pd.DataFrame, ratio: str, rest_delta: str | None = None) -> float:
     """Summed logged steps over summed predicted ones (the rollout scaled by the simulated
     ratio, the rest as logged or moved by ``rest_delta`` seconds, never below 0), over the
     simulated steps the step log holds too (a rollout dump may hold steps the metrics do
@@ -119,11 +140,13 @@ def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: 
     where = f"{error['figure']} of {error['result']}" if error else "no validation recorded"
     rows = []
     if tail is not None and "tlt_ratio" in tail:
-        rows.append({"remedy": "tlt_threshold", "predicted_e2e_speedup": _e2e(split, tail, "tlt_ratio"),
+        rows.append({"remedy": "tlt_threshold", "predicted_e2e_speedup": e2e_speedup(split, tail, "tlt_ratio"),
                      "method": f"simulated: SD below live batch {threshold}, drafter in idle windows",
                      "error": err, "error_source": where})
-        rows.append({"remedy": "tlt_bandit", "predicted_e2e_speedup": _e2e(split, tail, "bandit_ratio"),
-                     "method": "simulated: the bandit's limit (cheapest arm per token at each batch)",
+        rows.append({"remedy": "tlt_bandit", "predicted_e2e_speedup": e2e_speedup(split, tail, "bandit_ratio"),
+                     "method": "simulated: the bandit's limit (cheapest arm per token at each batch)"
+                               + (f", replayed at the run's {tail.attrs['bandit_cap']} rows a worker "
+                                  "decodes at once" if tail.attrs.get("bandit_cap") else ""),
                      "error": err, "error_source": where})
     else:
         why = ("needs per-request lengths" if tail is None else "needs SD's speedup per batch")
@@ -134,13 +157,6 @@ def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: 
     if np.isfinite(rollout) and 0 < rollout < total:  # the rest of the step known
         rows.append({"remedy": "any_rollout_remedy_bound", "predicted_e2e_speedup": total / (total - rollout),
                      "method": "Amdahl bound from the logged times: a rollout of zero seconds",
-                     "error": 0.0, "error_source": "arithmetic on the logs"})
-        rows.append({"remedy": "async_one_step", "predicted_e2e_speedup":
-                     total / np.maximum(split["rollout_s"], split["step_s"] - split["rollout_s"]).sum(),
-                     "method": "bound from the logged times (not simulated): the rollout of step "
-                               "t+1 beside the rest of step t, each step the longer of the two; "
-                               "off-policy: each step trains on tokens the policy one update "
-                               "older sampled",
                      "error": 0.0, "error_source": "arithmetic on the logs"})
     rows += _replayed_rows(split, replayed, results)
     return pd.DataFrame(rows)
@@ -168,7 +184,7 @@ def _replayed_rows(split: pd.DataFrame, replayed: pd.DataFrame | None, results) 
         if variant in ("april", "partial"):
             method += "; " + STALE.format(share=mine["offpolicy_token_share"].mean())
         err = remedy_error(variant, results, padded)
-        rows.append({"remedy": name, "predicted_e2e_speedup": _e2e(split, ratio, "ratio", "rest"),
+        rows.append({"remedy": name, "predicted_e2e_speedup": e2e_speedup(split, ratio, "ratio", "rest"),
                      "method": method, "error": err["error"] if err else np.nan,
                      "error_source": f"{err['figure']} of {err['result']}" if err else
                      f"not validated yet: cluster.remedy_check.check_remedies on a notebook 11 "

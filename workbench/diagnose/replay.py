@@ -66,13 +66,23 @@ def _chosen(steps: pd.Series) -> list[int]:
     return [s[i] for i in np.unique(np.linspace(0, len(s) - 1, min(len(s), MAX_STEPS)).astype(int))]
 
 
+def _calibration(log: StepLog) -> list[Timeline]:
+    """The timelines the step costs are measured on: notebook 04's baseline and static SD
+    (``cluster.run_check.CALIBRATION_VARIANTS``), or, where static SD did not run (notebook
+    11), the baseline and TLT (its adaptive engine's plain and speculative steps)."""
+    from ..cluster.run_check import CALIBRATION_VARIANTS
+    where, folder, seed = log.extra["timeline_dir"], log.extra["folder"], log.extra["seed"]
+
+    def saved(variant):
+        return sorted((folder / where.format(variant=variant, seed=seed)).glob("step*"))
+    sd = next((v for v in (*CALIBRATION_VARIANTS[1:], "tlt") if saved(v)), None)
+    return [Timeline.load(p) for v in (CALIBRATION_VARIANTS[0], sd) if v for p in saved(v)]
+
+
 def layouts(log: StepLog, workers: int | None) -> tuple[dict, dict, StepCost | None]:
     """step -> Layout, step -> measured Timeline (workbench runs), measured costs or None."""
     if log.timelines:
-        from ..cluster.run_check import CALIBRATION_VARIANTS
-        where = log.extra["timeline_dir"]
-        calib = [Timeline.load(p) for v in CALIBRATION_VARIANTS for p in sorted(
-            (log.extra["folder"] / where.format(variant=v, seed=log.extra["seed"])).glob("step*"))]
+        calib = _calibration(log)
         measured = {int(p.name.removeprefix("step")): Timeline.load(p) for p in log.timelines}
         keep = set(_chosen(pd.Series(list(measured))))
         measured = {s: t for s, t in measured.items() if s in keep}

@@ -19,10 +19,11 @@ from ..rollout.timeline import Timeline
 from .log_rows import bad_logs
 from .steplog import StepLog, finish_steps
 
-__all__ = ["read_workbench", "RUN_TIMELINES", "CHECKPOINT_TIMELINES"]
+__all__ = ["read_workbench", "RUN_TIMELINES", "CHECKPOINT_TIMELINES", "RUN_CHECKPOINT_TIMELINES"]
 
 RUN_TIMELINES = "timelines/{variant}-seed{seed}"         # a run folder's saved timelines
 CHECKPOINT_TIMELINES = "{variant}-seed{seed}/timelines"  # an ablation checkpoint_dir's
+RUN_CHECKPOINT_TIMELINES = "checkpoint/" + CHECKPOINT_TIMELINES  # a run folder's checkpoint's
 
 
 def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
@@ -42,7 +43,8 @@ def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
     if variant not in set(h.get("variant", [])):
         raise ValueError(f"variant {variant!r} is not in {str(history)!r}; its variants: "
                          f"{sorted(set(h.get('variant', [])))}")
-    saved = sorted(folder.glob(f"timelines/{variant}-seed*"))
+    saved = (sorted(folder.glob(f"timelines/{variant}-seed*"))
+             or [p.parent for p in sorted(folder.glob(f"checkpoint/{variant}-seed*/timelines"))])
     if seed is None:
         seeds = [int(p.name.rsplit("seed", 1)[1]) for p in saved] or sorted(h["seed"].unique())
         seed = int(seeds[0])
@@ -60,14 +62,17 @@ def read_workbench(folder: str | os.PathLike, variant: str = "baseline",
     missing = {"reward_s": "the workbench's history counts the reward inside the rollout",
                "logprob_s": "the workbench's history counts log-probs inside the update",
                "response_min": "response_len_min (not in history.csv)"}
+    where_to = RUN_TIMELINES
+    if not (folder / RUN_TIMELINES.format(variant=variant, seed=seed)).is_dir():
+        where_to = RUN_CHECKPOINT_TIMELINES  # a run that saved them in its checkpoint alone
     log = StepLog(finish_steps(steps), "workbench", f"run folder {str(folder)!r}", missing=missing,
                   extra={"history": h, "variant": variant, "seed": seed, "folder": folder,
-                         "timeline_dir": RUN_TIMELINES})
+                         "timeline_dir": where_to})
     if {"drafter_train_s", "drafter_steps"} <= set(h) and h["drafter_steps"].sum() > 0:
         log.extra["drafter_step_s"] = float(h["drafter_train_s"].sum() / h["drafter_steps"].sum())
         log.notes.append(f"a drafter step takes {log.extra['drafter_step_s']:.4g} s "
                          "(drafter_train_s / drafter_steps of the history)")
-    where = folder / "timelines" / f"{variant}-seed{seed}"
+    where = folder / where_to.format(variant=variant, seed=seed)
     if where.is_dir():
         log.timelines = sorted(where.glob("step*"))
         log.notes.append(f"per-request lengths and workers from {len(log.timelines)} saved "
