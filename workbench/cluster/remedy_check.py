@@ -20,7 +20,9 @@ Recipe (as ``cluster.run_check`` does for TLT):
    as the diagnosis keeps the rest of a step as logged (``update="logged"``); or
    (``update="padded"``) that update moved by ``slope`` x the change in the padded batch
    (the responses trained x the longest of them, what the workbench's GRPO pays for), the
-   slope fitted on the baseline's steps (``remedies.update_fit``);
+   slope fitted on the baseline's steps (``remedies.update_fit``), and a step that trains
+   on stale tokens (APRIL's, partial rollouts') charged ``composed.STALE_UPDATE`` for its
+   old log-probs' forward;
 4. predicted: summed plain steps over summed remedy steps; measured: the baseline's summed
    ``step_s`` over the variant's, that seed (``Ablation``'s ``e2e_speedup``). The rollout's
    alone the same way (``rollout_s``): the remedy model's own error, apart from the update.
@@ -44,6 +46,7 @@ import pandas as pd
 
 from ..checks import check_choice
 from ..rollout.timeline import Timeline
+from .composed import stale_update
 from .cost import StepCost
 from .remedies import (REMEDY_MODELS, groups_of_timeline, inferred_max_batch, padded_work,
                        remedy_steps, update_fit)
@@ -132,8 +135,9 @@ def check_remedies(folder: str | os.PathLike, seed: int = 0,
     logged = h.loc["baseline", "update_sim_s"].to_numpy()[:n]               # 3) the update
     of = {name: r.reset_index(drop=True) for name, r in steps.groupby("remedy")}
     _, slope = update_fit(padded_work(of["plain"]), logged)
-    charge = (lambda r: logged) if update == "logged" else (
-        lambda r: np.maximum(logged + slope * (padded_work(r) - padded_work(of["plain"])), 0.0))
+    charge = (lambda r: logged) if update == "logged" else (lambda r: stale_update(
+        np.maximum(logged + slope * (padded_work(r) - padded_work(of["plain"])), 0.0),
+        r["offpolicy_token_share"]))
     plain = of["plain"]["rollout_s"].to_numpy()
     rows = []
     for v in variants:                                                      # 4) the ratios
