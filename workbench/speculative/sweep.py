@@ -24,7 +24,7 @@ from ..speedup import (
 from .measure import acceptance_length, sd_bound, step_times
 
 __all__ = ["sd_sweep", "check_lossless", "sweep_metrics", "sweep_spread_note", "check_only",
-           "drafter_speedups"]
+           "narrowed", "drafter_speedups"]
 
 # the columns sd_sweep adds for the spread of the per-repeat speedups
 SPREAD_COLUMNS = ("speedup_min", "speedup_max", "speedup_spread", "spread_wide", "repeats")
@@ -78,6 +78,17 @@ def check_only(only, drafters, ks, batch_sizes) -> dict:
                                  f"list of the sweep's {key} {grid[key]}")
         out[name] = {key: set(where.get(key, grid[key])) for key in grid}
     return out
+
+
+def narrowed(names, drafters, batch_sizes, grid_batch_sizes, k: int) -> dict:
+    """``sd_sweep``'s ``only`` that measures each of ``names`` that is among ``drafters`` at
+    ``k`` alone and at batch 1 and those of ``batch_sizes`` in ``grid_batch_sizes`` (the
+    sweep's), so that drafters added to a comparison cost a part of the grid's time; a name
+    not compared is passed over (a list of names checked)."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"narrowed drafters {names!r}: accepted a list of drafter names")
+    sizes = sorted({1, *batch_sizes} & set(grid_batch_sizes))
+    return {name: {"batch_sizes": sizes, "ks": [k]} for name in names if name in drafters}
 
 
 def _cell_systems(engine, prompts, base, drafters, ks, only) -> tuple[dict, dict]:
