@@ -79,3 +79,14 @@ def test_drafter_speedups_name_every_measured_cell():
                    "speedup_bs1_t1_suffix_min": 1.0, "speedup_bs1_t1_suffix_max": 2.0,
                    "speedup_bs16_suffix": 1.0, "speedup_bs16_suffix_min": 1.0,
                    "speedup_bs16_suffix_max": 2.0}
+
+
+def test_narrowed_measures_the_named_drafters_compared_at_batch_1_and_the_grids_sizes():
+    from workbench.speculative.sweep import narrowed
+    drafters = {"eagle": None, "sibling": None, "suffix": None}
+    only = narrowed(["sibling", "suffix", "ngram"], drafters, [16, 64], [1, 2, 16, 32], k=4)
+    assert only == {"sibling": {"batch_sizes": [1, 16], "ks": [4]},
+                    "suffix": {"batch_sizes": [1, 16], "ks": [4]}}
+    assert narrowed([], drafters, [16], [1, 16], k=4) == {}
+    with pytest.raises(ValueError, match="narrowed drafters 'suffix': accepted a list"):
+        narrowed("suffix", drafters, [16], [1, 16], k=4)
