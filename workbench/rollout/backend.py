@@ -145,7 +145,7 @@ class Backend:
         whole share re-run by the survivors inside the call (``dispatch.lost``); its value
         is its :class:`WorkerFailed`, and no job runs (``rollout.recovery``, "on the
         dispatch path"). Only a backend that orders its workers' steps itself has it (the
-        local one); the default refuses."""
+        local one in sim-time order, Ray's in rounds); the default refuses."""
         raise ValueError(f"the {self.name!r} backend does not advance its workers in sim-time "
                          "order, so no work can move between them (a Dispatch); accepted: "
                          "the local backend")
@@ -335,7 +335,7 @@ def _in_time_order(runs: list, dispatch) -> dict[int, WorkerFailed]:
         failed = _step(run)
         if failed is not None:
             live.remove(run)
-            _check_rerun(failed, list(lost.values()), live)
+            check_rerun(failed, list(lost.values()), live)
             lost[run.index] = failed
             pending.append(failed)
     dispatch.end(live)
@@ -357,7 +357,7 @@ def _step(run) -> WorkerFailed | None:
     return None
 
 
-def _check_rerun(failed: WorkerFailed, earlier: list[WorkerFailed], survivors: list) -> None:
+def check_rerun(failed: WorkerFailed, earlier: list[WorkerFailed], survivors: list) -> None:
     """Raise ``failed`` where recovery gives no second chance: its worker held a request
     that was already re-running one of ``earlier``'s (it names them, the one it re-ran in
     its ``__context__``), or no worker survives (the lowest worker's failure, holding every

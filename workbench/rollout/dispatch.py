@@ -1,10 +1,11 @@
 """Dispatch: where requests run when the workers of one rollout are advanced together, in
 sim-time order (``LocalBackend.map_steps``; docs/design.md, "The local execution model, and
-its seam").
+its seam"), or on Ray in rounds of one step of every busy actor (``rollout.ray_steps``).
 
 By default each worker decodes its own shard to the end, one worker after another, and the
-sim clock lays their times side by side. A :class:`Dispatch` is handed every worker's
-run (:class:`Run`: a ``WorkerRun``, or on Ray the driver's mirror of one) and asked, at three points, where work goes:
+sim clock lays their times side by side. A :class:`Dispatch` is handed every worker's run
+(:class:`Run`: a ``WorkerRun``, or on Ray the driver's mirror of one) and asked where work
+goes:
 
 - ``begin(runs)``: before any step (every run's queue holds its shard): it may reorder the
   queues or deal the requests again;

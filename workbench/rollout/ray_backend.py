@@ -51,15 +51,17 @@ from ..ray_cluster import connect, known_cpus, resolve_address
 from .backend import Backend, check_placement
 from .failures import WorkerFailed, first_failure
 from .idle import IdleRun, TailJobs, WindowEnd
+from .ray_steps import RunHost, ray_failure, run_rounds
 from .timeline import IdleWindow
 from .worker import Worker
 
 __all__ = ["RayBackend"]
 
 
-class WorkerHost:
-    """An actor's body: one :class:`Worker` on the wall clock, built inside the actor. Its
-    work methods run one at a time; :meth:`stop` runs beside them (module docstring, "tail")."""
+class WorkerHost(RunHost):
+    """An actor's body: one :class:`Worker` on the wall clock, built inside the actor, and
+    its run of a dispatched rollout (``RunHost``). Its work methods run one at a time;
+    :meth:`stop` runs beside them (module docstring, "tail")."""
 
     def __init__(self, index: int, factories: tuple, threads: int):
         torch.set_num_threads(threads)
@@ -117,14 +119,13 @@ class RayBackend(Backend):
     it has GPUs, where it has any) before any actor starts, and a local Ray too small for them
     before it starts that Ray; :meth:`check_fits` says so without starting anything. A
     worker that dies or raises makes the call raise ``WorkerFailed`` naming it, with the
-    other workers' results (a ValueError, bad input, passes through); the other workers
-    finish their part first, so the backend is idle after the raise (a job lost in its idle window is reported in
-    ``IdleRun.failed`` instead: backend.py, "worker fault"). An actor that died is replaced at once, in the background (its
-    factories run again and the latest weights are queued behind them), so the next call
-    finds it alive; :meth:`restart` does the same and waits. ``close`` kills the actors and
+    other workers' results (a ValueError, bad input, passes through); the others finish
+    their part first, so the backend is idle after the raise (a job lost in its idle window
+    is reported in ``IdleRun.failed``: backend.py, "worker fault"). An actor that died is
+    replaced at once, in the background (its factories run again, the latest weights queued
+    behind them); :meth:`restart` does the same and waits. ``close`` kills the actors and
     undoes this backend's ``ray.init``: a local instance it started shuts down, a cluster it
-    attached to is left (only this process disconnects).
-    """
+    attached to is left (only this process disconnects)."""
 
     name = "ray"
     clock = "wall"
@@ -216,6 +217,17 @@ class RayBackend(Backend):
         self._settle(failures, workers)
         _raise_failures(failures, workers, values)  # the jobs' outcomes dropped (backend.py)
         return values, run
+
+    def map_steps(self, begin, items, dispatch, progress=None, tail=None):
+        """Rounds of one step of every busy actor, ``dispatch`` asked between them where work
+        goes (``rollout.ray_steps``); a dead actor is replaced after. No tail jobs run here."""
+        if tail is not None:
+            raise ValueError("the 'ray' backend runs no tail jobs beside a dispatch; accepted: "
+                             "tail=None, or the local backend")
+        workers = check_placement(items, None, self.num_workers)
+        values = run_rounds([self._actors[w] for w in workers], begin, items, dispatch, progress)
+        self._settle({w: v for w, v in enumerate(values) if isinstance(v, WorkerFailed)}, workers)
+        return values, IdleRun()
 
     def update_weights(self, policy=None, drafter=None) -> None:
         refs = tuple(None if state is None else ray.put(state) for state in (policy, drafter))
@@ -323,7 +335,7 @@ class RayBackend(Backend):
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayError as exc:
-                yield i, _failure(workers[i], exc, held[i] if held is not None else (),
+                yield i, ray_failure(workers[i], exc, held[i] if held is not None else (),
                                   time.time() - since)
                 continue
             if progress is not None and held is not None:
@@ -386,15 +398,3 @@ def _raise_failures(failures: dict[int, Exception], workers: list[int], values: 
                             {w: v for i, (w, v) in enumerate(zip(workers, values))
                              if i not in failures})
 
-
-def _failure(worker: int, exc: Exception, requests: Sequence, at_s: float) -> Exception:
-    """What a failure on ``worker``, ``at_s`` seconds into the call, raises: the ValueError
-    ``fn`` raised (bad input, from the remote error that carries the actor's traceback), else
-    :class:`WorkerFailed` with the exception ``fn`` raised, or the actor's death, as cause."""
-    cause = getattr(exc, "cause", None) or exc
-    if isinstance(cause, ValueError):
-        cause.__cause__ = exc
-        return cause
-    failed = WorkerFailed(worker, cause, requests, at_s)
-    failed.__cause__ = cause
-    return failed

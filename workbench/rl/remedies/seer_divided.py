@@ -24,10 +24,11 @@ Tokens are unchanged: a moved request keeps its uid, so coupled draws give it th
 would have had where it was (equal in float64; in float32 a re-prefill may round
 differently from the steps it replaces, and the divergence shows in ``tokens_digest``).
 
-The workers must advance in sim-time order, which the local backend does
-(``LocalBackend.map_steps``); on Ray, whose actors decode in parallel, no request can move
-mid-step, and the variant is refused when it is built (moving work between Ray actors, with
-the re-prefill on the wall clock, is left to do).
+The workers advance in sim-time order on the local backend (``LocalBackend.map_steps``); on
+Ray, whose actors decode in parallel, in rounds of one step of every busy actor, the
+dispatch asked between rounds on what the actors reported (``rollout.ray_steps``), each
+re-prefill on the receiving actor's wall clock. A lost worker's share, from scratch, joins
+the pool (``rollout.recovery``, "on the dispatch path").
 """
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""Seer's divided rollout on Ray (``RayBackend.map_steps``, workbench/rollout/ray_steps.py) on
+the session's 2 actors (conftest.py): the local backend's tokens in float64, a running request
+moved from the actor with the long shard to the one whose shard is short, its re-prefill on
+the receiving actor's wall clock; a worker lost in a round is re-run by the survivor. The
+rounds order every decision (each round waits for every busy actor's step, and the dispatch
+decides between rounds on what they reported), so no gate and no timing is needed."""
+import pytest
+
+from workbench.rl.remedies.responses import Group
+from workbench.rl.remedies.seer_divided import DividedDispatch
+from workbench.rl.remedies.seer_schedule import LengthPredictor
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.tasks import Problem
+
+from .helpers.models import tiny_model
+from .test_seer_faults import FailsAt
+
+CONFIG = RolloutConfig(workers=2, max_new_tokens=16, samples_per_prompt=1, ignore_eos=True,
+                       temperature=1.0, seed=3, spec_mode="coupled")
+CAPS = [2, 16, 2, 16, 2, 16]  # dealt round-robin: worker 0's three stop after 2 tokens
+
+
+class InOrder(DividedDispatch):
+    """The divided dispatch with every prediction equal (the deal is the one drawn) and a
+    move whenever a worker falls idle (half the busiest one's rows), whatever the measured
+    costs (wall-clock seconds, which no test may read)."""
+
+    def predictions(self, i):
+        return {"siblings": None, "history": None, "prompt": 1.0, "used": 1.0}
+
+    def worth_moving(self, source, runs):
+        free = [q for q in source.running if q.uid not in self.moved]
+        return free[:max(1, len(source.running) // 2)]
+
+
+@pytest.fixture(scope="module")
+def setup(ray_actors, tokenizer):
+    """The session's actors with the policy ``tiny_model("llama")`` (seed 0, float64), an
+    engine on them and one on the local backend, and six requests as the Sampler hands
+    them over."""
+    model = tiny_model("llama", tokenizer, seed=0)
+    backend = ray_actors.backend()
+    backend.update_weights(policy=model.state_dict())
+    prompts = [f"p{i}x?" for i in range(6)]
+    groups = [Group.fresh(Problem(prompt=p, answer="a", uid=i), tokenizer(p)["input_ids"], 1, i)
+              for i, p in enumerate(prompts)]
+    live = [(g, r) for g in groups for r in g.live]
+    return (RolloutEngine(model, tokenizer, backend=backend), RolloutEngine(model, tokenizer),
+            [g.prompt_ids for g, _ in live], live)
+
+
+def test_seer_divided_on_ray_moves_a_request_and_keeps_the_local_tokens(setup):
+    ray_engine, local_engine, prompts, live = setup
+    local = local_engine.rollout(prompts, CONFIG, progress=False, caps=CAPS,
+                                 dispatch=InOrder(live, LengthPredictor()))
+    dispatch = InOrder(live, LengthPredictor())
+    res = ray_engine.rollout(prompts, CONFIG, progress=False, caps=CAPS, dispatch=dispatch)
+    assert res.timeline.clock == "wall" and res.tokens == local.tokens
+    for a, b in zip(res.logprobs, local.logprobs):
+        assert a == pytest.approx(b, abs=1e-12)
+    steps, req = res.timeline.steps, res.timeline.requests
+    moved = steps[steps["moved_from"].notna()]
+    assert dispatch.moves >= 1 and len(moved) >= 1  # worker 1's long request went to 0
+    assert set(moved["worker"]) == {0} and set(moved["moved_from"]) == {1}
+    assert (moved["kind"] == "prefill").all() and (moved["end_s"] > moved["start_s"]).all()
+    long_ones = req[req["prompt_id"].isin([1, 3, 5])]
+    assert (long_ones["worker"] == 0).any() and (long_ones["response_tokens"] == 16).all()
+    # the re-prefill is on worker 0's wall clock, after worker 1 let the request go
+    w1 = steps[steps["worker"] == 1]
+    assert moved["start_s"].min() >= w1["end_s"][w1["end_s"] <= moved["start_s"].min()].max()
+    assert sorted(req["uid"]) == sorted(r.uid for r in local.requests)  # each answered once
+
+
+def test_a_worker_lost_in_a_round_is_rerun_by_the_survivor(setup, tmp_path):
+    ray_engine, local_engine, prompts, live = setup
+    plain = local_engine.rollout(prompts, CONFIG, progress=False, caps=CAPS)
+    res = ray_engine.rollout(prompts, CONFIG, progress=False, caps=CAPS,
+                             schedule=FailsAt({1: 3}), dispatch=InOrder(live, LengthPredictor()))
+    assert res.tokens == plain.tokens
+    steps, req = res.timeline.steps, res.timeline.requests
+    failed = steps[steps["kind"] == "failed"]
+    assert failed["worker"].tolist() == [1] and failed["end_s"].iloc[0] > 0
+    assert set(req["worker"]) == {0}  # the survivor ran worker 1's share again
+    rerun = req[req["failed_worker"] == 1]
+    assert len(rerun) == failed["batch_size"].iloc[0] >= 1
+    assert set(rerun["prompt_id"]) <= {1, 3, 5}  # worker 1's long ones, but any it gave away
+
