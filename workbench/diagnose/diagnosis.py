@@ -145,16 +145,25 @@ def diagnose(log: StepLog, sd_curve=None, workers: int | None = None,
     for _, r in remedies.iterrows():
         summary[f"predicted_{r['remedy']}"] = (None if pd.isna(r["predicted_e2e_speedup"])
                                               else float(r["predicted_e2e_speedup"]))
-    measured_table = measured_speedups(log)
-    if measured_table is not None:  # each remedy against its row, the rest against TLT's bandit
-        other = measured_table["variant"] != log.extra["variant"]
-        row = measured_table["variant"].map(MEASURED_AS).fillna("tlt_bandit")
-        predicted = row.map(lambda r: summary.get(f"predicted_{r}"))
-        measured_table["predicted_e2e_speedup"] = np.where(other, predicted.astype(float), np.nan)
-        for col, of in (("error", "measured_e2e_speedup"), ("error_seed", "measured_e2e_speedup_seed")):
-            measured_table[col] = (measured_table["predicted_e2e_speedup"] / measured_table[of] - 1)
-        for _, r in measured_table.iterrows():
-            summary[f"measured_e2e_speedup_{r['variant']}"] = r["measured_e2e_speedup"]
-            summary[f"measured_e2e_speedup_{r['variant']}_seed"] = r["measured_e2e_speedup_seed"]
+    measured_table = _measured(log, summary)
     return Diagnosis(split, tail, batch, remedies, findings, undecided, summary, curve, live,
                      measured_table, list(log.notes))
+
+
+def _measured(log: StepLog, summary: dict) -> pd.DataFrame | None:
+    """A workbench run's measured speedups (``measured_speedups``), each variant beside its
+    predicted row (``MEASURED_AS``; any other: TLT's bandit) with the error; their figures
+    are added to ``summary``. None for other logs."""
+    table = measured_speedups(log)
+    if table is None:
+        return None
+    other = table["variant"] != log.extra["variant"]
+    row = table["variant"].map(MEASURED_AS).fillna("tlt_bandit")
+    predicted = row.map(lambda r: summary.get(f"predicted_{r}"))
+    table["predicted_e2e_speedup"] = np.where(other, predicted.astype(float), np.nan)
+    for col, of in (("error", "measured_e2e_speedup"), ("error_seed", "measured_e2e_speedup_seed")):
+        table[col] = (table["predicted_e2e_speedup"] / table[of] - 1)
+    for _, r in table.iterrows():
+        summary[f"measured_e2e_speedup_{r['variant']}"] = r["measured_e2e_speedup"]
+        summary[f"measured_e2e_speedup_{r['variant']}_seed"] = r["measured_e2e_speedup_seed"]
+    return table
