@@ -83,7 +83,9 @@ def workbench_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.
                           stderr=subprocess.PIPE, text=True) as process:
         _RUNNING.add(process)
         try:
-            out, err = process.communicate(timeout=600)
+            # a bound against a hang, not a timing: load stretches the notebooks' pipeline
+            # several-fold (beside other work it has passed 10 minutes), so it is generous
+            out, err = process.communicate(timeout=3600)
         finally:
             _RUNNING.discard(process)
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
@@ -122,7 +124,11 @@ USER_PARAMS = {
     "02_speculative_decoding": {"fit_minutes": 0.02},  # drafter: the CLI's head
     "03_adaptive_drafter": {"drafter": "auto", "fit_minutes": 0.02},
     "04_tlt_rl": {"drafter": "auto", "fit_minutes": 0.02, "seeds": [0]},
-    "05_pruning": {"train_size": 800},
+    # a researcher's importance score (tests/plugins/taylor_importance.py) ranked beside the
+    # built-ins: tests/test_notebook_importance_plugin.py reads this run
+    "05_pruning": {"train_size": 800, "plugins": [str(ROOT / "tests" / "plugins" /
+                                                      "taylor_importance.py")],
+                   "rankings": ["activation:*", "weight_magnitude", "random", "taylor"]},
     "06_distillation": {"train_size": 800},   # layer_pairs: spread over its 4 layers
     "07_minitron_pipeline": {"train_size": 800, "fit_minutes": 0.02},
 }
