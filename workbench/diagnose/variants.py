@@ -141,26 +141,34 @@ def _async(split: pd.DataFrame, stale: float, scale: pd.DataFrame | None = None)
 def variant_rows(split: pd.DataFrame, tail: pd.DataFrame | None, replayed: pd.DataFrame | None,
                  seer: pd.DataFrame | None, workbench: bool, results=RESULTS) -> list[dict]:
     """The rows of ``diagnose.remedies.predict_remedies``' table for the variants of this
-    module (module docstring); ``workbench``: the logs are a workbench run's (its rest of a
-    step is the update, which pays for stale tokens' old log-probs)."""
+    module (module docstring), in order: async, TLT beside each remedy, Seer's;
+    ``workbench``: the logs are a workbench run's (its rest of a step is the update, which
+    pays for stale tokens' old log-probs)."""
+    return (_async_rows(split, tail, workbench, results) + _tlt_remedy_rows(split, replayed, results)
+            + _seer_rows(split, seer, results))
+
+
+def _async_rows(split, tail, workbench: bool, results) -> list[dict]:
     stale = STALE_UPDATE if workbench else 1.0
     charge = (f"the update x {STALE_UPDATE:g} on the stale steps (their old log-probs' "
               "forward)" if workbench else "the rest as logged")
-    rows = []
     known = np.isfinite(split["rollout_s"]).any() and np.isfinite(split["step_s"]).any()
-    rows.append(_row("async_one_step", _async(split, stale) if known else np.nan,
-                     "simulated over the logged steps: the rollout of step k+1 beside the update "
-                     f"of step k, each step the longer of the two, {charge}; off-policy: every "
-                     "step after the first trains on tokens the policy one update older sampled"
-                     if known else "not predicted: needs the logged rollout and step times",
-                     diagnose_error("async", results), _unchecked("async")))
-    bandit = tail is not None and "bandit_ratio" in tail
+    bandit = known and tail is not None and "bandit_ratio" in tail
     scale = tail[["step", "bandit_ratio"]].rename(columns={"bandit_ratio": "ratio"}) if bandit else None
-    rows.append(_row("tlt+async_one_step", _async(split, stale, scale) if bandit and known else np.nan,
-                     "simulated: async as above, each rollout scaled by TLT's bandit ratio"
-                     if bandit and known else "not predicted: needs SD's speedup per batch and "
-                     "the logged times", diagnose_error("tlt+async", results),
-                     _unchecked("tlt+async")))
+    return [_row("async_one_step", _async(split, stale) if known else np.nan,
+                 "simulated over the logged steps: the rollout of step k+1 beside the update of "
+                 f"step k, each step the longer of the two, {charge}; off-policy: every step "
+                 "after the first trains on tokens the policy one update older sampled"
+                 if known else "not predicted: needs the logged rollout and step times",
+                 diagnose_error("async", results), _unchecked("async")),
+            _row("tlt+async_one_step", _async(split, stale, scale) if bandit else np.nan,
+                 "simulated: async as above, each rollout scaled by TLT's bandit ratio" if bandit
+                 else "not predicted: needs SD's speedup per batch and the logged times",
+                 diagnose_error("tlt+async", results), _unchecked("tlt+async"))]
+
+
+def _tlt_remedy_rows(split, replayed, results) -> list[dict]:
+    rows = []
     for name, (variant, what) in REPLAYED.items():
         mine = (replayed[replayed["remedy"] == f"tlt+{variant}"] if replayed is not None
                 else pd.DataFrame())
@@ -172,6 +180,11 @@ def variant_rows(split: pd.DataFrame, tail: pd.DataFrame | None, replayed: pd.Da
                          else "not predicted: needs per-request lengths and SD's step costs",
                          diagnose_error(f"tlt+{variant}", results),
                          _unchecked(f"tlt+{variant}")))
+    return rows
+
+
+def _seer_rows(split, seer, results) -> list[dict]:
+    rows = []
     for name, (variant, rule) in SEER_ROWS.items():
         ok = seer is not None and name in seer
         ratio = seer[["step", name]].rename(columns={name: "ratio"}) if ok else None
@@ -179,11 +192,11 @@ def variant_rows(split: pd.DataFrame, tail: pd.DataFrame | None, replayed: pd.Da
         err, missing = ((recorded_error(figure, results), f"cluster.seer_check.check_seer on a "
                          f"notebook 11 run folder holding {variant!r} would give {figure}")
                         if rule == "plain" else (diagnose_error(name, results), _unchecked(name)))
+        how = (f"simulated: each step's requests placed by Seer's {SEER_POLICIES[variant]} policy "
+               "(lengths predicted from their siblings), "
+               + ("TLT's bandit decoding, " if rule == "bandit" else "")
+               + "over the static layout of the same requests; the rest as logged")
         rows.append(_row(name, e2e_speedup(split, ratio, "ratio") if ok else np.nan,
-                         f"simulated: each step's requests placed by Seer's {SEER_POLICIES[variant]} "
-                         f"policy (lengths predicted from their siblings), "
-                         + ("TLT's bandit decoding, " if rule == "bandit" else "")
-                         + "over the static layout of the same requests; the rest as logged"
-                         if ok else "not predicted: needs per-request lengths"
+                         how if ok else "not predicted: needs per-request lengths"
                          + (" and SD's step costs" if rule == "bandit" else ""), err, missing))
     return rows
