@@ -13,14 +13,17 @@ inductor's kernels are tested here on Qwen3, whose q/k norms are the newest arit
 step, and on Llama, Mistral and Qwen2 in tests/test_compiled_decode.py."""
 import numpy as np
 import pytest
+import torch
 
-from workbench.rollout import RolloutConfig, RolloutEngine, StepPlan
+from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, StepPlan
 from workbench.rollout.compiled import compiled_decode_for
 from workbench.rollout.forward import LeanForward, policy_forward
 from workbench.rollout.schedule import Schedule
+from workbench.speculative import EagleDrafter, EagleHead
 
 from .drafters import ScriptedTreeDrafter
 from .helpers.models import PROMPTS, hf_greedy, tiny_model
+from .helpers.speculative import recording
 
 # compiled and eager float64 logprobs agree to ~1e-8 (tests/test_compiled_decode.py)
 STATES_ATOL = 1e-6
@@ -136,3 +139,44 @@ def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
                                    np.concatenate(reference.logprobs), atol=STATES_ATOL, rtol=0)
     c = compiled_decode_for(policy_forward(model), True)
     assert (c.steps["compiled"] > 0) == compiled and c.steps["eager"] == 0
+
+
+# ---- the EAGLE draft step ---------------------------------------------------------------
+def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenizer,
+                                                                         family_models):
+    """An EAGLE head drafting chains (greedy) and trees (greedy and coupled) with its draft
+    step compiled: every round's drafts, the rows' accepted counts and the tokens equal the
+    eager head's; its graphs (one per row bucket, fed tokens and tree) are ``compile`` rows
+    of the timeline, as the policy's are."""
+    model = family_models("llama")
+    engine = RolloutEngine(model, tokenizer)
+    torch.manual_seed(0)
+    drafter = recording(EagleDrafter(EagleHead(model), model))
+    drafter.compiled.backend = "eager"  # as the module's policies' (set before its first step)
+    greedy = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1)
+    coupled = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1,
+                            temperature=1.0, seed=5)
+    policy = compiled_decode_for(policy_forward(model), True)
+    accepted = 0
+    for cfg, schedule in [(greedy, StaticSchedule(3)),
+                          (greedy, StaticSchedule(3, branch=2, verify_budget=5)),
+                          (coupled, StaticSchedule(3, branch=2, verify_budget=5))]:
+        drafter.rounds = []
+        eager = engine.rollout(PROMPTS[:4], cfg, drafter=drafter, schedule=schedule,
+                               progress=False)
+        eager_rounds, drafter.rounds = drafter.rounds, []
+        graphs = len(policy.compiles) + len(drafter.compiled.compiles)
+        steps = drafter.compiled.steps["compiled"]
+        comp = engine.rollout(PROMPTS[:4], cfg, drafter=drafter, schedule=schedule,
+                              compile=True, progress=False)
+        assert comp.tokens == eager.tokens
+        assert drafter.rounds == eager_rounds  # the chains' drafts, round by round
+        assert [r.accepted_per_step for r in comp.requests] == \
+            [r.accepted_per_step for r in eager.requests]
+        accepted += sum(sum(r.accepted_per_step) for r in comp.requests)
+        assert drafter.compiled.steps["compiled"] > steps  # the drafts ran compiled
+        kinds = comp.timeline.steps["kind"]
+        new = len(policy.compiles) + len(drafter.compiled.compiles) - graphs
+        assert (kinds == "compile").sum() == new
+    assert accepted > 0  # some drafts were right: verdicts of both kinds
+    assert {key[3:] for key in drafter.compiled.compiles} == {(1, False), (2, True)}

@@ -135,20 +135,38 @@ class CompiledDecode:
         self._key = None
         self._tensors = None
 
+    def __getstate__(self) -> dict:
+        """A copy for another process (a Ray actor's) travels without its graphs, which do
+        not pickle: it compiles its own."""
+        return {**self.__dict__, "_fn": None, "_key": None, "_tensors": None, "compiles": {}}
+
     # -- the pieces ------------------------------------------------------------------------
+    def _plans(self) -> list:
+        return self.forward._plans()
+
+    def _make_step(self, plans):
+        """The function compiled (``rollout.step_graph``): the lean forward's step."""
+        return make_step(self.forward, plans)
+
+    def _rope(self, pos: torch.Tensor):
+        """cos/sin ``[Bb, q, d]`` at ``pos``."""
+        return self.forward.rope(self.forward.lm_head.weight, pos)
+
     def _compiled(self, plans):
         if self._fn is None:
             _raise_recompile_limit(64)
             # emulate_precision_casts: round where eager rounds (the norms' float32 for a
             # float64 model, as HF does), so that compiled states equal eager ones
             options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
-            fn = torch.compile(make_step(self.forward, plans), backend=self.backend,
+            fn = torch.compile(self._make_step(plans), backend=self.backend,
                                dynamic=None if self.dynamic_cols else False,
                                fullgraph=True, options=options)
             self._fn = fn if self.step_wrapper is None else self.step_wrapper(fn)
         return self._fn
 
-    def _weights(self, plans):
+    def _weights(self, plans) -> tuple:
+        """The step's weight arguments, after its padded inputs (and data), read once per
+        version of the weights."""
         if self._key != self.forward.key:
             f = self.forward
             norm, head = f.decoder.norm, f.lm_head
@@ -164,7 +182,7 @@ class CompiledDecode:
         layer filled, and a batch no larger than the largest row bucket."""
         cache = batch.cache
         return (isinstance(cache, StaticKVCache) and 0 < batch.size <= MAX_ROWS
-                and len(cache.layers) == len(self.forward.decoder.layers)
+                and len(cache.layers) == len(self._plans())
                 and all(layer.is_initialized for layer in cache.layers))
 
     # -- "auto" ----------------------------------------------------------------------------
@@ -201,13 +219,15 @@ class CompiledDecode:
             self.choices[bucket] = "compiled" if faster else "eager"
 
     # -- the step --------------------------------------------------------------------------
-    def prepare(self, batch, pos, fed=None, tree=None) -> "_Call":
+    def prepare(self, batch, pos, fed=None, tree=None, data=()) -> "_Call":
         """The compiled step's call for ``batch``, whose new columns (one for a plain step:
         it feeds ``last_token``; those of ``fed [B, q]`` for a verify pass, with the draft
         tree's ``tree [B, q, q]`` if any) are appended (``append_columns``) at positions
-        ``pos [B, q]`` but not written: its inputs padded to the buckets, the cache moved into
-        its preallocated buffers if an operation replaced them."""
-        plans = self.forward._plans()
+        ``pos [B, q]`` but not written (a drafter's ``tree [B, q, m]`` covers its last ``m``
+        columns): its inputs padded to the buckets, the cache moved into
+        its preallocated buffers if an operation replaced them. ``data``: more per-row inputs
+        ``[B, ...]`` of the step (an EAGLE draft's parent states), padded with zero rows."""
+        plans = self._plans()
         fn = self._compiled(plans)
         rows, width = batch.size, batch.width
         b_rows = row_bucket(rows)
@@ -221,8 +241,8 @@ class CompiledDecode:
         views = [layer.views(b_rows, t_cols) for layer in layers]
         fed = batch.last_token[:, None] if fed is None else fed
         inputs = self._inputs(batch, fed, pos, tree, b_rows, t_cols)
-        emb, lt, norm_w, head_w, head_b = self._weights(plans)
-        args = [*inputs, emb, lt, norm_w, head_w, head_b, [v[0] for v in views],
+        padded = [torch.cat([t, t.new_zeros((b_rows - rows, *t.shape[1:]))]) for t in data]
+        args = [*inputs, *padded, *self._weights(plans), [v[0] for v in views],
                 [v[1] for v in views]]
         if self.dynamic_cols:  # one graph for every width: the columns' count is symbolic
             for t in args[2], args[3]:
@@ -244,18 +264,19 @@ class CompiledDecode:
         start = time.perf_counter()
         a = call.args
         scratch = [None if t is None else _marked(torch.zeros_like(t), t) for t in a[:8]] + (
-            a[8:13] + [[_scratch(t) for t in a[13]], [_scratch(t) for t in a[14]]])
+            a[8:-2] + [[_scratch(t) for t in a[-2]], [_scratch(t) for t in a[-1]]])
         call.fn(*scratch)
         self.compiles[call.key] = time.perf_counter() - start
         return self.compiles[call.key]
 
     def run(self, call: "_Call"):
-        """``(logits [B, q, V], states [B, q, H])`` of the batch's rows; the new keys and
-        values written in the cache, whose views now cover the new columns."""
-        logits, x = call.fn(*call.args)
+        """The step's outputs, the batch's rows of each (the decode step's ``(logits [B, q,
+        V], states [B, q, H])``); the new keys and values written in the cache, whose views
+        now cover the new columns."""
+        out = call.fn(*call.args)
         for layer in call.layers:
             layer.set_views(call.rows, call.width)
-        return logits[:call.rows], x[:call.rows]
+        return tuple(t[:call.rows] for t in out)
 
     def __call__(self, batch, pos, fed=None, tree=None):
         """:meth:`prepare`, :meth:`compile` if needed, and :meth:`run`."""
@@ -280,11 +301,11 @@ class CompiledDecode:
         col_pos = torch.zeros((b_rows, t_cols), dtype=torch.long, device=dev)
         col_pos[:rows, :width] = batch.col_pos
         col = torch.arange(width - q, width, dtype=torch.long, device=dev)
-        cos, sin = self.forward.rope(self.forward.lm_head.weight, pos_p)
+        cos, sin = self._rope(pos_p)
         full = None
-        if tree is not None:  # the tree's ancestors among the new columns; all else open
+        if tree is not None:  # the tree's ancestors among its last columns; all else open
             full = torch.ones((b_rows, q, t_cols), dtype=torch.bool, device=dev)
-            full[:rows, :, width - q:width] = tree
+            full[:rows, :, width - tree.shape[-1]:width] = tree
         return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2), full
 
 

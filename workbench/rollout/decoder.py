@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .batch import DecodeBatch
-from .drafts import DraftInput
+from .drafts import DraftCompile, DraftInput
 from .compiled import compiled_decode_for
 from .forward import Forward
 from .plan import StepPlan, propose, serving_drafter
@@ -199,6 +199,14 @@ class BatchDecoder:
         c.steps[path] += 1
         return out, self.rec.now() - start
 
+    def _draft_compile(self) -> DraftCompile | None:
+        """How a drafter runs its compiled step (``RolloutConfig.compile=True`` only): its
+        cache preallocated as long as the policy's, its compiles rows of their own."""
+        c, cache = self.compiled, self.batch.cache
+        if c is None or c.mode is not True or not isinstance(cache, StaticKVCache):
+            return None
+        return DraftCompile(max(layer.length for layer in cache.layers), self._compile)
+
     def _compile(self, c, call, rows: int) -> None:
         """Compile ``call``'s graph as a ``compile`` row (``rollout.timeline``): on the wall
         clock it lasts what it took; on the sim clock its seconds are taken off the worker's
@@ -243,9 +251,10 @@ class BatchDecoder:
             return self.plain_step()
         mode = self.mode.at(self.reqs, b.request_ids)
         ctx = DraftInput(self.reqs, b.request_ids, self._take_hidden(drafter), mode,
-                         self.forward.device, self.rec.wait)
+                         self.forward.device, self.rec.wait, self._draft_compile())
         draft, draft_s = self._timed(propose, drafter, ctx, plan, k)
-        self.rec.end("draft", b.size, 0, draft_s)
+        # a drafter's graph compiled first is a compile row before this one (not its time)
+        self.rec.end("draft", b.size, 0, min(draft_s, self.rec.now() - self.rec.mark))
         width = b.width
         fed = torch.cat([b.last_token[:, None], draft.tokens], dim=1)     # [B, 1 + n]
         pos = b.append_columns(fed.shape[1], positions=draft.positions(b.next_pos))

@@ -34,7 +34,19 @@ from .sampling_mode import SamplingMode
 from .tree import DraftTree
 from .verify import Verdict, verify_chain, verify_tree
 
-__all__ = ["DraftInput", "ChainDraft", "TreeDraft"]
+__all__ = ["DraftInput", "DraftCompile", "ChainDraft", "TreeDraft"]
+
+
+@dataclass(frozen=True)
+class DraftCompile:
+    """A drafter's compiled step at this speculative step (``RolloutConfig.compile=True``: an
+    EAGLE head's, ``speculative.eagle.CompiledDraft``). ``length``: the columns its KV cache
+    is preallocated to (the policy's, so that its buffers, and so its graphs, keep their
+    shapes); ``compile_row(compiled, call, rows)``: the decoder's, which compiles a graph
+    first as a ``compile`` row of its own (``rollout.compiled``)."""
+
+    length: int
+    compile_row: Callable
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,8 @@ class DraftInput:
         device: where to draft.
         wait: ``wait(seconds)`` lets time pass on the worker's clock without work
             (``StepRecorder.wait``).
+        compile: how a drafter runs its compiled step (:class:`DraftCompile`); ``None``: it
+            drafts eagerly (``RolloutConfig.compile`` not ``True``).
 
     Read on first use (then kept): ``rows``, the live rows' requests in batch order;
     ``sequences[r]``, prompt + response of row ``r`` so far; ``response_lengths``; ``uids``.
@@ -68,6 +82,7 @@ class DraftInput:
     mode: SamplingMode
     device: torch.device
     wait: Callable[[float], None]
+    compile: DraftCompile | None = None
 
     @cached_property
     def rows(self) -> list:

@@ -22,8 +22,10 @@ import torch
 from ..checks import check_non_negative
 from ..rollout.batch import DecodeBatch
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
+from ..rollout.static_cache import StaticKVCache
 from ..rollout.tree import DraftTree, grow_tree
 from .drafter_protocol import DRAFTERS, Drafter, output_vocab_size
+from .eagle import CompiledDraft
 
 __all__ = ["Drafter", "DRAFTERS", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "SlowedDrafter"]
@@ -70,10 +72,13 @@ class CachedDrafter(Drafter):
         self.state.concat(DecodeBatch.empty(n, self.state.mask.device))
         self.seen = self.seen + [0] * n
 
-    def open_round(self, rows: int, device) -> DecodeBatch:
-        """The cache for this round: created on the first round, speculative tail dropped."""
+    def open_round(self, rows: int, device, cache=None) -> DecodeBatch:
+        """The cache for this round: created on the first round (its KV cache ``cache``
+        where given: a preallocated one for a compiled step), speculative tail dropped."""
         if self.state is None:
             self.state = DecodeBatch.empty(rows, device)
+            if cache is not None:
+                self.state.cache = cache
             self.seen, self.spec_cols = [0] * rows, 0
         self.state.crop_right(self.spec_cols)
         return self.state
@@ -207,9 +212,14 @@ class EagleDrafter(CachedDrafter):
 
     def __init__(self, head, policy=None):
         self.head = head.eval()
+        self.compiled = None  # its compiled draft step (speculative.eagle.CompiledDraft)
         self.begin()
         if policy is not None:
             self.bind(policy)
+
+    def begin(self) -> None:
+        super().begin()
+        self.compile = None  # the round's DraftCompile (None: eager drafts)
 
     @property
     def module(self):
@@ -221,6 +231,9 @@ class EagleDrafter(CachedDrafter):
         decoder = policy.get_decoder()
         self.embed, self.norm = policy.get_input_embeddings(), decoder.norm
         self.rope, self.lm_head = RopeTable(decoder.rotary_emb), policy.get_output_embeddings()
+        if self.compiled is None or self.compiled.embed is not self.embed:  # another policy
+            self.compiled = CompiledDraft(None, True, head=self.head, embed=self.embed,
+                                          rope=self.rope)
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -238,7 +251,9 @@ class EagleDrafter(CachedDrafter):
         """Feed every committed pair not seen yet; the state predicted after each row's last
         ``[B, 1, H]`` (whose logits give the first draft)."""
         seqs, pending = ctx.sequences, ctx.hidden
-        st = self.open_round(len(seqs), ctx.device)
+        self.compile = ctx.compile if self.head.lean else None
+        cache = None if self.compile is None else StaticKVCache(self.compile.length, len(seqs))
+        st = self.open_round(len(seqs), ctx.device, cache)
         # pairs (h_t, x_{t+1}) not yet fed: tokens after the first `seen + 1`
         new = [s[n + 1:] for s, n in zip(seqs, self.seen)]
         for r, (toks, h) in enumerate(zip(new, pending)):
@@ -261,7 +276,22 @@ class EagleDrafter(CachedDrafter):
         state (the carry's last column, or column ``slot`` of a tree's frontier)."""
         parent = carry if slot is None else carry.gather(
             1, slot[..., None].expand(-1, -1, carry.shape[-1]))
-        return self._step(tokens, parent, pos, tree)
+        if self.compile is None or self.state.size == 0:
+            return self._step(tokens, parent, pos, tree)
+        return self._compiled_step(tokens, parent, pos, tree)
+
+    def _compiled_step(self, tokens, parent, pos, tree=None) -> torch.Tensor:
+        """:meth:`_step` compiled (:attr:`compiled`, made at :meth:`bind`: set its
+        ``backend`` there) where its cache is the preallocated one; a graph compiled first is
+        the decoder's ``compile`` row."""
+        c, st = self.compiled, self.state
+        if not c.covers(st):
+            return self._step(tokens, parent, pos, tree)
+        call = c.prepare(st, pos, tokens, tree, data=(parent,))
+        if c.needs_compile(call):
+            self.compile.compile_row(c, call, st.size)
+        c.steps["compiled"] += 1
+        return c.run(call)[0]
 
 
 class SlowedDrafter:

@@ -9,6 +9,15 @@ A pair ``(h_t, x_{t+1})`` sits at position ``t``: the state that predicted a tok
 token. From it the head predicts ``h_{t+1}``, whose logits give the draft for ``x_{t+2}``;
 chaining feeds the predicted state back in. The head saves with ``save_pretrained`` into a
 folder holding ``eagle_config.json`` (which policy architecture it belongs to) and its weights.
+
+Compiled (``RolloutConfig.compile=True``): the head's draft step, fed one token a row (a
+chain) or a tree level's nodes, runs as one ``torch.compile`` graph over the drafter's KV
+cache preallocated as the policy's is (:class:`CompiledDraft`, ``rollout.compiled``'s
+machinery: row buckets, symbolic columns, a graph per (row bucket, fed tokens, tree), each
+compiled before the step as a ``compile`` row). Its catch-up (every committed token not seen
+yet, a ragged block once a round) stays eager. In float64 its predicted states equal the
+eager step's to the norms' float32 rounding, so its drafts, and the accepted tokens, are the
+same (tests/test_compiled_lossless.py).
 """
 from __future__ import annotations
 
@@ -21,9 +30,11 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_dir, load_torch_file, recover_dir
-from ..rollout.forward import lean_layer, supports_lean
+from ..rollout.compiled import CompiledDecode
+from ..rollout.forward import RopeTable, layer_plan, lean_layer, supports_lean
+from ..rollout.step_graph import layer_tensors, make_draft_step
 
-__all__ = ["EagleHead"]
+__all__ = ["EagleHead", "CompiledDraft"]
 
 # Config attributes the head's shapes or arithmetic depend on (None where a config lacks one).
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -157,3 +168,31 @@ class EagleHead(nn.Module):
         # keys an older save did not record are now known to be this policy's
         head.config = EagleConfig({**head.config.policy, **saved.policy}, saved.policy_name)
         return head.to(policy.get_output_embeddings().weight.device)
+
+
+@dataclass(eq=False)
+class CompiledDraft(CompiledDecode):
+    """An :class:`EagleHead`'s draft step compiled (``RolloutConfig.compile=True``): the
+    decode step's machinery (``rollout.compiled``) over the head's one layer, with its
+    ``fc``, the policy's embedding module ``embed`` and its ``rope`` table. :meth:`prepare`
+    takes the parents' states ``[B, q, H]`` as its one ``data`` input; :meth:`run` returns the
+    predicted states ``([B, q, H],)``. Always compiled (``mode`` True): ``"auto"`` drafts
+    eagerly."""
+
+    head: EagleHead | None = None
+    embed: nn.Module | None = None
+    rope: RopeTable | None = None
+
+    def _plans(self) -> list:
+        return [layer_plan(self.head.layer)]
+
+    def _make_step(self, plans):
+        return make_draft_step(plans[0])
+
+    def _rope(self, pos: torch.Tensor):
+        return self.rope(self.head.fc.weight, pos)
+
+    def _weights(self, plans) -> tuple:
+        fc = self.head.fc
+        return (self.embed.weight.detach(), fc.weight.detach(), fc.bias.detach(),
+                layer_tensors(plans[0]))
