@@ -351,6 +351,8 @@ def test_a_rollout_dump_gets_the_replayed_remedies_without_an_sd_curve():
     assert (r[REPLAYED] > 1).all() and (r[REPLAYED] <= r["any_rollout_remedy_bound"]).all()
     assert np.isnan(r["tlt_threshold"])  # SD's curve is what TLT's number lacks
     best = r[REPLAYED].idxmax()
+    from workbench.diagnose.findings import PADDED_UPDATE  # veRL's rest stays as logged
+    assert not any(PADDED_UPDATE in f["sentence"] for f in d.findings)
     tail = next(f["sentence"] for f in d.findings if f["cause"] == "tail_bound")
     assert best == "partial_rollouts" and tail.endswith(
         f"of the remedies that cut the tail, partial rollouts would buy about {r[best]:.2f}x "
@@ -388,6 +390,9 @@ def test_a_workbench_run_gets_tlt_beside_each_remedy_seer_and_async_each_by_its_
     times[0] += rollout[0]
     assert speed["async_one_step"] == pytest.approx(s["step_s"].sum() / times.sum(), rel=1e-12)
     assert speed["tlt+async_one_step"] > speed["async_one_step"]
+    from workbench.diagnose.findings import PADDED_UPDATE  # a padded update moves: no bound
+    bounds = [f["sentence"] for f in d.findings if f["cause"] in ("rollout_bound", "update_bound")]
+    assert bounds and all(b.endswith(PADDED_UPDATE) for b in bounds)
     assert "off-policy" in r.loc["async_one_step", "method"]
     m = d.measured.set_index("variant")["predicted_e2e_speedup"]
     for variant, row in (("async", "async_one_step"), ("tlt+partial", "tlt+partial_rollouts"),

@@ -13,9 +13,14 @@ import numpy as np
 
 from .steplog import PARTS
 
-__all__ = ["findings_of", "undecided_of", "REWARD_BOUND", "TAIL_BOUND", "LENGTH_CHANGE"]
+__all__ = ["findings_of", "undecided_of", "REWARD_BOUND", "TAIL_BOUND", "LENGTH_CHANGE",
+           "PADDED_UPDATE"]
 
 REWARD_BOUND, TAIL_BOUND, LENGTH_CHANGE = 0.30, 0.30, 0.10
+PADDED_UPDATE = ("; one that trains fewer or shorter responses (as over-provisioning does) "
+                 "cuts the padded update too and can pass it")
+"""What the Amdahl bound's sentence adds for a workbench run, whose update pads its batch to
+the longest response (``diagnose.remedies.remedy_ratios``)."""
 
 
 def _pct(x: float) -> str:
@@ -49,7 +54,9 @@ def findings_of(log, split, tail, batch, curve, threshold, remedies, baseline) -
                         f"the {part.replace('logprob', 'log-prob pass')} is {_pct(share)} of the "
                         f"step (the rollout {_pct(m.get('rollout_share', np.nan))})"
                         + (f": no rollout remedy can buy more than {bound:.2f}x"
-                           if bound is not None else "")})
+                           if bound is not None else "")
+                        + (PADDED_UPDATE if part == "update" and bound is not None
+                           and log.format == "workbench" else "")})
     if batch is not None and curve is not None and threshold > 0:
         above = float(batch.loc[batch["batch_size"] >= threshold, "share"].sum())
         if above >= 0.5:
@@ -67,7 +74,7 @@ def findings_of(log, split, tail, batch, curve, threshold, remedies, baseline) -
     if not out and np.isfinite(share) and bound is not None:
         out.append({"cause": "rollout_bound", "sentence":
                     f"the rollout is {_pct(share)} of the step: rollout remedies can buy up to "
-                    f"{bound:.2f}x"})
+                    f"{bound:.2f}x" + (PADDED_UPDATE if log.format == "workbench" else "")})
     return out
 
 

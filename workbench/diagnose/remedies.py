@@ -156,7 +156,8 @@ def predict_remedies(split: pd.DataFrame, tail: pd.DataFrame | None, threshold: 
     total, rollout = split["step_s"].sum(), split["rollout_s"].sum()
     if np.isfinite(rollout) and 0 < rollout < total:  # the rest of the step known
         rows.append({"remedy": "any_rollout_remedy_bound", "predicted_e2e_speedup": total / (total - rollout),
-                     "method": "Amdahl bound from the logged times: a rollout of zero seconds",
+                     "method": "Amdahl bound from the logged times: a rollout of zero seconds, "
+                               "the rest of the step as logged",
                      "error": 0.0, "error_source": "arithmetic on the logs"})
     rows += _replayed_rows(split, replayed, results)
     return pd.DataFrame(rows)
