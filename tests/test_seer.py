@@ -252,21 +252,31 @@ def test_a_running_request_moves_only_when_the_measured_costs_say_it_pays(tokeni
 def test_a_backend_that_cannot_order_its_workers_refuses_a_dispatch():
     class Parallel(Backend):
         name, clock = "parallel", "wall"
-    with pytest.raises(ValueError, match="does not advance its workers in sim-time order"):
+    with pytest.raises(ValueError, match="'parallel' backend moves no work between its "
+                                         "workers .*accepted: the local or Ray backend"):
         Parallel().map_steps(None, [], None)
 
 
-def test_the_variants_are_refused_on_a_backend_of_the_wall_clock(tokenizer):
+def test_the_variants_are_refused_where_no_work_moves_or_beside_tlt_on_the_wall_clock(
+        tokenizer):
     from workbench.rl.variants import VariantRun
     from workbench.rollout import LocalBackend
 
-    class Wall(LocalBackend):  # as Ray's: workers in parallel, nothing moves between them
+    class Parallel(LocalBackend):  # workers in parallel, nothing moves between them
+        name, clock, dispatches = "parallel", "wall", False
+
+    class Wall(LocalBackend):  # as Ray's: work moves in rounds, no tail beside it
         name, clock = "wall", "wall"
-    run = VariantRun(0, tiny_model("qwen2", tokenizer), tokenizer, PROBLEMS, _reward, GRPO,
-                     backend=Wall())
+    model = tiny_model("qwen2", tokenizer)
     for name in ("seer_schedule", "seer_divided"):
-        with pytest.raises(ValueError, match="does not advance its workers in sim-time order"):
+        run = VariantRun(0, model, tokenizer, PROBLEMS, _reward, GRPO, backend=Parallel())
+        with pytest.raises(ValueError, match="'parallel' backend moves no work between"):
             get_variant(name).build(run)
+        run = VariantRun(0, model, tokenizer, PROBLEMS, _reward, GRPO, backend=Wall(),
+                         drafter_head=EagleHead(model))
+        assert isinstance(get_variant(name).build(run), SeerTrainer)
+        with pytest.raises(ValueError, match="beside TLT: the 'wall' backend runs no tail"):
+            get_variant(f"tlt+{name}").build(run)
 
 
 GRPO = GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=12, lr=5e-2,

@@ -85,3 +85,25 @@ def test_a_worker_lost_in_a_round_is_rerun_by_the_survivor(setup, tmp_path):
     assert len(rerun) == failed["batch_size"].iloc[0] >= 1
     assert set(rerun["prompt_id"]) <= {1, 3, 5}  # worker 1's long ones, but any it gave away
 
+
+def test_seer_divided_trains_on_ray_with_the_local_runs_tokens(setup, ray_actors, tokenizer):
+    from workbench.rl import GRPOConfig
+    from workbench.rl.remedies.seer_schedule import SeerTrainer
+    from workbench.rl.variants import VARIANTS
+    grpo = GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=8, lr=5e-2,
+                           workers=2, seed=1, temperature=1.0)
+    problems = [Problem(prompt=f"q{i}?" + "x" * (i * 7 % 5), answer="a", uid=i)
+                for i in range(4)]
+    variant = VARIANTS.get("seer_divided")()
+
+    def run(backend, clock):
+        trainer = SeerTrainer(tiny_model("llama", tokenizer, seed=0), tokenizer, problems,
+                              lambda p, c, a: float(len(c) % 3 == 0), variant.config(grpo),
+                              dispatch_cls=variant.dispatch_cls, backend=backend)
+        trainer.run(2, progress=False)
+        assert {s.timeline.clock for s in trainer.last} == {clock}
+        return trainer.history
+    on_ray, local = run(ray_actors.backend(), "wall"), run("local", "sim")
+    assert list(on_ray["tokens_digest"]) == list(local["tokens_digest"])
+    assert list(on_ray["reward"]) == list(local["reward"])
+    assert (on_ray["seer_n_used"] == 6).all()  # every request predicted at its start

@@ -356,10 +356,13 @@ class SeerSchedule(RemedyVariant):
 
     def build(self, run: VariantRun, tlt=None) -> SeerTrainer:
         backend = run.backend
-        if not isinstance(backend, str) and backend.clock != "sim":
-            raise ValueError(f"{type(self).__name__}: the {backend.name!r} backend does not "
-                             "advance its workers in sim-time order; accepted: the local "
-                             "backend")
+        if not isinstance(backend, str) and not backend.dispatches:
+            raise ValueError(f"{type(self).__name__}: the {backend.name!r} backend moves no "
+                             "work between its workers; accepted: the local or Ray backend")
+        if tlt is not None and not isinstance(backend, str) and backend.clock != "sim":
+            raise ValueError(f"{type(self).__name__} beside TLT: the {backend.name!r} backend "
+                             "runs no tail jobs (the drafter's training) beside a dispatch; "
+                             "accepted: the local backend")
         return SeerTrainer(run.policy, run.tokenizer, run.problems, run.reward,
                            self.config(run.grpo), backend=backend, tlt=tlt,
                            drafter_head=run.drafter_head, dispatch_cls=self.dispatch_cls,

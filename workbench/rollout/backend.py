@@ -94,6 +94,7 @@ class Backend:
     name: str
     clock: str  # "sim" or "wall": the clock the workers' times are on
     runs_copies: bool  # the workers run copies of fn, its closure and jobs (processes, actors)
+    dispatches = False  # map_steps moves work between its workers (a Dispatch; local, Ray)
 
     @property
     def num_workers(self) -> int:
@@ -146,9 +147,8 @@ class Backend:
         is its :class:`WorkerFailed`, and no job runs (``rollout.recovery``, "on the
         dispatch path"). Only a backend that orders its workers' steps itself has it (the
         local one in sim-time order, Ray's in rounds); the default refuses."""
-        raise ValueError(f"the {self.name!r} backend does not advance its workers in sim-time "
-                         "order, so no work can move between them (a Dispatch); accepted: "
-                         "the local backend")
+        raise ValueError(f"the {self.name!r} backend moves no work between its workers (a "
+                         "Dispatch); accepted: the local or Ray backend")
 
     def close(self) -> None:
         raise NotImplementedError
@@ -162,6 +162,7 @@ class LocalBackend(Backend):
     name = "local"
     clock = "sim"
     runs_copies = False
+    dispatches = True
 
     def __init__(self):
         self._workers: list[Worker] = []

@@ -223,9 +223,9 @@ class RolloutEngine:
         is done, until the last shard is (``Backend.map_tail``); their rows join the
         timeline and their outcomes come back in ``RolloutResult.idle``. ``harvest``: keep
         the policy's pre-norm last hidden state at every fed position (drafter training
-        data) in each ``RequestOutput.hidden``. ``dispatch``: the workers advance together in
-        sim-time order and it moves work between them (``rollout.dispatch``; the local
-        backend only, ``Backend.map_steps``); the requests' uids and tokens are unchanged.
+        data) in each ``RequestOutput.hidden``. ``dispatch``: the workers advance together
+        and it moves work between them (``rollout.dispatch``, ``Backend.map_steps``: local,
+        in sim-time order; Ray, in rounds); the requests' uids and tokens are unchanged.
         ``request_steps``: record ``Timeline.request_steps`` too (``rollout.request_steps``).
         """
         # 1. the settings: the config with its overrides, the schedule, the drafter checked

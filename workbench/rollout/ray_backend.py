@@ -127,9 +127,8 @@ class RayBackend(Backend):
     undoes this backend's ``ray.init``: a local instance it started shuts down, a cluster it
     attached to is left (only this process disconnects)."""
 
-    name = "ray"
-    clock = "wall"
-    runs_copies = True
+    name, clock = "ray", "wall"
+    runs_copies = dispatches = True
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None,
                  threads_per_worker: int = 1, log_dir: str | os.PathLike | None = None):

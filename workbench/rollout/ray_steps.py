@@ -68,6 +68,7 @@ class RunState:
 
     @classmethod
     def of(cls, run: WorkerRun, seen: int) -> "RunState":
+        """``run``'s state now, its rows from the ``seen``-th on."""
         return cls(run.clock_s, run.busy, run.cap, list(run.outputs),
                    [r.uid for r in run.queue], [r.uid for r in run.running],
                    [r.uid for r in run.admitted], run.rows[seen:])

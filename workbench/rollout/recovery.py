@@ -32,10 +32,11 @@ On the dispatch path (``Backend.map_steps``, :func:`run_steps`: the workers adva
 and a ``rollout.dispatch.Dispatch`` moves work between them) the re-run happens inside the
 call, and the survivors keep going. A lost worker takes its whole share with it (every
 request it answered for, queued, running or finished: a run's outputs come back only at its
-end, which it never reaches), and once every busy worker's clock has reached the failure,
-that share, from scratch, goes to ``dispatch.lost`` with the survivors (by default dealt
-round-robin over them, the earliest clock first; Seer's divided rollout puts it in its pool,
-longest predicted first), none of it starting before the failure. The same rules hold: no
+end, which it never reaches), and once every busy worker's clock has reached the failure
+(on Ray at once: ``rollout.ray_steps``), that share, from scratch, goes to ``dispatch.lost``
+with the survivors (by default dealt round-robin over them, the earliest clock first; Seer's
+divided rollout puts it in its pool, longest predicted first), none of it starting before
+the failure. The same rules hold: no
 second chance (a worker lost while it holds a request that already re-runs raises, naming
 the requests it held, the first failure in its ``__context__``), and with no survivor the
 lowest worker's failure is raised. The timeline has the ``failed`` row and each re-run

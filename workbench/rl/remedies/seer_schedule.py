@@ -4,8 +4,8 @@ a rollout's requests start in order of predicted length, longest first, across w
 The requests keep the uids they are drawn with (the order the ``Sampler`` gives is the one
 drawn), so every token is the one a run without the variant samples (coupled draws: a pure
 hash of seed, uid and position); only where and when each request runs changes. The workers
-advance together in sim-time order (``LocalBackend.map_steps``) under a
-:class:`SeerDispatch`:
+advance together in sim-time order (``LocalBackend.map_steps``; on Ray in rounds,
+``rollout.ray_steps``) under a :class:`SeerDispatch`:
 
 - before the first step the requests are dealt round-robin, longest predicted first, so
   that each worker admits its share longest first;
