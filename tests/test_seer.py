@@ -12,7 +12,6 @@ from workbench.adapt import SpotConfig
 from workbench.rl import GRPOConfig
 from workbench.rl.ablation.runner import run_ablation
 from workbench.rl.remedies import RemedyConfig, RemedyTrainer
-from workbench.rl.remedies.responses import Group
 from workbench.rl.remedies.seer_divided import DividedDispatch
 from workbench.rl.remedies.seer_schedule import LengthPredictor, SeerDispatch, SeerTrainer
 from workbench.rl.variants import VARIANTS, get_variant, variant_names
@@ -22,15 +21,9 @@ from workbench.speculative.eagle import EagleHead
 from workbench.tasks import Problem
 
 from .helpers.models import tiny_model
+from .helpers.seer import InOrder, live_requests
 
 COUPLED = dict(temperature=1.0, seed=3, spec_mode="coupled")
-
-
-def _live(tokenizer, prompts, G=1):
-    """``(Group, Response)`` per request, as the Sampler hands them over: G per prompt."""
-    groups = [Group.fresh(Problem(prompt=p, answer="a", uid=i), tokenizer(p)["input_ids"], G, i)
-              for i, p in enumerate(prompts)]
-    return [(g, r) for g in groups for r in g.live]
 
 
 def _rollout(engine, live, config, dispatch=None, caps=None):
@@ -60,7 +53,7 @@ def test_requests_start_longest_predicted_first_across_workers(tokenizer):
     model = tiny_model("qwen2", tokenizer)
     engine = RolloutEngine(model, tokenizer)
     prompts = [f"q{i}?" for i in range(6)]
-    live = _live(tokenizer, prompts)
+    live = live_requests(tokenizer, prompts)
     predictor = LengthPredictor()
     lengths = [3, 40, 12, 25, 7, 30]  # what each prompt's responses ran to at earlier steps
     predictor.learn([(tuple(g.prompt_ids), n) for (g, _), n in zip(live, lengths)])
@@ -83,7 +76,7 @@ def test_requests_start_longest_predicted_first_across_workers(tokenizer):
 
 
 def test_the_siblings_predict_a_group_from_its_first_finished_and_furthest_advanced(tokenizer):
-    live = _live(tokenizer, ["a1?", "b22?"], G=3)
+    live = live_requests(tokenizer, ["a1?", "b22?"], G=3)
     d = SeerDispatch(live, LengthPredictor())
 
     class Out:  # a RequestOutput as the predictor reads it
@@ -103,31 +96,18 @@ def _divided_setup(tokenizer):
     """Two workers: worker 0's three requests stop after 2 tokens, worker 1's run to 24, so
     worker 0 falls idle while worker 1 runs three rows."""
     model = tiny_model("qwen2", tokenizer)
-    live = _live(tokenizer, [f"p{i}x?" for i in range(6)])
+    live = live_requests(tokenizer, [f"p{i}x?" for i in range(6)])
     caps = [2, 24, 2, 24, 2, 24]  # dealt round-robin: 0, 2, 4 on worker 0
     config = RolloutConfig(workers=2, max_new_tokens=24, samples_per_prompt=1, ignore_eos=True,
                            **COUPLED)
     return RolloutEngine(model, tokenizer), live, caps, config
 
 
-class _InOrder(DividedDispatch):
-    """The divided dispatch with every prediction equal, so that the deal is the one drawn,
-    and a move whenever a worker falls idle (half the busiest one's rows: the tick clock's
-    steps cost the same at any batch size, where no move would pay)."""
-
-    def predictions(self, i):
-        return {"siblings": None, "history": None, "prompt": 1.0, "used": 1.0}
-
-    def worth_moving(self, source, runs):
-        free = [q for q in source.running if q.uid not in self.moved]
-        return free[:max(1, len(source.running) // 2)]
-
-
 def test_a_request_moved_mid_generation_continues_token_for_token_in_float64(tokenizer,
                                                                               tick_clock):
     engine, live, caps, config = _divided_setup(tokenizer)
     plain = _rollout(engine, live, config, caps=caps)
-    dispatch = _InOrder(live, LengthPredictor())
+    dispatch = InOrder(live, LengthPredictor())
     moved = _rollout(engine, live, config, dispatch, caps)
     steps, req = moved.timeline.steps, moved.timeline.requests
     assert dispatch.moves >= 1
@@ -156,7 +136,7 @@ def test_a_moved_request_continues_token_for_token_under_speculative_decoding(to
     # model-free, and an EAGLE head with per-row state (each worker drafts with a view of it)
     for drafter in (NGramDrafter(), EagleDrafter(EagleHead(engine.model), engine.model)):
         sd = engine.rollout(prompts, config, progress=False, caps=caps, drafter=drafter,
-                            spec_k=3, dispatch=_InOrder(live, LengthPredictor()))
+                            spec_k=3, dispatch=InOrder(live, LengthPredictor()))
         steps = sd.timeline.steps
         assert steps["moved_from"].notna().any() and (steps["kind"] == "verify").any()
         assert sd.tokens == plain.tokens, type(drafter).__name__
@@ -168,7 +148,7 @@ def test_a_moved_request_hands_over_its_harvested_states(tokenizer, tick_clock):
     prompts = [g.prompt_ids + r.tokens for g, r in live]
     plain = engine.rollout(prompts, config, progress=False, caps=caps, harvest=True)
     moved = engine.rollout(prompts, config, progress=False, caps=caps, harvest=True,
-                           dispatch=_InOrder(live, LengthPredictor()))
+                           dispatch=InOrder(live, LengthPredictor()))
     assert moved.timeline.steps["moved_from"].notna().any()
     for a, b in zip(moved.requests, plain.requests):  # one state per fed position, as there
         assert a.hidden.shape == b.hidden.shape == (len(a.prompt_ids) + len(a.tokens) - 1,
@@ -179,7 +159,7 @@ def test_a_moved_request_hands_over_its_harvested_states(tokenizer, tick_clock):
 def test_the_moved_requests_re_prefill_is_charged_on_the_sim_clock(tokenizer, tick_clock):
     engine, live, caps, config = _divided_setup(tokenizer)
     plain = _rollout(engine, live, config, caps=caps)
-    moved = _rollout(engine, live, config, _InOrder(live, LengthPredictor()), caps)
+    moved = _rollout(engine, live, config, InOrder(live, LengthPredictor()), caps)
     steps = moved.timeline.steps
     re = steps[steps["moved_from"].notna()].iloc[0]
     assert re["end_s"] > re["start_s"] and re["forward_s"] > 0  # it took time, on worker 0
@@ -205,7 +185,7 @@ def test_queued_requests_move_freely_to_the_worker_with_room(tokenizer, tick_clo
     config = RolloutConfig(**{**vars(config), "max_batch_size": 1})
     caps = [2, 20, 2, 2, 2, 2]  # request 1 holds worker 1; the short ones queue
     plain = _rollout(engine, live, config, caps=caps)
-    dispatch = _InOrder(live, LengthPredictor())
+    dispatch = InOrder(live, LengthPredictor())
     divided = _rollout(engine, live, config, dispatch, caps)
     req = divided.timeline.requests.set_index("prompt_id")
     assert plain.timeline.requests.set_index("prompt_id").loc[[3, 5], "worker"].tolist() == [1, 1]
@@ -221,12 +201,12 @@ def test_the_pool_drains_when_every_worker_falls_idle_at_once(tokenizer, tick_cl
     config = RolloutConfig(**{**vars(config), "max_batch_size": 1})
     caps = [2] * 6  # both workers end their first request together, four wait in the pool
     plain = _rollout(engine, live, config, caps=caps)
-    divided = _rollout(engine, live, config, _InOrder(live, LengthPredictor()), caps)
+    divided = _rollout(engine, live, config, InOrder(live, LengthPredictor()), caps)
     assert divided.tokens == plain.tokens and len(divided.timeline.requests) == 6
 
 
 def test_a_running_request_moves_only_when_the_measured_costs_say_it_pays(tokenizer):
-    live = _live(tokenizer, [f"p{i}?" for i in range(4)])
+    live = live_requests(tokenizer, [f"p{i}?" for i in range(4)])
     d = DividedDispatch(live, LengthPredictor())
     d.moved = set()
 

@@ -5,40 +5,21 @@ timeline marks it as the ordinary path does (a ``failed`` row, each re-run reque
 ``failed_worker``); a second failure of a re-run request, or no survivor, raises."""
 import pytest
 
-from workbench.rl.remedies.responses import Group
 from workbench.rl.remedies.seer_divided import DividedDispatch
 from workbench.rl.remedies.seer_schedule import LengthPredictor, SeerDispatch
 from workbench.rollout import RolloutConfig, RolloutEngine, WorkerFailed
 from workbench.rollout.dispatch import Dispatch
-from workbench.rollout.schedule import PLAIN, PlainSchedule
-from workbench.tasks import Problem
 
 from .helpers.models import tiny_model
+from .helpers.seer import FailsAt, live_requests
 
 CONFIG = dict(max_new_tokens=10, samples_per_prompt=1, temperature=1.0, seed=3,
               spec_mode="coupled", max_batch_size=2)
 
 
-class FailsAt(PlainSchedule):
-    """Plain decoding, but worker ``w`` raises at its decode step ``at[w]``, once."""
-
-    def __init__(self, at: dict[int, int]):
-        self.at, self.seen = at, dict.fromkeys(at, 0)
-
-    def plan(self, batch_size, worker):
-        if worker in self.at:
-            self.seen[worker] += 1
-            if self.seen[worker] == self.at[worker]:
-                raise RuntimeError(f"worker {worker} lost (pretend)")
-        return PLAIN
-
-
 def _setup(tokenizer, n_prompts: int):
     model = tiny_model("qwen2", tokenizer)
-    prompts = [f"p{i}x?" + "y" * (i % 3) for i in range(n_prompts)]
-    groups = [Group.fresh(Problem(prompt=p, answer="a", uid=i), tokenizer(p)["input_ids"], 1, i)
-              for i, p in enumerate(prompts)]
-    live = [(g, r) for g in groups for r in g.live]
+    live = live_requests(tokenizer, [f"p{i}x?" + "y" * (i % 3) for i in range(n_prompts)])
     return RolloutEngine(model, tokenizer), [g.prompt_ids for g, _ in live], live
 
 

@@ -6,31 +6,16 @@ rounds order every decision (each round waits for every busy actor's step, and t
 decides between rounds on what they reported), so no gate and no timing is needed."""
 import pytest
 
-from workbench.rl.remedies.responses import Group
-from workbench.rl.remedies.seer_divided import DividedDispatch
 from workbench.rl.remedies.seer_schedule import LengthPredictor
 from workbench.rollout import RolloutConfig, RolloutEngine
 from workbench.tasks import Problem
 
 from .helpers.models import tiny_model
-from .test_seer_faults import FailsAt
+from .helpers.seer import FailsAt, InOrder, live_requests
 
 CONFIG = RolloutConfig(workers=2, max_new_tokens=16, samples_per_prompt=1, ignore_eos=True,
                        temperature=1.0, seed=3, spec_mode="coupled")
 CAPS = [2, 16, 2, 16, 2, 16]  # dealt round-robin: worker 0's three stop after 2 tokens
-
-
-class InOrder(DividedDispatch):
-    """The divided dispatch with every prediction equal (the deal is the one drawn) and a
-    move whenever a worker falls idle (half the busiest one's rows), whatever the measured
-    costs (wall-clock seconds, which no test may read)."""
-
-    def predictions(self, i):
-        return {"siblings": None, "history": None, "prompt": 1.0, "used": 1.0}
-
-    def worth_moving(self, source, runs):
-        free = [q for q in source.running if q.uid not in self.moved]
-        return free[:max(1, len(source.running) // 2)]
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +26,7 @@ def setup(ray_actors, tokenizer):
     model = tiny_model("llama", tokenizer, seed=0)
     backend = ray_actors.backend()
     backend.update_weights(policy=model.state_dict())
-    prompts = [f"p{i}x?" for i in range(6)]
-    groups = [Group.fresh(Problem(prompt=p, answer="a", uid=i), tokenizer(p)["input_ids"], 1, i)
-              for i, p in enumerate(prompts)]
-    live = [(g, r) for g in groups for r in g.live]
+    live = live_requests(tokenizer, [f"p{i}x?" for i in range(6)])
     return (RolloutEngine(model, tokenizer, backend=backend), RolloutEngine(model, tokenizer),
             [g.prompt_ids for g, _ in live], live)
 
