@@ -7,9 +7,10 @@ decides between rounds on what they reported), so no gate and no timing is neede
 import pytest
 
 from workbench.rl.remedies.seer_schedule import LengthPredictor
-from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout import RayBackend, RolloutConfig, RolloutEngine
 from workbench.tasks import Problem
 
+from .helpers.backends import Tail
 from .helpers.models import tiny_model
 from .helpers.seer import FailsAt, InOrder, live_requests
 
@@ -89,3 +90,9 @@ def test_seer_divided_trains_on_ray_with_the_local_runs_tokens(setup, ray_actors
     assert list(on_ray["tokens_digest"]) == list(local["tokens_digest"])
     assert list(on_ray["reward"]) == list(local["reward"])
     assert (on_ray["seer_n_used"] == 6).all()  # every request predicted at its start
+
+
+def test_tail_jobs_beside_a_dispatch_on_ray_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="'ray' backend runs no tail jobs beside a dispatch; "
+                                         "accepted: tail=None, or the local backend"):
+        RayBackend().map_steps(None, [], None, tail=Tail(None))  # no actor, no Ray needed
