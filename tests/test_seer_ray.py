@@ -96,3 +96,19 @@ def test_tail_jobs_beside_a_dispatch_on_ray_are_refused_before_anything_starts()
     with pytest.raises(ValueError, match="'ray' backend runs no tail jobs beside a dispatch; "
                                          "accepted: tail=None, or the local backend"):
         RayBackend().map_steps(None, [], None, tail=Tail(None))  # no actor, no Ray needed
+
+
+def test_a_worker_that_fails_to_begin_raises_naming_it(setup):
+    from workbench.rollout import PlainSchedule, WorkerFailed
+    from workbench.rollout.dispatch import Dispatch
+    from workbench.rollout.worker import WorkerTask
+    ray_engine, _, prompts, _ = setup
+    requests = ray_engine.make_requests(prompts, CONFIG)
+    tasks = [WorkerTask(w, requests[w::2], CONFIG, None, 0) for w in range(2)]
+
+    def begin(worker, task):
+        if worker.index == 1:
+            raise RuntimeError("worker 1 cannot begin (pretend)")
+        return worker.begin(task, PlainSchedule())
+    with pytest.raises(WorkerFailed, match="worker 1 failed: RuntimeError: worker 1 cannot"):
+        ray_engine.backend.map_steps(begin, tasks, Dispatch())

@@ -62,7 +62,9 @@ worker fault a worker that raised while running a function or a job, or died. Ev
              that a caller re-runs only what was lost (``rollout.recovery``). A lost idle job
              does not raise: its outcome is ``None``, its failure is in ``IdleRun.failed``,
              and a ``failed`` row marks it in the timeline (idle work is optional, like a
-             preempted step). The backend stays started: the caller may resubmit the requests
+             preempted step); nor does a worker lost in ``map_steps``, whose share the
+             survivors re-run inside the call (its value is its failure). The backend stays
+             started: the caller may resubmit the requests
              elsewhere or start the backend again. Two kinds of exception pass through as
              they are: a ``ValueError`` is bad input (a plan the drafter cannot serve, a
              schedule's bad decision), the caller's to fix, which any worker would raise

@@ -42,7 +42,7 @@ import ray
 import torch
 
 from .backend import check_rerun
-from .failures import WorkerFailed
+from .failures import WorkerFailed, first_failure
 from .request import Request, RequestOutput
 from .worker import Worker, WorkerResult, WorkerRun
 
@@ -211,8 +211,8 @@ def run_rounds(actors: list, begin: Callable, items: list, dispatch,
     ``progress`` told each worker's request count as its result comes back."""
     origin, known = time.time(), {}
     begin_ref = ray.put(begin)
-    begun = ray.get([actor.begin_run.remote(begin_ref, item, origin)
-                     for actor, item in zip(actors, items)])
+    begun = _begun([actor.begin_run.remote(begin_ref, item, origin)
+                    for actor, item in zip(actors, items)], origin)
     live = [RunMirror(w, actor, config, state, known, origin)
             for w, (actor, (config, state)) in enumerate(zip(actors, begun))]
     mirrors, lost = list(live), {}
@@ -235,6 +235,25 @@ def run_rounds(actors: list, begin: Callable, items: list, dispatch,
             progress(len(result.requests))
     done = {result.worker: result for result in results}
     return [lost[w] if w in lost else done[w] for w in range(len(mirrors))]
+
+
+def _begun(refs: list, origin: float) -> list:
+    """Each actor's begun run, ``(its config, its state)``, once every one is; a failure
+    raises (the lowest worker's, holding every failure; a ValueError, bad input, as it is):
+    nothing ran yet, nothing to re-run."""
+    ray.wait(refs, num_returns=len(refs))
+    begun, failures = [], []
+    for w, ref in enumerate(refs):
+        try:
+            begun.append(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            failure = ray_failure(w, exc, (), time.time() - origin)
+            if isinstance(failure, ValueError):
+                raise failure
+            failures.append(failure)
+    if failures:
+        raise first_failure(failures, {})
+    return begun
 
 
 def _round(busy: list[RunMirror], live: list[RunMirror], lost: dict) -> list[WorkerFailed]:
