@@ -1,7 +1,8 @@
 """A compiled decode step (issue 41): ``torch.compile`` (inductor) of the lean forward's
 one-token step, and of a speculative step's verify pass, over a KV cache preallocated to the
 rollout's length, behind ``RolloutConfig.compile`` (``False``: today's eager step; ``True``;
-``"auto"``).
+``"auto"``). The lean forward's families: Llama, Qwen2, Mistral (sliding windows) and Qwen3
+(per-head q/k norms).
 
 Static shapes. A compiled graph is specialised to its input shapes, while the engine's cache
 grows a column a step, and loses and gains rows. So the compiled step sees the cache through
@@ -35,7 +36,10 @@ graph (a ``compile`` row of a few milliseconds).
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
 step is about as fast as the eager lean forward: a small-batch step there is bound by the
-matmuls' weight reads, which compiling does not change; hence ``False`` by default.
+matmuls' weight reads, which compiling does not change; hence ``False`` by default. The
+compiled EAGLE draft step is slower there than the eager one (a one-layer head's step is
+small, so the compiled call's fixed cost, padding its inputs and dynamo's guards, outweighs
+what the graph saves).
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
@@ -48,7 +52,18 @@ times with (a test passes a double).
 
 The verify pass of a speculative step (``1 + n`` fed tokens a row, a chain or a draft tree)
 runs through the same function, one graph per (row bucket, fed tokens, tree or not): the
-draft-length buckets are the draft lengths themselves.
+draft-length buckets are the draft lengths themselves. An EAGLE head's draft step (one token
+a row in a chain, a level's nodes in a tree) runs through this machinery too, with ``True``
+(``speculative.eagle.CompiledDraft``, a subclass: its own graph function, weights and rope;
+its cache preallocated as long as the policy's; its compiles ``compile`` rows too).
+
+The prefill stays eager. Its shapes are the prompts': a prefill group's rows times its
+longest context, so a graph would be needed per (row bucket, length bucket), each a cold
+compile of seconds on this CPU, for a forward that runs once per request (a refill's join
+included); and its share of a rollout is small: on this project's CPU, the default policy
+decoding 64 tokens a row eagerly spends 3% of its prefill and decode seconds in prefills at
+batch 1, 9% at batch 8 and 14% at batch 32 (``bench_compile``'s ``prefill_share_*``), so
+compiling it could save little even where compiling pays.
 
 Lossless: the graph's arithmetic is the lean forward's (``rollout.step_graph``): in float64
 its greedy tokens equal the eager step's (tests/test_compiled_decode.py).

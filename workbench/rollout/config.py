@@ -48,11 +48,14 @@ class RolloutConfig:
             whose responses end at different lengths).
         compile: the plain decode step and the verify pass compiled with ``torch.compile``
             over a KV cache preallocated to the rollout's length (``rollout.compiled``; the
-            lean forward's models): ``False`` (eager, the default), ``True``, or ``"auto"``
+            lean forward's models: Llama, Qwen2, Mistral, Qwen3), and with ``True`` an EAGLE
+            head's draft step too (``speculative.eagle.CompiledDraft``; the prefill stays
+            eager): ``False`` (eager, the default), ``True``, or ``"auto"``
             (times both at each bucket of batch size and fed tokens on its first steps and
             keeps the faster: ``RolloutResult.compile_choices``, which an RL run saves in its
             checkpoint and reuses, untimed, on resume). A compile is a ``compile`` row of the
-            timeline, empty on the sim clock. Greedy tokens in float64 equal the eager step's.
+            timeline, empty on the sim clock. Float64 greedy, coupled and speculative tokens
+            equal the eager path's (tests/test_compiled_lossless.py).
     """
 
     max_new_tokens: int = 256
