@@ -225,7 +225,13 @@ def run_rounds(actors: list, begin: Callable, items: list, dispatch,
             break
         for run in busy:
             dispatch.before(run, live)
-        for failed in _round(busy, live, lost):
+        failures = _round(busy)
+        live = [run for run in live if run.index not in {f.worker for f in failures}]
+        for failed in failures:  # no second chance, nor no survivor (backend.check_rerun)
+            check_rerun(failed, [*lost.values(), *(f for f in failures if f is not failed)],
+                        live)
+        lost.update((failed.worker, failed) for failed in failures)
+        for failed in failures:
             dispatch.lost(mirrors[failed.worker], [RequestOutput.of(q, -1)
                                                    for q in failed.requests], live)
     dispatch.end(live)
@@ -256,10 +262,9 @@ def _begun(refs: list, origin: float) -> list:
     return begun
 
 
-def _round(busy: list[RunMirror], live: list[RunMirror], lost: dict) -> list[WorkerFailed]:
+def _round(busy: list[RunMirror]) -> list[WorkerFailed]:
     """One step of every ``busy`` run at once, each mirror updated from its report; the
-    workers lost in it, out of ``live`` and into ``lost`` (a second chance, or no survivor,
-    raises: ``backend.check_rerun``; a ValueError, bad input, passes through)."""
+    failures of the workers lost in it (a ValueError, bad input, passes through)."""
     refs = [run.step() for run in busy]
     ray.wait(refs, num_returns=len(refs))  # every actor's step is over before anything raises
     failures = []
@@ -271,10 +276,6 @@ def _round(busy: list[RunMirror], live: list[RunMirror], lost: dict) -> list[Wor
             if isinstance(failure, ValueError):
                 raise failure
             failures.append(failure)
-            live.remove(run)
         else:
             run.update(state)
-    for failed in failures:
-        check_rerun(failed, [*lost.values(), *(f for f in failures if f is not failed)], live)
-    lost.update((failed.worker, failed) for failed in failures)
     return failures
