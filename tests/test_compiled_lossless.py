@@ -1,9 +1,10 @@
 """The engine's lossless checks on both paths (``RolloutConfig.compile`` ``False`` and
 ``True``), float64: greedy tokens equal HF's ``generate``, coupled tokens the plain eager
 rollout's, speculative steps (chains, trees, and a schedule switching between plain, chain
-and tree) the plain rollout's, over ragged prompts with rows joining a running batch, on
-Llama (GQA), Qwen2 (full and sliding layers), Qwen3 (q/k norms, MQA) and Mistral (sliding
-window).
+and tree) the plain rollout's, speculative sampling's the eager path's, over ragged prompts
+with rows joining a running batch, on Llama (GQA), Qwen2 (full and sliding layers), Qwen3
+(q/k norms, MQA) and Mistral (sliding window); an EAGLE head's compiled draft step drafts
+what its eager one drafts.
 
 Cold compiles are the cost here (seconds each on a CPU, inductor's most): every family's
 model is built once for the module, so its graphs serve every case, and the suite's compiled
@@ -100,17 +101,18 @@ def family_models(tokenizer):
     return get
 
 
-def _switching(engine, prompts, cfg, reference, path):
+def _switching(engine, prompts, cfg, reference, path, accepts: int = 2):
     """A rollout on ``path`` whose steps cycle plain, chain, tree (:class:`CyclingSchedule`),
     drafting the ``reference`` rollout's tokens with a wrong one at depth ``1 + i % 3``
-    (row ``i`` accepts up to ``1 + i % 3`` drafts a step)."""
+    (row ``i`` accepts up to ``1 + i % 3`` drafts a step; some row ``accepts`` at least so
+    many at some step)."""
     drafter = ScriptedTreeDrafter({r.uid: r.tokens for r in reference.requests},
                                   {r.uid: 1 + i % 3 for i, r in enumerate(reference.requests)})
     schedule = CyclingSchedule()
     res = engine.rollout(prompts, cfg, compile=path == "compiled", drafter=drafter,
                          schedule=schedule, progress=False)
     assert set(schedule.kinds) == {"plain", "speculative", "tree"}
-    assert max(a for r in res.requests for a in r.accepted_per_step) >= 2
+    assert max(a for r in res.requests for a in r.accepted_per_step) >= accepts
     return res
 
 
@@ -119,7 +121,8 @@ def _switching(engine, prompts, cfg, reference, path):
 def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
     """On ``path``, 2 slots for 4 ragged prompts (rows join the running batch): greedy plain
     and switching (plain, chain, tree) rollouts give HF's ``generate`` tokens; coupled
-    (temperature 1) ones the plain eager rollout's, logprobs included."""
+    (temperature 1) ones the plain eager rollout's, logprobs included; compiled speculative
+    sampling the eager path's tokens and accepted counts."""
     model = family_models(arch)
     engine = RolloutEngine(model, tokenizer)
     prompts, compiled = PROMPTS[:4], path == "compiled"
@@ -137,6 +140,14 @@ def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
         assert res.tokens == reference.tokens
         np.testing.assert_allclose(np.concatenate(res.logprobs),
                                    np.concatenate(reference.logprobs), atol=STATES_ATOL, rtol=0)
+    if compiled:  # speculative sampling (rejection rule): the eager path's draws, step by step
+        spec = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1,
+                             temperature=1.0, seed=7, spec_mode="speculative")
+        eager_spec, comp_spec = (_switching(engine, prompts, spec, reference, p, accepts=0)
+                                 for p in ("eager", "compiled"))
+        assert comp_spec.tokens == eager_spec.tokens
+        assert [r.accepted_per_step for r in comp_spec.requests] == \
+            [r.accepted_per_step for r in eager_spec.requests]
     c = compiled_decode_for(policy_forward(model), True)
     assert (c.steps["compiled"] > 0) == compiled and c.steps["eager"] == 0
 
