@@ -36,8 +36,8 @@ GRPO = GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=
 # what does not depend on wall time
 COLUMNS = ["variant", "seed", "step", "reward", "loss", "tokens", "tokens_digest",
            "groups_trained", "sampled_version"]
-BUILT_INS = ["baseline", "static_sd", "adaptive_drafter", "tlt", "overprovision", "april",
-             "partial", "async", "tail_batching"]
+BUILT_INS = ["baseline", "static_sd", "adaptive_drafter", "tlt", "tlt_suffix", "overprovision",
+             "april", "partial", "async", "tail_batching"]
 
 
 def _reward(prompt, completion, answer):
@@ -66,10 +66,11 @@ def _ablation(tokenizer, steps, variants, folder=None, **kw):
 def test_the_built_ins_are_registered_and_every_remedy_composes_with_tlt():
     names = variant_names()
     assert names[:len(BUILT_INS)] == BUILT_INS
-    assert {f"tlt+{r}" for r in BUILT_INS[4:]} <= set(names)
-    assert "tlt+baseline" not in names and "tlt+tlt" not in names  # TLT's own do not compose
+    assert {f"tlt+{r}" for r in BUILT_INS[5:]} <= set(names)
+    assert not {"tlt+baseline", "tlt+tlt", "tlt+tlt_suffix"} & set(names)  # TLT's don't compose
     assert speculates(["baseline", "april"]) is False
     assert speculates(["baseline", "tlt+april"]) and speculates(["static_sd"])
+    assert speculates(["baseline", "tlt_suffix"]) is False  # it drafts without the EAGLE head
     assert remedy_config("april", GRPO) == get_variant("april").config(GRPO)
     assert tlt_config("adaptive_drafter", GRPO).adaptive_engine is False
 

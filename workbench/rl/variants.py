@@ -2,14 +2,14 @@
 a researcher's own), in one registry, so that a new variant is one class in one file.
 
 An ablation names its runs (``run_ablation(variants=[...])``, the RL notebooks' ``variants``)
-and asks each variant two things: whether its rollouts speculate (``speculative``:
-``rl_setup`` loads the pre-RL drafter head only then) and how one run of it is built
+and asks each variant two things: whether its rollouts need the pre-RL EAGLE head
+(``needs_head``: ``rl_setup`` loads it only then) and how one run of it is built
 (``build``: a trainer the lockstep steps). Everything after that (the history and evaluation
 tables, the figures, the checkpoint folders, the settings a resumed ablation must share)
 reads a run by its name alone, so a plugin's variant is handled like a built-in.
 
-The built-ins, registered here: TLT's ``baseline``, ``static_sd``, ``adaptive_drafter`` and
-``tlt`` (:class:`TLTVariant`: TLT's three switches, run by ``TLTTrainer``), and the long-tail
+The built-ins, registered here: TLT's ``baseline``, ``static_sd``, ``adaptive_drafter``, ``tlt``
+and ``tlt_suffix`` (:class:`TLTVariant`: TLT's switches and drafter), and the long-tail
 remedies ``overprovision``, ``april``, ``partial``, ``async`` and ``tail_batching``
 (:class:`RemedyVariant`: ``RemedyConfig``'s fields, run by ``RemedyTrainer``), and Seer's
 ``seer_schedule`` and ``seer_divided`` (their dispatch in ``rl/remedies/seer_*.py``, which
@@ -43,6 +43,7 @@ from .remedies import RemedyConfig, RemedyTrainer
 from .remedies.seer_divided import DividedDispatch
 from .remedies.seer_schedule import SeerDispatch, SeerTrainer
 from .tlt import TLTConfig, TLTTrainer
+from .tlt_suffix import SuffixTLTTrainer
 
 __all__ = ["RLVariant", "TLTVariant", "RemedyVariant", "VariantRun", "VARIANTS", "rl_variant",
            "variant_names", "get_variant", "check_variant", "check_variants", "speculates",
@@ -61,7 +62,7 @@ class VariantRun:
         tokenizer, problems, reward: the RL task.
         grpo: the run's ``GRPOConfig`` (its ``seed`` is ``seed``).
         drafter_head: the pre-RL EAGLE head (None when no variant of the ablation
-            speculates); a speculative run copies it.
+            needs it: ``needs_head``); a run that drafts with it copies it.
         backend: ``"local"`` (a local backend of the run's own) or the backend object every
             run of the ablation shares.
         tlt_kw: TLT's arguments (``TLTConfig.updated`` keywords: ``spec_k``, ``threshold``,
@@ -106,8 +107,8 @@ class RLVariant:
             ``run.checkpoint_dir`` and logs as ``run.report_to`` says; the ablation reads
             it through ``step()``, ``rl_step``, ``record``, ``model``, ``start_workers``,
             ``policy_changed``, ``restore_timelines`` and ``save_checkpoint(folder)``.
-        speculative: whether its rollouts use SD (then ``run.drafter_head`` is the pre-RL
-            head; without one none is loaded). Default False.
+        speculative, needs_head(): whether its rollouts use SD, and the pre-RL EAGLE head
+            (``run.drafter_head``, loaded only then). Defaults: False, ``speculative``.
         composable: whether it may run beside TLT as ``tlt+<name>`` (``build`` then gets
             ``tlt``). Default False.
         settings(grpo) -> dict | None: the ``RemedyConfig`` fields this variant stands for
@@ -121,13 +122,20 @@ class RLVariant:
     def settings(self, grpo: GRPOConfig) -> dict | None:
         return None
 
+    def needs_head(self) -> bool:
+        return self.speculative
+
 
 class TLTVariant(RLVariant):
-    """A variant that ``TLTTrainer`` runs: GRPO with TLT's switches (``TLTConfig``'s fields
-    ``speculative``, ``adaptive_drafter``, ``adaptive_engine``)."""
+    """A variant that ``trainer_cls`` (a ``TLTTrainer``) runs: GRPO with TLT's switches
+    (``TLTConfig``'s ``speculative``, ``adaptive_drafter``, ``adaptive_engine``, ``drafter``)."""
 
     adaptive_drafter: bool = False
     adaptive_engine: bool = False
+    drafter, trainer_cls = "eagle", TLTTrainer  # TLTConfig.drafter; the trainer built
+
+    def needs_head(self) -> bool:
+        return self.speculative and self.drafter == "eagle"
 
     def settings(self, grpo: GRPOConfig) -> dict | None:
         """Plain GRPO is also a remedy config with every remedy off; a speculative one is
@@ -137,14 +145,14 @@ class TLTVariant(RLVariant):
     def config(self, grpo: GRPOConfig | None = None, **tlt_kw) -> TLTConfig:
         """Its ``TLTConfig`` on ``grpo`` (``tlt_kw``: the other fields)."""
         return TLTConfig(grpo=grpo or GRPOConfig(), speculative=self.speculative,
-                         adaptive_drafter=self.adaptive_drafter,
+                         adaptive_drafter=self.adaptive_drafter, drafter=self.drafter,
                          adaptive_engine=self.adaptive_engine).updated(**tlt_kw)
 
     def build(self, run: VariantRun, tlt: TLTConfig | None = None) -> TLTTrainer:
         cfg = self.config(run.grpo, **run.tlt_kw)
-        return TLTTrainer(run.policy, run.tokenizer, run.problems, run.reward, cfg,
-                          drafter_head=run.drafter_head if cfg.speculative else None,
-                          backend=run.backend, **run.loop)
+        return self.trainer_cls(run.policy, run.tokenizer, run.problems, run.reward, cfg,
+                                drafter_head=run.drafter_head if cfg.speculative else None,
+                                backend=run.backend, **run.loop)
 
 
 class RemedyVariant(RLVariant):
@@ -201,7 +209,7 @@ def _check(name: str, plugin) -> None:
 VARIANTS: Registry[type[RLVariant]] = Registry(
     "RL variant", "workbench.variants", required=("build",),
     optional=("speculative", "composable", "settings", "config", "order", "adaptive_drafter",
-              "adaptive_engine"), check=_check)
+              "adaptive_engine", "needs_head", "drafter", "trainer_cls"), check=_check)
 """The registry of RL variants: the built-in ones and plugins' (entry-point group
 `workbench.variants`)."""
 
@@ -236,8 +244,8 @@ def get_variant(name: str) -> RLVariant:
 
 
 def speculates(names) -> bool:
-    """Whether any variant of ``names`` decodes speculatively (needs the pre-RL head)."""
-    return any(get_variant(n).speculative for n in names)
+    """Whether any variant of ``names`` needs the pre-RL EAGLE head (``needs_head``)."""
+    return any(get_variant(n).needs_head() for n in names)
 
 
 def tlt_config(name: str, grpo: GRPOConfig | None = None, **kw) -> TLTConfig:
@@ -300,6 +308,14 @@ class TLT(TLTVariant):
     """Plus the adaptive engine: a bandit per batch-size bucket picks plain or an SD arm."""
 
     speculative = adaptive_drafter = adaptive_engine = True
+
+
+@rl_variant("tlt_suffix", builtin=True)
+class TLTSuffix(TLTVariant):
+    """TLT's engine drafting with the suffix drafter over the rollout history, not the EAGLE
+    head; no spot trainer: the drafter is model-free, it learns by remembering (tlt_suffix.py)."""
+    speculative = adaptive_engine = True
+    drafter, trainer_cls = "suffix", SuffixTLTTrainer
 
 
 def _extra(grpo: GRPOConfig) -> int:
