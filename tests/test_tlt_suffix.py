@@ -2,11 +2,13 @@
 built-in that speculates without the pre-RL EAGLE head, lossless against the baseline token for
 token in float64 (coupled), drafting from the group's siblings and the prompt's earlier
 responses, which it remembers after each step and keeps in its checkpoint; TLT beside a remedy
-still drafts with the EAGLE head."""
+still drafts with the EAGLE head; notebook 11's reading compares TLT's two drafters."""
 import pytest
 import torch
 
 from workbench.rl import GRPOConfig
+from workbench.rl.ablation.runner import Ablation
+from workbench.rl.remedies.compare import reading
 from workbench.rl.setup import rl_setup
 from workbench.rl.tlt import TLTConfig, first_divergence
 from workbench.rl.tlt_suffix import SuffixTLTTrainer
@@ -15,6 +17,7 @@ from workbench.tasks import Problem
 
 from .helpers.models import tiny_model
 from .helpers.rl import CHAINS, length_reward
+from .test_remedies_compare import _tables
 
 # two prompts that come back every step (a small pool: multi-epoch RL), so that the memory
 # of a prompt's earlier responses has something to draft from
@@ -113,3 +116,22 @@ def test_the_suffix_trainer_refuses_another_drafter(tokenizer):
         with pytest.raises(ValueError, match=rf"drafter '{cfg.drafter}' with speculative="
                                              rf"{cfg.speculative}; accepted: .*'suffix'"):
             SuffixTLTTrainer(model, tokenizer, PROBLEMS, length_reward, cfg)
+
+
+def test_the_reading_says_whether_the_suffix_drafter_pays_against_the_eagle_head():
+    """Notebook 11's reading, on hand-made tables (tests/test_remedies_compare.py's, the
+    variants renamed): TLT's two drafters compared per step, and tlt_suffix read as lossless."""
+    def lines(names):
+        history, evals = _tables(names)
+        return reading(Ablation(history, evals).remedy_metrics())
+
+    text = lines({"async": "tlt", "overprovision": "tlt_suffix"})  # 2x and 3x per step
+    assert ("TLT's drafter: with the suffix drafter (tlt_suffix) 3.00x per step, with the EAGLE "
+            "head (tlt) 2.00x (both over the baseline): the suffix drafter pays against the "
+            "EAGLE head here (1.50x), and pays against plain decoding.") in text
+    assert any(t.startswith("tlt_suffix (lossless SD): final training reward 0.100 against "
+                            "baseline's 0.400") for t in text)
+    swapped = lines({"async": "tlt_suffix", "overprovision": "tlt"})
+    assert any("suffix drafter does not pay against the EAGLE head here (0.67x)" in t
+               for t in swapped)
+    assert not any(t.startswith("TLT's drafter") for t in lines({"async": "tlt"}))

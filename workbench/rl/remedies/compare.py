@@ -197,7 +197,9 @@ def reading(m: dict) -> list[str]:
     time the baseline's step left to take back, what each variant paid or gained in accuracy
     and whether that is beyond the seeds' noise, whether TLT's final training reward stayed
     within 2 sd of the run it speeds (it is lossless), whether TLT still pays beside a
-    variant it ran with (Seer's scheduling, a remedy), and how they fare against TLT alone."""
+    variant it ran with (Seer's scheduling, a remedy), whether TLT drafting with the
+    model-free suffix drafter (``tlt_suffix``) pays against TLT with its EAGLE head, and how
+    they fare against TLT alone."""
     variants = _variants(m)
     others = [v for v in variants if v != "baseline"]
     lines = []
@@ -215,6 +217,7 @@ def reading(m: dict) -> list[str]:
     lines += [_variant_line(m, v) for v in others]
     lines += _lossless(m, variants)
     lines += _tlt_beside(m, variants)
+    lines += _suffix_against_eagle(m, variants)
     if "tlt" in variants:
         lines += _against_tlt(m, others, decided)
     return lines
@@ -306,13 +309,31 @@ def _tlt_beside(m: dict, variants: list[str]) -> list[str]:
     return lines
 
 
+def _suffix_against_eagle(m: dict, variants: list[str]) -> list[str]:
+    """Whether TLT drafting with the suffix drafter over the rollout history (``tlt_suffix``:
+    no weights, nothing trained on idle workers) pays against TLT drafting with its EAGLE head
+    (``tlt``), both in the run: the ratio of their speedups per step over the baseline
+    (medians of paired per-step ratios, so the ratio is approximate), and whether it pays
+    against plain decoding at all."""
+    if not {"tlt", "tlt_suffix"} <= set(variants):
+        return []
+    suffix, eagle = m["speedup_tlt_suffix"], m["speedup_tlt"]
+    ratio = suffix / eagle if eagle > 0 else float("nan")
+    return [f"TLT's drafter: with the suffix drafter (tlt_suffix) {suffix:.2f}x per step, with "
+            f"the EAGLE head (tlt) {eagle:.2f}x (both over the baseline): the suffix drafter "
+            f"{'pays' if ratio > 1 else 'does not pay'} against the EAGLE head here "
+            f"({ratio:.2f}x), and {'pays' if suffix > 1 else 'does not pay'} against plain "
+            "decoding."]
+
+
 def _lossless(m: dict, variants: list[str]) -> list[str]:
-    """TLT is lossless: its final training reward against the baseline's, and each
-    ``tlt+<remedy>``'s against its remedy's, within 2 of the reference's sd over seeds, where
-    the rewards were recorded. With one seed there is no sd: only equality is read."""
+    """TLT is lossless: its final training reward (with the EAGLE head, ``tlt``, or the
+    suffix drafter, ``tlt_suffix``) against the baseline's, and each ``tlt+<remedy>``'s
+    against its remedy's, within 2 of the reference's sd over seeds, where the rewards were
+    recorded. With one seed there is no sd: only equality is read."""
     lines = []
-    for v in [v for v in variants if v == "tlt" or v.startswith("tlt+")]:
-        ref = "baseline" if v == "tlt" else v.removeprefix("tlt+")
+    for v in [v for v in variants if v in ("tlt", "tlt_suffix") or v.startswith("tlt+")]:
+        ref = v.removeprefix("tlt+") if v.startswith("tlt+") else "baseline"
         if f"reward_final_{v}" not in m or f"reward_final_{ref}" not in m:
             continue
         r, base, sd = m[f"reward_final_{v}"], m[f"reward_final_{ref}"], \
