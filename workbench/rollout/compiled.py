@@ -159,6 +159,9 @@ class CompiledDecode:
     def _plans(self) -> list:
         return self.forward._plans()
 
+    def _layer_count(self) -> int:
+        return len(self.forward.decoder.layers)
+
     def _make_step(self, plans):
         """The function compiled (``rollout.step_graph``): the lean forward's step."""
         return make_step(self.forward, plans)
@@ -197,7 +200,7 @@ class CompiledDecode:
         layer filled, and a batch no larger than the largest row bucket."""
         cache = batch.cache
         return (isinstance(cache, StaticKVCache) and 0 < batch.size <= MAX_ROWS
-                and len(cache.layers) == len(self._plans())
+                and len(cache.layers) == self._layer_count()
                 and all(layer.is_initialized for layer in cache.layers))
 
     # -- "auto" ----------------------------------------------------------------------------

@@ -186,6 +186,9 @@ class CompiledDraft(CompiledDecode):
     def _plans(self) -> list:
         return [layer_plan(self.head.layer)]
 
+    def _layer_count(self) -> int:
+        return 1
+
     def _make_step(self, plans):
         return make_draft_step(plans[0])
 
