@@ -12,6 +12,8 @@ step is dynamo's traced graph run by eager kernels (``backend="eager"``: the gra
 compiled path runs, over the same static buffers, masks, row buckets and verify shapes);
 inductor's kernels are tested here on Qwen3, whose q/k norms are the newest arithmetic of the
 step, and on Llama, Mistral and Qwen2 in tests/test_compiled_decode.py."""
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -191,3 +193,5 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
         assert (kinds == "compile").sum() == new
     assert accepted > 0  # some drafts were right: verdicts of both kinds
     assert {key[3:] for key in drafter.compiled.compiles} == {(1, False), (2, True)}
+    copy = pickle.loads(pickle.dumps(drafter.compiled))  # to a Ray actor: without its graphs
+    assert copy.compiles == {} and copy.steps == drafter.compiled.steps
