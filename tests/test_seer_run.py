@@ -5,7 +5,10 @@ and the simulator's answer from the run's baseline, as metrics, lines and a resu
 nothing read where the baseline or the Seer variants did not run."""
 from __future__ import annotations
 
+import itertools
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +19,25 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ["baseline", "seer_schedule", "seer_divided"]
 
 
+def _thread_ticks():
+    """A clock of ticks per thread: each reading 1/1024 s after the one before on the same
+    thread (conftest's ``tick_clock`` per thread: the ablation may step its runs on threads
+    side by side, each on its own sim clock), so that the measured makespans, and the
+    simulator's error on them, are the same on any machine under any load."""
+    counters = threading.local()
+
+    def read():
+        if not hasattr(counters, "ticks"):
+            counters.ticks = itertools.count()
+        return next(counters.ticks) / 1024
+    return read
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tokenizer):
     """A notebook-11-shaped run folder: its history.csv and its checkpoint (timelines,
-    ablation.json), 2 RL steps of 3 prompts x 2 on 2 workers of one row each."""
+    ablation.json), 2 RL steps of 3 prompts x 2 on 2 workers of one row each, measured on
+    a tick clock per thread (:func:`_thread_ticks`)."""
     from workbench.rl import GRPOConfig
     from workbench.rl.ablation.runner import run_ablation
     from workbench.tasks import Problem
@@ -29,10 +47,14 @@ def run_dir(tmp_path_factory, tokenizer):
     grpo = GRPOConfig.flat(prompts_per_step=3, samples_per_prompt=2, max_new_tokens=12,
                            lr=5e-2, workers=2, seed=1, temperature=1.0, max_batch_size=1)
     problems = [Problem(prompt=f"q{i}?" + "x" * (i * 7 % 5), answer="a", uid=i) for i in range(4)]
-    ablation = run_ablation(tiny_model("qwen2", tokenizer), tokenizer, problems, grpo, 2,
-                            variants=VARIANTS, seeds=[0], progress=False,
-                            reward=lambda p, c, a: float(len(c) % 3 == 0),
-                            checkpoint_dir=folder / "checkpoint")
+    with pytest.MonkeyPatch.context() as patch:
+        ticks = _thread_ticks()
+        patch.setattr(time, "perf_counter", ticks)
+        patch.setattr(time, "thread_time", ticks)
+        ablation = run_ablation(tiny_model("qwen2", tokenizer), tokenizer, problems, grpo, 2,
+                                variants=VARIANTS, seeds=[0], progress=False,
+                                reward=lambda p, c, a: float(len(c) % 3 == 0),
+                                checkpoint_dir=folder / "checkpoint")
     ablation.history.to_csv(folder / "history.csv", index=False)
     return folder
 
