@@ -80,6 +80,7 @@ import torch
 from .forward import LeanForward
 from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
+from .step_inputs import StepInputs
 
 # StaticKVCache and row_bucket live in rollout.static_cache, re-exported: tests and benchmarks
 # import them from here, beside the step that uses them
@@ -149,11 +150,13 @@ class CompiledDecode:
         self._fn = None
         self._key = None
         self._tensors = None
+        self._buffers: dict = {}  # StepInputs per graph key
 
     def __getstate__(self) -> dict:
         """A copy for another process (a Ray actor's) travels without its graphs, which do
         not pickle: it compiles its own."""
-        return {**self.__dict__, "_fn": None, "_key": None, "_tensors": None, "compiles": {}}
+        return {**self.__dict__, "_fn": None, "_key": None, "_tensors": None, "compiles": {},
+                "_buffers": {}}
 
     # -- the pieces ------------------------------------------------------------------------
     def _plans(self) -> list:
@@ -242,9 +245,10 @@ class CompiledDecode:
         it feeds ``last_token``; those of ``fed [B, q]`` for a verify pass, with the draft
         tree's ``tree [B, q, q]`` if any) are appended (``append_columns``) at positions
         ``pos [B, q]`` but not written (a drafter's ``tree [B, q, m]`` covers its last ``m``
-        columns): its inputs padded to the buckets, the cache moved into
-        its preallocated buffers if an operation replaced them. ``data``: more per-row inputs
-        ``[B, ...]`` of the step (an EAGLE draft's parent states), padded with zero rows."""
+        columns): its inputs written into the key's persistent buffers (:class:`StepInputs`),
+        the cache moved into its preallocated buffers if an operation replaced them.
+        ``data``: more per-row inputs ``[B, ...]`` of the step (an EAGLE draft's parent
+        states), padded with zero rows."""
         plans = self._plans()
         fn = self._compiled(plans)
         rows, width = batch.size, batch.width
@@ -258,19 +262,17 @@ class CompiledDecode:
                 layer.length = length
         views = [layer.views(b_rows, t_cols) for layer in layers]
         fed = batch.last_token[:, None] if fed is None else fed
-        inputs = self._inputs(batch, fed, pos, tree, b_rows, t_cols)
-        padded = [torch.cat([t, t.new_zeros((b_rows - rows, *t.shape[1:]))]) for t in data]
-        args = [*inputs, *padded, *self._weights(plans), [v[0] for v in views],
-                [v[1] for v in views]]
-        if self.dynamic_cols:  # one graph for every width: the columns' count is symbolic
-            for t in args[2], args[3]:
-                torch._dynamo.mark_dynamic(t, 1)
-            if args[7] is not None:
-                torch._dynamo.mark_dynamic(args[7], 2)
-            for t in args[-2] + args[-1]:
-                torch._dynamo.mark_dynamic(t, 2)
         key = (b_rows, None if self.dynamic_cols else t_cols, views[0][0].stride(0),
                fed.shape[1], tree is not None)
+        buffers = self._buffers.get(key)
+        if buffers is None:
+            buffers = self._buffers[key] = StepInputs.for_step(
+                b_rows, fed.shape[1], layers[0].buffers[0].shape[2], tree is not None,
+                [t[0] for t in data], batch.mask.device)
+        inputs = buffers.fill(batch, fed, pos, tree, t_cols, self._rope, data)
+        args = [*inputs, *self._weights(plans), [v[0] for v in views], [v[1] for v in views]]
+        if self.dynamic_cols and key not in self.compiles:
+            _mark_cols(args, 7)
         return _Call(fn, args, key, layers, rows, width)
 
     def needs_compile(self, call: "_Call") -> bool:
@@ -281,7 +283,7 @@ class CompiledDecode:
         strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
         start = time.perf_counter()
         a = call.args
-        scratch = [None if t is None else _marked(torch.zeros_like(t), t) for t in a[:8]] + (
+        scratch = [None if t is None else _scratch(t) for t in a[:8]] + (
             a[8:-2] + [[_scratch(t) for t in a[-2]], [_scratch(t) for t in a[-1]]])
         call.fn(*scratch)
         self.compiles[call.key] = time.perf_counter() - start
@@ -303,29 +305,6 @@ class CompiledDecode:
             self.compile(call)
         return self.run(call)
 
-    def _inputs(self, batch, fed, pos, tree, b_rows: int, t_cols: int):
-        """The step's inputs padded to ``b_rows`` rows and ``t_cols`` columns (extra rows:
-        token 0 at position 0, seeing their column 0 only)."""
-        rows, width = batch.size, batch.width
-        q = fed.shape[1]
-        dev = batch.mask.device
-        ids = torch.zeros((b_rows, q), dtype=torch.long, device=dev)
-        ids[:rows] = fed
-        pos_p = torch.zeros((b_rows, q), dtype=torch.long, device=dev)
-        pos_p[:rows] = pos
-        vis = torch.zeros((b_rows, t_cols), dtype=torch.bool, device=dev)
-        vis[:rows, :width] = batch.mask.bool()
-        vis[rows:, 0] = True
-        col_pos = torch.zeros((b_rows, t_cols), dtype=torch.long, device=dev)
-        col_pos[:rows, :width] = batch.col_pos
-        col = torch.arange(width - q, width, dtype=torch.long, device=dev)
-        cos, sin = self._rope(pos_p)
-        full = None
-        if tree is not None:  # the tree's ancestors among its last columns; all else open
-            full = torch.ones((b_rows, q, t_cols), dtype=torch.bool, device=dev)
-            full[:rows, :, width - tree.shape[-1]:width] = tree
-        return ids, pos_p, vis, col_pos, col, cos.unsqueeze(2), sin.unsqueeze(2), full
-
 
 @dataclass
 class _Call:
@@ -338,6 +317,19 @@ class _Call:
     layers: list
     rows: int
     width: int
+
+
+def _mark_cols(args: list, tree_at: int) -> None:
+    """Mark the columns of a call's arguments symbolic (``mark_dynamic``): ``vis`` and
+    ``col_pos``'s dim 1, the tree's (at ``tree_at``) dim 2, every cache view's dim 2. Only
+    a key's first call needs it (its compile, which copies the marks onto scratch inputs):
+    the graph then has a symbolic width, and later calls' unmarked inputs match it."""
+    for t in args[2], args[3]:
+        torch._dynamo.mark_dynamic(t, 1)
+    if args[tree_at] is not None:
+        torch._dynamo.mark_dynamic(args[tree_at], 2)
+    for t in args[-2] + args[-1]:
+        torch._dynamo.mark_dynamic(t, 2)
 
 
 def _scratch(view: torch.Tensor) -> torch.Tensor:
