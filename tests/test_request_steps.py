@@ -14,7 +14,8 @@ from workbench.speculative import AdaptiveSchedule, EagleDrafter, EagleHead, NGr
 
 from .helpers.models import MANY, PROMPTS, tiny_model
 from .test_faults import FailingSchedule
-from .test_seer import LengthPredictor, _divided_setup, _InOrder
+from .helpers.seer import InOrder
+from .test_seer import LengthPredictor, _divided_setup
 
 CFG = RolloutConfig(max_new_tokens=20, workers=2, max_batch_size=3, temperature=1.0, seed=5)
 
@@ -165,7 +166,7 @@ def test_a_request_moved_between_workers_has_its_rows_on_both(tokenizer, tick_cl
     request's rows lie on the worker it started on and on the one that re-prefilled it,
     and still sum to its tokens."""
     engine, live, caps, config = _divided_setup(tokenizer)
-    dispatch = _InOrder(live, LengthPredictor())
+    dispatch = InOrder(live, LengthPredictor())
     res = engine.rollout([g.prompt_ids + r.tokens for g, r in live], config, progress=False,
                          caps=caps, dispatch=dispatch, request_steps=True)
     assert dispatch.moves >= 1
