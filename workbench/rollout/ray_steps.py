@@ -23,7 +23,9 @@ The driver's requests are one object per uid (the mirrors update them in place f
 report), so a dispatch that keeps requests between hooks (Seer's predictors read their
 tokens) reads them current. Requests keep their uids, so the tokens are the local backend's
 (equal in float64). The wait between an actor's steps, the driver's round trip and its
-dispatch, shows as idle on the wall clock (``WorkerRun.advance(resume=True)``).
+dispatch, shows as idle on the wall clock (``WorkerRun.advance(resume=True)``). The price of
+a round of one step: a round trip per step, and each report carries the run's requests with
+their tokens so far (its rows only from the last report on), so it grows with the rollout.
 
 A worker lost in a round (its step raised, or its actor died) is handled as on the local
 backend (``rollout.recovery``, "on the dispatch path"): its whole share, from scratch, goes
