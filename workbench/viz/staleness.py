@@ -127,7 +127,7 @@ def suffix_against_sibling(taus: pd.DataFrame, label: str = "", k: int | None = 
                  lw=1.8 if bold else 0.9, alpha=1.0 if bold else 0.6, label=name,
                  color=DRAFTER_COLORS.get(name))
     top.set_ylabel("tau (tokens per verify step)" + (f", k={k}" if k else ""))
-    top.legend(fontsize=7, ncols=5, loc="lower left")
+    top.legend(fontsize=7, ncols=5, loc="best")
     _caption(top, label)
     diff = taus["suffix_minus_sibling"]
     low.bar(taus["step"], diff, color=np.where(diff >= 0, DRAFTER_COLORS["suffix"],
