@@ -267,3 +267,44 @@ def test_static_column_buckets_are_lossless_across_bucket_edges(tokenizer):
                                atol=STATES_ATOL, rtol=0)
     widths = {key[1] for key in c.compiles}
     assert len(widths) >= 3 and all(w % 16 == 0 for w in widths)
+
+
+def test_step_inputs_are_rewritten_in_place_and_pad_rows_after_a_shrink():
+    """A key's persistent inputs (``rollout.step_inputs``): a step writes the batch's rows
+    into the same buffers; rows the batch no longer has become padding again (token 0 at
+    position 0, seeing column 0 only, so no row is all masked); a tree's columns of an
+    earlier step are open again; two keys' buffers share no storage."""
+    from types import SimpleNamespace
+    from workbench.rollout.step_inputs import StepInputs
+
+    def rope(pos):  # cos/sin [Bb, q, d] (their values are not under test)
+        return pos[..., None].double(), -pos[..., None].double()
+
+    def batch(rows, width):
+        return SimpleNamespace(size=rows, width=width,
+                               mask=torch.ones((rows, width), dtype=torch.long),
+                               col_pos=torch.arange(width).repeat(rows, 1))
+    data = torch.ones((3, 2, 5))
+    buf = StepInputs.for_step(4, 2, 16, True, [data], "cpu")
+    other = StepInputs.for_step(4, 2, 16, True, [data], "cpu")
+    ptrs = lambda s: {t.data_ptr() for t in (s.ids, s.pos, s.vis, s.col_pos, s.col, s.tree,
+                                             *s.data)}
+    assert not ptrs(buf) & ptrs(other)
+    tree = torch.zeros((3, 2, 2), dtype=torch.bool)
+    fed, pos = torch.full((3, 2), 7), torch.full((3, 2), 9)
+    ids, pos_in, vis, col_pos, col, cos, sin, full, hidden = buf.fill(
+        batch(3, 10), fed, pos, tree, 10, rope, [data])
+    assert ids is buf.ids and vis.data_ptr() == buf.vis.data_ptr() and vis.shape == (4, 10)
+    assert ids[:3].eq(7).all() and ids[3].eq(0).all() and col.tolist() == [8, 9]
+    assert vis[:3].all() and vis[3].tolist() == [True] + [False] * 9
+    assert not full[:3, :, 8:].any() and full[:3, :, :8].all() and full[3].all()
+    assert hidden[:3].eq(1).all() and hidden[3].eq(0).all() and cos.shape == (4, 2, 1, 1)
+    # a step later the batch lost two rows and the columns are static (rounded up to 16)
+    tree1 = torch.zeros((1, 2, 2), dtype=torch.bool)
+    ids, _, vis, _, col, _, _, full, hidden = buf.fill(
+        batch(1, 11), fed[:1], pos[:1] + 1, tree1, 16, rope, [data[:1]])
+    assert ids is buf.ids and ids[1:].eq(0).all() and hidden[1:].eq(0).all()
+    assert vis[0, :11].all() and not vis[0, 11:].any()  # past the width: hidden
+    assert all(row.tolist() == [True] + [False] * 15 for row in vis[1:])
+    assert full[0, :, 8].all() and not full[0, :, 9:11].any()  # the old tree column is open
+    assert col.tolist() == [9, 10] and buf.padded_from == 1

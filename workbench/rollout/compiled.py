@@ -107,6 +107,15 @@ def bucket_name(rows: int, fed: int = 1) -> str:
 
 
 # ---- the compiled step ------------------------------------------------------------------
+def _inductor_options(cpp_wrapper: bool) -> dict:
+    """Inductor's options for the step. ``emulate_precision_casts``: round where eager
+    rounds (the norms' float32 for a float64 model, as HF does), so that compiled states
+    equal eager ones. ``size_asserts`` off: the wrapper's check of every input's sizes and
+    strides (some 60 a call) repeats what dynamo's guards have just checked. ``cpp_wrapper``:
+    the wrapper that calls the kernels compiled to C++, not run in Python."""
+    return {"emulate_precision_casts": True, "size_asserts": False, "cpp_wrapper": cpp_wrapper}
+
+
 def _raise_recompile_limit(n: int) -> None:
     """Let dynamo keep ``n`` graphs of the step (its default limit is 8 per function). The
     names are those of the pinned torch (2.13: ``cache_size_limit`` and
@@ -127,7 +136,8 @@ class CompiledDecode:
     timed steps per path and bucket; ``timer``: its clock; ``backend``: ``torch.compile``'s.
     ``step_wrapper``: wraps the compiled step function once it is made (a test's double
     charges its timer around it; ``None``, the default: the compiled function itself).
-    Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
+    ``cpp_wrapper``: inductor's graph wrapper in C++ (a call's fixed cost in Python cut; a
+    cold compile longer). Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
     tree): seconds}`` of every graph compiled;
     ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
     ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
@@ -141,6 +151,7 @@ class CompiledDecode:
     timer: object = time.perf_counter
     backend: str = "inductor"
     step_wrapper: Callable[[Callable], Callable] | None = None
+    cpp_wrapper: bool = True
     compiles: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
     steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
@@ -176,9 +187,7 @@ class CompiledDecode:
     def _compiled(self, plans):
         if self._fn is None:
             _raise_recompile_limit(64)
-            # emulate_precision_casts: round where eager rounds (the norms' float32 for a
-            # float64 model, as HF does), so that compiled states equal eager ones
-            options = {"emulate_precision_casts": True} if self.backend == "inductor" else None
+            options = _inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
             fn = torch.compile(self._make_step(plans), backend=self.backend,
                                dynamic=None if self.dynamic_cols else False,
                                fullgraph=True, options=options)
