@@ -117,7 +117,8 @@ def test_notebook_02_compares_the_plugin_drafter_like_a_built_in(tmp_path):
     papermill.execute_notebook(
         ROOT / "notebooks" / "02_speculative_decoding.ipynb", tmp_path / "executed.ipynb",
         parameters={"plugins": [str(PLUGIN)], "drafter": "ngram",
-                    "other_drafters": ["repeat_ngram"], "num_prompts": 2, "batch_sizes": [1],
+                    "other_drafters": ["repeat_ngram"], "num_prompts": 2, "samples_per_prompt": 1,
+                    "batch_sizes": [1],
                     "ks": [2], "curve_k": 2, "temperatures": [0.0, 1.0], "repeats": 3,
                     "max_new_tokens": 12, "lossless_prompts": 2, "whatif_workers": 2,
                     "whatif_samples": 2, "out_dir": str(out)},

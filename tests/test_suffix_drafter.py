@@ -370,6 +370,7 @@ def test_notebook_02_compares_the_suffix_drafter(tmp_path):
     papermill.execute_notebook(
         root / "notebooks" / "02_speculative_decoding.ipynb", tmp_path / "executed.ipynb",
         parameters={"drafter": "ngram", "other_drafters": ["suffix"], "num_prompts": 2,
+                    "samples_per_prompt": 1,
                     "batch_sizes": [1], "ks": [2], "curve_k": 2, "temperatures": [0.0, 1.0],
                     "repeats": 3, "max_new_tokens": 12, "lossless_prompts": 2,
                     "whatif_workers": 2, "whatif_samples": 2, "out_dir": str(out)},
