@@ -277,7 +277,7 @@ class CompiledDecode:
         if buffers is None:
             buffers = self._buffers[key] = StepInputs.for_step(
                 b_rows, fed.shape[1], layers[0].buffers[0].shape[2], tree is not None,
-                [t[0] for t in data], batch.mask.device)
+                data, batch.mask.device)
         inputs = buffers.fill(batch, fed, pos, tree, t_cols, self._rope, data)
         args = [*inputs, *self._weights(plans), [v[0] for v in views], [v[1] for v in views]]
         if self.dynamic_cols and key not in self.compiles:
