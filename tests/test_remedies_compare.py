@@ -226,3 +226,20 @@ def test_first_divergence_is_the_earliest_step_any_seed_differs():
     apart = pd.DataFrame(rows("a", 0, "xyz") + rows("b", 0, "xyZ") + rows("a", 1, "pqr")
                          + rows("b", 1, "pQr"))
     assert Ablation(history=apart, evals=pd.DataFrame()).first_divergence("a", "b") == 1
+
+
+def test_the_reading_says_how_much_other_work_disturbed_the_run():
+    """Each variant's disturbed share and the run's, from the steps' usage columns
+    (``GRPO.usage``), in the metrics, and a line of the reading that says what it does to the
+    figures on the run's clock; none where the history has no usage columns."""
+    history, evals = _tables()
+    disturbed = (history["variant"] == "async").astype(float)  # async's steps all disturbed
+    history = history.assign(usage_measured_s=1.0, usage_disturbed_s=disturbed,
+                             usage_cpu_s=1.0 - 0.5 * disturbed, clock="sim")
+    m = Ablation(history, evals).remedy_metrics()
+    assert m["disturbed_share_async"] == 1.0 and m["disturbed_share_baseline"] == 0.0
+    assert m["disturbed_share"] == pytest.approx(0.25) and m["clock"] == "sim"
+    assert reading(m)[-1] == ("Other work disturbed 25% of the run's measured seconds (CPU "
+                              f"share {m['cpu_share']:.2f}): the sim clock counts each "
+                              "worker's own CPU time, so the times above hold.")
+    assert not any("disturbed" in t for t in reading(Ablation(*_tables()).remedy_metrics()))

@@ -145,9 +145,15 @@ class Ablation:
         """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
         speedup (the median of :meth:`paired_speedups`), off-policy share, final held-out
         accuracy and time to the baseline's final accuracy, and the variant that got there
-        first."""
+        first; and, as :meth:`metrics` gives them, each variant's disturbed share, the whole
+        run's disturbed and CPU shares, and its clock."""
         speedups = {v: float(self.paired_speedups(v).median()) for v in self.variants}
-        return remedy_metrics(self.history, self.evals, speedups)
+        h = self.history
+        return {**remedy_metrics(h, self.evals, speedups),
+                **{f"disturbed_share_{v}": GRPO.usage(h[h["variant"] == v])["disturbed_share"]
+                   for v in self.variants},
+                **GRPO.usage(self.history),  # the whole run's disturbed_share and cpu_share
+                "clock": _first(self.history, "clock"), "sim_seconds": self.sim_seconds}
 
     def metrics(self, variant: str | None = None) -> dict:
         """The flat scalars notebook 04 reports: ``variant`` (default: ``tlt`` when it ran,

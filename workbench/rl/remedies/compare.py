@@ -31,6 +31,8 @@ time to accuracy     the first point of the variant's accuracy curve (mean over 
 """
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 __all__ = ["accuracy_vs_time", "accuracy_over_seeds", "time_to_accuracy", "remedy_metrics",
@@ -198,8 +200,8 @@ def reading(m: dict) -> list[str]:
     and whether that is beyond the seeds' noise, whether TLT's final training reward stayed
     within 2 sd of the run it speeds (it is lossless), whether TLT still pays beside a
     variant it ran with (Seer's scheduling, a remedy), whether TLT drafting with the
-    model-free suffix drafter (``tlt_suffix``) pays against TLT with its EAGLE head, and how
-    they fare against TLT alone."""
+    model-free suffix drafter (``tlt_suffix``) pays against TLT with its EAGLE head, how
+    they fare against TLT alone, and how much other work disturbed the run."""
     variants = _variants(m)
     others = [v for v in variants if v != "baseline"]
     lines = []
@@ -220,7 +222,20 @@ def reading(m: dict) -> list[str]:
     lines += _suffix_against_eagle(m, variants)
     if "tlt" in variants:
         lines += _against_tlt(m, others, decided)
-    return lines
+    return lines + _disturbed(m)
+
+
+def _disturbed(m: dict) -> list[str]:
+    """How much other work disturbed the run (``workbench.clock``), and what that does to its
+    figures: nothing on the sim clock (each worker's own thread CPU time), the figures
+    themselves on the wall clock; nothing where the metrics do not say."""
+    share = m.get("disturbed_share")
+    if share is None or math.isnan(share):  # not measured (a history without usage columns)
+        return []
+    moved = ("the sim clock counts each worker's own CPU time, so the times above hold" if
+             m.get("clock") == "sim" else "these are wall-clock times, which it stretched")
+    return [f"Other work disturbed {share:.0%} of the run's measured seconds (CPU share "
+            f"{m.get('cpu_share', float('nan')):.2f}): {moved}."]
 
 
 def _target(m: dict) -> tuple[bool, str]:
