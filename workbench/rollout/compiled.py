@@ -34,12 +34,21 @@ process's compiles short. With symbolic columns, dynamo's automatic dynamic shap
 make the rows symbolic once a second row bucket compiles; later buckets then reuse that
 graph (a ``compile`` row of a few milliseconds).
 
+A compiled call's fixed cost is kept small (a small-batch step is a few milliseconds): its
+inputs live in buffers preallocated per graph key, written in place
+(:class:`~workbench.rollout.step_inputs.StepInputs`); columns are marked symbolic on a key's
+first call only; inductor's wrapper is C++ (``cpp_wrapper``), without size asserts.
+
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-step is about as fast as the eager lean forward: a small-batch step there is bound by the
-matmuls' weight reads, which compiling does not change; hence ``False`` by default. The
-compiled EAGLE draft step is slower there than the eager one (a one-layer head's step is
-small, so the compiled call's fixed cost, padding its inputs and dynamo's guards, outweighs
-what the graph saves).
+plain step then pays a little at small batch: 1.1-1.25x at batch 1, 1.1x at 8, 1.0-1.1x at
+32 (two runs under other sessions' load), far from issue 41's 2x: the matmuls (the same
+kernels either way, bound by reading the weights) are about half of the step at batch 1,
+and dynamo's guards over the step's ~80 input tensors stay a fixed cost. Speculative steps
+gain less (small LM drafting: 1.0-1.07x); drafted by an EAGLE head they are no faster
+(0.9-1.02x: the head's one-layer compiled step costs about what its eager one does). Hence
+``False`` by default still: the notebooks' TLT rollouts draft with an EAGLE head, and a cold
+compile (5-30 s a graph here) is not earned back by a short run; ``True`` or ``"auto"``
+where plain steps dominate.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
@@ -82,8 +91,7 @@ from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
 from .step_inputs import StepInputs
 
-# StaticKVCache and row_bucket live in rollout.static_cache, re-exported: tests and benchmarks
-# import them from here, beside the step that uses them
+# StaticKVCache, row_bucket: rollout.static_cache's, re-exported beside the step using them
 __all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticKVCache", "compiled_decode_for",
            "row_bucket", "check_compile", "compile_choices", "use_compile_choices",
            "bucket_name"]
