@@ -90,3 +90,19 @@ def test_narrowed_measures_the_named_drafters_compared_at_batch_1_and_the_grids_
     assert narrowed([], drafters, [16], [1, 16], k=4) == {}
     with pytest.raises(ValueError, match="narrowed drafters 'suffix': accepted a list"):
         narrowed("suffix", drafters, [16], [1, 16], k=4)
+
+
+def test_the_sweep_says_its_clock_and_how_much_other_work_disturbed_it(tokenizer):
+    """Every row carries the share of its cell's repeats that stayed disturbed
+    (``speedup.interleave``) and the clock its makespans were read on (the local backend's:
+    sim); notebook 02's metrics pool the shares over both tables' cells."""
+    from workbench.speculative.sweep import sweep_metrics
+    table = sd_sweep(spied(tokenizer, []), PROMPTS[:1], {"ngram": NGramDrafter()}, ks=(2,),
+                     batch_sizes=(1,), repeats=3, max_new_tokens=6, progress=False)
+    assert table["clock"].tolist() == ["sim"]
+    assert table["disturbed_share"].between(0, 1).all()
+    compare = table.assign(disturbed_share=1 / 3)
+    curve = pd.concat([table.assign(disturbed_share=0.0), table.assign(disturbed_share=1.0)])
+    metrics = sweep_metrics(compare, curve, table[:0], k=2)
+    assert metrics["disturbed_share"] == pytest.approx((1 / 3 + 0 + 1) / 3)
+    assert metrics["clock"] == "sim"

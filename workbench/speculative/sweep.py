@@ -171,10 +171,14 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
         runs = interleave(systems, repeats, measure=_tok_s, higher_is_better=True,
                           on_run=lambda *_: bar.update())
         ratios = per_repeat_ratios(runs, "plain")
+        # a repeat is disturbed as a whole (speedup.interleave): the cell's share of them
+        disturbed = float(runs.table.groupby("repeat")["disturbed"].any().mean())
         for key, (name, k) in which.items():
             mine = ratios[ratios["system"] == key].sort_values("repeat")["ratio"]
             rows.append({"temperature": temp, "batch_size": bs, "drafter": name, "k": k,
-                         **_sd_row(runs.outputs["plain"], runs.outputs[key], mine, k, wide)})
+                         **_sd_row(runs.outputs["plain"], runs.outputs[key], mine, k, wide),
+                         "disturbed_share": disturbed,
+                         "clock": runs.outputs["plain"][0].timeline.clock})
     bar.close()
     return pd.DataFrame(rows)
 
@@ -226,7 +230,10 @@ def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFram
     size (greedy) and at batch 1 (temperature 1), each with ``_min``/``_max`` (extremes of the
     per-repeat ratios), the bound at batch 1, ``speedup_spread_wide`` (true if any speedup of
     either table has a wide spread), and ``lossless`` (true only if the float64 check ran and
-    every drafter reproduced plain decoding)."""
+    every drafter reproduced plain decoding); ``disturbed_share``, the share of the timed
+    repeats other work disturbed (``speedup.interleave``: redone, then flagged), over both
+    tables' cells, and ``clock``, the one the makespans were read on (the rollouts' own:
+    ``"sim"`` on the local backend, whose figures the disturbance does not move)."""
     metrics = {f"accept_len_{name}": sweep_value(compare, "tau", drafter=name, k=k,
                                                  temperature=0.0)
                for name in compare["drafter"].unique()}
@@ -242,6 +249,10 @@ def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFram
         t["spread_wide"].astype(bool).any() for t in (compare, curve) if "spread_wide" in t))
     metrics["lossless"] = bool(len(exact) > 0 and exact["identical"].all())
     metrics["k"] = k
+    measured = [t for t in (compare, curve) if "disturbed_share" in t and len(t)]
+    metrics["disturbed_share"] = (float(pd.concat([t["disturbed_share"] for t in measured])
+                                        .mean()) if measured else float("nan"))
+    metrics["clock"] = str(measured[0]["clock"].iloc[0]) if measured else None
     return metrics
 
 
