@@ -196,6 +196,13 @@ class CompiledDraft(CompiledDecode):
         return self.rope(self.head.fc.weight, pos)
 
     def _weights(self, plans) -> tuple:
+        """The draft step's weight arguments, read again only when the layer's plan (rebuilt
+        when one of its weights changes) or the embedding's or ``fc``'s storage does: a
+        draft call is small, so its fixed cost counts."""
         fc = self.head.fc
-        return (self.embed.weight.detach(), fc.weight.detach(), fc.bias.detach(),
-                layer_tensors(plans[0]))
+        storage = (self.embed.weight.data_ptr(), fc.weight.data_ptr(), fc.bias.data_ptr())
+        if self._key is None or self._key[0] is not plans[0] or self._key[1] != storage:
+            self._tensors = (self.embed.weight.detach(), fc.weight.detach(), fc.bias.detach(),
+                             layer_tensors(plans[0]))
+            self._key = (plans[0], storage)
+        return self._tensors
