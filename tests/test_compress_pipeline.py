@@ -94,6 +94,7 @@ def test_compare_models_table(setup, tokenizer, tmp_path):
     assert table.loc["student", "params"] == count_params(student)
     assert {"lm_loss_task", "accuracy", "tok_s_b1", "speedup_b2", "speedup_b2_range"} <= set(
         table.columns)
+    assert table["disturbed_share_b2"].between(0, 1).all()  # the timed repeats' share
 
 
 def test_the_teacher_is_timed_long_enough_to_repeat(tokenizer, monkeypatch):

@@ -59,6 +59,10 @@ def test_speed_metrics_read_the_saturation_batch():
         speed_metrics(speed, 64, {"width": "width"})
     with pytest.raises(ValueError, match="no row 'depth'"):
         speed_metrics(speed, 128, {"depth": "depth"})
+    # the batch's share of disturbed repeats, where decode_throughput measured it
+    disturbed = speed.assign(disturbed_share=[0.0, 0.0, 1 / 3, 1 / 3])
+    assert speed_metrics(disturbed, 128, {"width": "width"}) == {
+        "throughput_ratio_width": 1.3, "throughput_disturbed_share": pytest.approx(1 / 3)}
 
 
 def test_stage_and_drafter_metrics_of_the_pipeline():
@@ -71,6 +75,8 @@ def test_stage_and_drafter_metrics_of_the_pipeline():
     assert m == {"params_teacher": 100, "accuracy_teacher": 0.42, "params_w50": 50,
                  "accuracy_w50": 0.39, "accuracy_w50_sd": 0.01, "accuracy_w50_lo": 0.35,
                  "accuracy_w50_hi": 0.44, "throughput_ratio_w50": 1.3, "ideal_speedup_w50": 1.5}
+    shares = table.assign(disturbed_share_b128=0.25)  # compare_models' column, per batch
+    assert stage_metrics(shares, stages, 128)["throughput_disturbed_share"] == 0.25
     bridge = pd.DataFrame({"drafter": ["compressed w50", "compressed d50", "small LM"],
                            "tau": [4.5, 4.4, 2.6], "speedup": [0.84, 1.12, 0.98],
                            "identical": [True, True, True]})

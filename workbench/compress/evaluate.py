@@ -97,7 +97,9 @@ def saturation_batch(model, tokenizer, max_batch: int = 1024, gain: float = 1.05
 def decode_throughput(models: dict, tokenizer, batch_sizes, max_new_tokens: int = 64,
                       repeats: int = 3, progress: bool = True) -> pd.DataFrame:
     """Per (batch size, model): median tokens/s and the ratio to the first model (the
-    teacher) with its spread; the models alternate inside each repeat."""
+    teacher) with its spread; the models alternate inside each repeat. ``disturbed_share``:
+    the share of the batch size's repeats that other work disturbed (redone, then flagged:
+    ``speedup.interleave``); the tokens/s are on the rollouts' own clock (sim, locally)."""
     names = list(models)
     engines = {n: RolloutEngine(m, tokenizer) for n, m in models.items()}
     prompts = _prompts(max(batch_sizes))
@@ -108,13 +110,15 @@ def decode_throughput(models: dict, tokenizer, batch_sizes, max_new_tokens: int 
         runs = interleave(systems, repeats, measure=lambda out, s: out, higher_is_better=True,
                           warmup=1)
         ratios = per_repeat_ratios(runs, names[0])
+        # a repeat is disturbed as a whole (speedup.interleave): the batch's share of them
+        disturbed = float(runs.table.groupby("repeat")["disturbed"].any().mean())
         for n in names:
             mine = ratios[ratios["system"] == n]
             stats = spread_stats(mine["ratio"])
             rows.append({"batch": bs, "model": n, "tok_s": float(mine["value"].median()),
                          "ratio": stats["ratio"], "ratio_min": stats["ratio_min"],
                          "ratio_max": stats["ratio_max"], "spread": stats["spread"],
-                         "spread_wide": stats["spread_wide"]})
+                         "spread_wide": stats["spread_wide"], "disturbed_share": disturbed})
     return pd.DataFrame(rows)
 
 
@@ -169,4 +173,5 @@ def compare_models(models: dict, tokenizer, batch_sizes=(1, 32), text_file=None,
         table[f"speedup_b{bs}_range"] = [f"{a:.2f}-{b:.2f}" + (" WIDE" if w else "")
                                          for a, b, w in zip(part["ratio_min"], part["ratio_max"],
                                                             part["spread_wide"])]
+        table[f"disturbed_share_b{bs}"] = part["disturbed_share"]
     return table.reset_index()

@@ -79,14 +79,19 @@ def width_depth_metrics(summary: pd.DataFrame, test: dict) -> dict:
 
 def speed_metrics(speed: pd.DataFrame, batch: int, names: dict[str, str]) -> dict:
     """``throughput_ratio_<key>``: the tokens/s ratio to the teacher at ``batch`` of the model
-    ``names[key]`` names in ``evaluate.decode_throughput``'s table."""
+    ``names[key]`` names in ``evaluate.decode_throughput``'s table; and
+    ``throughput_disturbed_share``, the share of that batch's timed repeats other work
+    disturbed, where the table has it."""
     at = speed[speed["batch"] == batch].set_index("model")
     if at.empty:
         raise ValueError(f"the decode-speed table has no batch {batch}; batches: "
                          f"{sorted(int(b) for b in speed['batch'].unique())}")
-    return {f"throughput_ratio_{key}": _row(at, name, f"batch {batch} of the decode-speed "
-                                                      "table")["ratio"]
-            for key, name in names.items()}
+    out = {f"throughput_ratio_{key}": _row(at, name, f"batch {batch} of the decode-speed "
+                                                     "table")["ratio"]
+           for key, name in names.items()}
+    if "disturbed_share" in at:  # the share of the timed repeats other work disturbed
+        out["throughput_disturbed_share"] = float(at["disturbed_share"].iloc[0])
+    return out
 
 
 RETRAINING_NAMES = {RETRAININGS[0]: "student_kd", RETRAININGS[1]: "student_kd_hidden",
@@ -125,7 +130,8 @@ def stage_metrics(table: pd.DataFrame, stages, saturation: int) -> dict:
     """From ``evaluate.compare_models``' table (with the accuracy over seeds merged in) and the
     pipeline's ``stages`` (``.name``, ``.params``): the teacher's and every stage's parameters
     and accuracy (with sd and interval), each stage's tokens/s ratio at the ``saturation``
-    batch and its ideal speedup (FLOPs)."""
+    batch and its ideal speedup (FLOPs); ``throughput_disturbed_share``, the share of that
+    batch's timed repeats other work disturbed, where the table has it."""
     t = table.set_index("model")
     teacher = _row(t, "teacher", "the models table")
     out = {"params_teacher": int(teacher["params"]), "accuracy_teacher": teacher["accuracy"]}
@@ -136,6 +142,8 @@ def stage_metrics(table: pd.DataFrame, stages, saturation: int) -> dict:
                        for k in ("", "_sd", "_lo", "_hi")},
                     f"throughput_ratio_{s.name}": row[f"speedup_b{saturation}"],
                     f"ideal_speedup_{s.name}": row["ideal_speedup"]})
+    if f"disturbed_share_b{saturation}" in t:  # the timed repeats other work disturbed
+        out["throughput_disturbed_share"] = float(teacher[f"disturbed_share_b{saturation}"])
     return out
 
 
