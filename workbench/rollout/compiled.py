@@ -42,8 +42,8 @@ first call only; inductor's wrapper is C++ (``cpp_wrapper``), without size asser
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
 plain step then pays a little at small batch: 1.1-1.25x at batch 1, 1.1x at 8, 1.0-1.1x at
 32 (two runs under other sessions' load), far from issue 41's 2x: the matmuls (the same
-kernels either way, bound by reading the weights) are about half of the step at batch 1,
-and dynamo's guards over the step's ~80 input tensors stay a fixed cost. Speculative steps
+kernels either way, bound by reading the weights) are two thirds of the graph call at
+batch 1, and the other kernels and a call's Python stay. Speculative steps
 gain less (small LM drafting: 1.0-1.07x); drafted by an EAGLE head they are no faster
 (0.9-1.02x: the head's one-layer compiled step costs about what its eager one does). Hence
 ``False`` by default still: the notebooks' TLT rollouts draft with an EAGLE head, and a cold
