@@ -270,5 +270,7 @@ def test_the_sibling_speedup_is_measured_like_sd_sweep(tokenizer, straight):
     assert (table["speedup"] <= table["speedup_max"]).all() and (table["tau"] >= 1).all()
     m = staleness_metrics(straight.history, speedups=table)
     assert m["sibling_speedup_bs1"] == table["speedup"].iloc[0] and "sibling_tau_bs2" in m
+    pooled = staleness_metrics(straight.history, speedups=table.assign(disturbed_share=[0.0, 0.5]))
+    assert pooled["sibling_speedup_disturbed_share"] == 0.25  # the timed repeats' share
     with pytest.raises(ValueError, match="not the sibling drafter"):
         sibling_speedups(staleness_run(tokenizer, staleness_config(drafters=["frozen"])))

@@ -119,7 +119,8 @@ def group_speedups(engine, drafter, prompts, config: RolloutConfig, k: int,
     plain and SD alternate inside each of ``repeats`` repeats, and the speedup is the
     median of the per-repeat tokens/s ratios, with its extremes and spread. One row per batch
     size: ``batch_size``, ``speedup``, ``speedup_min``, ``speedup_max``, ``speedup_spread``,
-    ``spread_wide``, ``tau`` and ``identical`` (SD's tokens equal plain's in every repeat)."""
+    ``spread_wide``, ``disturbed_share`` (of the repeats, other work disturbed), ``tau`` and
+    ``identical`` (SD's tokens equal plain's in every repeat)."""
     for bs in batch_sizes:
         check_int("batch size", bs, 1)
     rows = []
@@ -136,6 +137,9 @@ def group_speedups(engine, drafter, prompts, config: RolloutConfig, k: int,
         rows.append({"batch_size": bs, "speedup": stats["ratio"],
                      "speedup_min": stats["ratio_min"], "speedup_max": stats["ratio_max"],
                      "speedup_spread": stats["spread"], "spread_wide": stats["spread_wide"],
+                     # a repeat is disturbed as a whole (speedup.interleave): their share
+                     "disturbed_share": float(runs.table.groupby("repeat")["disturbed"]
+                                              .any().mean()),
                      "tau": acceptance_length(pd.concat([r.timeline.requests for r in sd])),
                      "identical": all(p.tokens == s.tokens for p, s in zip(plain, sd))})
     return pd.DataFrame(rows)

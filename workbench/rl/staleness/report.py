@@ -174,7 +174,8 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
     with the by-product table, ``tau_byproduct_frozen``, ``tau_byproduct_adaptive`` and
     ``byproduct_gain`` (adaptive minus frozen) at ``temperature``; with the sibling drafter's
     speedups (:func:`sibling_speedups`), per batch size ``b``: ``sibling_speedup_bs<b>`` (and
-    ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``; for each pair ``(a, b)``
+    ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``, and
+    ``sibling_speedup_disturbed_share`` (their timed repeats other work disturbed); for each pair ``(a, b)``
     of :data:`PAIRS` measured, ``tau_<a>_minus_<b>`` and ``_ci95`` (:func:`paired_difference`
     over every step) and ``tau_<a>_above_<b>_share`` (the share of steps where ``a``'s tau is
     the higher)."""
@@ -216,4 +217,6 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
         out.update({key: r.speedup, f"{key}_min": r.speedup_min, f"{key}_max": r.speedup_max,
                     f"{key}_spread_wide": bool(r.spread_wide),
                     f"sibling_tau_bs{r.batch_size}": r.tau})
+    if speedups is not None and "disturbed_share" in speedups and len(speedups):
+        out["sibling_speedup_disturbed_share"] = float(speedups["disturbed_share"].mean())
     return out
