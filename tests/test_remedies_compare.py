@@ -72,6 +72,10 @@ def test_remedy_metrics_name_each_variant_and_the_first_to_the_baselines_accurac
     assert m["accuracy_final_overprovision"] == pytest.approx(0.2)
     assert m["time_to_accuracy_overprovision"] is None
     assert m["groups_per_step_async"] == 1.5 and "groups_per_step_baseline" not in m
+    # the paired ratios' IQR and the mean idle fraction, per variant: async's ratios are
+    # 2, 2, 2, 1 (seed 0) and 2, 2, 2, 1 (seed 1)
+    assert (m["e2e_speedup_q25_async"], m["e2e_speedup_q75_async"]) == (1.75, 2.0)
+    assert m["idle_fraction_async"] == 0.4 and m["idle_fraction_baseline"] == 0.4
     assert (m["best_time_to_accuracy"], m["best_time_to_accuracy_s"]) == ("async", 3.0)
     # when no remedy gets there, the baseline is first, at its own end
     slow = history["variant"] != "async"

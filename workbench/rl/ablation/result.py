@@ -145,11 +145,18 @@ class Ablation:
         """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
         speedup (the median of :meth:`paired_speedups`), off-policy share, final held-out
         accuracy and time to the baseline's final accuracy, and the variant that got there
-        first; and, as :meth:`metrics` gives them, each variant's disturbed share, the whole
-        run's disturbed and CPU shares, and its clock."""
-        speedups = {v: float(self.paired_speedups(v).median()) for v in self.variants}
+        first; each variant's speedup quartiles (``e2e_speedup_q25_<v>``, ``_q75_<v>``, as
+        the IQR of the paired ratios) and mean idle fraction (``idle_fraction_<v>``); and, as
+        :meth:`metrics` gives them, each variant's disturbed share, the whole run's disturbed
+        and CPU shares, and its clock."""
+        paired = {v: self.paired_speedups(v) for v in self.variants}
+        speedups = {v: float(p.median()) for v, p in paired.items()}
         h = self.history
-        return {**remedy_metrics(h, self.evals, speedups),
+        spread = {f"e2e_speedup_{q}_{v}": float(p.quantile(at)) for v, p in paired.items()
+                  for q, at in (("q25", 0.25), ("q75", 0.75))}
+        idle = {f"idle_fraction_{v}": float(h.loc[h["variant"] == v, "idle_fraction"].mean())
+                for v in self.variants}
+        return {**remedy_metrics(h, self.evals, speedups), **spread, **idle,
                 **{f"disturbed_share_{v}": GRPO.usage(h[h["variant"] == v])["disturbed_share"]
                    for v in self.variants},
                 **GRPO.usage(self.history),  # the whole run's disturbed_share and cpu_share
