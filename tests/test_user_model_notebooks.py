@@ -71,20 +71,23 @@ def test_a_task_without_references_skips_only_the_figures_that_need_them(name, u
 def test_notebook_02_takes_the_clis_head_and_fits_its_small_lm_on_the_spot(user_runs):
     """The CLI's head is lossless; prompts come from the task; "auto" fits a small LM (or reuses
     the one notebook 07 fitted for the same model and task, whichever ran first) and the
-    float64 exactness check reuses it; the curve covers every drafter."""
+    float64 exactness check reuses it; the curve covers every drafter of the default
+    comparison."""
     runs, task = user_runs
     run = runs["02_speculative_decoding"]
     metrics = run.metrics()
     assert metrics["lossless"] is True and metrics["drafter"] == "eagle"
     assert all(metrics[f"accept_len_{d}"] >= 1 for d in ("eagle", "ngram", "small_lm"))
     curve = pd.read_csv(run.folder / "curve.csv")
-    assert set(curve["drafter"]) == {"eagle", "ngram", "small_lm"}
+    # the default comparison: the head, n-gram and the small LM over the grid, the sibling
+    # and suffix drafters (model-free, from a group's responses) at batch 1 (narrow_drafters)
+    assert set(curve["drafter"]) == {"eagle", "ngram", "small_lm", "sibling", "suffix"}
     assert set(curve["batch_size"]) == {1, 2}
     text = printed(run.executed)
     assert "fitted the EAGLE head" not in text and "reusing the EAGLE head" not in text
     fitted, reused = text.count("fitted the small-LM drafter"), text.count("reusing the small-LM drafter")
     assert fitted <= 1 and fitted + reused == 2, text
-    assert "2 prompts of " + str(task) in text
+    assert "1 prompts of " + str(task) + " x 2 samples" in text  # the smoke run's groups
 
 
 def test_the_rl_notebooks_fit_an_eagle_head_for_the_users_model(user_runs):
