@@ -161,7 +161,7 @@ def spied_engine(tokenizer, calls, makespans=None):
         if makespans is not None:
             t = result.timeline
             result.timeline = SimpleNamespace(steps=t.steps, requests=t.requests,
-                                              makespan_s=next(makespans))
+                                              clock=t.clock, makespan_s=next(makespans))
         return result
 
     engine.rollout = rollout
