@@ -4,7 +4,8 @@ fraction, tail share, SD benefit, drafter steps and GPU-hours (docs/trace_format
 ``cluster.validation`` checks it against real rollouts (it alone runs a model: a layer of its
 own, docs/architecture.md); ``cluster.whatif`` sweeps it over N; ``cluster.remedies`` replays
 the long-tail remedies (over-provisioning, APRIL, partial rollouts, tail batching) over a
-run's steps, and ``cluster.remedy_check`` checks that on a notebook 11 run;
+run's steps, ``cluster.composed`` what TLT's decoding, a stale update and one-step async
+change in such a replay, and ``cluster.remedy_check`` checks them on a notebook 11 run;
 ``cluster.dispatch`` places requests when a worker frees (Seer's scheduling and divided
 rollout beside TLT at every N), ``cluster.seer_check`` checks it on a Seer run, and
 ``cluster.seer_run`` asks both of a finished notebook 11 run."""
