@@ -5,8 +5,9 @@ Systems, all alternating inside each of ``--repeats`` repeats (the order rotatin
 of this process, batch 1, greedy, ``--max-new-tokens`` (the engine's default, 256) or EOS:
 
 - the engine (``RolloutEngine``, its lean forward): plain; SD with the shipped EAGLE head;
-  SD with the shipped small LM (k = ``--k``). Compiled: the engine has no compiled path yet
-  (issue 41), so its row says so and has no figure.
+  SD with the shipped small LM (k = ``--k``); and on its compiled path
+  (``RolloutConfig.compile=True``: ``rollout.compiled``, compiled in the untimed first call)
+  plain and SD with the EAGLE head.
 - HF ``generate``: eager (dynamic cache); a static cache with ``torch.compile`` (inductor on
   CPU, compiled once before timing); assisted generation with the same small LM; prompt
   lookup (``prompt_lookup_num_tokens=k``).
@@ -48,7 +49,6 @@ from workbench.speedup import interleave, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 ENGINE_PLAIN = "engine, plain (eager)"
-NO_COMPILED_ENGINE = "engine, compiled"
 
 
 def llama_cpp_missing() -> str | None:
@@ -179,11 +179,13 @@ def systems_of(args, policy, tok, engine, drafters, ids, prompts, llama) -> dict
     cfg = RolloutConfig(max_new_tokens=n, max_batch_size=1, spec_k=k)
     out = {}
 
-    def engine_run(d):
-        res = engine.rollout(prompts, cfg, drafter=d, progress=False)
+    def engine_run(d, compiled=False):
+        res = engine.rollout(prompts, cfg, drafter=d, progress=False, compile=compiled)
         return res.tokens, res.timeline.steps
     out[ENGINE_PLAIN] = lambda: engine_run(None)
+    out["engine, compiled"] = lambda: engine_run(None, compiled=True)
     out["engine, SD with EAGLE"] = lambda: engine_run(drafters["eagle"])
+    out["engine, compiled, SD with EAGLE"] = lambda: engine_run(drafters["eagle"], True)
     out["engine, SD with the small LM"] = lambda: engine_run(drafters["small_lm"])
     out["HF `generate`, eager"] = lambda: hf_batch1(policy, ids, n, eos, pad)
     if args.hf_compile:
@@ -203,6 +205,8 @@ def systems_of(args, policy, tok, engine, drafters, ids, prompts, llama) -> dict
 
 
 SHORT = {ENGINE_PLAIN: "engine_plain", "engine, SD with EAGLE": "engine_eagle",
+         "engine, compiled": "engine_compiled",
+         "engine, compiled, SD with EAGLE": "engine_compiled_eagle",
          "engine, SD with the small LM": "engine_small_lm",
          "HF `generate`, eager": "hf_eager", "HF `generate`, static cache + compile": "hf_compiled",
          "HF assisted generation, small LM": "hf_assisted_small_lm",
@@ -314,10 +318,6 @@ def main():
             figures[f"vs_engine_{short(name)}"] = figure_from_stats(s, "x")
         figures[f"tok_s_{short(name)}"] = {"value": count / s["value"], "n": args.repeats,
                                            "unit": "tok/s"}
-    rows.insert(1, {"system": NO_COMPILED_ENGINE, "tok/s": "n/a", "vs engine plain": "n/a",
-                    "min-max": "", "spread": "", "same tokens": "",
-                    "where the time goes": "no compiled path in the engine yet (issue 41)",
-                    "spread_wide": False})
     table = pd.DataFrame(rows)
     print("\n" + header(ap, args, f"default policy, batch 1, greedy, prompts={args.prompts}, "
                         f"{count} tokens, max_new_tokens={args.max_new_tokens}, k={args.k}, "
@@ -332,7 +332,8 @@ def main():
           f"{disturbed if disturbed is None else f'{disturbed:.0%}'}")
     head = [f"vs_engine_{short(n)}" for n in systems
             if n != ENGINE_PLAIN and short(n) in ("llamacpp_plain", "engine_eagle",
-                                                 "hf_assisted_small_lm", "hf_eager")]
+                                                 "engine_compiled", "hf_assisted_small_lm",
+                                                 "hf_eager")]
     record(args, f"The engine beside llama.cpp and HF at batch 1, greedy, one thread each, "
            f"same prompt ids and tokens: each system's tok/s over the engine's plain eager "
            f"(median of per-repeat ratios); {args.prompts} held-out prompts, "
