@@ -338,7 +338,9 @@ def main():
            f"same prompt ids and tokens: each system's tok/s over the engine's plain eager "
            f"(median of per-repeat ratios); {args.prompts} held-out prompts, "
            f"max_new_tokens={args.max_new_tokens}, k={args.k}, float32 CPU"
-           + (f"; llama.cpp skipped ({skipped})" if skipped else ""), figures, "wall",
+           + (f"; llama.cpp skipped ({skipped})" if skipped else "")
+           + ". Note: [2026-12-05-engine-vs-llamacpp.md]"
+             "(docs/lab-notes/2026-12-05-engine-vs-llamacpp.md).", figures, "wall",
            disturbed, headline=head)
 
 
