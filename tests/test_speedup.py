@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.speedup import (WIDE_SPREAD, Runs, compare, interleave, markdown, per_repeat_ratios,
-                               run_order, spread_note, spread_stats, summarize)
+from workbench.speedup import (WIDE_SPREAD, Runs, compare, disturbed_share, interleave, markdown,
+                               per_repeat_ratios, run_order, spread_note, spread_stats, summarize)
 
 
 class FakeClock:
@@ -267,6 +267,7 @@ def test_a_disturbed_repeat_runs_again_and_one_still_disturbed_is_flagged():
     assert len(runs.outputs["a"]) == 3  # one output per kept repeat
     table = summarize(runs)
     assert table["disturbed_share"].tolist() == [pytest.approx(1 / 3)] * 2
+    assert disturbed_share(runs) == pytest.approx(1 / 3)  # the repeats', as one figure
 
 
 def test_redo_must_be_a_count():

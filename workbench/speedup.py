@@ -40,7 +40,8 @@ import pandas as pd
 from .checks import check_choice, check_int, check_positive
 from .clock import DISTURBED_BELOW, cpu_share, usage_probe
 
-__all__ = ["WIDE_SPREAD", "interleave", "summarize", "compare", "spread_note", "markdown"]
+__all__ = ["WIDE_SPREAD", "interleave", "summarize", "disturbed_share", "compare", "spread_note",
+           "markdown"]
 
 WIDE_SPREAD = 0.25  # (max - min) / median of the per-repeat ratios above this is "wide"
 """A spread ((max - min) / median of the per-repeat ratios) above this is wide."""
@@ -173,6 +174,14 @@ def spread_stats(ratios, wide: float = WIDE_SPREAD) -> dict:
     spread = float((r.max() - r.min()) / med) if med else float("inf")
     return {"ratio": med, "ratio_min": float(r.min()), "ratio_max": float(r.max()),
             "spread": spread, "spread_wide": bool(spread > wide), "repeats": int(r.size)}
+
+
+def disturbed_share(runs: Runs) -> float:
+    """The share of ``runs``' repeats that stayed disturbed after every redo (a repeat is
+    disturbed as a whole: :func:`interleave`); NaN for runs recorded without the flag."""
+    if "disturbed" not in runs.table:
+        return float("nan")
+    return float(runs.table.groupby("repeat")["disturbed"].any().mean())
 
 
 def summarize(runs: Runs, baseline: Hashable | None = None,

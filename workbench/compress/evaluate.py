@@ -21,7 +21,7 @@ from ..progress import tqdm
 from ..checks import check_int, check_non_negative
 from ..evaluate import evaluate_policy
 from ..rollout import RolloutConfig, RolloutEngine
-from ..speedup import interleave, per_repeat_ratios, spread_stats
+from ..speedup import disturbed_share, interleave, per_repeat_ratios, spread_stats
 from ..tasks import HELDOUT_SEED, get_problems
 from .data import is_task, lm_loss, pad_id, sequences_from, token_batches
 from .plan import flops_per_token
@@ -110,8 +110,7 @@ def decode_throughput(models: dict, tokenizer, batch_sizes, max_new_tokens: int 
         runs = interleave(systems, repeats, measure=lambda out, s: out, higher_is_better=True,
                           warmup=1)
         ratios = per_repeat_ratios(runs, names[0])
-        # a repeat is disturbed as a whole (speedup.interleave): the batch's share of them
-        disturbed = float(runs.table.groupby("repeat")["disturbed"].any().mean())
+        disturbed = disturbed_share(runs)  # the batch size's share of disturbed repeats
         for n in names:
             mine = ratios[ratios["system"] == n]
             stats = spread_stats(mine["ratio"])

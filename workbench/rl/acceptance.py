@@ -26,7 +26,7 @@ import pandas as pd
 from ..checks import check_int
 from ..rollout import RolloutConfig, StaticSchedule
 from ..speculative.measure import acceptance_length
-from ..speedup import interleave, per_repeat_ratios, spread_stats
+from ..speedup import disturbed_share, interleave, per_repeat_ratios, spread_stats
 
 __all__ = ["NotLosslessError", "TauMeasure", "measure_tau", "position_table",
            "group_speedups"]
@@ -137,9 +137,7 @@ def group_speedups(engine, drafter, prompts, config: RolloutConfig, k: int,
         rows.append({"batch_size": bs, "speedup": stats["ratio"],
                      "speedup_min": stats["ratio_min"], "speedup_max": stats["ratio_max"],
                      "speedup_spread": stats["spread"], "spread_wide": stats["spread_wide"],
-                     # a repeat is disturbed as a whole (speedup.interleave): their share
-                     "disturbed_share": float(runs.table.groupby("repeat")["disturbed"]
-                                              .any().mean()),
+                     "disturbed_share": disturbed_share(runs),
                      "tau": acceptance_length(pd.concat([r.timeline.requests for r in sd])),
                      "identical": all(p.tokens == s.tokens for p, s in zip(plain, sd))})
     return pd.DataFrame(rows)

@@ -20,7 +20,8 @@ from ..progress import tqdm
 from ..checks import check_int
 from ..rollout import RolloutConfig
 from ..speedup import (
-    WIDE_SPREAD, check_repeats, interleave, per_repeat_ratios, spread_note, spread_stats)
+    WIDE_SPREAD, check_repeats, disturbed_share, interleave, per_repeat_ratios, spread_note,
+    spread_stats)
 from .measure import acceptance_length, sd_bound, step_times
 
 __all__ = ["sd_sweep", "check_lossless", "sweep_metrics", "sweep_spread_note", "check_only",
@@ -171,8 +172,7 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
         runs = interleave(systems, repeats, measure=_tok_s, higher_is_better=True,
                           on_run=lambda *_: bar.update())
         ratios = per_repeat_ratios(runs, "plain")
-        # a repeat is disturbed as a whole (speedup.interleave): the cell's share of them
-        disturbed = float(runs.table.groupby("repeat")["disturbed"].any().mean())
+        disturbed = disturbed_share(runs)  # the cell's share of disturbed repeats
         for key, (name, k) in which.items():
             mine = ratios[ratios["system"] == key].sort_values("repeat")["ratio"]
             rows.append({"temperature": temp, "batch_size": bs, "drafter": name, "k": k,
