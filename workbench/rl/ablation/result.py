@@ -75,7 +75,7 @@ class Ablation:
             "reward_final": last.groupby("variant")["reward"].mean(),
             "reward_final_sd": last.groupby("variant")["reward"].std(ddof=1),
         })
-        usage = pd.DataFrame({v: GRPO.usage(rows) for v, rows in g}).T
+        usage = self._usage_by_variant()
         out = out.join(usage)  # disturbed_share, cpu_share (workbench.clock)
         base = out.loc["baseline"] if "baseline" in out.index else None
         if base is not None:
@@ -141,6 +141,12 @@ class Ablation:
                  for seed in sorted(set(h["seed"]))]
         return min((d for d in steps if d >= 0), default=-1)
 
+    def _usage_by_variant(self) -> pd.DataFrame:
+        """Per variant (the index, in run order): ``disturbed_share`` and ``cpu_share`` of
+        its steps and updates (``GRPO.usage``; NaN for a history without usage columns)."""
+        g = self.history.groupby("variant", sort=False)
+        return pd.DataFrame({v: GRPO.usage(rows) for v, rows in g}).T
+
     def remedy_metrics(self) -> dict:
         """Notebook 11's scalars (``rl.remedies.compare.remedy_metrics``): every variant's
         speedup (the median of :meth:`paired_speedups`), off-policy share, final held-out
@@ -157,8 +163,8 @@ class Ablation:
         idle = {f"idle_fraction_{v}": float(h.loc[h["variant"] == v, "idle_fraction"].mean())
                 for v in self.variants}
         return {**remedy_metrics(h, self.evals, speedups), **spread, **idle,
-                **{f"disturbed_share_{v}": GRPO.usage(h[h["variant"] == v])["disturbed_share"]
-                   for v in self.variants},
+                **{f"disturbed_share_{v}": float(share) for v, share
+                   in self._usage_by_variant()["disturbed_share"].items()},
                 **GRPO.usage(self.history),  # the whole run's disturbed_share and cpu_share
                 "clock": _first(self.history, "clock"), "sim_seconds": self.sim_seconds}
 
