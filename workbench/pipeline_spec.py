@@ -246,15 +246,16 @@ def _check_kinds(declared: dict, values: dict[str, list], where: str) -> None:
             default = ast.literal_eval(declared[name]["default"])
         except (ValueError, SyntaxError, TypeError):
             continue
-        for kind, accepted, words in KINDS:
-            if default is None or not isinstance(default, kind):
-                continue
-            bad = [v for v in given if v is not None and (
-                not isinstance(v, accepted) or (isinstance(v, bool) and bool not in accepted))]
-            if bad:
-                raise PipelineError(f"{where}: parameter {name!r} = {bad[0]!r}; the notebook "
-                                    f"takes {words} there (its default: {default!r}) or null")
-            break
+        match = next(((accepted, words) for kind, accepted, words in KINDS
+                      if isinstance(default, kind)), None)
+        if match is None:  # a None default, or one of no listed kind: anything goes
+            continue
+        accepted, words = match
+        bad = [v for v in given if v is not None and (
+            not isinstance(v, accepted) or (isinstance(v, bool) and bool not in accepted))]
+        if bad:
+            raise PipelineError(f"{where}: parameter {name!r} = {bad[0]!r}; the notebook "
+                                f"takes {words} there (its default: {default!r}) or null")
 
 
 def _check_unique(runs: list[RunSpec], yaml_path: Path) -> None:
