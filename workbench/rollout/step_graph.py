@@ -41,7 +41,7 @@ def make_step(forward: LeanForward, plans):
         masks = {w: visible(vis, col_pos, pos, w, tree) for w in distinct}
         for i, const in enumerate(consts):
             x = layer_pass(x, const, layers[i], masks[windows[i]], cos, sin, col, ks[i], vs[i])
-        return F.linear(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
+        return project(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
     return step
 
 
@@ -55,7 +55,7 @@ def make_draft_step(plan):
              ks, vs):
         """As :func:`make_step`'s, plus hidden ``[Bb, q, H]`` (each token's parent state);
         ks/vs the head's one layer's."""
-        x = F.linear(torch.cat([F.embedding(ids, emb), hidden], dim=-1), fc_w, fc_b)
+        x = project(torch.cat([F.embedding(ids, emb), hidden], dim=-1), fc_w, fc_b)
         mask = visible(vis, col_pos, pos, None, tree)
         return (layer_pass(x, const, layer, mask, cos, sin, col, ks[0], vs[0]),)
     return step
@@ -80,16 +80,49 @@ def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf):
     eps1, eps2, n_q, n_kv, d, scale, act, eps_q, eps_k = const
     ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down, qn, kn = tensors
     rows, q = x.shape[:2]
-    qkv = F.linear(rms_norm(ln1, eps1, x), w_qkv, b_qkv).view(rows, q, -1, d)
+    qkv = project(rms_norm(ln1, eps1, x), w_qkv, b_qkv).view(rows, q, -1, d)
     n = n_q + n_kv
     qk = _rotate(normed_qk(qkv, n_q, n_kv, qn, kn, eps_q, eps_k), cos, sin)
     k_buf.index_copy_(2, col, qk[:, :, n_q:].transpose(1, 2))
     v_buf.index_copy_(2, col, qkv[:, :, n:].transpose(1, 2))
-    out = F.scaled_dot_product_attention(qk[:, :, :n_q].transpose(1, 2), k_buf, v_buf,
-                                         attn_mask=mask, scale=scale, enable_gqa=True)
-    x = x + F.linear(out.transpose(1, 2).reshape(rows, q, -1), w_o, b_o)
-    gate, up = F.linear(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
-    return x + F.linear(act(gate) * up, w_down, b_down)
+    out = attend(qk[:, :, :n_q], k_buf, v_buf, mask, scale)
+    x = x + project(out.reshape(rows, q, -1), w_o, b_o)
+    gate, up = project(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
+    return x + project(act(gate) * up, w_down, b_down)
+
+
+def project(x, w, b):
+    """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A single row (a plain step at
+    batch 1, a one-row draft step) is multiplied and summed over ``K`` (a GEMV): inductor
+    compiles that into a loop of its own, fused with the norm before it, which reads each
+    weight row once and skips the library call; at this size the call to the BLAS GEMM costs
+    more than the arithmetic. More rows go to the GEMM, whose blocking pays from a few rows
+    on. The choice is made when the graph is traced: its shapes are static (dynamo keeps a
+    size of 1 static)."""
+    if x.numel() != x.shape[-1]:
+        return F.linear(x, w, b)
+    out = (x[..., None, :] * w).sum(-1)  # [..., N]
+    return out if b is None else out + b
+
+
+def attend(q, k_buf, v_buf, mask, scale):
+    """Attention of ``q [Bb, q, n_q, d]`` over the cache ``k_buf``/``v_buf`` ``[Bb, kv, Tb,
+    d]`` where ``mask [Bb, 1, q, Tb]`` (bool) allows: ``[Bb, q, n_q, d]``. One query a row
+    (a plain step, a chain's draft step) is written out, scores, softmax and the weighted sum,
+    so that inductor fuses it into the layer's loops instead of calling SDPA's kernel; more
+    queries (a verify pass, a tree level) call SDPA. Grouped-query heads as SDPA's
+    ``enable_gqa``: query head ``h`` reads kv head ``h // (n_q / kv)``. A masked column
+    weighs exactly 0."""
+    rows, n_new, n_q, d = q.shape
+    if n_new != 1:
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k_buf, v_buf, attn_mask=mask,
+                                              scale=scale, enable_gqa=True).transpose(1, 2)
+    n_kv = k_buf.shape[1]
+    qg = q.reshape(rows, n_kv, n_q // n_kv, 1, d)
+    scores = (qg * k_buf[:, :, None]).sum(-1) * scale  # [Bb, kv, g, Tb]
+    scores = scores.masked_fill(~mask.view(rows, 1, 1, -1), float("-inf"))
+    out = (torch.softmax(scores, dim=-1)[..., None] * v_buf[:, :, None]).sum(-2)  # [Bb, kv, g, d]
+    return out.reshape(rows, 1, n_q, d)
 
 
 def layer_consts(p) -> tuple:
