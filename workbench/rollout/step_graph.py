@@ -91,38 +91,42 @@ def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf):
     return x + project(act(gate) * up, w_down, b_down)
 
 
+GEMV_ROWS = 6  # the most rows a projection takes as row-by-row sums (:func:`project`)
+
+
 def project(x, w, b):
-    """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A single row (a plain step at
-    batch 1, a one-row draft step) is multiplied and summed over ``K`` (a GEMV): inductor
-    compiles that into a loop of its own, fused with the norm before it, which reads each
-    weight row once and skips the library call; at this size the call to the BLAS GEMM costs
-    more than the arithmetic. More rows go to the GEMM, whose blocking pays from a few rows
-    on. The choice is made when the graph is traced: its shapes are static (dynamo keeps a
-    size of 1 static)."""
-    if x.numel() != x.shape[-1]:
+    """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A few rows (a plain step at
+    batch 1 or 2, a verify pass or a draft step of a row or two) are each multiplied by the
+    weight and summed over ``K``: inductor compiles those sums into loops of its own, fused
+    with the norm before them and with each other, which stream each weight row once and
+    skip the library call, whose fixed cost and small-row blocking cost more than the
+    arithmetic here. From ``GEMV_ROWS`` rows on, and where the rows are a symbolic size of
+    the graph, the BLAS GEMM, whose blocking then pays. The choice is made when the graph is
+    traced, on its static shapes."""
+    rows = x.numel() // x.shape[-1]
+    if isinstance(rows, torch.SymInt) or rows > GEMV_ROWS:
         return F.linear(x, w, b)
-    out = (x[..., None, :] * w).sum(-1)  # [..., N]
+    flat = x.reshape(rows, -1)
+    out = torch.stack([(flat[i] * w).sum(-1) for i in range(rows)])  # [rows, N]
+    out = out.view(*x.shape[:-1], -1)
     return out if b is None else out + b
 
 
 def attend(q, k_buf, v_buf, mask, scale):
     """Attention of ``q [Bb, q, n_q, d]`` over the cache ``k_buf``/``v_buf`` ``[Bb, kv, Tb,
-    d]`` where ``mask [Bb, 1, q, Tb]`` (bool) allows: ``[Bb, q, n_q, d]``. One query a row
-    (a plain step, a chain's draft step) is written out, scores, softmax and the weighted sum,
-    so that inductor fuses it into the layer's loops instead of calling SDPA's kernel; more
-    queries (a verify pass, a tree level) call SDPA. Grouped-query heads as SDPA's
-    ``enable_gqa``: query head ``h`` reads kv head ``h // (n_q / kv)``. A masked column
+    d]`` where ``mask [Bb, 1, q, Tb]`` (bool) allows: ``[Bb, q, n_q, d]``, written out
+    (scores, softmax, the weighted sum) so that inductor fuses it into the layer's loops
+    instead of calling SDPA's kernel, as SDPA computes it: grouped-query heads as
+    ``enable_gqa`` (query head ``h`` reads kv head ``h // (n_q / kv)``), a masked column
     weighs exactly 0."""
     rows, n_new, n_q, d = q.shape
-    if n_new != 1:
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k_buf, v_buf, attn_mask=mask,
-                                              scale=scale, enable_gqa=True).transpose(1, 2)
     n_kv = k_buf.shape[1]
-    qg = q.reshape(rows, n_kv, n_q // n_kv, 1, d)
-    scores = (qg * k_buf[:, :, None]).sum(-1) * scale  # [Bb, kv, g, Tb]
-    scores = scores.masked_fill(~mask.view(rows, 1, 1, -1), float("-inf"))
-    out = (torch.softmax(scores, dim=-1)[..., None] * v_buf[:, :, None]).sum(-2)  # [Bb, kv, g, d]
-    return out.reshape(rows, 1, n_q, d)
+    qg = q.transpose(1, 2).reshape(rows, n_kv, n_q // n_kv, n_new, 1, d)
+    scores = (qg * k_buf[:, :, None, None]).sum(-1) * scale  # [Bb, kv, g, q, Tb]
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)[..., None]  # [Bb, kv, g, q, Tb, 1]
+    out = (weights * v_buf[:, :, None, None]).sum(-2)  # [Bb, kv, g, q, d]
+    return out.reshape(rows, n_q, n_new, d).transpose(1, 2)
 
 
 def layer_consts(p) -> tuple:
