@@ -225,13 +225,16 @@ def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
 
 def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):
     """Compiled plain and verify steps over ragged rows leave every live row's visible
-    cache equal to a fresh forward of its tokens (the preallocated buffers' views)."""
+    cache equal to a fresh forward of its tokens (the preallocated buffers' views). The
+    graphs run on eager kernels (the bookkeeping is under test here; inductor's kernels are
+    the other tests'), which spares their cold compiles."""
     from workbench.rollout.decoder import BatchDecoder
     from workbench.rollout.request import RequestOutput
     from workbench.rollout.plan import StepPlan
     from workbench.rollout.worker import StepRecorder
     model = tiny_model("mistral", tokenizer, seed=3)
     engine = RolloutEngine(model, tokenizer)
+    _compiled_of(model).backend = "eager"
     cfg = RolloutConfig(max_new_tokens=30, compile=True)
     plain = engine.rollout(PROMPTS[:4], cfg, compile=False, progress=False)
     drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
@@ -253,11 +256,12 @@ def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):
 
 def test_static_column_buckets_are_lossless_across_bucket_edges(tokenizer):
     """With ``dynamic_cols=False`` every shape is static: the width is padded to a multiple
-    of ``col_step`` (16 here, so the rollout crosses three buckets, a graph each)."""
+    of ``col_step`` (16 here, so the rollout crosses three buckets, a graph each, run on
+    eager kernels: the bucketing is under test, and three cold inductor compiles are not)."""
     model = tiny_model("mistral", tokenizer, seed=2)
     engine = RolloutEngine(model, tokenizer)
     c = _compiled_of(model)
-    c.dynamic_cols, c.col_step = False, 16
+    c.dynamic_cols, c.col_step, c.backend = False, 16, "eager"
     cfg = RolloutConfig(max_new_tokens=24, ignore_eos=True)
     prompts = PROMPTS[1:3]
     eager = engine.rollout(prompts, cfg, progress=False)

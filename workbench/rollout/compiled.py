@@ -40,15 +40,14 @@ inputs live in buffers preallocated per graph key, written in place
 first call only; inductor's wrapper is C++ (``cpp_wrapper``), without size asserts.
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-plain step then pays a little at small batch: 1.1-1.25x at batch 1, 1.1x at 8, 1.0-1.1x at
-32 (two runs under other sessions' load), far from issue 41's 2x: the matmuls (the same
-kernels either way, bound by reading the weights) are two thirds of the graph call at
-batch 1, and the other kernels and a call's Python stay. Speculative steps
-gain less (small LM drafting: 1.0-1.07x); drafted by an EAGLE head they are no faster
-(0.9-1.02x: the head's one-layer compiled step costs about what its eager one does). Hence
-``False`` by default still: the notebooks' TLT rollouts draft with an EAGLE head, and a cold
-compile (5-30 s a graph here) is not earned back by a short run; ``True`` or ``"auto"``
-where plain steps dominate.
+plain step runs 2.0-2.3x as fast as eager at batch 1, 1.2-1.3x at 8 and 1.15x at 32: at
+batch 1 and 2 the graph's projections are inductor's own loops (``rollout.step_graph``),
+from batch 8 on the same BLAS kernels as eager's, which then take most of the step. A
+speculative step gains 1.2x at batch 1 (the verify pass's few rows go through those loops
+too) and nothing at batch 8: drafting, whose catch-up stays eager, costs what it did. Hence
+``False`` by default still: the notebooks' TLT rollouts draft with an EAGLE head at batch 8
+and more, and a cold compile (5-30 s a graph here) is not earned back by a short run;
+``True`` or ``"auto"`` where plain steps at small batch dominate.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in

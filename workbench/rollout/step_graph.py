@@ -4,8 +4,12 @@ row (1: a plain step; ``1 + n``: a speculative step's verify pass), and an EAGLE
 draft step (:func:`make_draft_step`: ``fc`` and its one layer, the same layer pass).
 
 Lossless: its arithmetic is the lean forward's (``forward.run_layer``): the same norms
-(Qwen3's q/k norms included), fused matmuls, RoPE and one SDPA per layer; masked columns get
-weight 0 exactly. In float64 its greedy tokens equal the eager step's
+(Qwen3's q/k norms included), fused matmuls, RoPE and attention; masked columns get weight 0
+exactly. Two pieces are written out so that inductor compiles them into its own loops
+instead of calling a library kernel: a projection of a few rows (:func:`project`: at batch 1
+and 2, the fixed cost and small-row blocking of a BLAS call exceed the arithmetic; a plain
+step at batch 1 then runs about twice as fast as eager on this project's CPU, issue 41) and
+the attention (:func:`attend`, fused instead of SDPA's kernel). In float64 its greedy tokens equal the eager step's
 (tests/test_compiled_decode.py, tests/test_compiled_lossless.py), its states and logprobs
 to about 1e-8, not to the last bit: the norms compute in float32 (as HF's RMSNorm does, even
 for a float64 model), and inductor's float32 reductions add in another order than eager's. In
@@ -18,7 +22,7 @@ import torch.nn.functional as F
 
 from .forward import LeanForward, _rotate, normed_qk, rms_norm
 
-__all__ = ["make_step", "make_draft_step", "layer_tensors"]
+__all__ = ["make_step", "make_draft_step", "layer_tensors", "project", "attend"]
 
 
 def make_step(forward: LeanForward, plans):
