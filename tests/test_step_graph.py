@@ -26,7 +26,7 @@ def test_project_equals_linear(shape, bias):
 
 
 @pytest.mark.parametrize("n_q,n_kv", [(4, 2), (4, 1), (3, 3)])  # GQA, MQA, MHA
-@pytest.mark.parametrize("n_new", [1, 3])  # a plain step; a verify pass (SDPA)
+@pytest.mark.parametrize("n_new", [1, 2, 3])  # a plain step; verify passes of 6 and 9 rows
 def test_attend_equals_sdpa_with_holes(n_q, n_kv, n_new):
     rows, width, d = 3, 11, 6
     q = torch.randn(rows, n_new, n_q, d, dtype=torch.float64)

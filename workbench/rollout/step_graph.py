@@ -118,12 +118,17 @@ def project(x, w, b):
 
 def attend(q, k_buf, v_buf, mask, scale):
     """Attention of ``q [Bb, q, n_q, d]`` over the cache ``k_buf``/``v_buf`` ``[Bb, kv, Tb,
-    d]`` where ``mask [Bb, 1, q, Tb]`` (bool) allows: ``[Bb, q, n_q, d]``, written out
-    (scores, softmax, the weighted sum) so that inductor fuses it into the layer's loops
-    instead of calling SDPA's kernel, as SDPA computes it: grouped-query heads as
-    ``enable_gqa`` (query head ``h`` reads kv head ``h // (n_q / kv)``), a masked column
-    weighs exactly 0."""
+    d]`` where ``mask [Bb, 1, q, Tb]`` (bool) allows: ``[Bb, q, n_q, d]``. One query a row
+    (a plain step, a chain's draft step) or a few queries in all (a verify pass at batch 1)
+    are written out (scores, softmax, the weighted sum) so that inductor fuses them into the
+    layer's loops instead of calling SDPA's kernel, as SDPA computes them: grouped-query heads
+    as ``enable_gqa`` (query head ``h`` reads kv head ``h // (n_q / kv)``), a masked column
+    weighs exactly 0. Many rows of several queries (a verify pass at batch 8) call SDPA, whose
+    kernel is then the faster."""
     rows, n_new, n_q, d = q.shape
+    if n_new > 1 and (isinstance(rows, torch.SymInt) or rows * n_new > GEMV_ROWS):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k_buf, v_buf, attn_mask=mask,
+                                              scale=scale, enable_gqa=True).transpose(1, 2)
     n_kv = k_buf.shape[1]
     qg = q.transpose(1, 2).reshape(rows, n_kv, n_q // n_kv, n_new, 1, d)
     scores = (qg * k_buf[:, :, None, None]).sum(-1) * scale  # [Bb, kv, g, q, Tb]
