@@ -312,3 +312,31 @@ def test_step_inputs_are_rewritten_in_place_and_pad_rows_after_a_shrink():
     assert all(row.tolist() == [True] + [False] * 15 for row in vis[1:])
     assert full[0, :, 8].all() and not full[0, :, 9:11].any()  # the old tree column is open
     assert col.tolist() == [9, 10] and buf.padded_from == 1
+
+
+def test_a_run_on_another_thread_compiles_past_dynamo_s_default_limit(tokenizer):
+    """Dynamo's recompile limit (8 graphs a function) is a setting of each thread: a run side
+    by side with another (``side_by_side``) compiles on a thread of its own, and every
+    compiled step of the process shares one function's graphs. Static columns every 4 make
+    more than 8 graphs here, compiled on a fresh thread (dynamo's traced graph on eager
+    kernels: the limit is dynamo's)."""
+    import threading
+    model = tiny_model("llama", tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    c = _compiled_of(model)
+    c.dynamic_cols, c.col_step, c.backend = False, 4, "eager"
+    cfg = RolloutConfig(max_new_tokens=40, ignore_eos=True)
+    eager = engine.rollout(PROMPTS[:1], cfg, progress=False)
+    out = {}
+
+    def run():
+        try:
+            out["result"] = engine.rollout(PROMPTS[:1], cfg, compile=True, progress=False)
+        except Exception as exc:  # noqa: BLE001 (reported below, with its message)
+            out["error"] = exc
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert "error" not in out, repr(out.get("error"))
+    assert out["result"].tokens == eager.tokens
+    assert len(c.compiles) > 8

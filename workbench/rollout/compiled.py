@@ -65,13 +65,9 @@ a row in a chain, a level's nodes in a tree) runs through this machinery too, wi
 (``speculative.eagle.CompiledDraft``, a subclass: its own graph function, weights and rope;
 its cache preallocated as long as the policy's; its compiles ``compile`` rows too).
 
-The prefill stays eager. Its shapes are the prompts': a prefill group's rows times its
-longest context, so a graph would be needed per (row bucket, length bucket), each a cold
-compile of seconds on this CPU, for a forward that runs once per request (a refill's join
-included); and its share of a rollout is small: on this project's CPU, the default policy
-decoding 64 tokens a row eagerly spends 3% of its prefill and decode seconds in prefills at
-batch 1, 9% at batch 8 and 14% at batch 32 (``bench_compile``'s ``prefill_share_*``), so
-compiling it could save little even where compiling pays.
+The prefill stays eager: its shapes are the prompts' (a cold compile per row and length
+bucket, for a forward run once per request), and it is a small share of a rollout
+(``bench_compile``'s ``prefill_share_*``: 3% at batch 1, 9% at 8, 14% at 32).
 
 Lossless: the graph's arithmetic is the lean forward's (``rollout.step_graph``): in float64
 its greedy tokens equal the eager step's (tests/test_compiled_decode.py).
@@ -123,10 +119,15 @@ def _inductor_options(cpp_wrapper: bool) -> dict:
     return {"emulate_precision_casts": True, "size_asserts": False, "cpp_wrapper": cpp_wrapper}
 
 
-def _raise_recompile_limit(n: int) -> None:
-    """Let dynamo keep ``n`` graphs of the step (its default limit is 8 per function). The
-    names are those of the pinned torch (2.13: ``cache_size_limit`` and
-    ``accumulated_cache_size_limit`` are aliases of these)."""
+RECOMPILE_LIMIT = 512
+
+
+def _raise_recompile_limit(n: int = RECOMPILE_LIMIT) -> None:
+    """Let dynamo keep ``n`` graphs of the step (8 a function by default): every compiled
+    forward of the process shares the step's code, so its graphs add up over keys, models
+    and runs. Dynamo's settings are per thread (``side_by_side`` runs compile on threads of
+    their own), so every compile raises them on its thread. (Torch 2.13's names;
+    ``cache_size_limit`` and ``accumulated_cache_size_limit`` are aliases.)"""
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, n)
     cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, n)
@@ -193,7 +194,6 @@ class CompiledDecode:
 
     def _compiled(self, plans):
         if self._fn is None:
-            _raise_recompile_limit(64)
             options = _inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
             fn = torch.compile(self._make_step(plans), backend=self.backend,
                                dynamic=None if self.dynamic_cols else False,
@@ -298,6 +298,7 @@ class CompiledDecode:
         """Compile ``call``'s graph (a warm-up on scratch buffers of the same shapes and
         strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
         start = time.perf_counter()
+        _raise_recompile_limit()
         a = call.args
         scratch = [None if t is None else _scratch(t) for t in a[:8]] + (
             a[8:-2] + [[_scratch(t) for t in a[-2]], [_scratch(t) for t in a[-1]]])

@@ -209,6 +209,10 @@ class EagleDrafter(CachedDrafter):
 
     name = "eagle"
     needs_hidden = True
+    # A catch-up of at most this many pairs a row (a round's accepted drafts and the bonus
+    # token, for k up to 7) runs compiled, a graph per width like a verify pass's; a longer
+    # one (a row's prompt, when it joins) eagerly: it happens once per request.
+    COMPILED_CATCH_UP = 8
 
     def __init__(self, head, policy=None):
         self.head = head.eval()
@@ -266,6 +270,8 @@ class EagleDrafter(CachedDrafter):
         for r, h in enumerate(pending):
             hidden[r, ids.shape[1] - h.shape[0]:] = h
         self.seen = [len(s) - 1 for s in seqs]
+        if self.compile is not None and ids.shape[1] <= self.COMPILED_CATCH_UP:
+            return self._compiled_step(ids, hidden, pos)[:, -1:]
         return self._step(ids, hidden, pos)[:, -1:]
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:

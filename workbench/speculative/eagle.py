@@ -14,8 +14,10 @@ Compiled (``RolloutConfig.compile=True``): the head's draft step, fed one token 
 chain) or a tree level's nodes, runs as one ``torch.compile`` graph over the drafter's KV
 cache preallocated as the policy's is (:class:`CompiledDraft`, ``rollout.compiled``'s
 machinery: row buckets, symbolic columns, a graph per (row bucket, fed tokens, tree), each
-compiled before the step as a ``compile`` row). Its catch-up (every committed token not seen
-yet, a ragged block once a round) stays eager. In float64 its predicted states equal the
+compiled before the step as a ``compile`` row). Its catch-up (every committed pair not seen
+yet, a ragged block once a round) runs through the same graphs, a width a graph, when it is
+at most ``EagleDrafter.COMPILED_CATCH_UP`` pairs a row; a longer one (the prompt of a row
+joining) and the first round's (the cache not filled yet) eagerly. In float64 its predicted states equal the
 eager step's to the norms' float32 rounding, so its drafts, and the accepted tokens, are the
 same (tests/test_compiled_lossless.py).
 """
