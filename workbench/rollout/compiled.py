@@ -34,20 +34,20 @@ process's compiles short. With symbolic columns, dynamo's automatic dynamic shap
 make the rows symbolic once a second row bucket compiles; later buckets then reuse that
 graph (a ``compile`` row of a few milliseconds).
 
-A compiled call's fixed cost is kept small (a small-batch step is a few milliseconds): its
-inputs live in buffers preallocated per graph key, written in place
-(:class:`~workbench.rollout.step_inputs.StepInputs`); columns are marked symbolic on a key's
-first call only; inductor's wrapper is C++ (``cpp_wrapper``), without size asserts.
+A compiled call's fixed cost is kept small: its inputs live in buffers preallocated per key,
+written in place (:class:`~workbench.rollout.step_inputs.StepInputs`); columns are marked
+symbolic on a key's first call only; inductor's wrapper is C++, without size asserts.
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
 plain step runs 2.0-2.5x as fast as eager at batch 1, 1.2-1.3x at 8 and 1.12-1.16x at 32: at
 batch 1 and 2 the graph's projections are inductor's own loops (``rollout.step_graph``),
 from batch 8 on the same BLAS kernels as eager's, which then take most of the step. A
 speculative step gains 1.2-1.3x at batch 1 (the verify pass's few rows go through those loops
-too) and nothing at batch 8: drafting, whose catch-up stays eager, costs what it did. Hence
-``False`` by default still: the notebooks' TLT rollouts draft with an EAGLE head at batch 8
-and more, and a cold compile (5-30 s a graph here) is not earned back by a short run;
-``True`` or ``"auto"`` where plain steps at small batch dominate.
+too) and nothing at batch 8: an EAGLE round's drafting is small graph calls whose fixed
+cost is most of their time. Hence ``False`` by default still: the notebooks' TLT rollouts
+draft with an EAGLE head at batch 8 and more, and a cold compile (5-30 s a graph here) is
+not earned back by a short run; ``True`` or ``"auto"`` where plain steps at small batch
+dominate.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
