@@ -39,10 +39,10 @@ written in place (:class:`~workbench.rollout.step_inputs.StepInputs`); columns a
 symbolic on a key's first call only; inductor's wrapper is C++, without size asserts.
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-plain step runs 2.0-2.5x as fast as eager at batch 1, 1.2-1.3x at 8 and 1.12-1.16x at 32: at
+plain step runs 2.0-2.5x as fast as eager at batch 1, 1.14-1.33x at 8, 1.12-1.16x at 32: at
 batch 1 and 2 the graph's projections are inductor's own loops (``rollout.step_graph``),
 from batch 8 on the same BLAS kernels as eager's, which then take most of the step. A
-speculative step gains 1.2-1.3x at batch 1 (the verify pass's few rows go through those loops
+speculative step gains 1.2-1.4x at batch 1 (the verify pass's few rows go through those loops
 too) and nothing at batch 8: an EAGLE round's drafting is small graph calls whose fixed
 cost is most of their time. Hence ``False`` by default still: the notebooks' TLT rollouts
 draft with an EAGLE head at batch 8 and more, and a cold compile (5-30 s a graph here) is
