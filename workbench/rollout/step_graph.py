@@ -9,8 +9,9 @@ exactly. Two pieces are written out so that inductor compiles them into its own 
 instead of calling a library kernel: a projection of a few rows (:func:`project`: at batch 1
 and 2, the fixed cost and small-row blocking of a BLAS call exceed the arithmetic; a plain
 step at batch 1 then runs about twice as fast as eager on this project's CPU, issue 41) and
-the attention (:func:`attend`, fused instead of SDPA's kernel). In float64 its greedy tokens equal the eager step's
-(tests/test_compiled_decode.py, tests/test_compiled_lossless.py), its states and logprobs
+the attention (:func:`attend`, fused instead of SDPA's kernel). In float64 its greedy
+tokens equal the eager step's (tests/test_compiled_decode.py,
+tests/test_compiled_lossless.py, tests/test_step_graph.py), its states and logprobs
 to about 1e-8, not to the last bit: the norms compute in float32 (as HF's RMSNorm does, even
 for a float64 model), and inductor's float32 reductions add in another order than eager's. In
 float32 a near-tie may round differently, as in speculative decoding.
@@ -102,10 +103,10 @@ def project(x, w, b):
     """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A few rows (a plain step at
     batch 1 or 2, a verify pass or a draft step of a row or two) are each multiplied by the
     weight and summed over ``K``: inductor compiles those sums into loops of its own, fused
-    with the norm before them and with each other, which stream each weight row once and
-    skip the library call, whose fixed cost and small-row blocking cost more than the
-    arithmetic here. From ``GEMV_ROWS`` rows on, and where the rows are a symbolic size of
-    the graph, the BLAS GEMM, whose blocking then pays. The choice is made when the graph is
+    with the norm before them, which stream each weight row and skip the library call, whose
+    fixed cost and small-row blocking cost more than the arithmetic here. Past ``GEMV_ROWS``
+    rows, and where the rows are a symbolic size of the graph, the BLAS GEMM, whose blocking
+    then pays. The choice is made when the graph is
     traced, on its static shapes."""
     rows = x.numel() // x.shape[-1]
     if isinstance(rows, torch.SymInt) or rows > GEMV_ROWS:

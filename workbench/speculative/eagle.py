@@ -17,9 +17,9 @@ machinery: row buckets, symbolic columns, a graph per (row bucket, fed tokens, t
 compiled before the step as a ``compile`` row). Its catch-up (every committed pair not seen
 yet, a ragged block once a round) runs through the same graphs, a width a graph, when it is
 at most ``EagleDrafter.COMPILED_CATCH_UP`` pairs a row; a longer one (the prompt of a row
-joining) and the first round's (the cache not filled yet) eagerly. In float64 its predicted states equal the
-eager step's to the norms' float32 rounding, so its drafts, and the accepted tokens, are the
-same (tests/test_compiled_lossless.py).
+joining) and the first round's (the cache not filled yet) eagerly. In float64 its
+predicted states equal the eager step's to the norms' float32 rounding, so its drafts, and
+the accepted tokens, are the same (tests/test_compiled_lossless.py).
 """
 from __future__ import annotations
 
