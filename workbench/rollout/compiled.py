@@ -145,8 +145,8 @@ class CompiledDecode:
     ``step_wrapper``: wraps the compiled step function once it is made (a test's double
     charges its timer around it; ``None``, the default: the compiled function itself).
     ``cpp_wrapper``: inductor's graph wrapper in C++ (a call's fixed cost in Python cut; a
-    cold compile longer). Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
-    tree): seconds}`` of every graph compiled;
+    cold compile longer). Set these before the first step. ``compiles``: ``{(Bb, Tb or None,
+    row stride, fed, tree): seconds}`` of every graph compiled;
     ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
     ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
     (plain and verify) run each way."""

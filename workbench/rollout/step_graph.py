@@ -99,6 +99,13 @@ def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf):
 GEMV_ROWS = 6  # the most rows a projection takes as row-by-row sums (:func:`project`)
 
 
+def _few(rows) -> bool:
+    """Whether ``rows`` (a row or query count of the graph being traced) are few enough to
+    write the arithmetic out (:func:`project`, :func:`attend`): a static size of at most
+    ``GEMV_ROWS``. A symbolic size may grow past it, so the library kernel takes it."""
+    return not isinstance(rows, torch.SymInt) and rows <= GEMV_ROWS
+
+
 def project(x, w, b):
     """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A few rows (a plain step at
     batch 1 or 2, a verify pass or a draft step of a row or two) are each multiplied by the
@@ -106,10 +113,9 @@ def project(x, w, b):
     with the norm before them, which stream each weight row and skip the library call, whose
     fixed cost and small-row blocking cost more than the arithmetic here. Past ``GEMV_ROWS``
     rows, and where the rows are a symbolic size of the graph, the BLAS GEMM, whose blocking
-    then pays. The choice is made when the graph is
-    traced, on its static shapes."""
+    then pays. The choice is made when the graph is traced (:func:`_few`)."""
     rows = x.numel() // x.shape[-1]
-    if isinstance(rows, torch.SymInt) or rows > GEMV_ROWS:
+    if not _few(rows):
         return F.linear(x, w, b)
     flat = x.reshape(rows, -1)
     out = torch.stack([(flat[i] * w).sum(-1) for i in range(rows)])  # [rows, N]
@@ -124,10 +130,10 @@ def attend(q, k_buf, v_buf, mask, scale):
     are written out (scores, softmax, the weighted sum) so that inductor fuses them into the
     layer's loops instead of calling SDPA's kernel, as SDPA computes them: grouped-query heads
     as ``enable_gqa`` (query head ``h`` reads kv head ``h // (n_q / kv)``), a masked column
-    weighs exactly 0. Many rows of several queries (a verify pass at batch 8) call SDPA, whose
-    kernel is then the faster."""
+    weighs exactly 0. Many rows of several queries (a verify pass at batch 8), or a symbolic
+    count of them, call SDPA, whose kernel is then the faster (:func:`_few`)."""
     rows, n_new, n_q, d = q.shape
-    if n_new > 1 and (isinstance(rows, torch.SymInt) or rows * n_new > GEMV_ROWS):
+    if n_new > 1 and not _few(rows * n_new):
         return F.scaled_dot_product_attention(q.transpose(1, 2), k_buf, v_buf, attn_mask=mask,
                                               scale=scale, enable_gqa=True).transpose(1, 2)
     n_kv = k_buf.shape[1]

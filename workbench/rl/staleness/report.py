@@ -175,10 +175,10 @@ def staleness_metrics(history: pd.DataFrame, evals: pd.DataFrame | None = None,
     ``byproduct_gain`` (adaptive minus frozen) at ``temperature``; with the sibling drafter's
     speedups (:func:`sibling_speedups`), per batch size ``b``: ``sibling_speedup_bs<b>`` (and
     ``_min``, ``_max``, ``_spread_wide``) and ``sibling_tau_bs<b>``, and
-    ``sibling_speedup_disturbed_share`` (their timed repeats other work disturbed); for each pair ``(a, b)``
-    of :data:`PAIRS` measured, ``tau_<a>_minus_<b>`` and ``_ci95`` (:func:`paired_difference`
-    over every step) and ``tau_<a>_above_<b>_share`` (the share of steps where ``a``'s tau is
-    the higher)."""
+    ``sibling_speedup_disturbed_share`` (their timed repeats other work disturbed); for each
+    pair ``(a, b)`` of :data:`PAIRS` measured, ``tau_<a>_minus_<b>`` and ``_ci95``
+    (:func:`paired_difference` over every step) and ``tau_<a>_above_<b>_share`` (the share of
+    steps where ``a``'s tau is the higher)."""
     if not len(history):
         raise ValueError("the history is empty: run at least one RL step")
     window = max(1, len(history) // 10)
