@@ -73,10 +73,6 @@ def test_an_arm_whose_reward_drops_is_abandoned_once_the_window_turns_over():
 
 
 # ---- the adaptive schedule --------------------------------------------------------------
-def report(plan, worker=0, tokens=10, elapsed=0.01):
-    return StepReport(worker, plan, 4, tokens, 0, 0, 0.0, 0.0, elapsed)
-
-
 def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
     """A 20x slower arm is still tried (and re-tried when stale), but what exploring lost
     against the best arm passes the budget's share of all the seconds by the first pull at
@@ -90,9 +86,10 @@ def test_exploring_stays_within_its_time_budget_however_slow_the_other_arms():
     lost = 0.2 - 20.0 * 0.2 / 100.0  # a slow pull's seconds beyond plain's for its tokens
     cost = sum(lost for c in choices if c.explored)
     assert cost <= 0.03 * sum(spent[c.arm] for c in choices) + lost
-    assert bandit.explore_cost_s[0] <= 0.03 * bandit.observed_s[0] + 1e-12  # faded ledger
-    assert bandit.arm_cost["slow"] == pytest.approx(lost, abs=0.02)
-    assert bandit.expected_cost("1", "slow") == bandit.arm_cost["slow"]  # known elsewhere
+    ledger = bandit.budget
+    assert ledger.explore_cost_s[0] <= 0.03 * ledger.observed_s[0] + 1e-12  # faded ledger
+    assert ledger.arm_costs["slow"][0] == pytest.approx(lost, abs=0.02)  # as recorded
+    assert bandit.expected_cost("1", "slow") == ledger.arm_cost("slow")  # known elsewhere
     assert BucketedBandit(["a", "b"]).expected_cost("1", "b") == 0.0  # nothing known: free
     assert bandit.best("2-3") == "plain" and bandit.table()["best"].sum() == 1
     zero = BucketedBandit(["plain", "slow"], epsilon=1.0, explore_budget=0.0)
@@ -306,8 +303,9 @@ def test_an_arm_never_explored_is_expected_to_cost_what_the_costliest_did():
     first_sd2 = next(i for i, c in enumerate(choices) if c.arm == "sd2")
     first_sd4 = next(i for i, c in enumerate(choices) if c.arm == "sd4")
     assert first_sd2 == 1  # plain, then the first unknown arm at once
-    # sd4 waited until 2% of the (faded) observed seconds covered twice sd2's cost of 0.045 s
-    assert bandit.expected_cost("1", "sd4") == pytest.approx(bandit.arm_cost["sd4"])
+    # sd4 waited until 2% of the (faded) observed seconds covered sd2's cost of 0.045 s twice
+    # (in the ledger, and as what sd4 was expected to cost), both faded alike
+    assert bandit.expected_cost("1", "sd4") == pytest.approx(bandit.budget.arm_cost("sd4"))
     assert first_sd4 > 300
 
 
@@ -325,7 +323,8 @@ def test_absorbing_a_rollouts_steps_table_replays_what_its_schedule_learned(toke
         schedule=live, progress=False)
     replayed.absorb(result.timeline.steps)
     assert live.table().equals(replayed.table()) and len(live.table()) >= 3
-    assert live.bandit.observed_s == replayed.bandit.observed_s
-    assert live.bandit.explore_cost_s == replayed.bandit.explore_cost_s
+    assert live.bandit.budget.observed_s == replayed.bandit.budget.observed_s
+    assert live.bandit.budget.explore_cost_s == replayed.bandit.budget.explore_cost_s
+    assert live.bandit.budget.bucket_costs == replayed.bandit.budget.bucket_costs
     replayed.absorb(result.timeline.steps.drop(columns=["bucket", "arm", "explored"]))
     assert live.table().equals(replayed.table())  # a table of another schedule teaches nothing

@@ -23,19 +23,24 @@ value       median reward of an arm over its sliding window of latest rewards in
 best        the arm of highest value in the bucket; in a bucket where nothing is measured
             yet, the best arm of the nearest bucket that has measurements (neighbouring batch
             sizes behave alike), else ``plain`` (the arm that needs nothing to work).
-exploring   pulling an arm other than the best: an untried arm, or with probability epsilon
-            the *stalest* other arm (the one pulled longest ago), so that estimates that went
-            stale are refreshed in turn.
+exploring   pulling an arm other than the best, among the other arms the budget affords: an
+            untried one (the first in arm order), or with probability epsilon the *stalest*
+            (the one pulled longest ago), so that estimates that went stale are refreshed in
+            turn. An arm the budget cannot afford blocks only itself.
 cost        what an exploring pull lost against the best arm: its seconds minus the seconds
             the best arm would have taken for the same tokens (0 when it did better).
 budget      an exploring pull is made only if the worker's exploring cost so far, with what
-            this pull is expected to cost (the arm's latest cost in this bucket, else in any),
-            stays at most ``explore_budget`` of the worker's seconds observed. Exploring an
-            arm that does as well as the best is free, so a machine where SD pays learns it
-            fast; an arm fifty times slower than the best costs each worker at most that share
-            of its rollout time (an arm never explored is expected to cost what the costliest
-            explored arm did, so only the very first exploration's cost is unknown). Both sums fade by ``LEDGER_DECAY`` per observation, so that credit left
-            unspent for long cannot be spent in one burst.
+            this pull is expected to cost, stays at most ``explore_budget`` of the worker's
+            seconds observed. The expected cost is the arm's latest cost in this bucket, else
+            in any; an arm never explored is expected to cost what the costliest explored arm
+            did, so only the very first exploration's cost is unknown. Exploring an arm that
+            does as well as the best is free, so a machine where SD pays learns it fast; an
+            arm much slower than the best costs each worker about that share of its rollout
+            time. The two sums, and each recorded cost, fade by ``LEDGER_DECAY`` per
+            observation (``speculative/explore_budget.py``): credit left unspent for long
+            cannot be spent in one burst, and one outlier pull (a first call's compile, a
+            pause) cannot price an arm, or every untried arm, out for good, since only
+            pulling the arm again would correct its estimate.
 
 Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
 ``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or any decoding arm a plugin
@@ -55,11 +60,11 @@ import pandas as pd
 from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, Decision, Schedule, StepPlan, StepReport
 from .arms import arm_forms
+from .explore_budget import ExploreBudget
 from .strategies import PLAIN_ARM, parse_strategy, strategy_name
 
 __all__ = ["BucketedBandit", "AdaptiveSchedule", "parse_strategy", "strategy_name"]
 
-LEDGER_DECAY = 0.999  # per observation: a worker's budget remembers its last ~1000 steps
 DEFAULT_BUCKET_EDGES = (1, 2, 4, 8, 16, 32, 64, 128)
 DEFAULT_ARMS = ("chain:k=2", "chain:k=4", "chain:k=6", "tree:k=4,b=3,n=16")
 
@@ -115,7 +120,8 @@ class BucketedBandit:
         arms: arm names; the first is the best of a bucket where nothing is measured yet, and
             untried arms are explored in this order.
         edges: lower edges of the buckets, strictly increasing from 1 (module docstring).
-        epsilon: probability of exploring the stalest other arm once every arm was tried.
+        epsilon: probability of exploring the stalest affordable other arm when no untried
+            arm is affordable.
         window: observations per arm and bucket whose median is the arm's value.
         explore_budget: the largest share of a worker's observed seconds that exploring may
             lose against the best arms.
@@ -135,15 +141,13 @@ class BucketedBandit:
             raise ValueError(f"bucket edges must be strictly increasing integers starting at 1 "
                              f"(lower edges, e.g. {DEFAULT_BUCKET_EDGES}), got {edges!r}")
         self.epsilon = check_fraction("epsilon", epsilon)
-        self.explore_budget = check_fraction("explore_budget", explore_budget)
+        self.budget = ExploreBudget(explore_budget)
         self.window = check_int("window", window, 1)
         self.labels = _bucket_labels(self.edges)
         self.rng = random.Random(check_int("seed", seed, 0))
         self.rewards = {(b, a): SlidingMedian(window) for b in self.labels for a in self.arms}
         self.pulls = {key: 0 for key in self.rewards}
         self.last_pull = {key: -1 for key in self.rewards}  # pull counter at the latest pull
-        self.last_cost: dict = {}  # cost of the latest exploring pull, per (bucket, arm)
-        self.arm_cost: dict[str, float] = {}  # and per arm, whatever the bucket
         self.total_pulls = 0
         self.best_of: dict[str, str] = {}  # bucket with a reward -> its best arm (kept on update)
         self._bucket_of: dict[int, str] = {}
@@ -151,8 +155,6 @@ class BucketedBandit:
         self.nearest = {b: [self.labels[j] for j in sorted(range(len(self.labels)),
                                                            key=lambda j: (abs(j - i), j))]
                         for i, b in enumerate(self.labels)}
-        self.observed_s: dict[int, float] = {}   # per worker: (faded) seconds observed
-        self.explore_cost_s: dict[int, float] = {}  # per worker: (faded) cost of exploring
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
@@ -174,43 +176,38 @@ class BucketedBandit:
         return self.arms[0]
 
     def expected_cost(self, bucket: str, arm: str) -> float:
-        """What an exploring pull of ``arm`` in ``bucket`` is expected to cost: its latest
-        cost in the bucket, else in any bucket; an arm never explored is expected to cost as
-        much as the costliest arm explored so far (0 before any), so that a slow machine
-        pays for one unknown arm, not for all of them at once."""
-        known = self.last_cost.get((bucket, arm), self.arm_cost.get(arm))
-        return known if known is not None else max(self.arm_cost.values(), default=0.0)
+        """What an exploring pull of ``arm`` in ``bucket`` is expected to cost
+        (:meth:`ExploreBudget.expected_cost`: its latest cost, faded)."""
+        return self.budget.expected_cost(bucket, arm)
 
     def may_explore(self, worker: int = 0, cost: float = 0.0) -> bool:
-        """Whether ``worker`` exploring at ``cost`` more seconds stays within the budget: its
-        exploring cost at most ``explore_budget`` of its observed seconds (and some were; a
-        budget of 0 never explores)."""
-        observed = self.observed_s.get(worker, 0.0)
-        return (self.explore_budget > 0 and observed > 0
-                and self.explore_cost_s.get(worker, 0.0) + cost
-                <= self.explore_budget * observed)
+        """Whether ``worker`` exploring at ``cost`` more seconds stays within the budget
+        (:meth:`ExploreBudget.may_explore`)."""
+        return self.budget.may_explore(worker, cost)
 
     def choose(self, batch_size: int, worker: int = 0) -> Choice:
         """Pull an arm in ``batch_size``'s bucket: the best (in a new bucket, measured first),
-        unless the budget allows exploring and an arm is untried (the first such) or, with
-        probability epsilon, to refresh (the stalest other arm)."""
+        unless the budget allows exploring (module docstring, "exploring")."""
         bucket = self.bucket(batch_size)
         best = self.best(bucket)
         arm = best
-        others = [a for a in self.arms if a != best]
-        if others and self.pulls[bucket, best] and self.may_explore(worker):
-            untried = [a for a in others if self.pulls[bucket, a] == 0]
-            if untried:
-                candidate = untried[0]
-            elif self.rng.random() < self.epsilon:
-                candidate = min(others, key=lambda a: self.last_pull[bucket, a])
-            else:
-                candidate = best
-            if self.may_explore(worker, self.expected_cost(bucket, candidate)):
-                arm = candidate
+        if len(self.arms) > 1 and self.pulls[bucket, best] and self.may_explore(worker):
+            arm = self._explored(bucket, best, worker) or best
         choice = Choice(bucket, arm, arm != best, worker)
         self.count_pull(choice)
         return choice
+
+    def _explored(self, bucket: str, best: str, worker: int) -> str | None:
+        """The arm ``worker`` explores in ``bucket`` now, if any: among the other arms the
+        budget affords, the first untried, else with probability epsilon the stalest."""
+        affordable = [a for a in self.arms if a != best
+                      and self.may_explore(worker, self.expected_cost(bucket, a))]
+        untried = [a for a in affordable if self.pulls[bucket, a] == 0]
+        if untried:
+            return untried[0]
+        if affordable and self.rng.random() < self.epsilon:
+            return min(affordable, key=lambda a: self.last_pull[bucket, a])
+        return None
 
     def count_pull(self, choice: Choice) -> None:
         """Count ``choice`` as pulled now (``choose`` does; a replay of pulls made elsewhere,
@@ -226,18 +223,15 @@ class BucketedBandit:
     def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
         """Record the reward (tokens per second) of a pull and the ``seconds`` it took, and
         charge an exploring pull's cost to its worker's ledger."""
-        cost = 0.0
+        cost, explored = 0.0, None
         if choice.explored:
             best_rate = self.value(choice.bucket, self.best(choice.bucket))
             lost = seconds - reward * seconds / best_rate if best_rate > 0 else seconds
-            cost = self.last_cost[choice.bucket, choice.arm] = self.arm_cost[choice.arm] = \
-                max(0.0, lost)
+            cost, explored = max(0.0, lost), (choice.bucket, choice.arm)
         self.rewards[choice.bucket, choice.arm].append(float(reward))
         self.best_of[choice.bucket] = max(self.arms,
                                           key=lambda a: self.rewards[choice.bucket, a].median)
-        w = choice.worker
-        self.observed_s[w] = LEDGER_DECAY * self.observed_s.get(w, 0.0) + seconds
-        self.explore_cost_s[w] = LEDGER_DECAY * self.explore_cost_s.get(w, 0.0) + cost
+        self.budget.observe(choice.worker, seconds, explored, cost)
 
     def table(self) -> pd.DataFrame:
         """The bandit's state: one row per (bucket, arm) pulled at least once, with
