@@ -1,6 +1,7 @@
 """BEG-MAB and the adaptive schedule: the bandit on synthetic rewards (plain is an arm,
 exploring stays within its time budget), lossless float64 rollouts under any mix of plain and
 speculative steps whose steps table logs every decision, and the input checks."""
+import pickle
 import random
 
 import pandas as pd
@@ -13,6 +14,7 @@ from workbench.speculative.bandit import (AdaptiveSchedule, BucketedBandit, Choi
                                           strategy_name)
 from workbench.speculative.decisions import (DECIDED_COLUMNS, bandit_choices, bandit_decisions,
                                              explore_cost, plain_share)
+from workbench.speculative.explore_budget import LEDGER_DECAY
 
 from .helpers.models import MANY, PROMPTS, tiny_model
 
@@ -307,6 +309,79 @@ def test_an_arm_never_explored_is_expected_to_cost_what_the_costliest_did():
     # (in the ledger, and as what sd4 was expected to cost), both faded alike
     assert bandit.expected_cost("1", "sd4") == pytest.approx(bandit.budget.arm_cost("sd4"))
     assert first_sd4 > 300
+
+
+NOTEBOOK_RATES = {"plain": 800.0, "chain2": 900.0, "chain4": 950.0, "tree": 700.0}  # tok/s
+OUTLIER_S = 0.2  # chain2's first pull: 6 tokens in 0.2 s (a first call's compile, say)
+
+
+def notebook_step(bandit, i):
+    """Pull ``i`` of four workers taking turns at 3 live rows, 6 tokens a step."""
+    c = bandit.choose(3, worker=i % 4)
+    first = c.arm == "chain2" and bandit.pulls[c.bucket, c.arm] == 1
+    seconds = OUTLIER_S if first else 6 / NOTEBOOK_RATES[c.arm]
+    bandit.update(c, 6 / seconds, seconds)
+    return c
+
+
+def test_one_outlier_exploring_pull_does_not_stop_exploring_for_good():
+    """Notebook 04's failure: chain2's first (exploring) pull lost more than any worker's
+    budget can ever hold. Every untried arm used to be expected to cost that much, for good,
+    so nothing was explored again and plain stayed the best. The recorded cost fades, so
+    every arm is tried, the fastest is found, and exploring goes on to the end; a pickled
+    bandit (a checkpoint keeps a schedule) carries on with the same choices."""
+    bandit = BucketedBandit(list(NOTEBOOK_RATES), epsilon=0.1, explore_budget=0.02, seed=0)
+    most = 0.02 * max(6 / r for r in NOTEBOOK_RATES.values()) / (1 - LEDGER_DECAY)
+    assert OUTLIER_S - 6 / NOTEBOOK_RATES["plain"] > most  # the outlier's cost: past any budget
+    choices = [notebook_step(bandit, i) for i in range(2000)]
+    clone = pickle.loads(pickle.dumps(bandit))
+    choices += [notebook_step(bandit, i) for i in range(2000, 4000)]
+    assert [notebook_step(clone, i) for i in range(2000, 4000)] == choices[2000:]
+    assert bandit.best("2-3") == "chain4"
+    assert {c.arm for c in choices[3000:] if c.explored} == {"plain", "chain2", "tree"}
+
+
+def test_an_expensive_stale_arm_blocks_only_itself_until_its_cost_fades():
+    """Worker 1 tries each arm once, and slow's pull loses more than worker 0's budget holds.
+    Worker 0 still refreshes the cheap arm in turn (slow, the stalest, used to block every
+    refresh), and re-tries slow once its recorded cost has faded to what the budget holds,
+    never before."""
+    bandit = BucketedBandit(["best", "cheap", "slow"], epsilon=0.2, explore_budget=0.02)
+    rates, seconds = {"best": 100.0, "cheap": 99.0, "slow": 1.0}, {"best": 0.01, "cheap": 0.01,
+                                                                   "slow": 1.0}
+
+    def step(worker):
+        affordable = bandit.may_explore(worker, bandit.expected_cost("1", "slow"))
+        c = bandit.choose(1, worker)
+        assert affordable or c.arm != "slow"
+        bandit.update(c, rates[c.arm], seconds[c.arm])
+        return c
+
+    assert [step(1).arm for _ in range(3)] == ["best", "cheap", "slow"]
+    first = [step(0) for _ in range(1000)]
+    assert sum(c.arm == "cheap" for c in first) > 100 and not any(c.arm == "slow" for c in first)
+    assert not bandit.may_explore(0, bandit.expected_cost("1", "slow"))  # slow: still blocked
+    later = [step(0) for _ in range(3000)]
+    assert any(c.arm == "slow" for c in later)
+
+
+def test_a_steadily_slow_arm_is_re_tried_no_more_than_the_budget_allows():
+    """A 10x slower arm, each pull losing 0.09 s, under half of what the budget holds (2% of
+    a worker's faded ~10 s): re-tried again and again as its cost fades, but at every step
+    the faded ledger stays within the share of the faded seconds (past it by one pull at
+    most), and over the run what exploring lost stays within the share of all the seconds,
+    plus one pull."""
+    bandit = BucketedBandit(["plain", "slow"], epsilon=1.0, explore_budget=0.02)
+    rates, seconds = {"plain": 100.0, "slow": 10.0}, {"plain": 0.01, "slow": 0.1}
+    lost = 0.1 - 10.0 * 0.1 / 100.0
+    ledger, total_s, explored = bandit.budget, 0.0, 0
+    for _ in range(30000):
+        c = bandit.choose(1)
+        bandit.update(c, rates[c.arm], seconds[c.arm])
+        total_s, explored = total_s + seconds[c.arm], explored + c.explored
+        assert ledger.explore_cost_s[0] <= 0.02 * ledger.observed_s[0] + lost + 1e-12
+    assert explored >= 20 and bandit.pulls["1", "slow"] == explored
+    assert explored * lost <= 0.02 * total_s + lost
 
 
 def test_absorbing_a_rollouts_steps_table_replays_what_its_schedule_learned(tokenizer):
