@@ -40,7 +40,10 @@ budget      an exploring pull is made only if the worker's exploring cost so far
             observation (``speculative/explore_budget.py``): credit left unspent for long
             cannot be spent in one burst, and one outlier pull (a first call's compile, a
             pause) cannot price an arm, or every untried arm, out for good, since only
-            pulling the arm again would correct its estimate.
+            pulling the arm again would correct its estimate. The price of that forgetting: an
+            arm one of whose pulls loses more than the worker's whole budget holds (more
+            than some twenty of the best arm's steps, at the default budget) is re-tried once
+            the ledger has forgotten its last pull, so it may cost a few times the share.
 
 Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
 ``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or any decoding arm a plugin
