@@ -281,7 +281,7 @@ def test_step_inputs_are_rewritten_in_place_and_pad_rows_after_a_shrink():
     from types import SimpleNamespace
     from workbench.rollout.step_inputs import StepInputs
 
-    def rope(pos):  # cos/sin [Bb, q, d] (their values are not under test)
+    def rope(pos, bound):  # cos/sin [Bb, q, d] (their values are not under test)
         return pos[..., None].double(), -pos[..., None].double()
 
     def batch(rows, width):

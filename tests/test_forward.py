@@ -109,3 +109,19 @@ def test_lean_forward_sees_weights_changed_in_place(tokenizer):
         model.get_decoder().layers[1].mlp.up_proj.weight.mul_(2)  # one weight, trained in place
     again, _ = lean(ids, pos, torch.ones_like(ids), pos, DynamicCache(), logits_from=0)
     torch.testing.assert_close(again[0], fresh(model, seq)[0])
+
+
+def test_rope_table_with_a_bound_reads_the_same_and_refuses_a_position_past_its_table(
+        tokenizer):
+    """The compiled step passes its width as the positions' bound (no read-back of the
+    largest position): the same cos/sin as without it, and a position past the table (a
+    wrong bound) is an IndexError, never a value read from elsewhere."""
+    model = tiny_model("llama", tokenizer, seed=0).double()
+    rope, x = LeanForward(model).rope, torch.zeros(1, dtype=torch.float64)
+    pos = torch.tensor([[0, 3, 7]])
+    fresh_cos, fresh_sin = rope(x, pos)
+    cos, sin = rope(x, pos, 8)
+    assert torch.equal(cos, fresh_cos) and torch.equal(sin, fresh_sin)
+    size = rope.table[0].shape[1]
+    with pytest.raises(IndexError):
+        rope(x, torch.tensor([[size + 5]]), 2)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -135,12 +136,11 @@ class DecodeBatch:
                        positions: torch.Tensor | None = None) -> torch.Tensor:
         """Extend the batch by ``n`` columns for tokens about to be fed (visible by default,
         at positions ``next_pos + 0..n-1`` by default); returns their positions ``[B, n]``."""
-        dev = self.mask.device
-        if positions is None:
-            positions = self.next_pos[:, None] + torch.arange(n, device=dev)
-        cols = (torch.ones((self.size, n), dtype=self.mask.dtype, device=dev)
-                if visible is None else visible.to(self.mask.dtype))
-        self.mask = torch.cat([self.mask, cols], dim=1)
+        if positions is None:  # one column (a plain step): a copy, not an arange added
+            positions = (self.next_pos[:, None].clone() if n == 1 else
+                         self.next_pos[:, None] + torch.arange(n, device=self.mask.device))
+        self.mask = (F.pad(self.mask, (0, n), value=1) if visible is None
+                     else torch.cat([self.mask, visible.to(self.mask.dtype)], dim=1))
         self.col_pos = torch.cat([self.col_pos, positions], dim=1)
         return positions
 

@@ -188,9 +188,9 @@ class CompiledDecode:
         """The function compiled (``rollout.step_graph``): the lean forward's step."""
         return make_step(self.forward, plans)
 
-    def _rope(self, pos: torch.Tensor):
-        """cos/sin ``[Bb, q, d]`` at ``pos``."""
-        return self.forward.rope(self.forward.lm_head.weight, pos)
+    def _rope(self, pos: torch.Tensor, bound: int):
+        """cos/sin ``[Bb, q, d]`` at ``pos`` (each below ``bound``)."""
+        return self.forward.rope(self.forward.lm_head.weight, pos, bound)
 
     def _compiled(self, plans):
         if self._fn is None:

@@ -90,10 +90,13 @@ class RopeTable:
         self.rotary, self.table = rotary, None
         self.dynamic = getattr(rotary, "rope_type", "default") != "default"
 
-    def __call__(self, x: torch.Tensor, pos: torch.Tensor):
+    def __call__(self, x: torch.Tensor, pos: torch.Tensor, bound: int | None = None):
+        """cos/sin ``[B, L, d]`` at ``pos [B, L]``. ``bound``: a number known to exceed every
+        position (the compiled step's width: a row's position counts the visible columns
+        before it), which saves reading the largest position back from the tensor."""
         if self.dynamic:
             return self.rotary(x, pos)
-        need = int(pos.max()) + 1
+        need = int(pos.max()) + 1 if bound is None else bound
         table = self.table
         if table is None or table[0].shape[1] < need or table[0].dtype != x.dtype:
             size = max(need, 2 * (0 if table is None else table[0].shape[1]), 512)

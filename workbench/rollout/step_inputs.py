@@ -69,7 +69,7 @@ class StepInputs:
         ``tree [B, q, m]`` over its last ``m`` columns; ``data`` ``[B, ...]``), written into
         the buffers, over ``cols`` columns (the batch's width, or it rounded up when the
         columns are static): ``(ids, pos, vis, col_pos, col, cos, sin, tree, *data)``, cos and
-        sin ``[Bb, q, 1, d]`` from ``rope(pos)``."""
+        sin ``[Bb, q, 1, d]`` from ``rope(pos, width)``."""
         rows, width = batch.size, batch.width
         if rows < self.padded_from:
             self.pad(rows)
@@ -89,6 +89,6 @@ class StepInputs:
             full[:rows, :, width - tree.shape[-1]:width] = tree
         for buf, t in zip(self.data, data):
             buf[:rows] = t
-        cos, sin = rope(self.pos)
+        cos, sin = rope(self.pos, width)  # a position counts the visible columns before it
         return (self.ids, self.pos, vis, col_pos, self.col, cos.unsqueeze(2), sin.unsqueeze(2),
                 full, *self.data)

@@ -194,8 +194,8 @@ class CompiledDraft(CompiledDecode):
     def _make_step(self, plans):
         return make_draft_step(plans[0])
 
-    def _rope(self, pos: torch.Tensor):
-        return self.rope(self.head.fc.weight, pos)
+    def _rope(self, pos: torch.Tensor, bound: int):
+        return self.rope(self.head.fc.weight, pos, bound)
 
     def _weights(self, plans) -> tuple:
         """The draft step's weight arguments, read again only when the layer's plan (rebuilt
