@@ -19,31 +19,48 @@ reward      tokens the step committed over the step's seconds (draft + verify + 
             on the worker's clock: TLT's (mean accepted + 1) x batch / elapsed.
 value       median reward of an arm over its sliding window of latest rewards in a bucket (the
             median shrugs off a step slowed by something else; the window forgets a drafter
-            that has since improved or degraded).
+            that has since improved or degraded); a settling pull's reward stays out of it.
 best        the arm of highest value in the bucket; in a bucket where nothing is measured
             yet, the best arm of the nearest bucket that has measurements (neighbouring batch
             sizes behave alike), else ``plain`` (the arm that needs nothing to work).
 exploring   pulling an arm other than the best, among the other arms the budget affords: an
-            untried one (the first in arm order), or with probability epsilon the *stalest*
-            (the one pulled longest ago), so that estimates that went stale are refreshed in
-            turn. An arm the budget cannot afford blocks only itself.
-cost        what an exploring pull lost against the best arm: its seconds minus the seconds
-            the best arm would have taken for the same tokens (0 when it did better).
-budget      an exploring pull is made only if the worker's exploring cost so far, with what
-            this pull is expected to cost, stays at most ``explore_budget`` of the worker's
-            seconds observed. The expected cost is the arm's latest cost in this bucket, else
-            in any; an arm never explored is expected to cost what the costliest explored arm
-            did, so only the very first exploration's cost is unknown. Exploring an arm that
-            does as well as the best is free, so a machine where SD pays learns it fast; an
-            arm much slower than the best costs each worker about that share of its rollout
-            time. The two sums, and each recorded cost, fade by ``LEDGER_DECAY`` per
-            observation (``speculative/explore_budget.py``): credit left unspent for long
-            cannot be spent in one burst, and one outlier pull (a first call's compile, a
-            pause) cannot price an arm, or every untried arm, out for good, since only
-            pulling the arm again would correct its estimate. The price of that forgetting: an
-            arm one of whose pulls loses more than the worker's whole budget holds (more
-            than some twenty of the best arm's steps, at the default budget) is re-tried once
-            the ledger has forgotten its last pull, so it may cost a few times the share.
+            untried one (the first in arm order), or with probability epsilon divided by the
+            pulls of a run that teach the *stalest* (the one pulled longest ago), so that
+            estimates that went stale are refreshed in turn and about epsilon of the pulls
+            teach something of another arm, as when each exploring step did. An arm the
+            budget cannot afford blocks only itself. Each exploring pull starts a run.
+run         ``explore_run`` consecutive pulls of the explored arm in its bucket, whichever
+            worker pulls (the local backend's workers share one thread; a process backend's
+            copies keep their own runs), all charged to the worker that started it (so that
+            a worker whose budget is spent cannot cut, pull after pull, the runs the others
+            start before they teach); other buckets go on as usual. A step right after an
+            arm switch runs slower (``speculative/explore_runs.py``), so an arm explored one
+            step at a time would be under-valued by that transient. A run ends early when the
+            budget no longer affords its arm's next pull (checked before each) or the arm
+            became the best. ``explore_run=1, settle=0`` explores one step at a time.
+settling    the first ``settle`` pulls of a run count as pulls and are charged, but teach
+            nothing (their rewards move neither the arm's value nor the best), unless the
+            budget would not afford another pull at what this one cost (where an arm costs
+            too much to run, a reading slowed by the switch beats none). The best arm's
+            first pulls after a run do not settle: its window of up to ``window`` rewards,
+            nearly all from steady streams, absorbs them.
+cost        what an exploring pull (settling or not) lost against the best arm: its seconds
+            minus the best arm's seconds for the same tokens (0 when it did better).
+budget      an exploring pull (each pull of a run) is made only if the worker's exploring cost
+            so far, with what this pull is expected to cost, stays at most ``explore_budget`` of
+            the worker's seconds observed. The expected cost is the arm's latest cost in this
+            bucket, else in any; an arm never explored is expected to cost what the costliest
+            explored arm did, so only the very first exploration's cost is unknown. Exploring an
+            arm that does as well as the best is free, so a machine where SD pays learns it
+            fast; an arm much slower than the best costs each worker about that share of its
+            rollout time. The two sums, and each recorded cost, fade by ``LEDGER_DECAY`` per
+            observation (``speculative/explore_budget.py``): credit left unspent for long cannot
+            be spent in one burst, and one outlier pull (a first call's compile, a pause) cannot
+            price an arm, or every untried arm, out for good, since only pulling the arm again
+            would correct its estimate. The price of that forgetting: an arm one of whose pulls
+            loses more than the worker's whole budget holds (more than some twenty of the best
+            arm's steps, at the default budget) is re-tried once the ledger has forgotten its
+            last pull, so it may cost a few times the share.
 
 Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
 ``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or any decoding arm a plugin
@@ -52,9 +69,7 @@ registers (``speculative.arms.ARMS``): the bandit's state, its tables and the st
 """
 from __future__ import annotations
 
-import bisect
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -64,6 +79,8 @@ from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, Decision, Schedule, StepPlan, StepReport
 from .arms import arm_forms
 from .explore_budget import ExploreBudget
+from .explore_runs import ExploreRuns
+from .sliding_median import SlidingMedian
 from .strategies import PLAIN_ARM, parse_strategy, strategy_name
 
 __all__ = ["BucketedBandit", "AdaptiveSchedule", "parse_strategy", "strategy_name"]
@@ -78,41 +95,18 @@ def _bucket_labels(edges: tuple[int, ...]) -> list[str]:
     return labels + [f"{edges[-1]}+"]
 
 
-class SlidingMedian:
-    """The median of the latest ``window`` values, kept sorted as they come and go, so that
-    reading it costs nothing: the bandit reads every arm's median before every decode step."""
-
-    def __init__(self, window: int):
-        self.window, self.recent, self.ordered = window, deque(), []
-
-    def append(self, value: float) -> None:
-        if len(self.recent) == self.window:
-            del self.ordered[bisect.bisect_left(self.ordered, self.recent.popleft())]
-        self.recent.append(value)
-        bisect.insort(self.ordered, value)
-
-    def __len__(self) -> int:
-        return len(self.recent)
-
-    @property
-    def median(self) -> float:
-        """The median (the mean of the middle two for an even count); -inf when empty."""
-        n = len(self.ordered)
-        if not n:
-            return float("-inf")
-        mid = n // 2
-        return self.ordered[mid] if n % 2 else (self.ordered[mid - 1] + self.ordered[mid]) / 2
-
-
 @dataclass(frozen=True)
 class Choice:
     """One pull: the bucket whose bandit chose, the arm, whether it explored (pulled an arm
-    other than the bucket's best), and the worker whose budget it was charged to."""
+    other than the bucket's best), the worker whose budget it was charged to (a run's pulls:
+    the run's first puller's), and whether it settles (its reward teaches nothing: module
+    docstring, "settling")."""
 
     bucket: str
     arm: str
     explored: bool
     worker: int = 0
+    settling: bool = False
 
 
 class BucketedBandit:
@@ -123,18 +117,22 @@ class BucketedBandit:
         arms: arm names; the first is the best of a bucket where nothing is measured yet, and
             untried arms are explored in this order.
         edges: lower edges of the buckets, strictly increasing from 1 (module docstring).
-        epsilon: probability of exploring the stalest affordable other arm when no untried
-            arm is affordable.
+        epsilon: about the share of pulls that explore the stalest affordable other arm and
+            teach (when no untried arm is affordable, a run starts with probability epsilon /
+            (explore_run - settle)).
         window: observations per arm and bucket whose median is the arm's value.
         explore_budget: the largest share of a worker's observed seconds that exploring may
             lose against the best arms.
         seed: of the bandit's own ``random.Random`` (never the global generator), so that a
             seeded run repeats its choices.
+        explore_run: consecutive pulls of an explored arm in its bucket (module docstring,
+            "run"), at least 1.
+        settle: the first pulls of a run that teach nothing, in ``[0, explore_run)``.
     """
 
     def __init__(self, arms: Sequence[str], edges: Sequence[int] = DEFAULT_BUCKET_EDGES,
                  epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.02,
-                 seed: int = 0):
+                 seed: int = 0, explore_run: int = 6, settle: int = 3):
         self.arms = list(arms)
         if not self.arms or len(set(self.arms)) != len(self.arms):
             raise ValueError(f"arms must be a non-empty list of distinct names, got {arms!r}")
@@ -145,6 +143,7 @@ class BucketedBandit:
                              f"(lower edges, e.g. {DEFAULT_BUCKET_EDGES}), got {edges!r}")
         self.epsilon = check_fraction("epsilon", epsilon)
         self.budget = ExploreBudget(explore_budget)
+        self.runs = ExploreRuns(explore_run, settle)
         self.window = check_int("window", window, 1)
         self.labels = _bucket_labels(self.edges)
         self.rng = random.Random(check_int("seed", seed, 0))
@@ -189,26 +188,41 @@ class BucketedBandit:
         return self.budget.may_explore(worker, cost)
 
     def choose(self, batch_size: int, worker: int = 0) -> Choice:
-        """Pull an arm in ``batch_size``'s bucket: the best (in a new bucket, measured first),
-        unless the budget allows exploring (module docstring, "exploring")."""
+        """Pull an arm in ``batch_size``'s bucket: the next of the bucket's exploring run, else
+        the best (in a new bucket, measured first), unless the budget allows exploring
+        (module docstring, "exploring" and "run")."""
         bucket = self.bucket(batch_size)
         best = self.best(bucket)
-        arm = best
-        if len(self.arms) > 1 and self.pulls[bucket, best] and self.may_explore(worker):
-            arm = self._explored(bucket, best, worker) or best
-        choice = Choice(bucket, arm, arm != best, worker)
+        arm = self._running(bucket, best)
+        payer = worker if arm is None else self.runs.payer(bucket)
+        if arm is None and len(self.arms) > 1 and self.pulls[bucket, best] \
+                and self.may_explore(worker):
+            arm = self._explored(bucket, best, worker)
+        settling = self.runs.pull(bucket, arm, payer) if arm is not None else False
+        choice = Choice(bucket, arm or best, arm is not None, payer, settling)
         self.count_pull(choice)
         return choice
 
+    def _running(self, bucket: str, best: str) -> str | None:
+        """The arm of ``bucket``'s open run if its payer's budget affords the next pull; else
+        the run ends (that, or its arm became the best)."""
+        arm = self.runs.arm(bucket)
+        if arm is not None and (arm == best or not self.may_explore(
+                self.runs.payer(bucket), self.expected_cost(bucket, arm))):
+            self.runs.stop(bucket)
+            return None
+        return arm
+
     def _explored(self, bucket: str, best: str, worker: int) -> str | None:
         """The arm ``worker`` explores in ``bucket`` now, if any: among the other arms the
-        budget affords, the first untried, else with probability epsilon the stalest."""
+        budget affords, the first untried, else with probability epsilon over the pulls of a
+        run that teach the stalest."""
         affordable = [a for a in self.arms if a != best
                       and self.may_explore(worker, self.expected_cost(bucket, a))]
         untried = [a for a in affordable if self.pulls[bucket, a] == 0]
         if untried:
             return untried[0]
-        if affordable and self.rng.random() < self.epsilon:
+        if affordable and self.rng.random() < self.epsilon / self.runs.teaching:
             return min(affordable, key=lambda a: self.last_pull[bucket, a])
         return None
 
@@ -224,17 +238,19 @@ class BucketedBandit:
         return self.rewards[bucket, arm].median
 
     def update(self, choice: Choice, reward: float, seconds: float = 0.0) -> None:
-        """Record the reward (tokens per second) of a pull and the ``seconds`` it took, and
-        charge an exploring pull's cost to its worker's ledger."""
+        """Record the ``seconds`` a pull took, charge an exploring pull's cost to its worker's
+        ledger, and record its reward (tokens per second) unless it settles and the budget
+        affords another pull at its cost (module docstring, "settling")."""
         cost, explored = 0.0, None
         if choice.explored:
             best_rate = self.value(choice.bucket, self.best(choice.bucket))
             lost = seconds - reward * seconds / best_rate if best_rate > 0 else seconds
             cost, explored = max(0.0, lost), (choice.bucket, choice.arm)
-        self.rewards[choice.bucket, choice.arm].append(float(reward))
-        self.best_of[choice.bucket] = max(self.arms,
-                                          key=lambda a: self.rewards[choice.bucket, a].median)
         self.budget.observe(choice.worker, seconds, explored, cost)
+        if not choice.settling or not self.may_explore(choice.worker, cost):
+            self.rewards[choice.bucket, choice.arm].append(float(reward))
+            self.best_of[choice.bucket] = max(
+                self.arms, key=lambda a: self.rewards[choice.bucket, a].median)
 
     def table(self) -> pd.DataFrame:
         """The bandit's state: one row per (bucket, arm) pulled at least once, with
@@ -261,15 +277,16 @@ class AdaptiveSchedule(Schedule):
         threshold: ``None`` (the default): every bucket learns whether to speculate. An
             integer: the largest live batch that may speculate, plain above it (TLT's fixed
             rule, for studies).
-        epsilon, window, explore_budget, buckets, seed: of the :class:`BucketedBandit`
-            (``buckets`` = lower edges).
+        epsilon, window, explore_budget, buckets, seed, explore_run, settle: of the
+            :class:`BucketedBandit` (``buckets`` = lower edges).
     """
 
     needs_drafter = True
 
     def __init__(self, arms: Sequence = DEFAULT_ARMS, threshold: int | None = None,
                  epsilon: float = 0.1, window: int = 300, explore_budget: float = 0.02,
-                 buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0):
+                 buckets: Sequence[int] = DEFAULT_BUCKET_EDGES, seed: int = 0,
+                 explore_run: int = 6, settle: int = 3):
         threshold = check_int("threshold", threshold, 1, optional="learned per bucket")
         if isinstance(arms, str) or not list(arms):
             raise ValueError(f"arms must be a non-empty list of strategies ({arm_forms()}), "
@@ -281,7 +298,7 @@ class AdaptiveSchedule(Schedule):
         self.plans = {PLAIN_ARM: PLAIN, **{n: p for n, p in zip(named, plans)}}
         self.threshold = threshold
         self.bandit = BucketedBandit(list(self.plans), buckets, epsilon, window, explore_budget,
-                                     seed)
+                                     seed, explore_run, settle)
 
     @property
     def needs_trees(self) -> bool:
@@ -299,16 +316,19 @@ class AdaptiveSchedule(Schedule):
         return self.decide(batch_size, worker).plan
 
     def decide(self, batch_size: int, worker: int) -> Decision:
-        """The bucket's bandit's choice for ``worker``'s next step, with why: its bucket, arm
-        and whether it explored (a plain step above a fixed threshold: arm ``"plain"``, no
-        bucket, nothing to learn). The steps table keeps the reasons as decision columns
-        (``speculative.decisions`` reads them back); the choice comes back on the step's
-        report to :meth:`observe`."""
+        """The bucket's bandit's choice for ``worker``'s next step, with why: its bucket, arm,
+        whether it explored, whether it settles and the worker whose budget it is charged to
+        (a plain step above a fixed threshold: arm ``"plain"``, no bucket, nothing to learn or
+        charge). The steps table keeps the reasons as decision columns (read back by
+        ``speculative.decisions``, replayed by :meth:`absorb`); the choice comes back on the
+        step's report to :meth:`observe`."""
         if self.threshold is not None and batch_size > self.threshold:
-            return Decision(PLAIN, {"bucket": None, "arm": PLAIN_ARM, "explored": False})
+            return Decision(PLAIN, {"bucket": None, "arm": PLAIN_ARM, "explored": False,
+                                    "settling": False, "charged_to": None})
         choice = self.bandit.choose(batch_size, worker)
-        return Decision(self.plans[choice.arm], {"bucket": choice.bucket, "arm": choice.arm,
-                                                 "explored": choice.explored}, choice)
+        reasons = {"bucket": choice.bucket, "arm": choice.arm, "explored": choice.explored,
+                   "settling": choice.settling, "charged_to": choice.worker}
+        return Decision(self.plans[choice.arm], reasons, choice)
 
     def observe(self, report: StepReport) -> None:
         """Feed the step's tokens per second to the bandit that chose it (steps above a fixed
@@ -330,18 +350,22 @@ class AdaptiveSchedule(Schedule):
     def absorb(self, steps: pd.DataFrame) -> None:
         """Learn what copies of this schedule learned where they ran: a backend of processes
         (``Backend.runs_copies``) plans each worker's decode steps with a copy, whose learning
-        stays behind. The steps table brings back every decision (its ``decision``,
-        ``bucket``, ``arm`` and ``explored`` columns) with its rows' tokens and seconds, so
-        each is replayed here as the pull and the reward ``observe`` would have fed: worker by
-        worker, decision by decision (the order the local backend learns in, so a replay of
+        stays behind. The steps table brings back every decision (its ``decision``, ``bucket``,
+        ``arm``, ``explored``, ``settling`` and ``charged_to`` columns; a table without them
+        settled nothing and charged each step's own worker) with its rows' tokens and seconds,
+        so each is replayed here as the pull and the reward ``observe`` would have fed: worker
+        by worker, decision by decision (the order the local backend learns in, so a replay of
         a local rollout's table gives its bandit state). Steps above a fixed threshold (no
-        bucket) teach nothing, as in ``observe``."""
+        bucket) teach nothing, as in ``observe``. Runs still open in a copy end with it: the
+        replay opens none."""
         if "bucket" not in steps.columns:
             return
         decided = steps[steps["decision"].notna() & steps["bucket"].notna()]
         for (worker, _), rows in decided.groupby(["worker", "decision"], sort=True):
             first = rows.iloc[0]
-            choice = Choice(first["bucket"], first["arm"], bool(first["explored"]), int(worker))
+            choice = Choice(first["bucket"], first["arm"], bool(first["explored"]),
+                            int(first.get("charged_to", worker)),
+                            bool(first.get("settling", False)))
             self.bandit.count_pull(choice)
             self._learn(choice, int(rows["tokens"].sum()),
                         float(rows["end_s"].max() - rows["start_s"].min()))
