@@ -199,9 +199,11 @@ def eagle_and_siblings(policy):
 
 
 def alternating():
-    """The adaptive schedule, exploring as much as it likes: every step pulls the arm pulled
-    longest ago, so EAGLE chains, sibling chains and plain steps take turns."""
-    return AdaptiveSchedule(["chain:k=3", "sibling:k=3"], epsilon=1.0, explore_budget=1.0)
+    """The adaptive schedule, exploring as much as it likes one step at a time (no runs):
+    every step pulls the arm pulled longest ago, so EAGLE chains, sibling chains and plain
+    steps take turns."""
+    return AdaptiveSchedule(["chain:k=3", "sibling:k=3"], epsilon=1.0, explore_budget=1.0,
+                            explore_run=1, settle=0)
 
 
 def check_drafter_columns(steps):
