@@ -439,6 +439,9 @@ def test_an_exploring_pull_starts_a_run_in_its_bucket_whichever_worker_pulls():
     assert [c.settling for c in warm] == [False, False, True, False, False, False, False]
     first = [step(4, 1), step(4, 0)]  # bucket 4-7: a (the neighbour's best), then b's run
     assert [(c.arm, c.explored) for c in first] == [("a", False), ("b", True)]
+    clone = pickle.loads(pickle.dumps(bandit))  # a checkpoint keeps the open run
+    assert [by_hand(clone, {"a": 10.0, "b": 5.0})(4, w).arm for w in (1, 0, 1, 0)] == \
+        ["b", "b", "b", "a"]
     mixed = [step(batch, w) for w in (1, 0, 1) for batch in (1, 4)]
     assert [(c.bucket, c.arm, c.explored, c.worker) for c in mixed] == \
         [("1", "a", False, 1), ("4-7", "b", True, 0), ("1", "a", False, 0),
