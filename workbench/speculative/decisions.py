@@ -1,8 +1,10 @@
 """The bandit's decisions read back from a rollout's steps table, and the measures on them.
 
 The adaptive schedule (``speculative.bandit.AdaptiveSchedule``) explains every decode step it
-plans with three scalars, :data:`DECISION_KEYS`; the rollout layer stores them as decision
-columns of the steps table without reading them (``rollout/timeline.py``). This module is
+plans with scalars that the rollout layer stores as decision columns of the steps table
+without reading them (``rollout/timeline.py``): the three this module reads,
+:data:`DECISION_KEYS`, and an exploring run's bookkeeping (``settling``, ``charged_to``), which
+only the schedule's own replay reads (``AdaptiveSchedule.absorb``). This module is
 their reader: one row per decided step with the bandit's columns typed (NA where a schedule
 gave none: plain decoding, a fixed threshold, a table saved before them), the pulls per
 (bucket, arm), and docs/design.md's *explore cost* and *plain share*.
@@ -13,6 +15,9 @@ bucket    the batch-size bucket whose bandit chose (NA: no bandit chose, e.g. pl
           fixed threshold).
 arm       the strategy the step ran (``"plain"``, ``"chain:k=4"``, ...).
 explored  whether the pull explored (an arm other than the bucket's best).
+settling  whether the pull was among the first of an exploring run, which teach nothing
+          (``speculative/bandit.py``, "settling").
+charged_to the worker whose exploring budget paid for the pull (a run's first puller).
 """
 from __future__ import annotations
 
