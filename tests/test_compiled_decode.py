@@ -340,3 +340,32 @@ def test_a_run_on_another_thread_compiles_past_dynamo_s_default_limit(tokenizer)
     assert "error" not in out, repr(out.get("error"))
     assert out["result"].tokens == eager.tokens
     assert len(c.compiles) > 8
+
+
+def test_a_thread_running_graphs_compiled_on_another_raises_its_own_recompile_limit(tokenizer):
+    """A call may recompile on a thread that compiled nothing (its key's graph made on another
+    thread, a guard the real inputs fail): notebook 04's TLT variant failed so, at dynamo's
+    default limit of 8 on its thread. A thread's first compiled call raises that thread's
+    limit, before any call of its can recompile."""
+    import threading
+
+    from workbench.rollout.compile_settings import RECOMPILE_LIMIT
+    model = tiny_model("llama", tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    c = _compiled_of(model)
+    c.backend = "eager"
+    cfg = RolloutConfig(max_new_tokens=6, ignore_eos=True)
+    first = engine.rollout(PROMPTS[:1], cfg, compile=True, progress=False)  # compiles here
+    compiled = dict(c.compiles)
+    out = {}
+
+    def run():
+        out["before"] = torch._dynamo.config.recompile_limit
+        out["tokens"] = engine.rollout(PROMPTS[:1], cfg, compile=True, progress=False).tokens
+        out["after"] = torch._dynamo.config.recompile_limit
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert c.compiles == compiled  # the thread compiled nothing of its own
+    assert out["before"] < RECOMPILE_LIMIT <= out["after"]
+    assert out["tokens"] == first.tokens

@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .compile_settings import inductor_options, raise_recompile_limit, recompile_limit_raised
 from .forward import LeanForward
 from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
@@ -110,29 +111,6 @@ def bucket_name(rows: int, fed: int = 1) -> str:
 
 
 # ---- the compiled step ------------------------------------------------------------------
-def _inductor_options(cpp_wrapper: bool) -> dict:
-    """Inductor's options for the step. ``emulate_precision_casts``: round where eager
-    rounds (the norms' float32 for a float64 model, as HF does), so that compiled states
-    equal eager ones. ``size_asserts`` off: the wrapper's check of every input's sizes and
-    strides (some 60 a call) repeats what dynamo's guards have just checked. ``cpp_wrapper``:
-    the wrapper that calls the kernels compiled to C++, not run in Python."""
-    return {"emulate_precision_casts": True, "size_asserts": False, "cpp_wrapper": cpp_wrapper}
-
-
-RECOMPILE_LIMIT = 512
-
-
-def _raise_recompile_limit(n: int = RECOMPILE_LIMIT) -> None:
-    """Let dynamo keep ``n`` graphs of the step (8 a function by default): every compiled
-    forward of the process shares the step's code, so its graphs add up over keys, models
-    and runs. Dynamo's settings are per thread (``side_by_side`` runs compile on threads of
-    their own), so every compile raises them on its thread. (Torch 2.13's names;
-    ``cache_size_limit`` and ``accumulated_cache_size_limit`` are aliases.)"""
-    cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, n)
-    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, n)
-
-
 @dataclass
 class CompiledDecode:
     """The compiled plain step and verify pass of one :class:`LeanForward` (made once per
@@ -194,7 +172,7 @@ class CompiledDecode:
 
     def _compiled(self, plans):
         if self._fn is None:
-            options = _inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
+            options = inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
             fn = torch.compile(self._make_step(plans), backend=self.backend,
                                dynamic=None if self.dynamic_cols else False,
                                fullgraph=True, options=options)
@@ -298,7 +276,7 @@ class CompiledDecode:
         """Compile ``call``'s graph (a warm-up on scratch buffers of the same shapes and
         strides: the cache is not touched); its wall seconds, kept in :attr:`compiles`."""
         start = time.perf_counter()
-        _raise_recompile_limit()
+        raise_recompile_limit()
         a = call.args
         scratch = [None if t is None else _scratch(t) for t in a[:8]] + (
             a[8:-2] + [[_scratch(t) for t in a[-2]], [_scratch(t) for t in a[-1]]])
@@ -310,6 +288,8 @@ class CompiledDecode:
         """The step's outputs, the batch's rows of each (the decode step's ``(logits [B, q,
         V], states [B, q, H])``); the new keys and values written in the cache, whose views
         now cover the new columns."""
+        if not recompile_limit_raised():
+            raise_recompile_limit()
         out = call.fn(*call.args)
         for layer in call.layers:
             layer.set_views(call.rows, call.width)
