@@ -73,9 +73,10 @@ def positions(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def one_path(engine, drafter, prompts, cfg, args, compiled: bool) -> tuple[dict, list]:
-    """Per repeat, the two rollouts alternating (order rotating); per-repeat ratios of each
-    place's median step to the reference (plain-only rollout / the run's last SD round)."""
+def one_path(engine, drafter, prompts, cfg, args, compiled: bool) -> tuple[dict, list, list]:
+    """Per repeat, the two rollouts alternating (order rotating): per-repeat ratios of each
+    place's median step to the reference (plain-only rollout / the run's last SD round), the
+    plain-only rollout's median step (us) per repeat, and every measured step's CPU share."""
     run = lambda sched: engine.rollout(prompts, cfg, drafter=drafter, schedule=sched,
                                        progress=False, compile=compiled).timeline.steps
     plain_only = lambda: engine.rollout(prompts, cfg, progress=False,
@@ -83,7 +84,7 @@ def one_path(engine, drafter, prompts, cfg, args, compiled: bool) -> tuple[dict,
     for _ in range(max(1, args.warmup)):  # compiles (compile=True) and warms caches
         run(RunsSchedule(args.k, args.run))
         plain_only()
-    ratios, shares = {}, []
+    ratios, refs, shares = {}, [], []
     for rep in range(args.repeats):
         order = [0, 1] if rep % 2 == 0 else [1, 0]
         got = {}
@@ -94,12 +95,13 @@ def one_path(engine, drafter, prompts, cfg, args, compiled: bool) -> tuple[dict,
         ref = statistics.median(base["end_s"] - base["start_s"]) * 1e6
         placed = positions(got[1])
         shares += list(placed["cpu_share"])
-        sd_last = placed[(placed["kind"] == "sd") & (placed["place"] == args.run - 1)]["us"]
+        sd_last = statistics.median(
+            placed[(placed["kind"] == "sd") & (placed["place"] == args.run - 1)]["us"])
         for (kind, place), group in placed.groupby(["kind", "place"]):
-            denom = ref if kind == "plain" else statistics.median(sd_last)
+            denom = ref if kind == "plain" else sd_last
             ratios.setdefault((kind, place), []).append(statistics.median(group["us"]) / denom)
-        ratios.setdefault(("plain only", 0), []).append(ref)
-    return ratios, shares
+        refs.append(ref)
+    return ratios, refs, shares
 
 
 def main():
@@ -125,15 +127,12 @@ def main():
     print(header(ap, args, "A step right after an arm switch, batch 1"))
     figures, shares = {}, []
     for path in args.paths:
-        ratios, path_shares = one_path(engine, drafter, prompts, cfg, args, path == "compiled")
+        ratios, refs, path_shares = one_path(engine, drafter, prompts, cfg, args,
+                                             path == "compiled")
         shares += path_shares
-        table = []
-        for (kind, place), values in sorted(ratios.items(), key=lambda kv: str(kv[0])):
-            if kind == "plain only":
-                table.append({"steps": "plain only (reference)", "place": "",
-                              "ratio": f"{statistics.median(values):.0f} us", "min-max": "",
-                              "spread": ""})
-                continue
+        table = [{"steps": "plain only (reference)", "place": "",
+                  "ratio": f"{statistics.median(refs):.0f} us", "min-max": "", "spread": ""}]
+        for (kind, place), values in sorted(ratios.items()):
             stats = spread_stats(values, args.wide)
             table.append({"steps": kind, "place": place + 1, **ratio_cells(stats)})
             figures[f"{path}_{kind}_{place + 1}"] = figure_from_stats(stats)

@@ -7,8 +7,7 @@ import threading
 
 import torch
 
-__all__ = ["inductor_options", "raise_recompile_limit", "recompile_limit_raised",
-           "RECOMPILE_LIMIT"]
+__all__ = ["inductor_options", "raise_recompile_limit", "RECOMPILE_LIMIT"]
 
 
 def inductor_options(cpp_wrapper: bool) -> dict:
@@ -30,19 +29,16 @@ class _Raised(threading.local):
 _RAISED = _Raised()
 
 
-def raise_recompile_limit(n: int = RECOMPILE_LIMIT) -> None:
-    """Let dynamo keep ``n`` graphs of the step (8 a function by default): every compiled
-    forward of the process shares the step's code, so its graphs add up over keys, models
-    and runs. Dynamo's settings are per thread (``side_by_side`` runs on threads of their
-    own), and a call may recompile on a thread other than the one that compiled its key (a
-    graph its warm-up made, a guard the real inputs fail), so every compile and each
-    thread's first call raise them on their thread. (Torch 2.13's names.)"""
+def raise_recompile_limit() -> None:
+    """Let dynamo keep ``RECOMPILE_LIMIT`` graphs of the step (8 a function by default): every
+    compiled forward of the process shares the step's code, so its graphs add up over keys,
+    models and runs. Dynamo's settings are per thread (``side_by_side`` runs on threads of
+    their own), and a call may recompile on a thread other than the one that compiled its key
+    (a graph its warm-up made, a guard the real inputs fail), so every compile and every call
+    raise them on their thread: once a thread, a flag read after. (Torch 2.13's names.)"""
+    if _RAISED.done:
+        return
     cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, n)
-    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, n)
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, RECOMPILE_LIMIT)
     _RAISED.done = True
-
-
-def recompile_limit_raised() -> bool:
-    """Whether this thread's dynamo limit is raised (:func:`raise_recompile_limit`)."""
-    return _RAISED.done

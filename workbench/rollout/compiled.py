@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compile_settings import inductor_options, raise_recompile_limit, recompile_limit_raised
+from .compile_settings import inductor_options, raise_recompile_limit
 from .forward import LeanForward
 from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
@@ -288,8 +288,7 @@ class CompiledDecode:
         """The step's outputs, the batch's rows of each (the decode step's ``(logits [B, q,
         V], states [B, q, H])``); the new keys and values written in the cache, whose views
         now cover the new columns."""
-        if not recompile_limit_raised():
-            raise_recompile_limit()
+        raise_recompile_limit()
         out = call.fn(*call.args)
         for layer in call.layers:
             layer.set_views(call.rows, call.width)
