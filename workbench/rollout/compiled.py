@@ -36,7 +36,9 @@ graph (a ``compile`` row of a few milliseconds).
 
 A compiled call's fixed cost is kept small: its inputs live in buffers preallocated per key,
 written in place (:class:`~workbench.rollout.step_inputs.StepInputs`); columns are marked
-symbolic on a key's first call only; inductor's wrapper is C++, without size asserts.
+symbolic on a key's first call only; inductor's wrapper is C++, without size asserts; a
+call whose graph has run before skips dynamo's frame wrappers, not its guards
+(:class:`~workbench.rollout.graph_call.DirectGraph`).
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
 plain step runs 2.0-2.5x as fast as eager at batch 1, 1.14-1.33x at 8, 1.12-1.16x at 32: at
@@ -83,6 +85,7 @@ import torch
 
 from .compile_settings import inductor_options, raise_recompile_limit
 from .forward import LeanForward
+from .graph_call import DirectGraph
 from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
 from .step_inputs import StepInputs
@@ -173,9 +176,8 @@ class CompiledDecode:
     def _compiled(self, plans):
         if self._fn is None:
             options = inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
-            fn = torch.compile(self._make_step(plans), backend=self.backend,
-                               dynamic=None if self.dynamic_cols else False,
-                               fullgraph=True, options=options)
+            fn = DirectGraph(self._make_step(plans), self.backend,
+                             None if self.dynamic_cols else False, options)
             self._fn = fn if self.step_wrapper is None else self.step_wrapper(fn)
         return self._fn
 
