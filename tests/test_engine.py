@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from workbench.rollout import RolloutConfig, RolloutEngine, StaticSchedule, StepPlan
+from workbench.rollout.batch import DecodeBatch
 from workbench.rollout.decoder import BatchDecoder
 from workbench.rollout.forward import policy_forward
 from workbench.rollout.request import RequestOutput
@@ -72,6 +73,47 @@ def test_a_request_joining_mid_batch_has_a_cache_equal_to_a_fresh_recompute(toke
     visible_cache_equals_fresh_recompute(model, dec)
     dec.plain_step()
     dec.spec_step(StepPlan("speculative", 4))
+    visible_cache_equals_fresh_recompute(model, dec)
+
+
+def test_plain_steps_skip_the_compaction_check_yet_leave_nothing_to_compact(tokenizer,
+                                                                            monkeypatch):
+    """A plain step that keeps its rows adds no hole, nor do rows joining (the longest of
+    them sees all its columns), so a plain step's end skips ``compact`` (a read of the mask
+    back every step). Checked against the batch's own rule after every plain step, with
+    holes left by rejected drafts and rows joining: compacting then changes nothing."""
+    model = tiny_model("llama", tokenizer, seed=3)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=60, ignore_eos=True)
+    plain = engine.rollout(PROMPTS, cfg, progress=False)
+    reqs = [RequestOutput.of(q, 0) for q in engine.make_requests(engine.encode(PROMPTS), cfg)]
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: 0 for r in plain.requests})
+    drafter.check_compatible(model, tokenizer)
+    dec = BatchDecoder(policy_forward(model), cfg, StepRecorder(0, "sim"), engine.eos_id,
+                       engine.pad_id, drafter=drafter)
+    done = []  # per compact() call: whether it compacted
+    compact = DecodeBatch.compact
+
+    def counted(batch, *args, **kwargs):
+        mask = batch.mask
+        compact(batch, *args, **kwargs)
+        done.append(batch.mask is not mask)
+    monkeypatch.setattr(DecodeBatch, "compact", counted)
+    dec.admit(reqs[:2])
+    for step in range(30):
+        if step == 12:
+            dec.admit(reqs[2:5])  # short prompts join rows with many holes
+        if step % 3 == 0:  # rows take turns rejecting all 6 drafts: each row gets holes
+            for i, r in enumerate(reqs):
+                drafter.wrong_at[r.uid] = 0 if (i + step // 3) % 2 else 6
+            dec.spec_step(StepPlan("speculative", 6))
+            continue
+        dec.plain_step()
+        before = len(done)
+        dec.batch.compact()
+        assert done[before:] == [False], f"step {step}: a plain step left holes to compact"
+    assert any(done)  # the holes did reach the rule's bound (at a verify step's end)
     visible_cache_equals_fresh_recompute(model, dec)
 
 

@@ -354,7 +354,10 @@ class BatchDecoder:
             b.keep_rows(keep)
             if self.drafter is not None and b is self.batch:
                 self.drafter.keep_rows(keep)
-        b.compact()
+        # a plain step keeping its rows adds no hole, nor do rows joining (their longest row
+        # sees all its columns): a batch compact enough after the step before stays so
+        if finished or kind != "decode":
+            b.compact()
         return n_emitted
 
     def release(self, uids) -> list[tuple]:
