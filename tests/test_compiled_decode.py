@@ -57,6 +57,9 @@ def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, te
     c = _compiled_of(model)
     assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
     assert {key[0] for key in c.compiles} <= {1, 2}  # bounded: one graph per bucket here
+    direct, through = c.direct_calls  # past dynamo's frame once a graph has run
+    assert direct + through == c.steps["compiled"] + len(c.compiles)  # warm-ups too
+    assert through <= 2 * len(c.compiles) and direct >= c.steps["compiled"] - len(c.compiles)
     # each warm-up compiled the graph its steps run (its scratch inputs as symbolic as
     # theirs): no step compiled another (none at all where an earlier test's graph served)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= len(c.compiles)
@@ -221,6 +224,23 @@ def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
     assert fed >= {1 + (4 if shape == "chain" else 5)}  # the verify graphs
     assert {key[4] for key in c.compiles if key[3] > 1} == {shape == "tree"}
     assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
+
+
+def test_calls_through_dynamo_give_the_direct_calls_tokens(tokenizer):
+    """``CompiledDecode.direct=False`` sends every call through dynamo (``torch.compile``'s
+    own function): the same tokens as the direct calls and as eager, in float64 (dynamo's
+    graph on eager kernels: the calling is under test)."""
+    models = [tiny_model("qwen2", tokenizer, seed=4) for _ in range(2)]
+    cfg = RolloutConfig(max_new_tokens=24, max_batch_size=2, compile=True)
+    tokens = []
+    for model, direct in zip(models, (True, False)):
+        c = _compiled_of(model)
+        c.backend, c.direct = "eager", direct
+        engine = RolloutEngine(model, tokenizer)
+        tokens.append(engine.rollout(PROMPTS[:3], cfg, progress=False).tokens)
+        assert (c.direct_calls[0] > 0) == direct and c.steps["compiled"] > 0
+    assert tokens[0] == tokens[1] == engine.rollout(PROMPTS[:3], cfg, compile=False,
+                                                    progress=False).tokens
 
 
 def test_cache_after_compiled_steps_equals_a_fresh_recompute(tokenizer):

@@ -126,7 +126,9 @@ class CompiledDecode:
     ``step_wrapper``: wraps the compiled step function once it is made (a test's double
     charges its timer around it; ``None``, the default: the compiled function itself).
     ``cpp_wrapper``: inductor's graph wrapper in C++ (a call's fixed cost in Python cut; a
-    cold compile longer). Set these before the first step. ``compiles``: ``{(Bb, Tb or None,
+    cold compile longer). ``direct``: a call whose graph ran before skips dynamo's frame
+    wrappers, not its guards (:class:`~workbench.rollout.graph_call.DirectGraph`); ``False``:
+    every call through dynamo. Set these before the first step. ``compiles``: ``{(Bb, Tb or None,
     row stride, fed, tree): seconds}`` of every graph compiled;
     ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
     ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
@@ -141,13 +143,14 @@ class CompiledDecode:
     backend: str = "inductor"
     step_wrapper: Callable[[Callable], Callable] | None = None
     cpp_wrapper: bool = True
+    direct: bool = True
     compiles: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
     steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
     _trials: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self._fn = None
+        self._fn = self._graph = None
         self._key = None
         self._tensors = None
         self._buffers: dict = {}  # StepInputs per graph key
@@ -155,8 +158,8 @@ class CompiledDecode:
     def __getstate__(self) -> dict:
         """A copy for another process (a Ray actor's) travels without its graphs, which do
         not pickle: it compiles its own."""
-        return {**self.__dict__, "_fn": None, "_key": None, "_tensors": None, "compiles": {},
-                "_buffers": {}}
+        return {**self.__dict__, "_fn": None, "_graph": None, "_key": None, "_tensors": None,
+                "compiles": {}, "_buffers": {}}
 
     # -- the pieces ------------------------------------------------------------------------
     def _plans(self) -> list:
@@ -176,8 +179,12 @@ class CompiledDecode:
     def _compiled(self, plans):
         if self._fn is None:
             options = inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
-            fn = DirectGraph(self._make_step(plans), self.backend,
-                             None if self.dynamic_cols else False, options)
+            dynamic = None if self.dynamic_cols else False
+            fn = (DirectGraph(self._make_step(plans), self.backend, dynamic, options)
+                  if self.direct else
+                  torch.compile(self._make_step(plans), backend=self.backend, dynamic=dynamic,
+                                fullgraph=True, options=options))
+            self._graph = fn
             self._fn = fn if self.step_wrapper is None else self.step_wrapper(fn)
         return self._fn
 
@@ -201,6 +208,13 @@ class CompiledDecode:
         return (isinstance(cache, StaticKVCache) and 0 < batch.size <= MAX_ROWS
                 and len(cache.layers) == self._layer_count()
                 and all(layer.is_initialized for layer in cache.layers))
+
+    @property
+    def direct_calls(self) -> tuple[int, int]:
+        """Graph calls so far ``(direct, through dynamo)`` (:attr:`direct`; ``(0, 0)``
+        before the first step and where every call goes through dynamo)."""
+        fn = self._graph
+        return (fn.direct, fn.through_dynamo) if isinstance(fn, DirectGraph) else (0, 0)
 
     # -- "auto" ----------------------------------------------------------------------------
     @property

@@ -108,8 +108,12 @@ class DirectGraph:
         inner = _inner_backend(backend, options)
 
         def wrapped(gm, inputs):
-            sources = [_source(n) for n in gm.graph.nodes if n.op == "placeholder"]
-            return _Graph(inner(gm, inputs), sources)
+            compiled = inner(gm, inputs)
+            try:
+                sources = [_source(n) for n in gm.graph.nodes if n.op == "placeholder"]
+            except (KeyError, AttributeError):  # no source to read an input by: dynamo's
+                return compiled
+            return _Graph(compiled, sources)
         self.compiled = torch.compile(fn, backend=wrapped, dynamic=dynamic, fullgraph=True)
         self.bound: list[tuple[object, _Graph]] = []  # (guards, graph), the last hit first
         self.direct = self.through_dynamo = 0
@@ -117,12 +121,12 @@ class DirectGraph:
     def __call__(self, *args):
         frame = dict(zip(self.names, args))
         frame.update(self.closure)
-        for i, (guards, graph) in enumerate(self.bound):
-            if guards.check(frame):
-                if i:
-                    self.bound.insert(0, self.bound.pop(i))
+        for i, pair in enumerate(self.bound):
+            if pair[0].check(frame):
+                if i:  # the last hit first, in a new list (a thread iterating keeps its own)
+                    self.bound = [pair] + [p for p in self.bound if p is not pair]
                 self.direct += 1
-                return graph.run(frame)
+                return pair[1].run(frame)
         return self._through_dynamo(args, frame)
 
     def _through_dynamo(self, args, frame: dict):
@@ -133,7 +137,7 @@ class DirectGraph:
         if graph is not None and _unchanged(out, graph.outputs) and graph.reads(frame):
             guards = _accepting_guards(self.code, frame)
             if guards is not None:
-                self.bound.insert(0, (guards, graph))
+                self.bound = [(guards, graph), *self.bound]
         if graph is not None:
             graph.inputs = graph.outputs = None
         return out
