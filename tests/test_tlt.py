@@ -187,6 +187,12 @@ def test_bad_tlt_input(tokenizer):
         TLTConfig(drafter_delay_s=-1)
     with pytest.raises(ValueError, match="explore_budget"):
         TLTConfig(explore_budget=2)
+    with pytest.raises(ValueError, match="explore_run"):
+        TLTConfig(explore_run=0, speculative=False)  # refused even where nothing explores
+    with pytest.raises(ValueError, match=r"settle \(with explore_run=2\)"):
+        TLTConfig(explore_run=2, settle=2, speculative=False)
+    one_step = TLTConfig(explore_run=1, settle=0).schedule()  # the old rule, passed through
+    assert (one_step.bandit.runs.length, one_step.bandit.runs.settle) == (1, 0)
     with pytest.raises(ValueError, match="variant must be one of 'baseline', .*, got 'fast'"):
         tlt_config("fast")
     with pytest.raises(ValueError, match="chain:k=9x|strateg"):

@@ -99,7 +99,8 @@ def test_paired_median_speedup_shrugs_off_one_stalled_step():
 def test_engine_label_says_where_the_adaptive_engine_may_speculate():
     learned = rlviz.engine_label(4, None, 0.02)
     assert learned == ("static k 4 | adaptive engine: learns where SD pays, exploring <= 2% of "
-                       "decode time")
-    capped = rlviz.engine_label(2, 8, 0.5, drafter_delay_s=0.002)
+                       "decode time in runs of 6, 3 settling")
+    capped = rlviz.engine_label(2, 8, 0.5, drafter_delay_s=0.002, explore_run=1, settle=0)
     assert "no SD above batch 8" in capped and "exploring <= 50%" in capped
+    assert "one step at a time" in capped
     assert capped.endswith("hostile machine: +2 ms per drafted depth")

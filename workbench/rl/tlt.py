@@ -64,6 +64,10 @@ class TLTConfig(NestedConfig):
             decoding is always an arm besides them.
         epsilon, window, explore_budget: the bandit's exploration rate, sliding window and
             the share of a worker's decode time that exploring may lose.
+        explore_run, settle: an explored arm's consecutive pulls in its bucket, and the first
+            of them that teach nothing (the step after an arm switch is slower:
+            ``speculative.bandit``, "run"); ``explore_run=1, settle=0`` explores one step at
+            a time.
         spot: the spot trainer's configuration.
         drafter_delay_s: seconds added to every drafted depth (``SlowedDrafter``): a hostile
             machine where SD cannot pay, for tests and benchmarks; 0 for real runs.
@@ -85,6 +89,8 @@ class TLTConfig(NestedConfig):
     epsilon: float = 0.1
     window: int = 300
     explore_budget: float = 0.02
+    explore_run: int = 6
+    settle: int = 3
     spot: SpotConfig = field(default_factory=SpotConfig)
     drafter_delay_s: float = 0.0
     drafter: str = "eagle"
@@ -101,6 +107,9 @@ class TLTConfig(NestedConfig):
         check_fraction("TLTConfig.epsilon", self.epsilon)
         check_fraction("TLTConfig.explore_budget", self.explore_budget)
         check_int("TLTConfig.window", self.window, 1)
+        check_int("TLTConfig.explore_run", self.explore_run, 1)
+        check_int(f"TLTConfig.settle (with explore_run={self.explore_run})", self.settle, 0,
+                  self.explore_run - 1)
         SlowedDrafter.check_delay(self.drafter_delay_s)
         if self.drafter != "eagle":
             DrafterSpec.parse(self.drafter)  # a registered name, settings well formed
@@ -144,7 +153,8 @@ class TLTConfig(NestedConfig):
             return StaticSchedule(self.grpo.rollout.spec_k)
         return AdaptiveSchedule(arms=self.arms, threshold=self.threshold, epsilon=self.epsilon,
                                 window=self.window, explore_budget=self.explore_budget,
-                                seed=self.grpo.rollout.seed)
+                                seed=self.grpo.rollout.seed, explore_run=self.explore_run,
+                                settle=self.settle)
 
 
 def tokens_digest(result) -> str:

@@ -32,15 +32,19 @@ def rl_label(grpo, steps: int) -> str:
 
 
 def engine_label(spec_k: int, threshold: int | None, explore_budget: float,
-                 drafter_delay_s: float = 0.0) -> str:
+                 drafter_delay_s: float = 0.0, explore_run: int = 6, settle: int = 3) -> str:
     """What the ablation's SD engines were told: the static chain's depth, where the adaptive
-    engine may speculate, what its exploring may cost, and the hostile machine's delay."""
+    engine may speculate, what its exploring may cost and how it explores (runs of
+    ``explore_run`` pulls, the first ``settle`` teaching nothing), and the hostile machine's
+    delay."""
     where = ("learns where SD pays" if threshold is None
              else f"no SD above batch {threshold}")
+    how = ("one step at a time" if explore_run == 1
+           else f"in runs of {explore_run}, {settle} settling")
     hostile = (f" | hostile machine: +{drafter_delay_s * 1e3:g} ms per drafted depth"
                if drafter_delay_s else "")
     return (f"static k {spec_k} | adaptive engine: {where}, exploring <= {explore_budget:.0%} "
-            f"of decode time{hostile}")
+            f"of decode time {how}{hostile}")
 
 
 def _color(variant: str):
