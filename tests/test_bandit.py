@@ -347,6 +347,41 @@ def test_one_outlier_exploring_pull_does_not_stop_exploring_for_good():
     assert {c.arm for c in choices[3000:] if c.explored} == {"plain", "chain2", "tree"}
 
 
+def test_a_bandit_pickled_before_the_ledger_and_runs_resumes_as_it_ran():
+    """A TLT checkpoint pickles its schedule; one from before the budget's ledger and the
+    exploring runs held the exploring share and cost sums on the bandit itself. Unpickled
+    now, it keeps its rewards and sums, explores one step at a time as it did, and goes on
+    choosing and learning (and pickles again in today's form)."""
+    def step(bandit, i):  # four workers taking turns at 3 live rows, steady rates
+        c = bandit.choose(3, worker=i % 4)
+        bandit.update(c, NOTEBOOK_RATES[c.arm], 6 / NOTEBOOK_RATES[c.arm])
+        return c
+    bandit = BucketedBandit(list(NOTEBOOK_RATES), epsilon=0.1, explore_budget=0.02, seed=0)
+    for i in range(300):
+        step(bandit, i)
+    state = dict(bandit.__dict__)
+    budget = state.pop("budget")
+    del state["runs"]
+    state.update(explore_budget=0.02, observed_s=dict(budget.observed_s),
+                 explore_cost_s=dict(budget.explore_cost_s),
+                 last_cost={key: budget.expected_cost(*key) for key in budget.bucket_costs},
+                 arm_cost={arm: budget.arm_cost(arm) for arm in budget.arm_costs})
+    old = BucketedBandit.__new__(BucketedBandit)
+    old.__dict__.update(state)  # the older form, as its pickle would hold it
+    resumed = pickle.loads(pickle.dumps(old))
+    assert (resumed.runs.length, resumed.runs.settle) == (1, 0)
+    assert resumed.budget.share == 0.02 and resumed.budget.observed_s == budget.observed_s
+    for key in budget.bucket_costs:
+        assert resumed.expected_cost(*key) == pytest.approx(bandit.expected_cost(*key))
+    assert resumed.value("2-3", "chain4") == bandit.value("2-3", "chain4")
+    choices = [step(resumed, i) for i in range(300, 2300)]
+    assert not any(c.settling for c in choices) and any(c.explored for c in choices)
+    assert resumed.best("2-3") == "chain4"
+    again = pickle.loads(pickle.dumps(resumed))
+    assert [step(again, i) for i in range(2300, 2400)] == \
+        [step(resumed, i) for i in range(2300, 2400)]
+
+
 def test_an_expensive_stale_arm_blocks_only_itself_until_its_cost_fades():
     """Worker 1 tries each arm (cheap in a run of six; slow's run ends after one pull, which
     loses more than worker 1's budget holds, and more than worker 0's budget holds).

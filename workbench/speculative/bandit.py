@@ -30,22 +30,20 @@ exploring   pulling an arm other than the best, among the other arms the budget 
             teach something of another arm, as when each exploring step did. An arm the
             budget cannot afford blocks only itself. Each exploring pull starts a run.
 run         ``explore_run`` consecutive pulls of the explored arm in its bucket, whichever
-            worker pulls (the local backend's workers share one thread; a process backend's
-            copies keep their own runs), all charged to the worker that started it (so that
-            a worker whose budget is spent cannot cut, pull after pull, the runs the others
-            start before they teach); other buckets go on as usual. A step right after an
-            arm switch runs slower (``speculative/explore_runs.py``), so an arm explored one
-            step at a time would be under-valued by that transient. A run ends early when the
-            budget no longer affords its arm's next pull (checked before each) or the arm
-            became the best. ``explore_run=1, settle=0`` explores one step at a time.
+            worker pulls (a process backend's copies keep their own runs), all charged to the
+            worker that started it (so that a worker whose budget is spent cannot cut the
+            runs the others start before they teach); other buckets go on as usual. A step
+            right after an arm switch runs slower (``speculative/explore_runs.py``), so an arm
+            explored one step at a time would be under-valued. A run ends early when the
+            budget no longer affords its next pull (checked before each) or the arm became
+            the best. ``explore_run=1, settle=0`` explores one step at a time.
 settling    the first ``settle`` pulls of a run count as pulls and are charged, but teach
             nothing (their rewards move neither the arm's value nor the best), unless the
-            budget would not afford another pull at what this one cost (where an arm costs
-            too much to run, a reading slowed by the switch beats none). The best arm's
-            first pulls after a run do not settle: its window of up to ``window`` rewards,
-            nearly all from steady streams, absorbs them.
+            budget would not afford another pull at what this one cost (where an arm costs too
+            much to run, a reading slowed by the switch beats none). The best arm's first
+            pulls after a run do not settle: its window of rewards absorbs them.
 cost        what an exploring pull (settling or not) lost against the best arm: its seconds
-            minus the best arm's seconds for the same tokens (0 when it did better).
+            minus the best arm's for the same tokens (0 when it did better).
 budget      an exploring pull (each pull of a run) is made only if the worker's exploring cost
             so far, with what this pull is expected to cost, stays at most ``explore_budget`` of
             the worker's seconds observed. The expected cost is the arm's latest cost in this
@@ -62,10 +60,10 @@ budget      an exploring pull (each pull of a run) is made only if the worker's 
             arm's steps, at the default budget) is re-tried once the ledger has forgotten its
             last pull, so it may cost a few times the share.
 
-Arms are named by strategy strings (``speculative/strategies.py``): ``"plain"``,
-``"chain:k=K"``, ``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or any decoding arm a plugin
-registers (``speculative.arms.ARMS``): the bandit's state, its tables and the steps table's
-``arm`` column name it by its own string, and a pickled schedule (a checkpoint) keeps it.
+Arms are named by strategy strings (``speculative/strategies.py``: ``"plain"``, ``"chain:k=K"``,
+``"tree:k=K,b=B[,n=N]"``, ``"sibling:k=K"``, or a plugin's, ``speculative.arms.ARMS``) in the
+bandit's state, its tables, the steps table's ``arm`` column and a pickled schedule (a
+checkpoint; an older version's resumes: ``speculative/bandit_resume.py``).
 """
 from __future__ import annotations
 
@@ -78,6 +76,7 @@ import pandas as pd
 from ..checks import check_fraction, check_int
 from ..rollout.schedule import PLAIN, Decision, Schedule, StepPlan, StepReport
 from .arms import arm_forms
+from .bandit_resume import resumed_state
 from .explore_budget import ExploreBudget
 from .explore_runs import ExploreRuns
 from .sliding_median import SlidingMedian
@@ -157,6 +156,9 @@ class BucketedBandit:
         self.nearest = {b: [self.labels[j] for j in sorted(range(len(self.labels)),
                                                            key=lambda j: (abs(j - i), j))]
                         for i, b in enumerate(self.labels)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(resumed_state(state))  # an older checkpoint's bandit too
 
     def bucket(self, batch_size: int) -> str:
         """The label of the bucket ``batch_size`` falls in."""
@@ -269,14 +271,12 @@ class AdaptiveSchedule(Schedule):
     picks plain decoding or an SD strategy, and the step's tokens per second are its reward.
 
     Args:
-        arms: the SD strategies (strings naming registered decoding arms,
-            ``speculative/strategies.py`` and ``speculative.arms``, arms, or speculative
-            StepPlans); ``"plain"`` is always an arm besides them (first: a bucket with
-            nothing measured decodes plain). Arms that name a drafter (``"sibling:k=4"``)
-            need a rollout drafter that has it (``speculative.DrafterSet``).
+        arms: the SD strategies (strings naming registered decoding arms, arms, or
+            speculative StepPlans); ``"plain"`` is always an arm besides them (first: a
+            bucket with nothing measured decodes plain). Arms that name a drafter
+            (``"sibling:k=4"``) need a rollout drafter that has it (``speculative.DrafterSet``).
         threshold: ``None`` (the default): every bucket learns whether to speculate. An
-            integer: the largest live batch that may speculate, plain above it (TLT's fixed
-            rule, for studies).
+            integer: the largest live batch that may speculate (TLT's fixed rule, for studies).
         epsilon, window, explore_budget, buckets, seed, explore_run, settle: of the
             :class:`BucketedBandit` (``buckets`` = lower edges).
     """
