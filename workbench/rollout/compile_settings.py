@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-__all__ = ["inductor_options", "raise_recompile_limit", "RECOMPILE_LIMIT", "REALIZE_OPCOUNT"]
+__all__ = ["inductor_options", "raise_recompile_limit", "RECOMPILE_LIMIT"]
 
 
 def inductor_options(cpp_wrapper: bool) -> dict:
@@ -15,18 +15,8 @@ def inductor_options(cpp_wrapper: bool) -> dict:
     rounds (the norms' float32 for a float64 model, as HF does), so that compiled states
     equal eager ones. ``size_asserts`` off: the wrapper's check of every input's sizes and
     strides (some 60 a call) repeats what dynamo's guards have just checked. ``cpp_wrapper``:
-    the wrapper that calls the kernels compiled to C++, not run in Python.
-    ``realize_opcount_threshold`` 4 (inductor's default 30): an intermediate of a few ops
-    read by many loops is computed once into a buffer, not inlined into each reader; the
-    RMS-normed input of a projection written out as row-by-row sums (``rollout.step_graph``)
-    was otherwise normed again for every weight row and fed row, which made a verify pass of
-    five fed tokens at batch 1 cost some 25% more (docs/lab-notes/2026-12-05-compiled-decode-
-    step.md)."""
-    return {"emulate_precision_casts": True, "size_asserts": False, "cpp_wrapper": cpp_wrapper,
-            "realize_opcount_threshold": REALIZE_OPCOUNT}
-
-
-REALIZE_OPCOUNT = 4
+    the wrapper that calls the kernels compiled to C++, not run in Python."""
+    return {"emulate_precision_casts": True, "size_asserts": False, "cpp_wrapper": cpp_wrapper}
 
 
 RECOMPILE_LIMIT = 512
