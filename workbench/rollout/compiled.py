@@ -41,7 +41,7 @@ call whose graph has run before skips dynamo's frame wrappers, not its guards
 (:class:`~workbench.rollout.graph_call.DirectGraph`).
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-plain step runs 2.0-2.5x as fast as eager at batch 1, 1.14-1.33x at 8, 1.12-1.16x at 32: at
+plain step runs 1.9-2.5x as fast as eager at batch 1, 1.14-1.47x at 8, 1.12-1.21x at 32: at
 batch 1 and 2 the graph's projections are inductor's own loops (``rollout.step_graph``),
 from batch 8 on the same BLAS kernels as eager's, which then take most of the step. A
 speculative step gains 1.2-1.4x at batch 1 (the verify pass's few rows go through those loops
