@@ -179,11 +179,10 @@ class CompiledDecode:
     def _compiled(self, plans):
         if self._fn is None:
             options = inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
-            dynamic = None if self.dynamic_cols else False
-            fn = (DirectGraph(self._make_step(plans), self.backend, dynamic, options)
-                  if self.direct else
-                  torch.compile(self._make_step(plans), backend=self.backend, dynamic=dynamic,
-                                fullgraph=True, options=options))
+            step, dynamic = self._make_step(plans), None if self.dynamic_cols else False
+            fn = (DirectGraph(step, self.backend, dynamic, options) if self.direct else
+                  torch.compile(step, backend=self.backend, dynamic=dynamic, fullgraph=True,
+                                options=options))
             self._graph = fn
             self._fn = fn if self.step_wrapper is None else self.step_wrapper(fn)
         return self._fn

@@ -3,10 +3,10 @@ run: the compiled decode step's fixed cost per call (``rollout.compiled``).
 
 A call of a ``torch.compile``'d function enters dynamo's frame hook, evaluates the guards of
 its cached graphs, and goes through several Python wrappers before the graph's own code
-runs. For the decode step at batch 1 on this project's CPU those wrappers cost about 60 us a
-call, more than a tenth of the graph (``benchmarks/bench_peers.py``, issue 41); the guards
-themselves about 14 us. :class:`DirectGraph` keeps dynamo's semantics and skips the
-wrappers:
+runs. For the decode step at batch 1 on this project's CPU, replayed in a loop, those cost
+75-90 us a call against the graph's ~390 us, the guards themselves ~14 us; in a rollout,
+skipping the wrappers makes batch 1 about 3% faster (``benchmarks/bench_direct_call.py``,
+issue 41). :class:`DirectGraph` keeps dynamo's semantics and skips the wrappers:
 
 1. the first call with inputs no known graph accepts goes through dynamo as usual (it
    compiles, or picks a cached graph); the backend is wrapped so that the graph that ran is
@@ -22,10 +22,10 @@ So a call runs exactly the graph dynamo would run, after exactly its guards. A g
 bound only when the function's return value is the graph's outputs, unchanged (true of a
 ``fullgraph`` step returning its tensors), and its inputs read by their sources are the very
 inputs dynamo passed (not so where dynamo made one, a float wrapped in a tensor); anything
-else keeps going through dynamo. The
-introspection is torch 2.13's (``_debug_get_cache_entry_list``, a cache entry's
-``guard_manager``, a placeholder's ``grapharg``): should it be missing, every call goes
-through dynamo (:attr:`DirectGraph.direct` stays 0).
+else keeps going through dynamo. The introspection is torch 2.13's
+(``_debug_get_cache_entry_list``, a cache entry's ``guard_manager``, a placeholder's
+``grapharg``): should it be missing, every call goes through dynamo
+(:attr:`DirectGraph.direct` stays 0).
 """
 from __future__ import annotations
 

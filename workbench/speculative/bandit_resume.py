@@ -11,7 +11,7 @@ from .explore_runs import ExploreRuns
 
 __all__ = ["resumed_state"]
 
-_OLD_LEDGER = ("explore_budget", "last_cost", "arm_cost", "observed_s", "explore_cost_s")
+_OLD_LEDGER = ("last_cost", "arm_cost", "observed_s", "explore_cost_s")  # an older ledger
 
 
 def resumed_state(state: dict) -> dict:
@@ -20,10 +20,10 @@ def resumed_state(state: dict) -> dict:
     that settle none (the rule it ran under)."""
     state = dict(state)
     if "budget" not in state:
+        budget = ExploreBudget(state.pop("explore_budget"))
         old = {name: state.pop(name, {}) for name in _OLD_LEDGER}
-        budget = ExploreBudget(old["explore_budget"] or 0.0)
-        budget.observed_s, budget.explore_cost_s = dict(old["observed_s"]), dict(
-            old["explore_cost_s"])
+        budget.observed_s = dict(old["observed_s"])
+        budget.explore_cost_s = dict(old["explore_cost_s"])
         budget.bucket_costs = {key: (cost, 0) for key, cost in old["last_cost"].items()}
         budget.arm_costs = {arm: (cost, 0) for arm, cost in old["arm_cost"].items()}
         state["budget"] = budget
