@@ -41,15 +41,12 @@ call whose graph has run before skips dynamo's frame wrappers, not its guards
 (:class:`~workbench.rollout.graph_call.DirectGraph`).
 
 On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-plain step runs 1.9-2.5x as fast as eager at batch 1, 1.14-1.47x at 8, 1.12-1.21x at 32: at
-batch 1 and 2 the graph's projections are inductor's own loops (``rollout.step_graph``),
-from batch 8 on the same BLAS kernels as eager's, which then take most of the step. A
-speculative step gains 1.2-1.4x at batch 1 (the verify pass's few rows go through those loops
-too) and nothing at batch 8: an EAGLE round's drafting is small graph calls whose fixed
-cost is most of their time. Hence ``False`` by default still: the notebooks' TLT rollouts
-draft with an EAGLE head at batch 8 and more, and a cold compile (5-30 s a graph here) is
-not earned back by a short run; ``True`` or ``"auto"`` where plain steps at small batch
-dominate.
+plain step runs 1.9-2.5x as fast as eager at batch 1 (its projections inductor's own loops or
+the few-rows kernel, ``rollout.few_rows``, alike), and the kernel lifts batch 8 and the
+verify pass, where the library's GEMM ran a few rows at a fraction of the core's width
+(``benchmarks/bench_few_rows.py``). An EAGLE round's drafting is small graph calls whose
+fixed cost is most of their time. Hence ``False`` by default still: a cold compile (5-30 s
+a graph here) is not earned back by a short run; ``True`` or ``"auto"`` for long ones.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
 ``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
@@ -84,6 +81,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .compile_settings import inductor_options, raise_recompile_limit
+from .few_rows import kernel_applies, pack
 from .forward import LeanForward
 from .graph_call import DirectGraph
 from .static_cache import StaticKVCache, round_up, row_bucket
@@ -128,9 +126,10 @@ class CompiledDecode:
     ``cpp_wrapper``: inductor's graph wrapper in C++ (a call's fixed cost in Python cut; a
     cold compile longer). ``direct``: a call whose graph ran before skips dynamo's frame
     wrappers, not its guards (:class:`~workbench.rollout.graph_call.DirectGraph`); ``False``:
-    every call through dynamo. Set these before the first step. ``compiles``: ``{(Bb, Tb or None,
-    row stride, fed, tree): seconds}`` of every graph compiled;
-    ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
+    every call through dynamo. ``few_rows``: float32 projections on the CPU through the
+    few-rows kernel (``rollout.few_rows``); ``False``: inductor's loops and the BLAS GEMM.
+    Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
+    tree): seconds}`` of every graph compiled; ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
     ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
     (plain and verify) run each way."""
 
@@ -144,6 +143,7 @@ class CompiledDecode:
     step_wrapper: Callable[[Callable], Callable] | None = None
     cpp_wrapper: bool = True
     direct: bool = True
+    few_rows: bool = True
     compiles: dict = field(default_factory=dict)
     choices: dict = field(default_factory=dict)
     steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
@@ -170,7 +170,11 @@ class CompiledDecode:
 
     def _make_step(self, plans):
         """The function compiled (``rollout.step_graph``): the lean forward's step."""
-        return make_step(self.forward, plans)
+        return make_step(self.forward, plans, self._packed())
+
+    def _packed(self) -> bool:
+        """Whether the step's weights go packed to the few-rows kernel (:attr:`few_rows`)."""
+        return kernel_applies(self.few_rows, self.forward.dtype, self.forward.device)
 
     def _rope(self, pos: torch.Tensor, bound: int):
         """cos/sin ``[Bb, q, d]`` at ``pos`` (each below ``bound``)."""
@@ -191,11 +195,12 @@ class CompiledDecode:
         """The step's weight arguments, after its padded inputs (and data), read once per
         version of the weights."""
         if self._key != self.forward.key:
-            f = self.forward
+            f, packed = self.forward, self._packed()
             norm, head = f.decoder.norm, f.lm_head
+            head_w = head.weight.detach()
             self._tensors = (f.decoder.embed_tokens.weight.detach(),
-                             [layer_tensors(p) for p in plans], norm.weight.detach(),
-                             head.weight.detach(),
+                             [layer_tensors(p, packed) for p in plans], norm.weight.detach(),
+                             pack(head_w) if packed else head_w,
                              None if head.bias is None else head.bias.detach())
             self._key = f.key
         return self._tensors

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from functools import cached_property
 from operator import attrgetter
 
 import torch
 import torch.nn.functional as F
+
+from .few_rows import pack
 
 __all__ = ["policy_forward"]
 
@@ -194,6 +197,14 @@ class LayerPlan:
                    layer.post_attention_layernorm.variance_epsilon,
                    _cat([m.weight for m in gate_up]), _cat([m.bias for m in gate_up]),
                    mlp.act_fn, mlp.down_proj.weight, mlp.down_proj.bias, *qk_norms)
+
+    @cached_property
+    def packed(self) -> tuple[torch.Tensor, ...]:
+        """``(w_qkv, w_o, w_gate_up, w_down)`` in the few-rows kernel's layout
+        (``rollout.few_rows.pack``): made on first use, once per plan (a plan is rebuilt when
+        a weight changes); a copy of the weights that only the compiled step's kernel path
+        pays for."""
+        return tuple(pack(w) for w in (self.w_qkv, self.w_o, self.w_gate_up, self.w_down))
 
 
 def layer_plan(layer) -> LayerPlan:

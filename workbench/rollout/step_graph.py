@@ -9,7 +9,9 @@ exactly. Two pieces are written out so that inductor compiles them into its own 
 instead of calling a library kernel: a projection of a few rows (:func:`project`: at batch 1
 and 2, the fixed cost and small-row blocking of a BLAS call exceed the arithmetic; a plain
 step at batch 1 then runs about twice as fast as eager on this project's CPU, issue 41) and
-the attention (:func:`attend`, fused instead of SDPA's kernel). In float64 its greedy
+the attention (:func:`attend`, fused instead of SDPA's kernel). In float32 on the CPU the
+projections go instead to the few-rows kernel (:func:`project_packed`, ``rollout.few_rows``),
+whatever their rows, on weights packed for it. In float64 its greedy
 tokens equal the eager step's (tests/test_compiled_decode.py,
 tests/test_compiled_lossless.py, tests/test_step_graph.py), its states and logprobs
 to about 1e-8, not to the last bit: the norms compute in float32 (as HF's RMSNorm does, even
@@ -23,15 +25,18 @@ import torch.nn.functional as F
 
 from .forward import LeanForward, _rotate, normed_qk, rms_norm
 
-__all__ = ["make_step", "make_draft_step", "layer_tensors", "project", "attend"]
+__all__ = ["make_step", "make_draft_step", "layer_tensors", "project", "project_packed",
+           "projector", "attend"]
 
 
-def make_step(forward: LeanForward, plans):
+def make_step(forward: LeanForward, plans, packed: bool = False):
     """The step over static buffers (``q`` fed tokens a row: 1 for a plain step, ``1 + n``
     for a verify pass), its constants (eps, heads, windows, activations) closed over; every
     tensor (weights included) is an argument, so weights loaded or trained in place, or
-    replaced by tensors of the same shapes, need no recompile."""
+    replaced by tensors of the same shapes, need no recompile. ``packed``: the weights come
+    packed and every projection runs through the few-rows kernel (:func:`projector`)."""
     consts = [layer_consts(p) for p in plans]
+    proj, vocab = projector(packed), forward.lm_head.weight.shape[0]
     windows = list(forward.windows)
     distinct = sorted(set(windows), key=lambda w: -1 if w is None else w)
     norm_eps = forward.decoder.norm.variance_epsilon
@@ -45,24 +50,27 @@ def make_step(forward: LeanForward, plans):
         x = F.embedding(ids, emb)
         masks = {w: visible(vis, col_pos, pos, w, tree) for w in distinct}
         for i, const in enumerate(consts):
-            x = layer_pass(x, const, layers[i], masks[windows[i]], cos, sin, col, ks[i], vs[i])
-        return project(rms_norm(norm_w, norm_eps, x), head_w, head_b), x
+            x = layer_pass(x, const, layers[i], masks[windows[i]], cos, sin, col, ks[i], vs[i],
+                           proj)
+        return proj(rms_norm(norm_w, norm_eps, x), head_w, head_b, vocab), x
     return step
 
 
-def make_draft_step(plan):
+def make_draft_step(plan, fc_out: int, packed: bool = False):
     """An EAGLE head's draft step over static buffers (``speculative.eagle``): ``fc`` on
     (token embedding, parent state), then its one decoder layer (no window: the head's
-    attention is full, as its eager step's); returns the predicted states ``[Bb, q, H]``."""
+    attention is full, as its eager step's); returns the predicted states ``[Bb, q, H]``.
+    ``fc_out``: ``fc``'s output features; ``packed`` as :func:`make_step`'s."""
     const = layer_consts(plan)
+    proj = projector(packed)
 
     def step(ids, pos, vis, col_pos, col, cos, sin, tree, hidden, emb, fc_w, fc_b, layer,
              ks, vs):
         """As :func:`make_step`'s, plus hidden ``[Bb, q, H]`` (each token's parent state);
         ks/vs the head's one layer's."""
-        x = project(torch.cat([F.embedding(ids, emb), hidden], dim=-1), fc_w, fc_b)
+        x = proj(torch.cat([F.embedding(ids, emb), hidden], dim=-1), fc_w, fc_b, fc_out)
         mask = visible(vis, col_pos, pos, None, tree)
-        return (layer_pass(x, const, layer, mask, cos, sin, col, ks[0], vs[0]),)
+        return (layer_pass(x, const, layer, mask, cos, sin, col, ks[0], vs[0], proj),)
     return step
 
 
@@ -79,21 +87,23 @@ def visible(vis, col_pos, pos, window, tree):
     return allowed[:, None]
 
 
-def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf):
+def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf, proj=None):
     """One decoder layer on ``x [Bb, q, H]`` (``forward.run_layer``'s arithmetic), its new
-    keys and values written into ``k_buf``/``v_buf`` ``[Bb, kv, Tb, d]`` at columns ``col``."""
-    eps1, eps2, n_q, n_kv, d, scale, act, eps_q, eps_k = const
+    keys and values written into ``k_buf``/``v_buf`` ``[Bb, kv, Tb, d]`` at columns ``col``;
+    its projections by ``proj`` (:func:`projector`; ``None``: :func:`project`)."""
+    proj = project if proj is None else proj
+    eps1, eps2, n_q, n_kv, d, scale, act, eps_q, eps_k, (n_qkv, n_o, n_gu, n_down) = const
     ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down, qn, kn = tensors
     rows, q = x.shape[:2]
-    qkv = project(rms_norm(ln1, eps1, x), w_qkv, b_qkv).view(rows, q, -1, d)
+    qkv = proj(rms_norm(ln1, eps1, x), w_qkv, b_qkv, n_qkv).view(rows, q, -1, d)
     n = n_q + n_kv
     qk = _rotate(normed_qk(qkv, n_q, n_kv, qn, kn, eps_q, eps_k), cos, sin)
     k_buf.index_copy_(2, col, qk[:, :, n_q:].transpose(1, 2))
     v_buf.index_copy_(2, col, qkv[:, :, n:].transpose(1, 2))
     out = attend(qk[:, :, :n_q], k_buf, v_buf, mask, scale)
-    x = x + project(out.reshape(rows, q, -1), w_o, b_o)
-    gate, up = project(rms_norm(ln2, eps2, x), w_gu, b_gu).chunk(2, dim=-1)
-    return x + project(act(gate) * up, w_down, b_down)
+    x = x + proj(out.reshape(rows, q, -1), w_o, b_o, n_o)
+    gate, up = proj(rms_norm(ln2, eps2, x), w_gu, b_gu, n_gu).chunk(2, dim=-1)
+    return x + proj(act(gate) * up, w_down, b_down, n_down)
 
 
 GEMV_ROWS = 6  # the most rows a projection takes as row-by-row sums (:func:`project`)
@@ -106,8 +116,9 @@ def _few(rows) -> bool:
     return not isinstance(rows, torch.SymInt) and rows <= GEMV_ROWS
 
 
-def project(x, w, b):
-    """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]``. A few rows (a plain step at
+def project(x, w, b, n=None):
+    """``F.linear(x, w, b)`` for ``x [..., K]``, ``w [N, K]`` (``n``, the output features,
+    unused: :func:`project_packed` takes it). A few rows (a plain step at
     batch 1 or 2, a verify pass or a draft step of a row or two) are each multiplied by the
     weight and summed over ``K``: inductor compiles those sums into loops of its own, fused
     with the norm before them, which stream each weight row and skip the library call, whose
@@ -121,6 +132,22 @@ def project(x, w, b):
     out = torch.stack([(flat[i] * w).sum(-1) for i in range(rows)])  # [rows, N]
     out = out.view(*x.shape[:-1], -1)
     return out if b is None else out + b
+
+
+def projector(packed: bool):
+    """The graph's projection ``proj(x, w, b, n)``: :func:`project_packed` (``w`` packed by
+    ``few_rows.pack``) where ``packed``, else :func:`project` (``w [N, K]``)."""
+    return project_packed if packed else project
+
+
+def project_packed(x, w, b, n: int):
+    """``x [..., K] @ W.T + b`` for ``w = few_rows.pack(W)``, ``W [n, K]``, through the
+    few-rows operator (``rollout.few_rows``: each weight vector loaded once for up to 8
+    rows, their sums kept in registers), whatever the count of rows, static or symbolic.
+    The caller has loaded the operator (``few_rows.kernel_applies``)."""
+    k = w.shape[1]
+    out = torch.ops.workbench.few_rows_linear(x.reshape(-1, k), w, b, n)  # [rows, n]
+    return out.view(*x.shape[:-1], n)
 
 
 def attend(q, k_buf, v_buf, mask, scale):
@@ -146,11 +173,17 @@ def attend(q, k_buf, v_buf, mask, scale):
 
 
 def layer_consts(p) -> tuple:
-    """A layer plan's constants in the order :func:`layer_pass` unpacks them."""
-    return (p.eps1, p.eps2, p.n_q, p.n_kv, p.head_dim, p.scale, p.act, p.eps_q, p.eps_k)
+    """A layer plan's constants in the order :func:`layer_pass` unpacks them (its weights'
+    output features last)."""
+    outs = tuple(w.shape[0] for w in (p.w_qkv, p.w_o, p.w_gate_up, p.w_down))
+    return (p.eps1, p.eps2, p.n_q, p.n_kv, p.head_dim, p.scale, p.act, p.eps_q, p.eps_k, outs)
 
 
-def layer_tensors(p) -> tuple:
-    """A layer plan's tensors in the order :func:`layer_pass` unpacks them."""
-    return (p.ln1, p.w_qkv, p.b_qkv, p.w_o, p.b_o, p.ln2, p.w_gate_up, p.b_gate_up, p.w_down,
-            p.b_down, p.q_norm, p.k_norm)
+def layer_tensors(p, packed: bool = False) -> tuple:
+    """A layer plan's tensors in the order :func:`layer_pass` unpacks them; with ``packed``,
+    its weights in the few-rows kernel's layout (``LayerPlan.packed``, for
+    :func:`project_packed`)."""
+    w_qkv, w_o, w_gu, w_down = (p.packed if packed else
+                                (p.w_qkv, p.w_o, p.w_gate_up, p.w_down))
+    return (p.ln1, w_qkv, p.b_qkv, w_o, p.b_o, p.ln2, w_gu, p.b_gate_up, w_down, p.b_down,
+            p.q_norm, p.k_norm)

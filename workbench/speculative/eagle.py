@@ -33,7 +33,8 @@ from torch import nn
 
 from ..atomic import atomic_dir, load_torch_file, recover_dir
 from ..rollout.compiled import CompiledDecode
-from ..rollout.forward import RopeTable, layer_plan, lean_layer, supports_lean
+from ..rollout.few_rows import kernel_applies, pack
+from ..rollout.forward import RopeTable, layer_plan, lean_layer, supports_lean, weights_key
 from ..rollout.step_graph import layer_tensors, make_draft_step
 
 __all__ = ["EagleHead", "CompiledDraft"]
@@ -192,19 +193,26 @@ class CompiledDraft(CompiledDecode):
         return 1
 
     def _make_step(self, plans):
-        return make_draft_step(plans[0])
+        return make_draft_step(plans[0], self.head.fc.out_features, self._packed())
+
+    def _packed(self) -> bool:
+        w = self.head.fc.weight
+        return kernel_applies(self.few_rows, w.dtype, w.device)
 
     def _rope(self, pos: torch.Tensor, bound: int):
         return self.rope(self.head.fc.weight, pos, bound)
 
     def _weights(self, plans) -> tuple:
         """The draft step's weight arguments, read again only when the layer's plan (rebuilt
-        when one of its weights changes) or the embedding's or ``fc``'s storage does: a
-        draft call is small, so its fixed cost counts."""
-        fc = self.head.fc
-        storage = (self.embed.weight.data_ptr(), fc.weight.data_ptr(), fc.bias.data_ptr())
-        if self._key is None or self._key[0] is not plans[0] or self._key[1] != storage:
-            self._tensors = (self.embed.weight.detach(), fc.weight.detach(), fc.bias.detach(),
-                             layer_tensors(plans[0]))
-            self._key = (plans[0], storage)
+        when one of its weights changes) or the embedding or ``fc`` changes (a draft call is
+        small, so its fixed cost counts); ``fc``'s weight packed where the kernel runs
+        (a copy: hence its version in the key, as the drafter trains in place)."""
+        fc, packed = self.head.fc, self._packed()
+        key = (plans[0], weights_key((self.embed.weight, fc.weight, fc.bias)))
+        if self._key is None or self._key[0] is not key[0] or self._key[1] != key[1]:
+            fc_w = fc.weight.detach()
+            self._tensors = (self.embed.weight.detach(),
+                             pack(fc_w) if packed else fc_w, fc.bias.detach(),
+                             layer_tensors(plans[0], packed))
+            self._key = key
         return self._tensors

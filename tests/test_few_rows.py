@@ -1,0 +1,118 @@
+"""The few-rows kernel (``rollout.few_rows``): its packed layout, its products against a
+float64 reference at every count of rows and ragged shapes, its refusals, its build, and the
+compiled float32 step that calls it (tokens as the eager step's, weights changed in place
+repacked, an EAGLE head's ``fc`` included)."""
+import numpy as np
+import pytest
+import torch
+
+from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.compiled import compiled_decode_for
+from workbench.rollout.few_rows import (few_rows_linear, few_rows_op, kernel_applies,
+                                        kernel_cache_dir, pack)
+from workbench.rollout.forward import policy_forward
+from workbench.speculative import EagleDrafter, EagleHead
+
+from .helpers.models import PROMPTS, tiny_model
+
+pytestmark = pytest.mark.skipif(few_rows_op()[0] is None,
+                                reason=f"no few-rows kernel here: {few_rows_op()[1]}")
+
+
+def test_pack_puts_16_output_columns_a_strip_zero_past_n():
+    w = torch.arange(37 * 5, dtype=torch.float32).view(37, 5)
+    p = pack(w)
+    assert p.shape == (3, 5, 16) and p.is_contiguous()
+    for s, k, j in [(0, 0, 0), (1, 4, 3), (2, 2, 4)]:
+        assert p[s, k, j] == w[16 * s + j, k]
+    assert (p[2, :, 5:] == 0).all()  # columns 37.. do not exist
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 13, 40])
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 3), (16, 16), (17, 37), (100, 64), (384, 256)])
+def test_products_equal_a_float64_reference(rows, n, k):
+    """Every block of rows the kernel has (1 to 8, then 8 at a time with a remainder), output
+    columns past a whole strip and past a whole panel, with and without a bias."""
+    g = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x, w, b = (torch.randn(*s, generator=g) for s in ((rows, k), (n, k), (n,)))
+    want = x.double() @ w.double().T
+    for bias, ref in ((None, want), (b, want + b.double())):
+        out = few_rows_linear(x, pack(w), bias, n)
+        assert out.shape == (rows, n) and out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5 * (1 + k ** 0.5))
+
+
+def test_bad_shapes_and_dtypes_are_refused_with_their_values():
+    w = torch.randn(20, 8)
+    with pytest.raises(RuntimeError, match="N = 40"):  # 2 strips hold 17 to 32 columns
+        few_rows_linear(torch.randn(3, 8), pack(w), None, 40)
+    with pytest.raises(RuntimeError, match=r"\[3, 9\]"):
+        few_rows_linear(torch.randn(3, 9), pack(w), None, 20)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        few_rows_linear(torch.randn(3, 8, dtype=torch.float64), pack(w).double(), None, 20)
+    with pytest.raises(RuntimeError, match="bias"):
+        few_rows_linear(torch.randn(3, 8), pack(w), torch.randn(19), 20)
+
+
+def test_applies_to_float32_on_the_cpu_when_enabled():
+    assert kernel_applies(True, torch.float32, "cpu")
+    assert not kernel_applies(False, torch.float32, "cpu")
+    assert not kernel_applies(True, torch.float64, "cpu")
+    assert not kernel_applies(True, torch.bfloat16, "cpu")
+
+
+def test_the_build_is_cached_per_source_and_cpu_and_a_missing_compiler_is_named(
+        tmp_path, monkeypatch):
+    from workbench.rollout import few_rows
+    monkeypatch.setenv("WORKBENCH_KERNEL_CACHE", str(tmp_path / "k"))
+    assert kernel_cache_dir() == tmp_path / "k"
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(RuntimeError, match="no-such-compiler-here"):
+        few_rows._build()
+    assert not (tmp_path / "k").exists()  # refused before anything was written
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(few_rows, "_command", lambda *a: ["false"])  # a build that fails
+    with pytest.raises(RuntimeError, match="failed"):
+        few_rows._build()
+    assert list((tmp_path / "k").iterdir()) == []  # no half-written library left behind
+
+
+def _float32_llama(tokenizer, seed):
+    return tiny_model("llama", tokenizer, seed=seed, dtype=torch.float32)
+
+
+def test_compiled_float32_steps_through_the_kernel_give_the_eager_tokens(tokenizer):
+    """Plain steps with rows leaving and joining, then the same after the weights are
+    trained in place: the plans are rebuilt and repacked (a stale copy would change the
+    compiled step's tokens and not the eager one's)."""
+    model = _float32_llama(tokenizer, seed=4)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=16, max_batch_size=2, refill_slots=1)
+    compiled = compiled_decode_for(policy_forward(model), True)
+    for _ in range(2):
+        eager = engine.rollout(PROMPTS[:3], cfg, progress=False)
+        comp = engine.rollout(PROMPTS[:3], cfg, compile=True, progress=False)
+        assert comp.tokens == eager.tokens
+        np.testing.assert_allclose(np.concatenate(comp.logprobs),
+                                   np.concatenate(eager.logprobs), atol=1e-4, rtol=0)
+        assert compiled._packed() and compiled.steps["compiled"] > 0
+        with torch.no_grad():  # an optimizer step's in-place update of every weight
+            for p in model.parameters():
+                p.mul_(1.5)
+
+
+def test_an_eagle_head_trained_in_place_is_repacked(tokenizer):
+    model = _float32_llama(tokenizer, seed=5)
+    torch.manual_seed(0)
+    drafter = EagleDrafter(EagleHead(model), model)
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=12, spec_k=3)
+    engine.rollout(PROMPTS[:2], cfg, drafter=drafter, compile=True, progress=False)
+    compiled = drafter.compiled
+    assert compiled._packed() and compiled.steps["compiled"] > 0
+    fc = drafter.head.fc
+    with torch.no_grad():
+        fc.weight.add_(0.25)  # the drafter trained on an idle worker
+    plans = compiled._plans()
+    packed_fc = compiled._weights(plans)[1]
+    torch.testing.assert_close(packed_fc, pack(fc.weight), rtol=0, atol=0)
