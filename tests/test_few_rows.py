@@ -2,6 +2,11 @@
 float64 reference at every count of rows and ragged shapes, its refusals, its build, and the
 compiled float32 step that calls it (tokens as the eager step's, weights changed in place
 repacked, an EAGLE head's ``fc`` included)."""
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -116,3 +121,30 @@ def test_an_eagle_head_trained_in_place_is_repacked(tokenizer):
     plans = compiled._plans()
     packed_fc = compiled._weights(plans)[1]
     torch.testing.assert_close(packed_fc, pack(fc.weight), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="an x86-64 target")
+def test_the_code_for_cpus_without_avx512_gives_the_same_products(tmp_path):
+    """Built for AVX2 (``-march=x86-64-v3``: 8 floats a vector, 16 registers, so smaller
+    panels) in a process of its own, as on a machine of the project's kind without AVX-512."""
+    script = """
+import torch
+from workbench.rollout import few_rows
+from workbench.rollout.few_rows import few_rows_linear, pack
+op, why = few_rows.few_rows_op()
+assert op is not None, why
+for rows in (1, 3, 5, 8, 13):
+    for n, k in ((17, 37), (100, 64), (384, 256)):
+        g = torch.Generator().manual_seed(rows + n)
+        x, w, b = (torch.randn(*s, generator=g) for s in ((rows, k), (n, k), (n,)))
+        ref = x.double() @ w.double().T + b.double()
+        out = few_rows_linear(x, pack(w), b, n).double()
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-5 * (1 + k ** 0.5))
+print(few_rows._build().name)
+"""
+    env = {**os.environ, "WORKBENCH_KERNEL_MARCH": "x86-64-v3",
+           "WORKBENCH_KERNEL_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == [done.stdout.split()[-1]]

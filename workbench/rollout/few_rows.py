@@ -17,7 +17,8 @@ front to back instead of a row of a few hundred bytes every few kilobytes.
 
 Built on first use with the machine's C++ compiler (``$CXX``, else ``g++``; the compiled
 step needs one anyway, for inductor) for this CPU (``-march=native``: AVX-512 where the CPU
-has it), into a cache folder keyed by the source, torch's version and the CPU's features, so
+has it; ``$WORKBENCH_KERNEL_MARCH`` names another target, as the tests do to check the AVX2
+code on a machine with AVX-512), into a cache folder keyed by the source, torch's version and the CPU's features, so
 a second process loads it at once and a machine with another CPU builds its own. Where it
 cannot be built, :func:`few_rows_op` says why and the compiled step keeps inductor's loops and
 the library's GEMM.
@@ -38,7 +39,11 @@ import torch
 __all__ = ["few_rows_op", "few_rows_linear", "kernel_cache_dir", "kernel_applies", "pack"]
 
 SOURCE = Path(__file__).with_name("few_rows.cpp")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+
+
+def _march() -> str:
+    return f"-march={os.environ.get('WORKBENCH_KERNEL_MARCH') or 'native'}"
 
 
 def kernel_cache_dir() -> Path:
@@ -65,7 +70,7 @@ def _command(cxx: str, source: Path, target: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     libs = library_paths()
-    return [cxx, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    return [cxx, *FLAGS, _march(), f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             *(f"-I{p}" for p in include_paths()), str(source), "-o", str(target),
             *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
             "-lc10", "-ltorch_cpu", "-ltorch"]
@@ -79,7 +84,7 @@ def _build() -> Path:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')!r} not on PATH)")
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(b"\0".join([source, torch.__version__.encode(), cxx.encode(),
-                                        " ".join(FLAGS).encode(),
+                                        " ".join((*FLAGS, _march())).encode(),
                                         _cpu_features().encode()])).hexdigest()[:16]
     folder = kernel_cache_dir()
     target = folder / f"few_rows-{digest}.so"
