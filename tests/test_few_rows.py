@@ -83,20 +83,20 @@ def test_the_build_is_cached_per_source_and_cpu_and_a_missing_compiler_is_named(
 
 
 def _float32_llama(tokenizer, seed):
-    return tiny_model("llama", tokenizer, seed=seed, dtype=torch.float32)
+    return tiny_model("llama", tokenizer, seed=seed, layers=1, dtype=torch.float32)
 
 
 def test_compiled_float32_steps_through_the_kernel_give_the_eager_tokens(tokenizer):
-    """Plain steps with rows leaving and joining, then the same after the weights are
-    trained in place: the plans are rebuilt and repacked (a stale copy would change the
-    compiled step's tokens and not the eager one's)."""
+    """Plain steps of two rows through inductor's graph and the kernel, then the same after
+    the weights are trained in place: the plans are rebuilt and repacked (a stale copy
+    would change the compiled step's tokens and not the eager one's)."""
     model = _float32_llama(tokenizer, seed=4)
     engine = RolloutEngine(model, tokenizer)
-    cfg = RolloutConfig(max_new_tokens=16, max_batch_size=2, refill_slots=1)
+    cfg = RolloutConfig(max_new_tokens=16, max_batch_size=2, ignore_eos=True)
     compiled = compiled_decode_for(policy_forward(model), True)
     for _ in range(2):
-        eager = engine.rollout(PROMPTS[:3], cfg, progress=False)
-        comp = engine.rollout(PROMPTS[:3], cfg, compile=True, progress=False)
+        eager = engine.rollout(PROMPTS[:2], cfg, progress=False)
+        comp = engine.rollout(PROMPTS[:2], cfg, compile=True, progress=False)
         assert comp.tokens == eager.tokens
         np.testing.assert_allclose(np.concatenate(comp.logprobs),
                                    np.concatenate(eager.logprobs), atol=1e-4, rtol=0)
@@ -104,22 +104,29 @@ def test_compiled_float32_steps_through_the_kernel_give_the_eager_tokens(tokeniz
         with torch.no_grad():  # an optimizer step's in-place update of every weight
             for p in model.parameters():
                 p.mul_(1.5)
+    assert len(compiled.compiles) == 1  # one row bucket; repacking compiled nothing new
 
 
 def test_an_eagle_head_trained_in_place_is_repacked(tokenizer):
+    """The head's compiled draft steps run through the kernel (graphs run by dynamo's eager
+    backend here, the operator included: a test need not pay inductor's compiles), and its
+    ``fc``, trained in place as on an idle worker, is packed again."""
     model = _float32_llama(tokenizer, seed=5)
     torch.manual_seed(0)
     drafter = EagleDrafter(EagleHead(model), model)
+    drafter.compiled.backend = "eager"
+    compiled_decode_for(policy_forward(model), True).backend = "eager"
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=12, spec_k=3)
-    engine.rollout(PROMPTS[:2], cfg, drafter=drafter, compile=True, progress=False)
+    eager = engine.rollout(PROMPTS[:2], cfg, drafter=drafter, progress=False)
+    comp = engine.rollout(PROMPTS[:2], cfg, drafter=drafter, compile=True, progress=False)
+    assert comp.tokens == eager.tokens
     compiled = drafter.compiled
     assert compiled._packed() and compiled.steps["compiled"] > 0
     fc = drafter.head.fc
     with torch.no_grad():
         fc.weight.add_(0.25)  # the drafter trained on an idle worker
-    plans = compiled._plans()
-    packed_fc = compiled._weights(plans)[1]
+    packed_fc = compiled._weights(compiled._plans())[1]
     torch.testing.assert_close(packed_fc, pack(fc.weight), rtol=0, atol=0)
 
 

@@ -129,8 +129,9 @@ class CompiledDecode:
     every call through dynamo. ``few_rows``: float32 projections on the CPU through the
     few-rows kernel (``rollout.few_rows``); ``False``: inductor's loops and the BLAS GEMM.
     Set these before the first step. ``compiles``: ``{(Bb, Tb or None, row stride, fed,
-    tree): seconds}`` of every graph compiled; ``choices``: ``{bucket: "compiled" | "eager"}`` (``"auto"``'s per :func:`bucket_name`;
-    ``True`` chooses compiled everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
+    tree): seconds}`` of every graph compiled; ``choices``: ``{bucket: "compiled" |
+    "eager"}`` (``"auto"``'s per :func:`bucket_name`; ``True`` chooses compiled
+    everywhere); ``steps``: ``{"compiled": n, "eager": n}`` steps
     (plain and verify) run each way."""
 
     forward: LeanForward

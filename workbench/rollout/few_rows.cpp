@@ -6,10 +6,11 @@
 // Glossary: a strip is 16 output columns, its weights one contiguous [K, 16] block, read
 // front to back (few pages, one prefetch stream each). A panel is NS strips; for each k,
 // its strips' vectors at row k are loaded once and multiplied by x[m, k] of a block of up to
-// 8 rows m, so each weight loaded feeds M fused multiply-adds into accumulators that stay in
-// registers over the whole of K (no horizontal sums). NS is the most that fits the
-// register file beside the weights: 32 vector registers with AVX-512, 16 without. A panel's
-// weights (K * 64 bytes a strip) stay in cache while every block of rows passes over them.
+// 8 rows m (6 without AVX-512), so each weight loaded feeds M fused multiply-adds into
+// accumulators that stay in registers over the whole of K (no horizontal sums). NS is the
+// most that fits the register file beside the weights: 32 vector registers with AVX-512, 16
+// without. A panel's weights (K * 64 bytes a strip) stay in cache while every block of rows
+// passes over them.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -23,15 +24,16 @@ namespace {
 #if defined(__AVX512F__)
 constexpr int VW = 16;
 constexpr int REGS = 32;
+constexpr int MAX_ROWS = 8;
 #else
 constexpr int VW = 8;
 constexpr int REGS = 16;
+constexpr int MAX_ROWS = 6;  // 6 rows' accumulators of a strip, its 2 vectors, a broadcast
 #endif
 typedef float vec __attribute__((vector_size(VW * 4)));
 typedef float uvec __attribute__((vector_size(VW * 4), aligned(4)));  // unaligned access
 constexpr int STRIP = 16;
 constexpr int SV = STRIP / VW;  // vectors a strip
-constexpr int MAX_ROWS = 8;
 
 constexpr int panel_strips(int M) {
   int nb = (REGS - 2) / (M + 1);  // M * NB accumulators + NB weight vectors + a broadcast

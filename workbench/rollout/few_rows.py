@@ -18,10 +18,10 @@ front to back instead of a row of a few hundred bytes every few kilobytes.
 Built on first use with the machine's C++ compiler (``$CXX``, else ``g++``; the compiled
 step needs one anyway, for inductor) for this CPU (``-march=native``: AVX-512 where the CPU
 has it; ``$WORKBENCH_KERNEL_MARCH`` names another target, as the tests do to check the AVX2
-code on a machine with AVX-512), into a cache folder keyed by the source, torch's version and the CPU's features, so
-a second process loads it at once and a machine with another CPU builds its own. Where it
-cannot be built, :func:`few_rows_op` says why and the compiled step keeps inductor's loops and
-the library's GEMM.
+code on a machine with AVX-512), into a cache folder keyed by the source, torch's version
+and the CPU's features, so a second process loads it at once and a machine with another CPU
+builds its own. Where it cannot be built, :func:`few_rows_op` says why and the compiled step
+keeps inductor's loops and the library's GEMM.
 """
 from __future__ import annotations
 
