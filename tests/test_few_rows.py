@@ -155,3 +155,11 @@ print(few_rows._build().name)
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [p.name for p in tmp_path.iterdir()] == [done.stdout.split()[-1]]
+
+
+def test_a_kernel_that_cannot_be_built_leaves_the_step_on_inductor_s_loops(monkeypatch):
+    from workbench.rollout import few_rows
+    monkeypatch.setattr(few_rows, "few_rows_op", lambda: (None, "RuntimeError: no g++"))
+    assert not kernel_applies(True, torch.float32, "cpu")
+    with pytest.raises(RuntimeError, match="unavailable: RuntimeError: no g\\+\\+"):
+        few_rows_linear(torch.randn(1, 4), pack(torch.randn(4, 4)), None, 4)
