@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.compile_settings import inductor_options
 from workbench.rollout.compiled import compiled_decode_for
 from workbench.rollout.few_rows import (few_rows_linear, few_rows_op, kernel_applies,
                                         kernel_cache_dir, pack)
 from workbench.rollout.forward import policy_forward
+from workbench.rollout.step_graph import project_packed
 from workbench.speculative import EagleDrafter, EagleHead
 
 from .helpers.models import PROMPTS, tiny_model
@@ -86,14 +88,31 @@ def _float32_llama(tokenizer, seed):
     return tiny_model("llama", tokenizer, seed=seed, layers=1, dtype=torch.float32)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 11])
+def test_inductor_calls_the_operator_from_its_cpp_wrapper(rows):
+    """A projection after a norm, compiled as the step compiles (inductor, its C++ wrapper):
+    the operator's fake gives the graph its shapes, and the graph calls it."""
+    x, w, b = torch.randn(rows, 24), torch.randn(40, 24), torch.randn(40)
+
+    def fn(x, w, b):
+        return project_packed(torch.nn.functional.rms_norm(x, (24,)), w, b, 40) * 2
+
+    graph = torch.compile(fn, fullgraph=True, dynamic=False, options=inductor_options(True))
+    want = torch.nn.functional.linear(torch.nn.functional.rms_norm(x, (24,)), w, b) * 2
+    torch.testing.assert_close(graph(x, pack(w), b), want, rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_float32_steps_through_the_kernel_give_the_eager_tokens(tokenizer):
-    """Plain steps of two rows through inductor's graph and the kernel, then the same after
-    the weights are trained in place: the plans are rebuilt and repacked (a stale copy
-    would change the compiled step's tokens and not the eager one's)."""
+    """Plain steps of two rows through the step's graph and the kernel (dynamo's graphs run
+    by its eager backend here, the operator included: inductor's own part is the test
+    above's), then the same after the weights are trained in place: the plans are rebuilt
+    and repacked (a stale copy would change the compiled step's tokens and not the eager
+    one's)."""
     model = _float32_llama(tokenizer, seed=4)
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=16, max_batch_size=2, ignore_eos=True)
     compiled = compiled_decode_for(policy_forward(model), True)
+    compiled.backend = "eager"
     for _ in range(2):
         eager = engine.rollout(PROMPTS[:2], cfg, progress=False)
         comp = engine.rollout(PROMPTS[:2], cfg, compile=True, progress=False)
