@@ -32,6 +32,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -109,6 +110,9 @@ def _fake(x, packed, bias, n):
     return x.new_empty((x.shape[0], n))
 
 
+_LOADING = threading.Lock()  # functools.cache does not keep two threads out of _load
+
+
 @functools.cache
 def _load() -> tuple[object | None, str]:
     try:
@@ -121,8 +125,11 @@ def _load() -> tuple[object | None, str]:
 
 def few_rows_op():
     """``(operator or None, why not)``: the loaded operator, built on first call (seconds)
-    or loaded from the cache; ``None`` with the reason where it could not be built."""
-    return _load()
+    or loaded from the cache; ``None`` with the reason where it could not be built. One
+    thread at a time loads it (``side_by_side`` runs systems on threads): its fake is
+    registered once."""
+    with _LOADING:
+        return _load()
 
 
 STRIP = 16  # output columns a strip of packed weights holds
