@@ -87,11 +87,10 @@ def visible(vis, col_pos, pos, window, tree):
     return allowed[:, None]
 
 
-def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf, proj=None):
+def layer_pass(x, const, tensors, mask, cos, sin, col, k_buf, v_buf, proj):
     """One decoder layer on ``x [Bb, q, H]`` (``forward.run_layer``'s arithmetic), its new
     keys and values written into ``k_buf``/``v_buf`` ``[Bb, kv, Tb, d]`` at columns ``col``;
-    its projections by ``proj`` (:func:`projector`; ``None``: :func:`project`)."""
-    proj = project if proj is None else proj
+    its projections by ``proj`` (:func:`projector`'s)."""
     eps1, eps2, n_q, n_kv, d, scale, act, eps_q, eps_k, (n_qkv, n_o, n_gu, n_down) = const
     ln1, w_qkv, b_qkv, w_o, b_o, ln2, w_gu, b_gu, w_down, b_down, qn, kn = tensors
     rows, q = x.shape[:2]
