@@ -104,19 +104,6 @@ void panel_all_rows(const float* x, int64_t M, int64_t K, const float* packed,
   }
 }
 
-int panel_strips_for(int64_t M) {
-  switch (std::min<int64_t>(M, MAX_ROWS)) {
-    case 8: return panel_strips(8);
-    case 7: return panel_strips(7);
-    case 6: return panel_strips(6);
-    case 5: return panel_strips(5);
-    case 4: return panel_strips(4);
-    case 3: return panel_strips(3);
-    case 2: return panel_strips(2);
-    default: return panel_strips(1);
-  }
-}
-
 at::Tensor few_rows_linear(const at::Tensor& x_in, const at::Tensor& packed_in,
                            const std::optional<at::Tensor>& bias_in, int64_t N) {
   TORCH_CHECK(x_in.dim() == 2 && packed_in.dim() == 3 && packed_in.size(2) == STRIP &&
@@ -142,7 +129,7 @@ at::Tensor few_rows_linear(const at::Tensor& x_in, const at::Tensor& packed_in,
   const float* xp = x.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t ns = panel_strips_for(M);
+  const int64_t ns = panel_strips(static_cast<int>(std::min<int64_t>(M, MAX_ROWS)));
   const int64_t panels = (S + ns - 1) / ns;
   // a thread's share at least ~64K multiply-adds: below that, forking costs more than it saves
   const int64_t grain = std::max<int64_t>(1, 65536 / (M * K * ns * STRIP));

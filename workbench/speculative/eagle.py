@@ -207,10 +207,10 @@ class CompiledDraft(CompiledDecode):
         when one of its weights changes) or the embedding or ``fc`` changes (a draft call is
         small, so its fixed cost counts); ``fc``'s weight packed where the kernel runs
         (a copy: hence its version in the key, as the drafter trains in place)."""
-        fc, packed = self.head.fc, self._packed()
+        fc = self.head.fc
         key = (plans[0], weights_key((self.embed.weight, fc.weight, fc.bias)))
         if self._key is None or self._key[0] is not key[0] or self._key[1] != key[1]:
-            fc_w = fc.weight.detach()
+            fc_w, packed = fc.weight.detach(), self._packed()
             self._tensors = (self.embed.weight.detach(),
                              pack(fc_w) if packed else fc_w, fc.bias.detach(),
                              layer_tensors(plans[0], packed))
