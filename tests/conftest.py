@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from workbench.zoo.tokenizer import build_char_tokenizer
+from .xdist_groups import (GroupScheduling, close_shared, open_shared, publish_groups,
+                           shared_folder)
 from .helpers.models import PROMPTS, tiny_model  # noqa: F401 (PROMPTS: test_suffix_drafter imports it here)
 
 # one thread, here and in every process the tests start (kernels, the command line, fresh
@@ -18,6 +20,9 @@ from .helpers.models import PROMPTS, tiny_model  # noqa: F401 (PROMPTS: test_suf
 # their barriers (10x slower)
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# inductor compiles in the test's process, not in a pool of its own processes (each imports
+# torch: seconds of CPU that the two cores' other work wants)
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def whole_core() -> tuple[float, float]:
@@ -70,28 +75,66 @@ def _reads_session_runs(item) -> bool:
 
 
 def _place(item) -> int:
-    """0: runs beside the session's notebook runs; 1: reads them; 2: after them."""
+    """0: runs beside the session's notebook runs; 1: compiles with inductor (marked
+    ``compiles``), late, when the runs are mostly done: a cold compile, CPU-bound in the
+    test's process and in g++, ran several times slower beside two kernels; 2: reads the
+    runs; 3: wants a quiet machine."""
     if QUIET_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return 3
+    if _reads_session_runs(item):
         return 2
-    return int(_reads_session_runs(item))
+    return int(item.get_closest_marker("compiles") is not None)
+
+
+# pytest-xdist's groups (tests/xdist_groups.py): each goes to one worker whole, in its place
+GROUPS = {1: "inductor", 3: "quiet"}
 
 
 def pytest_collection_modifyitems(items):
-    """The tests that read the session's notebook runs go last but the ones that want a
-    quiet machine, in their order."""
+    """The tests in their places (:func:`_place`), each place in its order. Under pytest-xdist
+    the compiling tests are one group (one worker's warm-up of inductor, not two) and the quiet
+    ones another (one local Ray, one browser at a time)."""
     items.sort(key=_place)  # stable
+    publish_groups({item.nodeid: GROUPS[_place(item)] for item in items
+                    if _place(item) in GROUPS})
+
+
+def pytest_configure(config):
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        open_shared()  # the controller of pytest-xdist's workers
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        close_shared()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """The groups' scheduler, where xdist would deal the tests one by one (``--dist load``,
+    what ``-n`` runs by default)."""
+    return GroupScheduling(config, log) if config.getvalue("dist") == "load" else None
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_runs(request, tmp_path_factory):
     """The session's notebook runs (``notebook_runs.SessionRuns``), started in the background
-    with the first test when a test of the session reads them; None when none does."""
+    with the first test when a test of the session reads them; None when none does. Under
+    pytest-xdist, one worker runs them and the others read what it publishes
+    (``notebook_runs.PublishedRuns``); it waits for them before it ends, since a test on
+    another worker may still read them."""
     if not any(_reads_session_runs(item) for item in request.session.items):
         yield None
         return
-    from .notebook_runs import SessionRuns, stop_cli
+    from .notebook_runs import PublishedRuns, SessionRuns, claim, stop_cli
     from .helpers.notebooks import SMOKE
-    yield SessionRuns(tmp_path_factory.mktemp("session_runs"), SMOKE).start()
+    shared = shared_folder()
+    if shared is not None and not claim(shared):
+        yield PublishedRuns(shared)
+        return
+    runs = SessionRuns(tmp_path_factory.mktemp("session_runs"), SMOKE, publish_to=shared)
+    yield runs.start()
+    if shared is not None and not request.session.shouldfail:
+        runs.wait()
     stop_cli()  # nothing left once every test that reads them has run
 
 
@@ -110,7 +153,16 @@ def notebook_runs(session_runs):
 
 
 @pytest.fixture(scope="session")
-def local_ray(tmp_path_factory) -> Path:
+def notebook_runs_ended(session_runs) -> None:
+    """Waits for the session's notebook runs to end (kernels, notebook 08's own Ray): the
+    quiet tests want the cores. Without pytest-xdist the tests that read the runs have
+    waited already; with it, the quiet group's worker may get there first."""
+    if session_runs is not None:
+        session_runs.wait()
+
+
+@pytest.fixture(scope="session")
+def local_ray(tmp_path_factory, notebook_runs_ended) -> Path:
     """One local Ray for the session's Ray tests (2 CPUs, loopback, its session folder under a
     run folder whose path is long enough to matter): a start costs ~9 s, so every Ray test
     reuses it; it shuts down at the session's end. Its log folder."""

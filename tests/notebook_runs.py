@@ -13,6 +13,10 @@ of the session has one torch thread (conftest.py), since threads that outnumber 
 spin. conftest.py starts it with the first test and moves the tests that read the runs to the
 end of the session, where they wait for them (``quickstart_runs``, ``notebook_runs``). The tests then read each
 run's folder: the executed ``notebook.ipynb``, ``metrics.json``, figures and ``run.json``.
+
+Under pytest-xdist (the README's test command runs two workers) the first worker to claim the
+session's shared folder (:func:`claim`) runs them and publishes each pipeline's outcome there
+as JSON; a test on the other worker reads them through :class:`PublishedRuns`.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,10 +200,11 @@ class SessionRuns:
     metric keys)), under ``root``, from a background thread whose work happens in processes
     of their own (module docstring): the quickstart's pipeline beside the building of the
     user's model and head, then the other pipeline. :meth:`quickstart` and
-    :meth:`notebooks` wait for theirs; an error in the background is raised there."""
+    :meth:`notebooks` wait for theirs; an error in the background is raised there.
+    ``publish_to``: a folder that other processes read them from (:class:`PublishedRuns`)."""
 
-    def __init__(self, root: Path, smoke: dict):
-        self.root, self.smoke = root, smoke
+    def __init__(self, root: Path, smoke: dict, publish_to: Path | None = None):
+        self.root, self.smoke, self.publish_to = root, smoke, publish_to
         self._quickstart: Path | None = None
         self._suite: NotebookSuite | None = None
         self._error: BaseException | None = None
@@ -223,6 +229,9 @@ class SessionRuns:
             self._error = exc
         finally:
             quickstart.join()
+            self._publish("notebooks", None if self._suite is None else {
+                "runs": {name: str(run.folder) for name, run in self._suite.runs.items()},
+                "user_task": str(self._suite.user_task)})
             self._suite_done.set()
 
     def _run_quickstart(self) -> None:
@@ -232,7 +241,19 @@ class SessionRuns:
         except BaseException as exc:
             self._error = exc
         finally:
+            self._publish("quickstart", None if self._quickstart is None else
+                          {"folder": str(self._quickstart)})
             self._quickstart_done.set()
+
+    def _publish(self, name: str, outcome: dict | None) -> None:
+        """Write a pipeline's outcome (None: it failed) where :class:`PublishedRuns` reads it,
+        atomically: a reader never sees half a file."""
+        if self.publish_to is None:
+            return
+        outcome = outcome or {"error": repr(self._error)}
+        tmp = self.publish_to / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(outcome))
+        os.replace(tmp, self.publish_to / f"{name}.json")
 
     def _folder(self, name: str) -> Path:
         folder = self.root / name
@@ -252,3 +273,59 @@ class SessionRuns:
     def notebooks(self) -> NotebookSuite:
         """Every other notebook run, once all have run."""
         return self._wait(self._suite_done, lambda: self._suite)
+
+    def wait(self) -> None:
+        """Return once every run has ended, failed or not."""
+        self._suite_done.wait()
+
+
+def claim(shared: Path) -> bool:
+    """Whether this process is the first of the session's pytest-xdist workers to claim the
+    session's notebook runs in ``shared`` (a folder every worker of the session sees): it runs
+    them, the others read them (:class:`PublishedRuns`)."""
+    shared.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(shared / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class PublishedRuns:
+    """The session's notebook runs as a pytest-xdist worker that did not claim them sees
+    them: :meth:`quickstart` and :meth:`notebooks` wait for the outcome the claiming worker
+    publishes in ``shared`` (:meth:`SessionRuns._publish`)."""
+
+    shared: Path
+    poll_s: float = 0.5
+    bound_s: float = 3600  # against a hang, as workbench_cli's
+
+    def _outcome(self, name: str) -> dict:
+        path, deadline = self.shared / f"{name}.json", time.monotonic() + self.bound_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {path} after {self.bound_s:.0f} s: did the worker "
+                                   "running the session's notebook runs die?")
+            time.sleep(self.poll_s)
+        outcome = json.loads(path.read_text())
+        if "error" in outcome:
+            raise RuntimeError("the session's notebook runs failed in the worker that ran "
+                               f"them: {outcome['error']}")
+        return outcome
+
+    def quickstart(self) -> Path:
+        return Path(self._outcome("quickstart")["folder"])
+
+    def notebooks(self) -> NotebookSuite:
+        outcome = self._outcome("notebooks")
+        return NotebookSuite({name: NotebookRun(Path(folder))
+                              for name, folder in outcome["runs"].items()},
+                             Path(outcome["user_task"]))
+
+    def wait(self) -> None:
+        """Return once every run has ended, failed or not."""
+        try:
+            self._outcome("notebooks")
+        except RuntimeError:
+            pass

@@ -114,7 +114,7 @@ class Lab:
 
 
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, notebook_runs_ended):
     require_chromium()  # skip or fail before starting anything
     root = tmp_path / "root"
     root.mkdir()

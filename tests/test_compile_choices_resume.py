@@ -17,6 +17,8 @@ from workbench.rollout.forward import LeanForward, policy_forward
 from .helpers.models import StepClock, tiny_model
 from .helpers.rl import PROBLEMS, length_reward
 
+pytestmark = pytest.mark.compiles
+
 # 4 x 2 rows decoding 10 tokens each (ignore_eos): every plain step is in bucket "8x1"
 CONFIG = dict(prompts_per_step=4, samples_per_prompt=2, max_new_tokens=10, ignore_eos=True,
               lr=1e-2, seed=1, compile="auto")

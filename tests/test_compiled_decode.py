@@ -13,7 +13,10 @@ from workbench.rollout.compiled import (StaticKVCache, check_compile, compiled_d
 from workbench.rollout.forward import LeanForward, policy_forward
 
 from .drafters import ScriptedDrafter, ScriptedTreeDrafter
-from .helpers.models import PROMPTS, StepClock, tiny_model, visible_cache_equals_fresh_recompute
+from .helpers.models import (PROMPTS, StepClock, python_wrapped, tiny_model,
+                             visible_cache_equals_fresh_recompute)
+
+pytestmark = pytest.mark.compiles
 
 
 # Compiled and eager float64 states agree to ~1e-8, not to the last bit: the norms compute in
@@ -71,7 +74,7 @@ def test_compiled_tokens_equal_eager_with_rows_leaving_and_joining(tokenizer, te
 @pytest.mark.parametrize("arch", ["mistral", "qwen2_sw"])
 def test_compiled_greedy_tokens_equal_eager_with_sliding_windows(tokenizer, arch):
     """Responses longer than the window (8): the compiled step's masks count positions."""
-    model = tiny_model(arch, tokenizer, seed=2)
+    model = python_wrapped(tiny_model(arch, tokenizer, seed=2))
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=24, ignore_eos=True)
     prompts = PROMPTS[1:3]
@@ -200,7 +203,7 @@ def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
     verified) run their verify pass compiled, one graph per (row bucket, fed tokens, tree):
     greedy and coupled tokens and logprobs equal plain eager decoding's, rows accept 0..4 drafts, and
     the cache after the rollout's steps equals a fresh recompute."""
-    model = tiny_model("llama", tokenizer, seed=1)
+    model = python_wrapped(tiny_model("llama", tokenizer, seed=1))
     engine = RolloutEngine(model, tokenizer)
     cfg = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1,
                         temperature=temperature, seed=3)  # coupled at 1.0

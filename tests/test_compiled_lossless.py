@@ -25,8 +25,10 @@ from workbench.rollout.schedule import Schedule
 from workbench.speculative import EagleDrafter, EagleHead
 
 from .drafters import ScriptedTreeDrafter
-from .helpers.models import PROMPTS, hf_greedy, tiny_model
+from .helpers.models import PROMPTS, hf_greedy, python_wrapped, tiny_model
 from .helpers.speculative import recording
+
+pytestmark = pytest.mark.compiles
 
 # compiled and eager float64 logprobs agree to ~1e-8 (tests/test_compiled_decode.py)
 STATES_ATOL = 1e-6
@@ -36,7 +38,7 @@ STATES_ATOL = 1e-6
 def inductor_qwen3(tokenizer):
     """A Qwen3 whose compiled step is inductor's, shared by the module's cases (its one graph
     serves them all)."""
-    return tiny_model("qwen3", tokenizer, seed=2, layers=1)
+    return python_wrapped(tiny_model("qwen3", tokenizer, seed=2, layers=1))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -63,6 +63,17 @@ def tiny_model(arch: str, tokenizer, seed: int = 0, context: int = 256, layers: 
     return model
 
 
+def python_wrapped(model):
+    """``model``, its compiled step (``RolloutConfig.compile=True``) set to inductor's wrapper
+    in Python: the kernels are the same, and a graph's cold compile skips the g++ of the C++
+    wrapper (~3.5 s a graph on a machine of the project's kind). The default C++ wrapper runs
+    in test_compiled_tokens_equal_eager_with_rows_leaving_and_joining and tests/test_few_rows.py."""
+    from workbench.rollout.compiled import compiled_decode_for
+    from workbench.rollout.forward import policy_forward
+    compiled_decode_for(policy_forward(model), True).cpp_wrapper = False
+    return model
+
+
 def visible_cache_equals_fresh_recompute(model, dec, atol: float = 1e-10):
     """Every live row's visible cache columns equal a fresh forward of its fed tokens, within
     ``atol`` (float64 eager: to the rounding; a compiled step sums in another order)."""
