@@ -7,6 +7,11 @@
    and whether the SD tokens equal the plain ones (lossless; ``diverged_at`` otherwise).
 3. A short TLT ablation (baseline against TLT, one seed) on the GPU: the sim-clock end-to-end
    speedup beside its Amdahl prediction, and the wall time per RL step.
+4. The compiled decode step (``RolloutConfig.compile=True``: inductor's kernels, Triton's on
+   CUDA) against the eager one, plain greedy float32 rollouts alternating in each repeat: the
+   speedup per batch size, whether the tokens agree, and the compile seconds. CUDA graphs are
+   not wired into the compiled step yet (they need the KV cache's buffers at static
+   addresses), so this is the compiled step without them.
 
 Each part is timed and skipped once ``--budget`` seconds are spent, so a loan's limit never
 loses the tables already printed; they also go to ``--out`` as markdown.
@@ -28,9 +33,11 @@ from common import command_line, ratio_cells
 from workbench.checks import check_choice, check_int, check_list, check_positive
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
+from workbench.rollout.compiled import compiled_decode_for
+from workbench.rollout.forward import policy_forward
 from workbench.speculative.defaults import default_drafters
 from workbench.speculative.sweep import sd_sweep
-from workbench.speedup import markdown
+from workbench.speedup import interleave, markdown, summarize
 from workbench.tasks import HELDOUT_SEED, get_problems
 
 
@@ -95,8 +102,35 @@ def sd_table(device, prompts, dtype, batch_sizes, repeats, max_new_tokens) -> pd
     return pd.DataFrame(rows)
 
 
+def compiled_table(device, prompts, batch_sizes, repeats, max_new_tokens) -> pd.DataFrame:
+    """The compiled step against the eager one in plain greedy float32 rollouts of the default
+    policy, alternating inside each repeat (its graphs compiled in the warm-up): per batch size
+    (a wave of that many prompts) the median of per-repeat ratios of eager's rollout seconds
+    over compiled's, the share of requests whose tokens agree (float32 kernels may round a
+    near-tie differently) and the seconds its graphs took to compile."""
+    policy, tok = load_model("default", device=device, dtype=torch.float32)
+    engine, rows = RolloutEngine(policy, tok), []
+    compiled = compiled_decode_for(policy_forward(policy), True)
+    for bs in batch_sizes:
+        cfg = RolloutConfig(max_new_tokens=max_new_tokens, max_batch_size=bs)
+        systems = {name: (lambda on=on: engine.rollout(prompts[:bs], cfg, compile=on,
+                                                       progress=False).tokens)
+                   for name, on in (("compiled", True), ("eager", False))}
+        before = sum(compiled.compiles.values())
+        runs = interleave(systems, repeats, warmup=1)
+        stats = summarize(runs, baseline="eager").set_index("system")
+        first, other = runs.outputs["compiled"][0], runs.outputs["eager"][0]
+        agree = sum(a == b for a, b in zip(first, other)) / len(first)
+        rows.append({"batch": bs, **ratio_cells(stats.loc["compiled"]),
+                     "eager s": f"{stats.loc['eager', 'value']:.3f}",
+                     "compiled s": f"{stats.loc['compiled', 'value']:.3f}",
+                     "tokens agree": f"{agree:.0%}",
+                     "compile s": f"{sum(compiled.compiles.values()) - before:.1f}"})
+    return pd.DataFrame(rows)
+
+
 TLT_VARIANTS = ("baseline", "tlt")
-PARTS = (0, 1, 2, 3)
+PARTS = (0, 1, 2, 3, 4)
 
 
 def tlt_grpo(prompts_per_step, samples, max_new_tokens):
@@ -150,8 +184,9 @@ def main():
     ap.add_argument("--rl-steps", type=int, default=3)
     ap.add_argument("--rl-prompts", type=int, default=16)
     ap.add_argument("--rl-samples", type=int, default=8)
-    ap.add_argument("--parts", type=int, nargs="+", default=[0, 1, 2, 3],
-                    help="which parts to run: 0 plain, 1 SD float32, 2 SD bfloat16, 3 TLT")
+    ap.add_argument("--parts", type=int, nargs="+", default=list(PARTS),
+                    help="which parts to run: 0 plain, 1 SD float32, 2 SD bfloat16, 3 TLT, "
+                         "4 compiled against eager")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds; parts not started by then are skipped")
     args = ap.parse_args()
@@ -173,6 +208,10 @@ def main():
                   f"G {args.rl_samples}, {args.max_new_tokens} tokens, 16 workers, float32",
                   lambda: tlt_table(device, args.rl_steps, args.rl_prompts, args.rl_samples,
                                     args.max_new_tokens)))
+    parts.append((f"The compiled decode step against the eager one, plain, greedy, float32, "
+                  f"{args.repeats} repeats",
+                  lambda: compiled_table(device, prompts, args.batch_sizes, args.repeats,
+                                         args.max_new_tokens)))
     parts = [p for i, p in enumerate(parts) if i in args.parts]
     for title, part in parts:
         spent = time.perf_counter() - start

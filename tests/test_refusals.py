@@ -201,7 +201,7 @@ def test_gpu_check_refuses_its_arguments_before_writing_its_report(monkeypatch, 
                        (dict(batch_sizes=[]), r"--batch-sizes must be a non-empty list"),
                        (dict(batch_sizes=[16]), r"--batch-sizes\[0\] must be an integer in "
                                                 r"\[1, 8\], got 16"),
-                       (dict(parts=[4]), r"--parts\[0\] must be one of 0, 1, 2, 3, got 4")):
+                       (dict(parts=[5]), r"--parts\[0\] must be one of 0, 1, 2, 3, 4, got 5")):
         with pytest.raises(ValueError, match=match):
             gpu_check.check_args(Namespace(**{**vars(args), **bad}))
     out = tmp_path / "gpu_check.md"
