@@ -35,6 +35,14 @@ def command_line(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def tokens_agree(runs, a: str, b: str) -> float:
+    """The share of requests whose tokens are equal in the first timed run of systems ``a``
+    and ``b`` of ``runs`` (``speedup.interleave``'s, whose outputs are each rollout's tokens):
+    two float32 paths may round a near-tie differently."""
+    first, other = runs.outputs[a][0], runs.outputs[b][0]
+    return sum(x == y for x, y in zip(first, other)) / len(first)
+
+
 def add_common(ap: argparse.ArgumentParser, repeats: int) -> None:
     """Options shared by the benchmarks: repeats, untimed warm-up rounds, spread threshold."""
     ap.add_argument("--repeats", type=int, default=repeats,

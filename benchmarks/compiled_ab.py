@@ -12,7 +12,7 @@ import copy
 
 import pandas as pd
 import torch
-from common import add_common, add_result, disturbed_of, ratio_cells
+from common import add_common, add_result, disturbed_of, ratio_cells, tokens_agree
 
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
@@ -71,8 +71,7 @@ def run_pair(args, both: dict, faster: str, baseline: str, figure: str,
                 prompts, cfg, drafter=d if steps == "eagle" else None, progress=False).tokens)
                 for name, (e, d) in both.items()}
             runs = interleave(systems, args.repeats, warmup=max(1, args.warmup))
-            first, other = (runs.outputs[name][0] for name in (faster, baseline))
-            agree = sum(a == b for a, b in zip(first, other)) / len(first)
+            agree = tokens_agree(runs, faster, baseline)
             if same_tokens and agree < 1:
                 raise SystemExit(f"batch {bs}, {steps}: the two paths' tokens differ")
             stats = summarize(runs, baseline=baseline, wide=args.wide).set_index("system")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from common import command_line, ratio_cells
+from common import command_line, ratio_cells, tokens_agree
 from workbench.checks import check_choice, check_int, check_list, check_positive
 from workbench.models import load_model
 from workbench.rollout import RolloutConfig, RolloutEngine
@@ -119,8 +119,7 @@ def compiled_table(device, prompts, batch_sizes, repeats, max_new_tokens) -> pd.
         before = sum(compiled.compiles.values())
         runs = interleave(systems, repeats, warmup=1)
         stats = summarize(runs, baseline="eager").set_index("system")
-        first, other = runs.outputs["compiled"][0], runs.outputs["eager"][0]
-        agree = sum(a == b for a, b in zip(first, other)) / len(first)
+        agree = tokens_agree(runs, "compiled", "eager")
         rows.append({"batch": bs, **ratio_cells(stats.loc["compiled"]),
                      "eager s": f"{stats.loc['eager', 'value']:.3f}",
                      "compiled s": f"{stats.loc['compiled', 'value']:.3f}",
