@@ -95,8 +95,8 @@ def pytest_collection_modifyitems(items):
     the compiling tests are one group (one worker's warm-up of inductor, not two) and the quiet
     ones another (one local Ray, one browser at a time)."""
     items.sort(key=_place)  # stable
-    publish_groups({item.nodeid: GROUPS[_place(item)] for item in items
-                    if _place(item) in GROUPS})
+    publish_groups({item.nodeid: GROUPS[place] for item in items
+                    if (place := _place(item)) in GROUPS})
 
 
 def pytest_configure(config):

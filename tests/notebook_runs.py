@@ -281,9 +281,8 @@ class SessionRuns:
 
 def claim(shared: Path) -> bool:
     """Whether this process is the first of the session's pytest-xdist workers to claim the
-    session's notebook runs in ``shared`` (a folder every worker of the session sees): it runs
-    them, the others read them (:class:`PublishedRuns`)."""
-    shared.mkdir(parents=True, exist_ok=True)
+    session's notebook runs in ``shared`` (the folder the controller opened for its workers:
+    tests/xdist_groups.py): it runs them, the others read them (:class:`PublishedRuns`)."""
     try:
         os.close(os.open(shared / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
