@@ -13,6 +13,7 @@ compiled path runs, over the same static buffers, masks, row buckets and verify 
 inductor's kernels are tested here on Qwen3, whose q/k norms are the newest arithmetic of the
 step, and on Llama, Mistral and Qwen2 in tests/test_compiled_decode.py."""
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -60,6 +61,29 @@ def test_qwen3_compiled_by_inductor_equals_eager(tokenizer, inductor_qwen3, temp
     c = compiled_decode_for(policy_forward(model), True)
     assert c.backend == "inductor" and c.steps["eager"] == 0 and c.steps["compiled"] > 0
     assert len(c.compiles) == 1
+
+
+def test_a_whole_chain_compiled_by_inductor_drafts_what_the_eager_head_drafts(
+        tokenizer, inductor_qwen3):
+    """An EAGLE head on Qwen3 (q/k norms in its layer too) drafting coupled chains, each
+    round one graph compiled by inductor (the catch-up, the policy's norm and head, the
+    coupled draws by inverse CDF, the drafts fed back): every round's drafts and the tokens
+    equal the eager head's."""
+    model = inductor_qwen3
+    engine = RolloutEngine(model, tokenizer)
+    torch.manual_seed(1)
+    drafter = recording(EagleDrafter(EagleHead(model), model))
+    drafter.compiled.cpp_wrapper = False  # as the policy's (python_wrapped)
+    cfg = RolloutConfig(max_new_tokens=12, ignore_eos=True, temperature=1.0, seed=3,
+                        spec_k=2)
+    prompts = ["a1 b2?", "a9 b7?"]
+    eager = engine.rollout(prompts, cfg, drafter=drafter, progress=False)
+    eager_rounds, drafter.rounds = drafter.rounds, []
+    comp = engine.rollout(prompts, cfg, drafter=drafter, compile=True, progress=False)
+    assert comp.tokens == eager.tokens and drafter.rounds == eager_rounds
+    (chain,) = drafter.chains.values()
+    assert chain.backend == "inductor" and chain.steps["compiled"] > 0
+    assert chain.compiles and all(key[3] - key[5] == 1 for key in chain.compiles)  # k - 1
 
 
 # ---- the lossless suite on both paths ---------------------------------------------------
@@ -159,10 +183,12 @@ def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
 # ---- the EAGLE draft step ---------------------------------------------------------------
 def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenizer,
                                                                          family_models):
-    """An EAGLE head drafting chains (greedy) and trees (greedy and coupled) with its draft
-    step compiled: every round's drafts, the rows' accepted counts and the tokens equal the
-    eager head's; its graphs (one per row bucket, fed tokens and tree: draft steps and a
-    round's catch-up) are ``compile`` rows of the timeline, as the policy's are."""
+    """An EAGLE head drafting chains (greedy, coupled and speculative; step by step and as
+    one graph a round) and trees (greedy and coupled) with its drafting compiled: every
+    round's drafts, the rows' accepted counts and the tokens equal the eager head's; its
+    graphs (one per row bucket, fed tokens and tree: draft steps and a round's catch-up; a
+    whole chain's per row bucket and catch-up width) are ``compile`` rows of the timeline,
+    as the policy's are."""
     model = family_models("llama")
     engine = RolloutEngine(model, tokenizer)
     torch.manual_seed(0)
@@ -171,17 +197,28 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
     greedy = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1)
     coupled = RolloutConfig(max_new_tokens=20, max_batch_size=2, refill_slots=1,
                             temperature=1.0, seed=5)
+    speculative = replace(coupled, spec_mode="speculative")
     policy = compiled_decode_for(policy_forward(model), True)
+
+    def graphs():
+        return len(policy.compiles) + sum(len(c.compiles) for c in
+                                          (drafter.compiled, *drafter.chains.values()))
+
+    def steps():  # {id: compiled calls} of the draft step's and each chain's graphs
+        return {id(c): c.steps["compiled"] for c in (drafter.compiled, *drafter.chains.values())}
+
     accepted = 0
-    for cfg, schedule in [(greedy, StaticSchedule(3)),
-                          (greedy, StaticSchedule(3, branch=2, verify_budget=5)),
-                          (coupled, StaticSchedule(3, branch=2, verify_budget=5))]:
-        drafter.rounds = []
+    for cfg, schedule, whole in [(greedy, StaticSchedule(3), False),
+                                 (greedy, StaticSchedule(3), True),
+                                 (coupled, StaticSchedule(3), True),
+                                 (speculative, StaticSchedule(3), True),
+                                 (greedy, StaticSchedule(3, branch=2, verify_budget=5), True),
+                                 (coupled, StaticSchedule(3, branch=2, verify_budget=5), True)]:
+        drafter.rounds, drafter.whole_chain = [], whole
         eager = engine.rollout(PROMPTS[:4], cfg, drafter=drafter, schedule=schedule,
                                progress=False)
         eager_rounds, drafter.rounds = drafter.rounds, []
-        graphs = len(policy.compiles) + len(drafter.compiled.compiles)
-        steps = drafter.compiled.steps["compiled"]
+        before, ran = graphs(), steps()
         comp = engine.rollout(PROMPTS[:4], cfg, drafter=drafter, schedule=schedule,
                               compile=True, progress=False)
         assert comp.tokens == eager.tokens
@@ -189,14 +226,20 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
         assert [r.accepted_per_step for r in comp.requests] == \
             [r.accepted_per_step for r in eager.requests]
         accepted += sum(sum(r.accepted_per_step) for r in comp.requests)
-        assert drafter.compiled.steps["compiled"] > steps  # the drafts ran compiled
+        now = steps()  # the drafts ran compiled: as one graph a round where asked to
+        one = id(drafter.compiled)
+        chains = sum(n - ran.get(c, 0) for c, n in now.items() if c != one)
+        assert now[one] > ran[one] or chains > 0
+        assert (chains > 0) == (whole and schedule.step.branch == 1)
         kinds = comp.timeline.steps["kind"]
-        new = len(policy.compiles) + len(drafter.compiled.compiles) - graphs
-        assert (kinds == "compile").sum() == new
+        assert (kinds == "compile").sum() == graphs() - before
     assert accepted > 0  # some drafts were right: verdicts of both kinds
     keys = {key[3:] for key in drafter.compiled.compiles}  # (fed tokens a row, tree)
     assert {(1, False), (2, True)} <= keys  # a chain's draft step, a tree level of 2 nodes
     catch_ups = {fed for fed, tree in keys if not tree and fed > 1}  # 1 to k + 1 pairs a row
     assert catch_ups and catch_ups <= {2, 3, 4}  # a round's catch-up ran compiled too
+    assert {m.kind for m in drafter.chains} == {"greedy", "coupled", "speculative"}
+    for chain in drafter.chains.values():  # (Bb, Tb, stride, w + k - 1, tree, w): k is 3
+        assert {key[3] - key[5] for key in chain.compiles} == {2}
     copy = pickle.loads(pickle.dumps(drafter.compiled))  # to a Ray actor: without its graphs
     assert copy.compiles == {} and copy.steps == drafter.compiled.steps

@@ -44,8 +44,9 @@ On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the c
 plain step runs 1.9-2.5x as fast as eager at batch 1 (its projections inductor's own loops or
 the few-rows kernel, ``rollout.few_rows``, alike), and the kernel lifts batch 8 and the
 verify pass, where the library's GEMM ran a few rows at a fraction of the core's width
-(``benchmarks/bench_few_rows.py``). An EAGLE round's drafting is small graph calls whose
-fixed cost is most of their time. Hence ``False`` by default still: a cold compile (5-30 s
+(``benchmarks/bench_few_rows.py``). An EAGLE chain round's drafting is one graph call
+(``speculative.eagle.CompiledChain``): as ``k`` small calls, their fixed cost was most of
+it. Hence ``False`` by default still: a cold compile (5-30 s
 a graph here) is not earned back by a short run; ``True`` or ``"auto"`` for long ones.
 
 ``"auto"`` times the eager step against the compiled one at each row bucket on the first
@@ -86,7 +87,7 @@ from .forward import LeanForward
 from .graph_call import DirectGraph
 from .static_cache import StaticKVCache, round_up, row_bucket
 from .step_graph import layer_tensors, make_step
-from .step_inputs import StepInputs
+from .step_inputs import StepInputs, mark_cols, zeroed_like
 
 # StaticKVCache, row_bucket: rollout.static_cache's, re-exported beside the step using them
 __all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticKVCache", "compiled_decode_for",
@@ -149,6 +150,10 @@ class CompiledDecode:
     choices: dict = field(default_factory=dict)
     steps: dict = field(default_factory=lambda: {"compiled": 0, "eager": 0})
     _trials: dict = field(default_factory=dict)
+    # dynamo may make a size symbolic on its own once a second value of it compiles (its
+    # automatic dynamic shapes); a graph whose loops unroll over a size turns it off, so
+    # only the columns marked by ``step_inputs.mark_cols`` are symbolic
+    automatic_dynamic = True
 
     def __post_init__(self):
         self._fn = self._graph = None
@@ -181,10 +186,16 @@ class CompiledDecode:
         """cos/sin ``[Bb, q, d]`` at ``pos`` (each below ``bound``)."""
         return self.forward.rope(self.forward.lm_head.weight, pos, bound)
 
+    def _key_extra(self, data) -> tuple:
+        """What else a graph key holds, beyond ``(Bb, Tb, row stride, fed, tree)``: what of
+        ``data``'s shapes the graph's own shapes do not follow from (nothing here)."""
+        return ()
+
     def _compiled(self, plans):
         if self._fn is None:
             options = inductor_options(self.cpp_wrapper) if self.backend == "inductor" else None
-            step, dynamic = self._make_step(plans), None if self.dynamic_cols else False
+            step = self._make_step(plans)
+            dynamic = None if self.dynamic_cols and self.automatic_dynamic else False
             fn = (DirectGraph(step, self.backend, dynamic, options) if self.direct else
                   torch.compile(step, backend=self.backend, dynamic=dynamic, fullgraph=True,
                                 options=options))
@@ -278,7 +289,7 @@ class CompiledDecode:
         views = [layer.views(b_rows, t_cols) for layer in layers]
         fed = batch.last_token[:, None] if fed is None else fed
         key = (b_rows, None if self.dynamic_cols else t_cols, views[0][0].stride(0),
-               fed.shape[1], tree is not None)
+               fed.shape[1], tree is not None, *self._key_extra(data))
         buffers = self._buffers.get(key)
         if buffers is None:
             buffers = self._buffers[key] = StepInputs.for_step(
@@ -287,7 +298,7 @@ class CompiledDecode:
         inputs = buffers.fill(batch, fed, pos, tree, t_cols, self._rope, data)
         args = [*inputs, *self._weights(plans), [v[0] for v in views], [v[1] for v in views]]
         if self.dynamic_cols and key not in self.compiles:
-            _mark_cols(args, 7)
+            mark_cols(args, 7)
         return _Call(fn, args, key, layers, rows, width)
 
     def needs_compile(self, call: "_Call") -> bool:
@@ -299,8 +310,8 @@ class CompiledDecode:
         start = time.perf_counter()
         raise_recompile_limit()
         a = call.args
-        scratch = [None if t is None else _scratch(t) for t in a[:8]] + (
-            a[8:-2] + [[_scratch(t) for t in a[-2]], [_scratch(t) for t in a[-1]]])
+        scratch = [None if t is None else zeroed_like(t) for t in a[:8]] + (
+            a[8:-2] + [[zeroed_like(t) for t in a[-2]], [zeroed_like(t) for t in a[-1]]])
         call.fn(*scratch)
         self.compiles[call.key] = time.perf_counter() - start
         return self.compiles[call.key]
@@ -334,36 +345,6 @@ class _Call:
     layers: list
     rows: int
     width: int
-
-
-def _mark_cols(args: list, tree_at: int) -> None:
-    """Mark the columns of a call's arguments symbolic (``mark_dynamic``): ``vis`` and
-    ``col_pos``'s dim 1, the tree's (at ``tree_at``) dim 2, every cache view's dim 2. Only
-    a key's first call needs it (its compile, which copies the marks onto scratch inputs):
-    the graph then has a symbolic width, and later calls' unmarked inputs match it."""
-    for t in args[2], args[3]:
-        torch._dynamo.mark_dynamic(t, 1)
-    if args[tree_at] is not None:
-        torch._dynamo.mark_dynamic(args[tree_at], 2)
-    for t in args[-2] + args[-1]:
-        torch._dynamo.mark_dynamic(t, 2)
-
-
-def _scratch(view: torch.Tensor) -> torch.Tensor:
-    """A zeroed tensor of ``view``'s shape and strides (a warm-up writes into it, not into
-    the cache), its dims as symbolic as ``view``'s."""
-    return _marked(torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
-                                       device=view.device).zero_(), view)
-
-
-def _marked(scratch: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``scratch`` with ``like``'s dims marked dynamic (``mark_dynamic``, which a copy does
-    not carry): the warm-up then compiles the graph that the step itself runs, not a static
-    one that the first real step would replace (a second compile, outside the compile row)."""
-    dims = getattr(like, "_dynamo_dynamic_indices", None)
-    if dims:
-        torch._dynamo.mark_dynamic(scratch, sorted(dims))
-    return scratch
 
 
 def compile_choices(model) -> dict:

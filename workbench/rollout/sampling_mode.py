@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from ..checks import check_choice
-from .sampling import SamplingParams, Stream, adjusted_logprobs, choose_tokens, coupled_uniforms
+from .sampling import (SamplingParams, Stream, adjusted_logprobs, choose_tokens,
+                       coupled_uniforms, draw)
 
 __all__ = ["SamplingMode", "MODE_KINDS"]
 
@@ -119,7 +120,24 @@ class SamplingMode:
 
     def choose(self, logits: torch.Tensor, depth: int):
         """A drafter's tokens ``[B]`` at ``depth`` (0 = the first draft) from its logits
-        ``[B, V]``, and its adjusted logprobs ``[B, V]`` where verification reads them.
+        ``[B, V]``, and its adjusted logprobs ``[B, V]`` where verification reads them
+        (:meth:`pick` at :meth:`draft_uniforms`)."""
+        u = self.draft_uniforms((depth,))
+        return self.pick(logits, None if u is None else torch.from_numpy(u[:, 0]))
+
+    def draft_uniforms(self, depths) -> np.ndarray | None:
+        """``[B, n]`` float64: the uniform a drafter draws its draft at each of ``depths``
+        (``[n]``, 0 = the first draft) with: ``Stream.TOKEN`` when coupled,
+        ``Stream.DRAFT`` when speculative; ``None`` when greedy (no draw)."""
+        if self.kind == "greedy":
+            return None
+        return self.uniforms(Stream.DRAFT if self.speculative else Stream.TOKEN, depths)
+
+    def pick(self, logits: torch.Tensor, u: torch.Tensor | None):
+        """Draft tokens ``[...]`` from a drafter's logits ``[..., V]`` at uniforms ``u [...]``
+        (:meth:`draft_uniforms`' columns; ``None`` when greedy), and their adjusted logprobs
+        ``[..., V]`` or ``None``. Torch only and reading no rows, so that a compiled drafting
+        graph picks as the eager drafter does (``rollout.step_graph.make_draft_chain``).
 
         Greedy: argmax. Coupled: the uniform the policy will use at that position, so a
         drafter close to the policy lands on the same token. Speculative: an independent
@@ -130,9 +148,7 @@ class SamplingMode:
         if self.kind == "greedy":
             return logits.argmax(-1), None
         logq = self.logprobs(logits)
-        stream = Stream.DRAFT if self.speculative else Stream.TOKEN
-        tok = choose_tokens(logq, self.params, self.uniforms(stream, (depth,))[:, 0])
-        return tok, logq if self.speculative else None
+        return draw(logq, u), logq if self.speculative else None
 
     def rank(self, logits: torch.Tensor, depth: int) -> torch.Tensor:
         """``[B, f, V]``: what a tree's candidates at ``depth`` (0 = the first level) are

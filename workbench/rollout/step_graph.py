@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from .forward import LeanForward, _rotate, normed_qk, rms_norm
 
-__all__ = ["make_step", "make_draft_step", "layer_tensors", "project", "project_packed",
-           "projector", "attend"]
+__all__ = ["make_step", "make_draft_step", "make_draft_chain", "layer_tensors", "project",
+           "project_packed", "projector", "attend"]
 
 
 def make_step(forward: LeanForward, plans, packed: bool = False):
@@ -72,6 +72,46 @@ def make_draft_step(plan, fc_out: int, packed: bool = False):
         mask = visible(vis, col_pos, pos, None, tree)
         return (layer_pass(x, const, layer, mask, cos, sin, col, ks[0], vs[0], proj),)
     return step
+
+
+def make_draft_chain(plan, fc_out: int, packed: bool, norm_eps: float, vocab: int, pick):
+    """An EAGLE head's whole chain of drafts in one graph (``speculative.eagle.CompiledChain``):
+    the catch-up's pairs, then ``k`` times the policy's final norm and head on the last
+    predicted state, ``pick`` (``SamplingMode.pick``, rowless: greedy, coupled or
+    speculative) of the draft, and the head on (draft, state) for the next, the last draft
+    not fed. One call instead of ``k`` draft steps and ``k`` eager head passes: at batch 1
+    their fixed costs were most of a round's drafting (issue 41)."""
+    const = layer_consts(plan)
+    proj = projector(packed)
+
+    def chain(ids, pos, vis, col_pos, col, cos, sin, tree, hidden, u, emb, fc_w, fc_b, layer,
+              norm_w, head_w, head_b, ks, vs):
+        """ids, pos ``[Bb, w + k - 1]``: the catch-up's ``w`` tokens (right-aligned, holes
+        before them), then the chain's ``k - 1`` columns (their ids unread: the graph picks
+        them); hidden ``[Bb, w, H]``: the catch-up tokens' parent states; u ``[Bb, k]``:
+        each depth's uniform (unread when greedy); the rest as :func:`make_draft_step`'s,
+        plus the policy's final norm and head. Returns the drafts ``[Bb, k]`` and, where
+        ``pick`` gives them, their adjusted logprobs ``[Bb, k, V]``."""
+        w, k = hidden.shape[1], u.shape[1]
+
+        def head_pass(tokens, parent, at: slice):  # the head on fed columns `at`
+            x = proj(torch.cat([F.embedding(tokens, emb), parent], dim=-1), fc_w, fc_b, fc_out)
+            mask = visible(vis, col_pos, pos[:, at], None, tree)
+            return layer_pass(x, const, layer, mask, cos[:, at], sin[:, at], col[at], ks[0],
+                              vs[0], proj)
+
+        carry = head_pass(ids[:, :w], hidden, slice(0, w))[:, -1:]  # [Bb, 1, H]
+        drafts, logqs = [], []
+        for depth in range(k):
+            logits = proj(rms_norm(norm_w, norm_eps, carry), head_w, head_b, vocab)[:, 0]
+            token, logq = pick(logits, u[:, depth])  # [Bb], [Bb, V] or None
+            drafts.append(token)
+            logqs.append(logq)
+            if depth < k - 1:
+                carry = head_pass(token[:, None], carry, slice(w + depth, w + depth + 1))
+        tokens = torch.stack(drafts, 1)  # [Bb, k]
+        return (tokens,) if logqs[0] is None else (tokens, torch.stack(logqs, 1))
+    return chain
 
 
 def visible(vis, col_pos, pos, window, tree):

@@ -12,6 +12,9 @@ rewritten only when the batch shrinks below the rows already padded.
 
 A key's buffers serve one call at a time: a call must run before the next call of the same
 key is prepared (the engine's steps do: prepare, compile if needed, run).
+
+:func:`mark_cols` makes a key's first call's columns symbolic; :func:`zeroed_like` gives the
+warm-up compile inputs of a call's shapes, strides and symbolic dims to write into.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StepInputs"]
+__all__ = ["StepInputs", "mark_cols", "zeroed_like"]
 
 
 @dataclass
@@ -92,3 +95,33 @@ class StepInputs:
         cos, sin = rope(self.pos, width)  # a position counts the visible columns before it
         return (self.ids, self.pos, vis, col_pos, self.col, cos.unsqueeze(2), sin.unsqueeze(2),
                 full, *self.data)
+
+
+def mark_cols(args: list, tree_at: int) -> None:
+    """Mark the columns of a call's arguments symbolic (``mark_dynamic``): ``vis`` and
+    ``col_pos``'s dim 1, the tree's (at ``tree_at``) dim 2, every cache view's dim 2. Only
+    a key's first call needs it (its compile, which copies the marks onto scratch inputs):
+    the graph then has a symbolic width, and later calls' unmarked inputs match it."""
+    for t in args[2], args[3]:
+        torch._dynamo.mark_dynamic(t, 1)
+    if args[tree_at] is not None:
+        torch._dynamo.mark_dynamic(args[tree_at], 2)
+    for t in args[-2] + args[-1]:
+        torch._dynamo.mark_dynamic(t, 2)
+
+
+def zeroed_like(view: torch.Tensor) -> torch.Tensor:
+    """A zeroed tensor of ``view``'s shape and strides (a warm-up writes into it, not into
+    the cache), its dims as symbolic as ``view``'s."""
+    return _marked(torch.empty_strided(view.shape, view.stride(), dtype=view.dtype,
+                                       device=view.device).zero_(), view)
+
+
+def _marked(scratch: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``scratch`` with ``like``'s dims marked dynamic (``mark_dynamic``, which a copy does
+    not carry): the warm-up then compiles the graph that the step itself runs, not a static
+    one that the first real step would replace (a second compile, outside the compile row)."""
+    dims = getattr(like, "_dynamo_dynamic_indices", None)
+    if dims:
+        torch._dynamo.mark_dynamic(scratch, sorted(dims))
+    return scratch

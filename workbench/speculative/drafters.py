@@ -1,6 +1,6 @@
 """The built-in drafters: model-free prompt lookup (:class:`NGramDrafter`), a small LM
 (:class:`LMDrafter`), an EAGLE head (:class:`EagleDrafter`), and a drafter slowed on purpose
-(:class:`SlowedDrafter`). The protocol they implement and the registry of named drafters are
+(:class:`SlowedDrafter`, ``speculative.slowed``). The protocol they implement and the registry of named drafters are
 ``speculative.drafter_protocol``'s (``Drafter``, ``DRAFTERS``), importable from here too.
 
 Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
@@ -10,22 +10,22 @@ seen in one ragged block, then chains ``k`` drafts (or grows a tree level by lev
 nodes share a position and see only their own ancestors among the speculative columns, through
 the ``tree`` argument of ``rollout.forward.attention_mask``). The chain and tree loops are
 written once, in :class:`CachedDrafter`; a drafter says only how it catches up, what its
-logits are, and how it advances by one level.
+logits are, and how it advances by one level. On the compiled path an EAGLE head's chain round
+is one graph instead (``speculative.eagle.CompiledChain``), leaving the cache as the loop does.
 """
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import torch
 
-from ..checks import check_non_negative
 from ..rollout.batch import DecodeBatch
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
+from ..rollout.sampling_mode import SamplingMode
 from ..rollout.static_cache import StaticKVCache
 from ..rollout.tree import DraftTree, grow_tree
 from .drafter_protocol import DRAFTERS, Drafter, output_vocab_size
-from .eagle import CompiledDraft
+from .eagle import CompiledChain, CompiledDraft
+from .slowed import SlowedDrafter
 
 __all__ = ["Drafter", "DRAFTERS", "CachedDrafter", "NGramDrafter", "LMDrafter", "EagleDrafter",
            "SlowedDrafter"]
@@ -214,9 +214,12 @@ class EagleDrafter(CachedDrafter):
     # one (a row's prompt, when it joins) eagerly: it happens once per request.
     COMPILED_CATCH_UP = 8
 
-    def __init__(self, head, policy=None):
+    def __init__(self, head, policy=None, whole_chain: bool = True):
         self.head = head.eval()
         self.compiled = None  # its compiled draft step (speculative.eagle.CompiledDraft)
+        # compiled chain rounds as one graph each (speculative.eagle.CompiledChain), per
+        # (mode kind, sampling params); False: a graph call per draft step
+        self.whole_chain, self.chains = whole_chain, {}
         self.begin()
         if policy is not None:
             self.bind(policy)
@@ -238,6 +241,7 @@ class EagleDrafter(CachedDrafter):
         if self.compiled is None or self.compiled.embed is not self.embed:  # another policy
             self.compiled = CompiledDraft(None, True, head=self.head, embed=self.embed,
                                           rope=self.rope)
+            self.chains = {}
 
     def check_compatible(self, policy, tokenizer) -> None:
         super().check_compatible(policy, tokenizer)
@@ -251,9 +255,64 @@ class EagleDrafter(CachedDrafter):
                               tree=tree)
         return self.head.step(emb, hidden, mask, self.rope(emb, pos), st.cache)
 
+    @torch.no_grad()
+    def draft(self, ctx, k):
+        """A chain of ``k`` drafts a row: on the compiled path, the catch-up and every draft
+        in one graph call (:meth:`_chain_graph`, ``speculative.eagle.CompiledChain``), the
+        cache's columns as :meth:`CachedDrafter.draft` leaves them; else that loop."""
+        chain = self._chain_graph(ctx)
+        if chain is None:
+            return super().draft(ctx, k)
+        ids, hidden, pos = self._pending(ctx)  # [B, w], [B, w, H], [B, w]
+        st = self.state
+        if k > 1:  # the chain's columns: drafts 0..k-2 are fed at next_pos + 0..k-2
+            pos = torch.cat([pos, st.append_columns(k - 1)], dim=1)  # [B, w + k - 1]
+            st.next_pos += k - 1
+            ids = torch.cat([ids, ids.new_zeros((ids.shape[0], k - 1))], dim=1)
+        u = ctx.mode.draft_uniforms(np.arange(k))  # [B, k] float64, None when greedy
+        u = (torch.zeros((ids.shape[0], k), dtype=torch.float64) if u is None
+             else torch.from_numpy(u)).to(ctx.device)
+        call = chain.prepare(st, pos, ids, None, data=(hidden, u))
+        if chain.needs_compile(call):
+            self.compile.compile_row(chain, call, st.size)
+        chain.steps["compiled"] += 1
+        out = chain.run(call)  # (drafts [B, k],) or (drafts, logq [B, k, V])
+        self.spec_cols = k - 1
+        st.compact()
+        return out[0], out[1] if len(out) > 1 else None
+
+    def _chain_graph(self, ctx):
+        """The compiled chain graph for this round (made once per mode kind and sampling
+        params), or ``None`` where the round drafts step by step: not compiling, a head the
+        lean forward does not run, the first round (its cache not filled yet), or a row whose
+        catch-up is longer than ``COMPILED_CATCH_UP`` (a row that joined)."""
+        if not (self.whole_chain and ctx.compile is not None and self.head.lean
+                and self.state is not None and self.compiled.covers(self.state)):
+            return None
+        if max(len(s) - 1 - n for s, n in zip(ctx.sequences, self.seen)) > self.COMPILED_CATCH_UP:
+            return None
+        mode = SamplingMode(ctx.mode.kind, ctx.mode.params)  # rowless: what a graph closes over
+        if mode not in self.chains:
+            c = self.compiled
+            self.chains[mode] = CompiledChain(
+                None, True, c.col_step, c.dynamic_cols, backend=c.backend,
+                step_wrapper=c.step_wrapper, cpp_wrapper=c.cpp_wrapper, direct=c.direct,
+                few_rows=c.few_rows, head=self.head, embed=self.embed, rope=self.rope,
+                sampling=mode, norm=self.norm, lm_head=self.lm_head)
+        return self.chains[mode]
+
     def _catch_up(self, ctx) -> torch.Tensor:
         """Feed every committed pair not seen yet; the state predicted after each row's last
         ``[B, 1, H]`` (whose logits give the first draft)."""
+        ids, hidden, pos = self._pending(ctx)
+        if self.compile is not None and ids.shape[1] <= self.COMPILED_CATCH_UP:
+            return self._compiled_step(ids, hidden, pos)[:, -1:]
+        return self._step(ids, hidden, pos)[:, -1:]
+
+    def _pending(self, ctx):
+        """Open the round and append every committed pair not fed yet as one ragged block:
+        its tokens ``[B, w]`` (right-aligned), their parents' states ``[B, w, H]`` and their
+        positions ``[B, w]``."""
         seqs, pending = ctx.sequences, ctx.hidden
         self.compile = ctx.compile if self.head.lean else None
         cache = None if self.compile is None else StaticKVCache(self.compile.length, len(seqs))
@@ -270,9 +329,7 @@ class EagleDrafter(CachedDrafter):
         for r, h in enumerate(pending):
             hidden[r, ids.shape[1] - h.shape[0]:] = h
         self.seen = [len(s) - 1 for s in seqs]
-        if self.compile is not None and ids.shape[1] <= self.COMPILED_CATCH_UP:
-            return self._compiled_step(ids, hidden, pos)[:, -1:]
-        return self._step(ids, hidden, pos)[:, -1:]
+        return ids, hidden, pos
 
     def _logits(self, feat: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(feat))
@@ -298,62 +355,3 @@ class EagleDrafter(CachedDrafter):
             self.compile.compile_row(c, call, st.size)
         c.steps["compiled"] += 1
         return c.run(call)[0]
-
-
-class SlowedDrafter:
-    """``drafter`` made slower by ``delay_s`` seconds per drafted depth (a chain of ``k``
-    drafts, or a tree ``k`` deep, waits ``k * delay_s`` more): a hostile machine on which SD
-    cannot pay, for the tests and benchmarks of the adaptive engine. Its tokens, and every
-    other hook of the :class:`Drafter` protocol (``head``, ``module``, ``begin``...), are the
-    wrapped drafter's, delegated one by one; any other attribute is the wrapped drafter's too."""
-
-    members = main = None  # one drafter, never a set (refused below)
-
-    def __init__(self, drafter, delay_s: float):
-        delay_s = self.check_delay(delay_s)
-        if drafter.members is not None:  # its members would draft unslowed
-            raise ValueError("SlowedDrafter wraps one drafter, not a DrafterSet; slow its "
-                             "members instead: DrafterSet({name: SlowedDrafter(d, delay_s)})")
-        self.drafter, self.delay_s = drafter, delay_s
-
-    @staticmethod
-    def check_delay(delay_s) -> float:
-        """``delay_s`` as a float, or ``ValueError`` unless it is a finite number of seconds
-        >= 0 (an infinite delay would hang the rollout)."""
-        return check_non_negative("delay_s (seconds)", delay_s)
-
-    def __getattr__(self, name):
-        if "drafter" not in self.__dict__:  # while unpickling
-            raise AttributeError(name)
-        return getattr(self.__dict__["drafter"], name)
-
-    name = property(lambda self: self.drafter.name)
-    needs_hidden = property(lambda self: self.drafter.needs_hidden)
-    supports_trees = property(lambda self: self.drafter.supports_trees)
-    module = property(lambda self: self.drafter.module)
-    head = property(lambda self: self.drafter.head)
-
-    def check_compatible(self, policy, tokenizer) -> None:
-        self.drafter.check_compatible(policy, tokenizer)
-
-    def begin(self) -> None:
-        self.drafter.begin()
-
-    def keep_rows(self, rows: list[int]) -> None:
-        self.drafter.keep_rows(rows)
-
-    def add_rows(self, n: int) -> None:
-        self.drafter.add_rows(n)
-
-    def draft(self, ctx, k):
-        self._wait(ctx, k)
-        return self.drafter.draft(ctx, k)
-
-    def draft_tree(self, ctx, k, branch):
-        self._wait(ctx, k)
-        return self.drafter.draft_tree(ctx, k, branch)
-
-    def _wait(self, ctx, k: int) -> None:
-        """``k`` delays on the worker's clock (``DraftInput.wait``: charged on the sim
-        clock, slept on the wall clock); slept where the context has no clock."""
-        getattr(ctx, "wait", time.sleep)(k * self.delay_s)

@@ -17,7 +17,10 @@ machinery: row buckets, symbolic columns, a graph per (row bucket, fed tokens, t
 compiled before the step as a ``compile`` row). Its catch-up (every committed pair not seen
 yet, a ragged block once a round) runs through the same graphs, a width a graph, when it is
 at most ``EagleDrafter.COMPILED_CATCH_UP`` pairs a row; a longer one (the prompt of a row
-joining) and the first round's (the cache not filled yet) eagerly. In float64 its
+joining) and the first round's (the cache not filled yet) eagerly. A chain round is one
+graph call in all (:class:`CompiledChain`: the catch-up, then each draft picked in the graph
+and fed back), a graph per (row bucket, catch-up width, k): at batch 1 the fixed cost of
+``k`` draft steps and ``k`` eager head passes was most of a round's drafting. In float64 its
 predicted states equal the eager step's to the norms' float32 rounding, so its drafts, and
 the accepted tokens, are the same (tests/test_compiled_lossless.py).
 """
@@ -35,9 +38,10 @@ from ..atomic import atomic_dir, load_torch_file, recover_dir
 from ..rollout.compiled import CompiledDecode
 from ..rollout.few_rows import kernel_applies, pack
 from ..rollout.forward import RopeTable, layer_plan, lean_layer, supports_lean, weights_key
-from ..rollout.step_graph import layer_tensors, make_draft_step
+from ..rollout.sampling_mode import SamplingMode
+from ..rollout.step_graph import layer_tensors, make_draft_chain, make_draft_step
 
-__all__ = ["EagleHead", "CompiledDraft"]
+__all__ = ["EagleHead", "CompiledDraft", "CompiledChain"]
 
 # Config attributes the head's shapes or arithmetic depend on (None where a config lacks one).
 _FINGERPRINT_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
@@ -216,3 +220,48 @@ class CompiledDraft(CompiledDecode):
                              layer_tensors(plans[0], packed))
             self._key = key
         return self._tensors
+
+
+@dataclass(eq=False)
+class CompiledChain(CompiledDraft):
+    """An :class:`EagleHead`'s whole chain round in one compiled graph
+    (``rollout.step_graph.make_draft_chain``): the catch-up's pairs, then ``k`` drafts, each
+    picked by ``sampling`` (a rowless ``SamplingMode``) from the policy's final ``norm`` and
+    ``lm_head`` and fed back to the head but the last. :meth:`prepare` takes ``data =
+    (hidden [B, w, H], u [B, k])`` (the catch-up's parent states, each depth's uniform);
+    :meth:`run` returns ``(drafts [B, k],)``, with their adjusted logprobs ``[B, k, V]``
+    after them in speculative mode. A graph per (row bucket, ``w``, ``k``): both are
+    unrolled, so no size but the columns is symbolic."""
+
+    sampling: SamplingMode | None = None
+    norm: nn.Module | None = None
+    lm_head: nn.Module | None = None
+    automatic_dynamic = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._head_key = self._head = None
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "_head_key": None, "_head": None}
+
+    def _make_step(self, plans):
+        return make_draft_chain(plans[0], self.head.fc.out_features, self._packed(),
+                                self.norm.variance_epsilon, self.lm_head.weight.shape[0],
+                                self.sampling.pick)
+
+    def _key_extra(self, data) -> tuple:
+        return (data[0].shape[1],)  # w; k is the fed columns' count less w, plus 1
+
+    def _weights(self, plans) -> tuple:
+        """:class:`CompiledDraft`'s, then the policy's final norm's weight and its head's
+        (packed where the kernel runs), read again when one of them changes."""
+        head = self.lm_head
+        key = weights_key((self.norm.weight, head.weight) + (
+            () if head.bias is None else (head.bias,)))
+        if self._head_key != key:
+            w = head.weight.detach()
+            self._head = (self.norm.weight.detach(), pack(w) if self._packed() else w,
+                          None if head.bias is None else head.bias.detach())
+            self._head_key = key
+        return (*super()._weights(plans), *self._head)
