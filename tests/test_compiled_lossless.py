@@ -241,5 +241,6 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
     assert {m.kind for m in drafter.chains} == {"greedy", "coupled", "speculative"}
     for chain in drafter.chains.values():  # (Bb, Tb, stride, w + k - 1, tree, w): k is 3
         assert {key[3] - key[5] for key in chain.compiles} == {2}
-    copy = pickle.loads(pickle.dumps(drafter.compiled))  # to a Ray actor: without its graphs
-    assert copy.compiles == {} and copy.steps == drafter.compiled.steps
+    for made in (drafter.compiled, *drafter.chains.values()):  # to a Ray actor: no graphs
+        copy = pickle.loads(pickle.dumps(made))
+        assert copy.compiles == {} and copy.steps == made.steps and copy._fn is None
