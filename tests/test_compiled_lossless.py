@@ -185,11 +185,11 @@ def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
 def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenizer,
                                                                          family_models):
     """An EAGLE head drafting chains (greedy step by step and as one graph a round,
-    speculative as one graph: its own draws and logprobs in the graph) and trees (greedy and coupled) with its drafting compiled: every
-    round's drafts, the rows' accepted counts and the tokens equal the eager head's; its
-    graphs (one per row bucket, fed tokens and tree: draft steps and a round's catch-up; a
-    whole chain's per row bucket and catch-up width) are ``compile`` rows of the timeline,
-    as the policy's are."""
+    speculative as one graph: its own draws and logprobs in the graph) and trees (greedy and
+    coupled) with its drafting compiled: every round's drafts, the rows' accepted counts and
+    the tokens equal the eager head's; its graphs (one per row bucket, fed tokens and tree:
+    draft steps and a round's catch-up; a whole chain's per row bucket and catch-up width)
+    are ``compile`` rows of the timeline, as the policy's are."""
     model = family_models("llama")
     engine = RolloutEngine(model, tokenizer)
     torch.manual_seed(0)

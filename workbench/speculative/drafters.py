@@ -1,7 +1,8 @@
 """The built-in drafters: model-free prompt lookup (:class:`NGramDrafter`), a small LM
 (:class:`LMDrafter`), an EAGLE head (:class:`EagleDrafter`), and a drafter slowed on purpose
-(:class:`SlowedDrafter`, ``speculative.slowed``). The protocol they implement and the registry of named drafters are
-``speculative.drafter_protocol``'s (``Drafter``, ``DRAFTERS``), importable from here too.
+(:class:`SlowedDrafter`, ``speculative.slowed``). The protocol they implement and the
+registry of named drafters are ``speculative.drafter_protocol``'s (``Drafter``,
+``DRAFTERS``), importable from here too.
 
 Drafters with a KV cache (:class:`CachedDrafter`) keep it in a
 :class:`~workbench.rollout.batch.DecodeBatch`: each round first drops the speculative tail it
