@@ -184,8 +184,8 @@ def test_lossless_on_both_paths(tokenizer, family_models, arch, path):
 # ---- the EAGLE draft step ---------------------------------------------------------------
 def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenizer,
                                                                          family_models):
-    """An EAGLE head drafting chains (greedy step by step and as one graph a round;
-    speculative as one graph: its own draws and their logprobs in the graph) and trees
+    """An EAGLE head drafting chains (greedy step by step; speculative as one graph a
+    round: its own draws and their logprobs in the graph) and trees
     (greedy and coupled) with its drafting compiled: every round's drafts, the rows'
     accepted counts and the tokens equal the eager head's; its graphs (one per row bucket,
     fed tokens and tree: draft steps and a round's catch-up; a whole chain's per row bucket
@@ -210,7 +210,6 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
 
     accepted = 0
     for cfg, schedule, whole in [(greedy, StaticSchedule(3), False),
-                                 (greedy, StaticSchedule(3), True),
                                  (speculative, StaticSchedule(3), True),
                                  (greedy, StaticSchedule(3, branch=2, verify_budget=5), True),
                                  (coupled, StaticSchedule(3, branch=2, verify_budget=5), True)]:
@@ -238,7 +237,7 @@ def test_the_compiled_eagle_draft_step_drafts_what_the_eager_one_drafts(tokenize
     assert {(1, False), (2, True)} <= keys  # a chain's draft step, a tree level of 2 nodes
     catch_ups = {fed for fed, tree in keys if not tree and fed > 1}  # 1 to k + 1 pairs a row
     assert catch_ups and catch_ups <= {2, 3, 4}  # a round's catch-up ran compiled too
-    assert {m.kind for m in drafter.chains} == {"greedy", "speculative"}
+    assert {m.kind for m in drafter.chains} == {"speculative"}
     for chain in drafter.chains.values():  # (Bb, Tb, stride, w + k - 1, tree, w): k is 3
         assert {key[3] - key[5] for key in chain.compiles} == {2}
     for made in (drafter.compiled, *drafter.chains.values()):  # to a Ray actor: no graphs

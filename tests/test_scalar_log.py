@@ -56,6 +56,20 @@ def test_a_resumed_run_writes_no_step_twice(tmp_path):
     assert [v for _, v in rewards] == pytest.approx([0.0, 0.1, 1.2, 1.3, 1.4])
 
 
+def test_a_resumed_log_is_read_after_the_crashed_one_whatever_the_writers_count(
+        tmp_path, monkeypatch):
+    """TensorBoard reads a folder's event files in name order, and a name ends with the
+    process's count of writers so far, which does not sort as a number ("...9" after
+    "...10"): the resumed run's file is still read after the crashed run's, so its purge
+    drops the steps run again. (Before, which of the two came first hung on how many
+    writers the test's process had opened before it.)"""
+    from tensorboard.summary.writer import event_file_writer
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    test_a_resumed_run_writes_no_step_twice(tmp_path)
+    files = sorted(p.name for p in (tmp_path / LOG_DIR).glob("events.out.tfevents.*"))
+    assert [f.rsplit(".", 1)[-1] for f in files] == ["9", "10"]
+
+
 def test_figures_go_in_as_images(tmp_path):
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])

@@ -16,13 +16,15 @@ event files under the run's folder, ``"none"`` drops them.
   axis reads the run's own (sim) time, and ``time_<clock>/cumulative_step_s`` holds it too.
 - **Resume.** A run resumed at step T opens its log with ``purge_step=T``: TensorBoard's own
   convention, which drops whatever a crashed run wrote from step T on, so that the steps
-  run again are shown once and earlier ones are never written twice.
+  run again are shown once and earlier ones are never written twice. Its event file is
+  named to be read after the crashed run's (:func:`_after_existing_files`).
 - **Figures** go in as images when the run ends (:meth:`ScalarLog.figures`).
 """
 from __future__ import annotations
 
 import math
 import numbers
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -86,6 +88,7 @@ class TensorBoardLog(ScalarLog):
         from torch.utils.tensorboard import SummaryWriter  # tensorboard: a default dependency
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        _after_existing_files(self.log_dir)
         self.writer = SummaryWriter(str(self.log_dir),
                                     purge_step=resume_step if resume_step > 0 else None)
         self.elapsed_s = float(elapsed_s)
@@ -107,6 +110,26 @@ class TensorBoardLog(ScalarLog):
 
     def close(self) -> None:
         self.writer.close()
+
+
+EVENT_FILES = "events.out.tfevents.*"
+
+
+def _after_existing_files(log_dir: Path) -> None:
+    """Wait, if need be, until a new event file's name sorts after every one in ``log_dir``.
+
+    TensorBoard reads a folder's event files in name order. A name holds the second it was
+    opened, then the host, the process and the process's count of writers so far, which does
+    not sort as a number ("...9" after "...10"): a file opened in the same second as an
+    earlier one of the same process could be read first, and then a resumed run's purge
+    would come before the steps it drops. So a new file waits for the second after the
+    newest one's (a wait only where a run resumes within a second of its last write)."""
+    seconds = [int(part) for part in (p.name.split(".")[3] for p in log_dir.glob(EVENT_FILES))
+               if part.isdigit()]
+    if seconds:
+        wait = max(seconds) + 1 - time.time()
+        if wait > 0:
+            time.sleep(wait)
 
 
 def check_report_to(report_to: str, run_dir) -> str:
