@@ -144,13 +144,14 @@ class DecodeBatch:
         self.col_pos = torch.cat([self.col_pos, positions], dim=1)
         return positions
 
-    def append_ragged(self, seqs: list[list[int]], pad_id: int):
-        """Append one block holding each row's new tokens right-aligned (holes before them).
+    def append_ragged(self, seqs: list[list[int]], pad_id: int, width: int = 0):
+        """Append one block holding each row's new tokens right-aligned (holes before them),
+        at least ``width`` columns wide (a compiled step's fixed width: more holes).
 
         Returns ``input_ids`` and ``position_ids`` ``[B, L]`` for the block; the last column is
         every row's newest token, so one forward yields every row's next-token logits.
         """
-        width = max(len(s) for s in seqs)
+        width = max(width, *(len(s) for s in seqs))
         device = self.mask.device
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         vis = torch.zeros((len(seqs), width), dtype=torch.long)

@@ -111,16 +111,16 @@ def choose_tokens(logp: torch.Tensor, params: SamplingParams, uniforms=None) -> 
     """
     if params.greedy:
         return logp.argmax(dim=-1)
-    return draw(logp, torch.as_tensor(np.asarray(uniforms), device=logp.device))
+    return draw(logp, torch.as_tensor(np.asarray(uniforms)))
 
 
 def draw(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token ids ``[...]`` by inverse CDF from log-probs ``logp [..., V]`` at uniforms
-    ``u [...]`` (a tensor, cast to ``logp``'s dtype): the first token whose cumulative
+    ``u [...]`` (a tensor, moved to ``logp``'s device and dtype): the first token whose cumulative
     probability exceeds ``u`` times the total. Torch only, so a compiled graph draws the
     same way (an EAGLE chain's drafts, ``rollout.step_graph``)."""
     cdf = logp.exp().cumsum(-1)
-    target = (u.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+    target = (u.to(cdf.device, cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf.contiguous(), target.contiguous(), right=True).squeeze(-1)
     return idx.clamp(max=logp.shape[-1] - 1)
 

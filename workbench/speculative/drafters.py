@@ -261,10 +261,10 @@ class EagleDrafter(CachedDrafter):
         """A chain of ``k`` drafts a row: on the compiled path, the catch-up and every draft
         in one graph call (:meth:`_chain_graph`, ``speculative.eagle.CompiledChain``), the
         cache's columns as :meth:`CachedDrafter.draft` leaves them; else that loop."""
-        chain = self._chain_graph(ctx)
+        chain = self._chain_graph(ctx, k)
         if chain is None:
             return super().draft(ctx, k)
-        ids, hidden, pos = self._pending(ctx)  # [B, w], [B, w, H], [B, w]
+        ids, hidden, pos = self._pending(ctx, k + 1)  # [B, w], [B, w, H], [B, w]; w = k + 1
         st = self.state
         if k > 1:  # the chain's columns: drafts 0..k-2 are fed at next_pos + 0..k-2
             pos = torch.cat([pos, st.append_columns(k - 1)], dim=1)  # [B, w + k - 1]
@@ -282,15 +282,17 @@ class EagleDrafter(CachedDrafter):
         st.compact()
         return out[0], out[1] if len(out) > 1 else None
 
-    def _chain_graph(self, ctx):
+    def _chain_graph(self, ctx, k: int):
         """The compiled chain graph for this round (made once per mode kind and sampling
         params), or ``None`` where the round drafts step by step: not compiling, a head the
         lean forward does not run, the first round (its cache not filled yet), or a row whose
-        catch-up is longer than ``COMPILED_CATCH_UP`` (a row that joined)."""
+        catch-up is longer than a round's ``k + 1`` (a row that joined, or that decoded
+        plain steps since). The catch-up is padded to ``k + 1`` pairs with holes, so a graph
+        serves every round of a row bucket and ``k``."""
         if not (self.whole_chain and ctx.compile is not None and self.head.lean
                 and self.state is not None and self.compiled.covers(self.state)):
             return None
-        if max(len(s) - 1 - n for s, n in zip(ctx.sequences, self.seen)) > self.COMPILED_CATCH_UP:
+        if max(len(s) - 1 - n for s, n in zip(ctx.sequences, self.seen)) > k + 1:
             return None
         mode = SamplingMode(ctx.mode.kind, ctx.mode.params)  # rowless: what a graph closes over
         if mode not in self.chains:
@@ -310,10 +312,10 @@ class EagleDrafter(CachedDrafter):
             return self._compiled_step(ids, hidden, pos)[:, -1:]
         return self._step(ids, hidden, pos)[:, -1:]
 
-    def _pending(self, ctx):
-        """Open the round and append every committed pair not fed yet as one ragged block:
-        its tokens ``[B, w]`` (right-aligned), their parents' states ``[B, w, H]`` and their
-        positions ``[B, w]``."""
+    def _pending(self, ctx, width: int = 0):
+        """Open the round and append every committed pair not fed yet as one ragged block, at
+        least ``width`` columns wide: its tokens ``[B, w]`` (right-aligned, holes before
+        them), their parents' states ``[B, w, H]`` and their positions ``[B, w]``."""
         seqs, pending = ctx.sequences, ctx.hidden
         self.compile = ctx.compile if self.head.lean else None
         cache = None if self.compile is None else StaticKVCache(self.compile.length, len(seqs))
@@ -324,7 +326,7 @@ class EagleDrafter(CachedDrafter):
             if h is None or len(toks) != h.shape[0]:
                 raise RuntimeError(f"row {r}: {len(toks)} new tokens but "
                                    f"{0 if h is None else h.shape[0]} policy states")
-        ids, pos = st.append_ragged(new, 0)
+        ids, pos = st.append_ragged(new, 0, width)
         hidden = torch.zeros((*ids.shape, pending[0].shape[-1]), dtype=pending[0].dtype,
                              device=ids.device)
         for r, h in enumerate(pending):

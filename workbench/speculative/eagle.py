@@ -19,8 +19,9 @@ yet, a ragged block once a round) runs through the same graphs, a width a graph,
 at most ``EagleDrafter.COMPILED_CATCH_UP`` pairs a row; a longer one (the prompt of a row
 joining) and the first round's (the cache not filled yet) eagerly. A chain round is one
 graph call in all (:class:`CompiledChain`: the catch-up, then each draft picked in the graph
-and fed back), a graph per (row bucket, catch-up width, k): at batch 1 the fixed cost of
-``k`` draft steps and ``k`` eager head passes was most of a round's drafting. In float64 its
+and fed back), a graph per (row bucket, k), the catch-up padded with holes to k + 1 pairs:
+at batch 1 the fixed cost of ``k`` draft steps and ``k`` eager head passes was most of a
+round's drafting. In float64 its
 predicted states equal the eager step's to the norms' float32 rounding, so its drafts, and
 the accepted tokens, are the same (tests/test_compiled_lossless.py).
 """
@@ -231,7 +232,8 @@ class CompiledChain(CompiledDraft):
     (hidden [B, w, H], u [B, k])`` (the catch-up's parent states, each depth's uniform);
     :meth:`run` returns ``(drafts [B, k],)``, with their adjusted logprobs ``[B, k, V]``
     after them in speculative mode. A graph per (row bucket, ``w``, ``k``): both are
-    unrolled, so no size but the columns is symbolic."""
+    unrolled, so no size but the columns is symbolic; the drafter pads every catch-up to
+    ``w = k + 1`` pairs with holes, so a row bucket's graphs are one per ``k``."""
 
     sampling: SamplingMode | None = None
     norm: nn.Module | None = None
