@@ -208,12 +208,9 @@ class CompiledDecode:
         version of the weights."""
         if self._key != self.forward.key:
             f, packed = self.forward, self._packed()
-            norm, head = f.decoder.norm, f.lm_head
-            head_w = head.weight.detach()
             self._tensors = (f.decoder.embed_tokens.weight.detach(),
-                             [layer_tensors(p, packed) for p in plans], norm.weight.detach(),
-                             pack(head_w) if packed else head_w,
-                             None if head.bias is None else head.bias.detach())
+                             [layer_tensors(p, packed) for p in plans],
+                             *final_tensors(f.decoder.norm, f.lm_head, packed))
             self._key = f.key
         return self._tensors
 
@@ -345,6 +342,14 @@ class _Call:
     layers: list
     rows: int
     width: int
+
+
+def final_tensors(norm, lm_head, packed: bool) -> tuple:
+    """The policy's final norm's weight, its head's weight (packed by ``few_rows.pack`` where
+    ``packed``: a copy) and bias or ``None``: a graph's last arguments before the caches."""
+    w = lm_head.weight.detach()
+    return (norm.weight.detach(), pack(w) if packed else w,
+            None if lm_head.bias is None else lm_head.bias.detach())
 
 
 def compile_choices(model) -> dict:

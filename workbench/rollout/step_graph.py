@@ -61,17 +61,31 @@ def make_draft_step(plan, fc_out: int, packed: bool = False):
     (token embedding, parent state), then its one decoder layer (no window: the head's
     attention is full, as its eager step's); returns the predicted states ``[Bb, q, H]``.
     ``fc_out``: ``fc``'s output features; ``packed`` as :func:`make_step`'s."""
-    const = layer_consts(plan)
-    proj = projector(packed)
+    head = head_pass(plan, fc_out, projector(packed))
 
     def step(ids, pos, vis, col_pos, col, cos, sin, tree, hidden, emb, fc_w, fc_b, layer,
              ks, vs):
         """As :func:`make_step`'s, plus hidden ``[Bb, q, H]`` (each token's parent state);
         ks/vs the head's one layer's."""
+        return (head(ids, hidden, pos, vis, col_pos, col, cos, sin, tree, emb, fc_w, fc_b,
+                     layer, ks[0], vs[0]),)
+    return step
+
+
+def head_pass(plan, fc_out: int, proj):
+    """An EAGLE head's pass over fed tokens, as the draft step and the chain run it:
+    ``head(ids, hidden, pos, vis, col_pos, col, cos, sin, tree, emb, fc_w, fc_b, layer, k_buf,
+    v_buf)``, ``fc`` on (token embedding, parent state ``hidden``), then its one decoder layer
+    (no window: the head's attention is full, as its eager step's), writing its keys and
+    values at ``col``; the predicted states ``[Bb, q, H]``."""
+    const = layer_consts(plan)
+
+    def head(ids, hidden, pos, vis, col_pos, col, cos, sin, tree, emb, fc_w, fc_b, layer, k_buf,
+             v_buf):
         x = proj(torch.cat([F.embedding(ids, emb), hidden], dim=-1), fc_w, fc_b, fc_out)
         mask = visible(vis, col_pos, pos, None, tree)
-        return (layer_pass(x, const, layer, mask, cos, sin, col, ks[0], vs[0], proj),)
-    return step
+        return layer_pass(x, const, layer, mask, cos, sin, col, k_buf, v_buf, proj)
+    return head
 
 
 def make_draft_chain(plan, fc_out: int, packed: bool, norm_eps: float, vocab: int, pick):
@@ -81,8 +95,8 @@ def make_draft_chain(plan, fc_out: int, packed: bool, norm_eps: float, vocab: in
     speculative) of the draft, and the head on (draft, state) for the next, the last draft
     not fed. One call instead of ``k`` draft steps and ``k`` eager head passes: at batch 1
     their fixed costs were most of a round's drafting (issue 41)."""
-    const = layer_consts(plan)
     proj = projector(packed)
+    head = head_pass(plan, fc_out, proj)
 
     def chain(ids, pos, vis, col_pos, col, cos, sin, tree, hidden, u, emb, fc_w, fc_b, layer,
               norm_w, head_w, head_b, ks, vs):
@@ -94,13 +108,11 @@ def make_draft_chain(plan, fc_out: int, packed: bool, norm_eps: float, vocab: in
         ``pick`` gives them, their adjusted logprobs ``[Bb, k, V]``."""
         w, k = hidden.shape[1], u.shape[1]
 
-        def head_pass(tokens, parent, at: slice):  # the head on fed columns `at`
-            x = proj(torch.cat([F.embedding(tokens, emb), parent], dim=-1), fc_w, fc_b, fc_out)
-            mask = visible(vis, col_pos, pos[:, at], None, tree)
-            return layer_pass(x, const, layer, mask, cos[:, at], sin[:, at], col[at], ks[0],
-                              vs[0], proj)
+        def head_at(tokens, parent, at: slice):  # the head on fed columns `at`
+            return head(tokens, parent, pos[:, at], vis, col_pos, col[at], cos[:, at],
+                        sin[:, at], tree, emb, fc_w, fc_b, layer, ks[0], vs[0])
 
-        carry = head_pass(ids[:, :w], hidden, slice(0, w))[:, -1:]  # [Bb, 1, H]
+        carry = head_at(ids[:, :w], hidden, slice(0, w))[:, -1:]  # [Bb, 1, H]
         drafts, logqs = [], []
         for depth in range(k):
             logits = proj(rms_norm(norm_w, norm_eps, carry), head_w, head_b, vocab)[:, 0]
@@ -108,7 +120,7 @@ def make_draft_chain(plan, fc_out: int, packed: bool, norm_eps: float, vocab: in
             drafts.append(token)
             logqs.append(logq)
             if depth < k - 1:
-                carry = head_pass(token[:, None], carry, slice(w + depth, w + depth + 1))
+                carry = head_at(token[:, None], carry, slice(w + depth, w + depth + 1))
         tokens = torch.stack(drafts, 1)  # [Bb, k]
         return (tokens,) if logqs[0] is None else (tokens, torch.stack(logqs, 1))
     return chain

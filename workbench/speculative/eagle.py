@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..atomic import atomic_dir, load_torch_file, recover_dir
-from ..rollout.compiled import CompiledDecode
+from ..rollout.compiled import CompiledDecode, final_tensors
 from ..rollout.few_rows import kernel_applies, pack
 from ..rollout.forward import RopeTable, layer_plan, lean_layer, supports_lean, weights_key
 from ..rollout.sampling_mode import SamplingMode
@@ -262,8 +262,6 @@ class CompiledChain(CompiledDraft):
         key = weights_key((self.norm.weight, head.weight) + (
             () if head.bias is None else (head.bias,)))
         if self._head_key != key:
-            w = head.weight.detach()
-            self._head = (self.norm.weight.detach(), pack(w) if self._packed() else w,
-                          None if head.bias is None else head.bias.detach())
+            self._head = final_tensors(self.norm, head, self._packed())
             self._head_key = key
         return (*super()._weights(plans), *self._head)
