@@ -12,7 +12,13 @@ with n-gram / with EAGLE, all seven alternating inside each repeat, wall clock o
 process; ratio = median of the per-repeat ratios against HF ``generate``.
 A spread (max-min)/median above ``--wide`` is flagged WIDE in the tables.
 
+``--compile`` runs part 1 on the compiled decode path (``RolloutConfig.compile=True``: the
+plain step, the verify pass and the EAGLE head's drafting compiled), plain decoding too, so
+its speedups are SD's over compiled plain decoding; ``--ks`` sweeps several draft lengths
+there, each with its bound.
+
     python benchmarks/bench_spec.py --prompts 16 --repeats 3
+    python benchmarks/bench_spec.py --compile --ks 2 4 6 8 --batch-sizes 1 8 --skip-hf
 """
 from __future__ import annotations
 
@@ -123,6 +129,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--ks", type=int, nargs="+", default=None,
+                    help="part 1's draft lengths (default: --k; part 2 drafts --k)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                    help="part 1 on the compiled decode path (RolloutConfig.compile=True), "
+                    "plain and SD alike; part 2 stays eager (bench_peers.py compares the "
+                    "compiled engine with HF and llama.cpp)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--device", default="cpu")
@@ -136,25 +148,28 @@ def main():
     engine = RolloutEngine(policy, tok)
     drafters = default_drafters(policy, tok)
     prompts = [p.prompt for p in get_problems("running_sum", args.prompts, seed=HELDOUT_SEED)]
+    ks = args.ks or [args.k]
     common = dict(repeats=args.repeats, max_new_tokens=args.max_new_tokens, progress=False,
-                  wide=args.wide)
+                  wide=args.wide, compile=args.compile)
+    path = "the compiled decode path" if args.compile else "the eager decode path"
     print(header(ap, args, f"default policy, device={args.device} dtype={args.dtype} "
-                           f"prompts={args.prompts} k={args.k} "
+                           f"prompts={args.prompts} k={ks} compile={args.compile} "
                            f"max_new_tokens={args.max_new_tokens}"), flush=True)
-    curve = sd_sweep(engine, prompts, {"eagle": drafters["eagle"]}, ks=[args.k],
+    curve = sd_sweep(engine, prompts, {"eagle": drafters["eagle"]}, ks=ks,
                      batch_sizes=args.batch_sizes, temperatures=[0.0, 1.0], **common)
-    print_table("EAGLE vs plain decoding, by batch size (engine clock, median of per-repeat "
-                "tokens/s ratios)", sweep_table(curve), curve["spread_wide"], args.wide,
-                "configurations")
-    at1 = sd_sweep(engine, prompts, drafters, ks=[args.k], batch_sizes=[1],
+    print_table(f"EAGLE vs plain decoding, by batch size ({path}, engine clock, median of "
+                "per-repeat tokens/s ratios)", sweep_table(curve), curve["spread_wide"],
+                args.wide, "configurations")
+    at1 = sd_sweep(engine, prompts, drafters, ks=ks, batch_sizes=[1],
                    temperatures=[0.0, 1.0], **common)
-    print_table("Every drafter at batch 1", sweep_table(at1, with_batch=False),
+    print_table(f"Every drafter at batch 1 ({path})", sweep_table(at1, with_batch=False),
                 at1["spread_wide"], args.wide, "configurations")
     curve_figures = sweep_figures(curve)
-    record(args, f"Where does SD pay? EAGLE (k={args.k}) against plain decoding of the same "
-           f"engine at batch sizes {args.batch_sizes}, and every drafter at batch 1, greedy and "
-           f"temperature 1: speedup (median of per-repeat tokens/s ratios, engine clock) and "
-           f"tau; {args.prompts} held-out prompts, max_new_tokens={args.max_new_tokens}",
+    record(args, f"Where does SD pay? EAGLE (k={', '.join(map(str, ks))}) against plain "
+           f"decoding of the same engine, both on {path}, at batch sizes {args.batch_sizes}, "
+           f"and every drafter at batch 1, greedy and temperature 1: speedup (median of "
+           f"per-repeat tokens/s ratios, engine clock) and tau; {args.prompts} held-out "
+           f"prompts, max_new_tokens={args.max_new_tokens}",
            {**curve_figures, **sweep_figures(at1, "drafters_")}, sim_clock(), None,
            headline=[k for k in curve_figures if k.startswith("speedup_t0_")])
     if args.skip_hf:

@@ -229,6 +229,34 @@ def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
     assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
 
 
+def test_sd_sweep_measures_both_sides_on_the_compiled_path(tokenizer):
+    """``sd_sweep(compile=True)``: the plain rollouts' steps and the SD rollouts' verify
+    passes both run compiled (dynamo's eager backend: the graphs' arithmetic is tested
+    above), the tokens stay equal, and the table and its metrics say which path ran; a bad
+    ``compile`` is refused before any rollout."""
+    from workbench.speculative.sweep import sd_sweep, sweep_metrics
+    model = tiny_model("llama", tokenizer, seed=4)
+    c = _compiled_of(model)
+    c.backend = "eager"  # before its first step
+    engine = RolloutEngine(model, tokenizer)
+    prompts = PROMPTS[:2]
+    plain = engine.rollout(prompts, RolloutConfig(max_new_tokens=10), progress=False)
+    drafter = ScriptedDrafter({r.uid: r.tokens for r in plain.requests},
+                              {r.uid: 9 for r in plain.requests})  # every draft right
+    table = sd_sweep(engine, prompts, {"scripted": drafter}, ks=(2,), batch_sizes=(2,),
+                     repeats=3, max_new_tokens=10, progress=False, compile=True)
+    assert table["compile"].tolist() == [True] and table["identical"].all()
+    assert table["tau"].iloc[0] > 1  # drafts were verified
+    assert {key[3] for key in c.compiles} == {1, 3}  # plain steps, verify passes of 2 drafts
+    assert c.steps["compiled"] > 0 and c.steps["eager"] == 0
+    assert sweep_metrics(table, table, table[:0], k=2)["compile"] is True
+    ran = dict(c.steps)
+    with pytest.raises(ValueError, match="compile is 'yes'; accepted"):
+        sd_sweep(engine, prompts, {"scripted": drafter}, repeats=3, progress=False,
+                 compile="yes")
+    assert c.steps == ran
+
+
 def test_calls_through_dynamo_give_the_direct_calls_tokens(tokenizer):
     """``CompiledDecode.direct=False`` sends every call through dynamo (``torch.compile``'s
     own function): the same tokens as the direct calls and as eager, in float64 (dynamo's

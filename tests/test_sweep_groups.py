@@ -106,3 +106,4 @@ def test_the_sweep_says_its_clock_and_how_much_other_work_disturbed_it(tokenizer
     metrics = sweep_metrics(compare, curve, table[:0], k=2)
     assert metrics["disturbed_share"] == pytest.approx((1 / 3 + 0 + 1) / 3)
     assert metrics["clock"] == "sim"
+    assert table["compile"].tolist() == [False] and metrics["compile"] is False  # eager

@@ -19,6 +19,7 @@ from ..progress import tqdm
 
 from ..checks import check_int
 from ..rollout import RolloutConfig
+from ..rollout.compiled import check_compile
 from ..speedup import (
     WIDE_SPREAD, check_repeats, disturbed_share, interleave, per_repeat_ratios, spread_note,
     spread_stats)
@@ -134,7 +135,8 @@ def _sd_row(plain, sd, ratios, k, wide) -> dict:
 def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
              temperatures=(0.0,), repeats: int = 3, max_new_tokens: int = 384,
              seed: int = 0, progress: bool = True, wide: float = WIDE_SPREAD,
-             samples_per_prompt: int = 1, only: dict | None = None) -> pd.DataFrame:
+             samples_per_prompt: int = 1, only: dict | None = None,
+             compile: bool | str = False) -> pd.DataFrame:
     """One row per (temperature, batch size, drafter, k): speedup over plain decoding, tau,
     T1/Td/Tv, the bound, and whether the SD tokens equal the plain tokens (greedy and coupled
     sampling must; float32 rounding can make them diverge late, reported as ``diverged_at``,
@@ -155,15 +157,22 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
     finished sibling is an exact draft. ``only`` narrows where a drafter is measured
     (:func:`check_only`; e.g. ``{"suffix": {"batch_sizes": [1, 16], "ks": [4]}}``): plain
     decoding and the other drafters still run in that cell.
+
+    ``compile`` is ``RolloutConfig.compile`` of every rollout, plain and SD alike
+    (``rollout.compiled``: ``True`` compiles the plain step, the verify pass and an EAGLE
+    head's drafting), so the speedups are SD's on that path over plain decoding on the same
+    path; the table's ``compile`` column says which ran. A compile is a ``compile`` row of
+    the timeline, off the sim clock, so the first repeat's makespans do not include it.
     """
     check_repeats(repeats)
+    check_compile(compile)
     samples_per_prompt = check_int("samples_per_prompt", samples_per_prompt, 1)
     only = check_only(only, drafters, ks, batch_sizes)
     rows = []
     grid = list(product(temperatures, batch_sizes))
     base_cfgs = {(temp, bs): RolloutConfig(
         max_new_tokens=max_new_tokens, temperature=temp, seed=seed, max_batch_size=bs,
-        samples_per_prompt=samples_per_prompt) for temp, bs in grid}
+        samples_per_prompt=samples_per_prompt, compile=compile) for temp, bs in grid}
     cells = {cell: _cell_systems(engine, prompts, cfg, drafters, ks, only)
              for cell, cfg in base_cfgs.items()}
     bar = tqdm(total=repeats * sum(len(systems) for systems, _ in cells.values()),
@@ -177,7 +186,7 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
             mine = ratios[ratios["system"] == key].sort_values("repeat")["ratio"]
             rows.append({"temperature": temp, "batch_size": bs, "drafter": name, "k": k,
                          **_sd_row(runs.outputs["plain"], runs.outputs[key], mine, k, wide),
-                         "disturbed_share": disturbed,
+                         "disturbed_share": disturbed, "compile": compile,
                          "clock": runs.outputs["plain"][0].timeline.clock})
     bar.close()
     return pd.DataFrame(rows)
@@ -232,8 +241,9 @@ def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFram
     either table has a wide spread), and ``lossless`` (true only if the float64 check ran and
     every drafter reproduced plain decoding); ``disturbed_share``, the share of the timed
     repeats other work disturbed (``speedup.interleave``: redone, then flagged), over both
-    tables' cells, and ``clock``, the one the makespans were read on (the rollouts' own:
-    ``"sim"`` on the local backend, whose figures the disturbance does not move)."""
+    tables' cells, ``clock``, the one the makespans were read on (the rollouts' own:
+    ``"sim"`` on the local backend, whose figures the disturbance does not move), and
+    ``compile``, the decode path they ran (``RolloutConfig.compile``, :func:`sd_sweep`'s)."""
     metrics = {f"accept_len_{name}": sweep_value(compare, "tau", drafter=name, k=k,
                                                  temperature=0.0)
                for name in compare["drafter"].unique()}
@@ -253,6 +263,8 @@ def sweep_metrics(compare: pd.DataFrame, curve: pd.DataFrame, exact: pd.DataFram
     metrics["disturbed_share"] = (float(pd.concat([t["disturbed_share"] for t in measured])
                                         .mean()) if measured else float("nan"))
     metrics["clock"] = str(measured[0]["clock"].iloc[0]) if measured else None
+    path = measured[0]["compile"].iloc[0] if measured and "compile" in measured[0] else None
+    metrics["compile"] = path if path is None or isinstance(path, str) else bool(path)
     return metrics
 
 
