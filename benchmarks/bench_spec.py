@@ -23,12 +23,14 @@ there, each with its bound.
 from __future__ import annotations
 
 import argparse
+import math
 
 import pandas as pd
 import torch
 
 from common import (add_common, add_result, disturbed_of, header, print_table, ratio_cells,
                     record, sim_clock)
+from workbench.checks import check_int
 from workbench.models import load_model
 from workbench.provenance import figure_from_stats
 from workbench.rollout import RolloutConfig, RolloutEngine
@@ -66,8 +68,10 @@ def sweep_table(table: pd.DataFrame, with_batch: bool = True) -> pd.DataFrame:
 
 def sweep_figures(table: pd.DataFrame, prefix: str = "") -> dict:
     """The result file's figures of an sd_sweep table: per temperature, batch size and drafter
-    the speedup (median of per-repeat ratios, with its range) and tau, named
-    ``<prefix>speedup_t<temperature>_bs<batch>_<drafter>_k<k>`` and ``<prefix>tau_...``."""
+    the speedup (median of per-repeat ratios, with its range), tau and the bound
+    tau*T1/(k*Td+Tv) from the same runs' steps, named
+    ``<prefix>speedup_t<temperature>_bs<batch>_<drafter>_k<k>``, ``<prefix>tau_...`` and
+    ``<prefix>bound_...``."""
     figures = {}
     for r in table.itertuples():
         key = f"t{r.temperature:g}_bs{r.batch_size}_{r.drafter}_k{r.k}"
@@ -75,8 +79,13 @@ def sweep_figures(table: pd.DataFrame, prefix: str = "") -> dict:
                                      "max": float(r.speedup_max), "n": int(r.repeats),
                                      "unit": "x"}
         figures[f"{prefix}tau_{key}"] = {"value": float(r.tau)}
+        if math.isfinite(r.bound):  # no step times to bound with: no figure
+            figures[f"{prefix}bound_{key}"] = {"value": float(r.bound), "unit": "x"}
     return figures
 
+
+# the lab note a result links, by path (--compile)
+NOTES = {False: "2026-11-30-speculative-decoding.md", True: "2026-12-05-compiled-decode-step.md"}
 
 # the result file's names of part 2's systems, in hf_systems' order
 SHORT = ["hf_generate", "hf_assisted_small_lm", "hf_prompt_lookup", "engine_plain",
@@ -140,9 +149,13 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--skip-hf", action="store_true", help="part 1 only")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's own, one a core)")
     add_common(ap, repeats=3)
     add_result(ap)
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(check_int("threads", args.threads, 1))
 
     policy, tok = load_model("default", device=args.device, dtype=getattr(torch, args.dtype))
     engine = RolloutEngine(policy, tok)
@@ -152,6 +165,7 @@ def main():
     common = dict(repeats=args.repeats, max_new_tokens=args.max_new_tokens, progress=False,
                   wide=args.wide, compile=args.compile)
     path = "the compiled decode path" if args.compile else "the eager decode path"
+    note = NOTES[args.compile]
     print(header(ap, args, f"default policy, device={args.device} dtype={args.dtype} "
                            f"prompts={args.prompts} k={ks} compile={args.compile} "
                            f"max_new_tokens={args.max_new_tokens}"), flush=True)
@@ -169,9 +183,9 @@ def main():
            f"decoding of the same engine, both on {path}, at batch sizes {args.batch_sizes}, "
            f"and every drafter at batch 1, greedy and temperature 1: speedup (median of "
            f"per-repeat tokens/s ratios, engine clock) and tau; {args.prompts} held-out "
-           f"prompts, max_new_tokens={args.max_new_tokens}",
+           f"prompts, max_new_tokens={args.max_new_tokens}. Note: [{note}](docs/lab-notes/{note}).",
            {**curve_figures, **sweep_figures(at1, "drafters_")}, sim_clock(), None,
-           headline=[k for k in curve_figures if k.startswith("speedup_t0_")])
+           headline=[k for k in curve_figures if k.startswith(("speedup_t0_", "bound_t0_"))])
     if args.skip_hf:
         return
     table, figures, disturbed = against_hf(hf_systems(policy, tok, drafters, engine, prompts,
@@ -182,7 +196,9 @@ def main():
                 table["spread_wide"], args.wide, "systems")
     record(args, f"Against HF at batch 1, greedy: each system's tokens/s over HF generate's "
            f"(median of per-repeat ratios), {args.prompts} held-out prompts, k={args.k}, "
-           f"max_new_tokens={args.max_new_tokens}", figures, "wall", disturbed,
+           f"max_new_tokens={args.max_new_tokens}. Note: [{NOTES[False]}]"
+           f"(docs/lab-notes/{NOTES[False]}).",
+           figures, "wall", disturbed,
            name=f"{args.result}_vs_hf")
 
 

@@ -197,6 +197,39 @@ def test_a_compile_is_a_timeline_row_of_its_own_kept_off_the_sim_clock(tokenizer
         assert "compile" in names
 
 
+def test_the_first_compiled_step_s_setup_is_compile_time_on_the_sim_clock(tokenizer,
+                                                                           monkeypatch):
+    """The step's one-time setup (its first prepare: the step function made, the compiler's
+    modules imported, the few-rows kernel built, seconds on a process's first) runs inside
+    the first graph's ``compile`` row, so the sim clock charges it to no decode step. The
+    sim clock reads a tick double (each read a second later) that jumps 100 s while the step
+    function is made."""
+    import time as time_module
+    model = tiny_model("llama", tokenizer, seed=5)
+    c = _compiled_of(model)
+    c.backend = "eager"  # before its first step
+    clock = {"t": 0.0}
+
+    def tick():
+        clock["t"] += 1.0
+        return clock["t"]
+
+    def slow_setup(fn):
+        clock["t"] += 100.0
+        return fn
+    c.step_wrapper = slow_setup
+    engine = RolloutEngine(model, tokenizer)
+    cfg = RolloutConfig(max_new_tokens=4, ignore_eos=True, compile=True)
+    monkeypatch.setattr(time_module, "thread_time", tick)
+    steps = engine.rollout(["a1 b2?"], cfg, progress=False).timeline.steps
+    monkeypatch.undo()
+    assert c.ready and clock["t"] > 100  # the setup ran, and jumped
+    assert steps["kind"].tolist() == ["prefill", "compile"] + ["decode"] * 3
+    took = steps["end_s"] - steps["start_s"]
+    assert took[steps["kind"] == "compile"].tolist() == [0.0]
+    assert took.max() < 100  # the jump is in no row: no step's, no compile's
+
+
 @pytest.mark.parametrize("shape,temperature", [("chain", 0.0), ("tree", 0.0), ("chain", 1.0)])
 def test_compiled_verify_passes_are_lossless(tokenizer, shape, temperature):
     """Speculative steps (a chain of 4 drafts, or a tree of depth 3, branch 2, 5 nodes

@@ -19,7 +19,7 @@ SMOKE = {
                                  "speedup_bs1", "speedup_bs8", "speedup_bs32", "speedup_bs1_t1",
                                  "speedup_bs1_min", "speedup_bs1_max", "speedup_bs1_t1_min",
                                  "speedup_bs1_t1_max", "speedup_spread_wide", "bound_bs1",
-                                 "lossless"]),
+                                 "lossless", "compile"]),
     "03_adaptive_drafter": ({"rl_problems": 32, "prompts_per_step": 2, "samples_per_prompt": 2,
                              "max_new_tokens": 24, "steps": 2, "workers": 2, "probe_prompts": 3,
                              "tree_budget": 8, "tree_k": 3},

@@ -27,50 +27,38 @@ a rollout are bounded by the row buckets (times the column buckets when static, 
 draft lengths a schedule verifies), counted in :attr:`CompiledDecode.compiles` with their
 wall seconds. A compile runs once per key on scratch buffers of the same shapes (a warm-up),
 before the step that needs it, as a ``compile`` row of the timeline's steps table of its own
-(``rollout.timeline``): on the wall clock it lasts what it took; on the sim clock its time
-is taken off the worker's clock (it is wall time, partly in inductor's worker processes, not
-the step's), so sim-clock figures never include it. Inductor's on-disk cache makes a later
-process's compiles short. With symbolic columns, dynamo's automatic dynamic shapes may also
-make the rows symbolic once a second row bucket compiles; later buckets then reuse that
-graph (a ``compile`` row of a few milliseconds).
+(``rollout.timeline``; with the step's one-time setup where it is the first, :func:`prepared`):
+on the wall clock it lasts what it took; on the sim clock its time is taken off the worker's
+clock (it is wall time, partly in inductor's worker processes, not the step's), so sim-clock
+figures never include it. Inductor's on-disk cache makes a later process's compiles short.
 
-A compiled call's fixed cost is kept small: its inputs live in buffers preallocated per key,
-written in place (:class:`~workbench.rollout.step_inputs.StepInputs`); columns are marked
-symbolic on a key's first call only; inductor's wrapper is C++, without size asserts; a
-call whose graph has run before skips dynamo's frame wrappers, not its guards
+A compiled call's fixed cost is kept small: inputs in buffers preallocated per key, written
+in place (:class:`~workbench.rollout.step_inputs.StepInputs`); inductor's wrapper in C++; a
+graph that ran before called past dynamo's frame wrappers, not its guards
 (:class:`~workbench.rollout.graph_call.DirectGraph`).
 
-On this project's 2-core CPU (``benchmarks/bench_compile.py``, RESULTS.md) the compiled
-plain step runs 1.9-2.5x as fast as eager at batch 1 (its projections inductor's own loops or
-the few-rows kernel, ``rollout.few_rows``, alike), and the kernel lifts batch 8 and the
-verify pass, where the library's GEMM ran a few rows at a fraction of the core's width
-(``benchmarks/bench_few_rows.py``). An EAGLE chain round's drafting is one graph call
-(``speculative.eagle.CompiledChain``): as ``k`` small calls, their fixed cost was most of
-it. Hence ``False`` by default still: a cold compile (5-30 s
-a graph here) is not earned back by a short run; ``True`` or ``"auto"`` for long ones.
+Where a step's fixed cost dominates (small batches on a CPU), the compiled step is several
+times as fast as eager (``benchmarks/bench_compile.py``); its projections go through the
+few-rows kernel (``rollout.few_rows``), and an EAGLE chain round's drafting is one graph call
+(``speculative.eagle.CompiledChain``). ``False`` by default still: a cold compile, seconds a
+graph, is not earned back by a short run; ``True`` or ``"auto"`` for long ones.
 
-``"auto"`` times the eager step against the compiled one at each row bucket on the first
-``trials`` steps of that bucket (alternating, real steps: both give the same tokens in
-float64) and keeps the faster; :attr:`CompiledDecode.choices` records it, per bucket, for the
-rest of the process (a later rollout reuses it). Each rollout returns them
-(``RolloutResult.compile_choices``); an RL run saves them in its checkpoint (``GRPO``'s state)
-and, resumed, gives them back (:func:`use_compile_choices`) before its first step, so no
-bucket is timed again and float32 tokens do not depend on a timing. ``timer`` is the clock it
-times with (a test passes a double).
+``"auto"`` times the eager step against the compiled one on the first ``trials`` steps of
+each row bucket (alternating real steps) and keeps the faster (:attr:`CompiledDecode.choices`,
+for the rest of the process). An RL run saves the choices in its checkpoint and, resumed,
+gives them back (:func:`use_compile_choices`), so float32 tokens do not depend on a timing.
 
 The verify pass of a speculative step (``1 + n`` fed tokens a row, a chain or a draft tree)
-runs through the same function, one graph per (row bucket, fed tokens, tree or not): the
-draft-length buckets are the draft lengths themselves. An EAGLE head's draft step (one token
-a row in a chain, a level's nodes in a tree) runs through this machinery too, with ``True``
+runs through the same function, one graph per (row bucket, fed tokens, tree or not). An
+EAGLE head's draft step runs through this machinery too, with ``True``
 (``speculative.eagle.CompiledDraft``, a subclass: its own graph function, weights and rope;
 its cache preallocated as long as the policy's; its compiles ``compile`` rows too).
 
 The prefill stays eager: its shapes are the prompts' (a cold compile per row and length
-bucket, for a forward run once per request), and it is a small share of a rollout
-(``bench_compile``'s ``prefill_share_*``: 3% at batch 1, 9% at 8, 14% at 32).
+bucket, for a forward run once per request).
 
-Lossless: the graph's arithmetic is the lean forward's (``rollout.step_graph``): in float64
-its greedy tokens equal the eager step's (tests/test_compiled_decode.py).
+Lossless: the graph's arithmetic is the lean forward's (``rollout.step_graph``), tested in
+float64 against the eager step (tests/test_compiled_decode.py, test_compiled_lossless.py).
 """
 from __future__ import annotations
 
@@ -92,7 +80,7 @@ from .step_inputs import StepInputs, mark_cols, zeroed_like
 # StaticKVCache, row_bucket: rollout.static_cache's, re-exported beside the step using them
 __all__ = ["COMPILE_CHOICES", "CompiledDecode", "StaticKVCache", "compiled_decode_for",
            "row_bucket", "check_compile", "compile_choices", "use_compile_choices",
-           "bucket_name"]
+           "bucket_name", "prepared"]
 
 COMPILE_CHOICES = (False, True, "auto")
 MAX_ROWS = 256  # the largest row bucket; a bigger batch runs eager
@@ -223,6 +211,12 @@ class CompiledDecode:
                 and all(layer.is_initialized for layer in cache.layers))
 
     @property
+    def ready(self) -> bool:
+        """Whether the one-time setup of the first :meth:`prepare` is done (the step function
+        made, the compiler's modules imported, the few-rows kernel built or loaded)."""
+        return self._fn is not None
+
+    @property
     def direct_calls(self) -> tuple[int, int]:
         """Graph calls so far ``(direct, through dynamo)`` (:attr:`direct`; ``(0, 0)``
         before the first step and where every call goes through dynamo)."""
@@ -342,6 +336,26 @@ class _Call:
     layers: list
     rows: int
     width: int
+
+
+def prepared(c: CompiledDecode, compile_row: Callable, rows: int, *args, **kwargs) -> _Call:
+    """``c.prepare(*args, **kwargs)``, its graph compiled first where it is new, the compile
+    run as ``compile_row(work, rows)`` (the decoder's: a ``compile`` row of the timeline, off
+    the sim clock). Before :attr:`CompiledDecode.ready`, the prepare itself runs inside that
+    row too: a process's first costs seconds of setup (imports, the kernel's build), compile
+    time as much as the graph's."""
+    if c.ready:
+        call = c.prepare(*args, **kwargs)
+        if c.needs_compile(call):
+            compile_row(lambda: c.compile(call), rows)
+        return call
+
+    def first() -> _Call:
+        call = c.prepare(*args, **kwargs)
+        if c.needs_compile(call):
+            c.compile(call)
+        return call
+    return compile_row(first, rows)
 
 
 def final_tensors(norm, lm_head, packed: bool) -> tuple:

@@ -18,7 +18,7 @@ import torch
 
 from .batch import DecodeBatch
 from .drafts import DraftCompile, DraftInput
-from .compiled import compiled_decode_for
+from .compiled import compiled_decode_for, prepared
 from .forward import Forward
 from .plan import StepPlan, propose, serving_drafter
 from .sampling import SamplingParams
@@ -179,7 +179,7 @@ class BatchDecoder:
         """The step's forward, eager or compiled (``RolloutConfig.compile``): a plain step
         (``fed`` None: each row's last token) or a verify pass of ``fed [B, 1 + n]`` (and
         a draft tree's ``tree``); ``((logits, states), seconds)``. A graph compiled first is
-        a ``compile`` row of its own (:meth:`_compile`)."""
+        a ``compile`` row of its own (:meth:`_compile`, through ``compiled.prepared``)."""
         c = self.compiled
         ids, more = (b.last_token[:, None], {}) if fed is None else (
             fed, {"logits_from": 0, "tree": tree})
@@ -187,9 +187,7 @@ class BatchDecoder:
             return self._timed(self.forward, ids, pos, b.mask, b.col_pos, b.cache, **more)
         path = "compiled" if c.wants_compiled(b.size, ids.shape[1]) else "eager"
         if path == "compiled":
-            call = c.prepare(b, pos, fed, tree)
-            if c.needs_compile(call):
-                self._compile(c, call, b.size)
+            call = prepared(c, self._compile, b.size, b, pos, fed, tree)
             start, t0 = self.rec.now(), c.timer()
             out = c.run(call)
         else:
@@ -207,22 +205,24 @@ class BatchDecoder:
             return None
         return DraftCompile(max(layer.length for layer in cache.layers), self._compile)
 
-    def _compile(self, c, call, rows: int) -> None:
-        """Compile ``call``'s graph as a ``compile`` row (``rollout.timeline``): on the wall
-        clock it lasts what it took; on the sim clock its seconds are taken off the worker's
-        clock (wall time, partly in inductor's processes: no step's), so the row is empty."""
+    def _compile(self, work, rows: int):
+        """``work()`` (a graph's compile, ``compiled.prepared``'s) as a ``compile`` row
+        (``rollout.timeline``), its value: on the wall clock the row lasts what it took; on
+        the sim clock its seconds are taken off the worker's clock (wall time, partly in
+        inductor's processes: no step's), so the row is empty."""
         rec = self.rec
         start = rec.now()
-        c.compile(call)
+        out = work()
         took = rec.now() - start
         if rec.clock != "sim":
             rec.end("compile", rows, 0, took)
-            return
+            return out
         prep = start - rec.mark  # the step's own work so far: its row's, not the compile's
         rec.end("compile", rows, 0, 0.0)
         row = rec.rows[-1]
         row["end_s"] = rec.mark = row["start_s"]  # empty, where the step starts
         rec.t0 = rec.read() - (rec.mark + prep)  # the clock resumes after the step's prep
+        return out
 
     def spec_step(self, plan: StepPlan) -> StepOutcome:
         """One speculative step of ``plan``, a chain or a tree (``rollout.drafts``), over the

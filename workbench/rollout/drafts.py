@@ -42,8 +42,8 @@ class DraftCompile:
     """A drafter's compiled step at this speculative step (``RolloutConfig.compile=True``: an
     EAGLE head's, ``speculative.eagle.CompiledDraft``). ``length``: the columns its KV cache
     is preallocated to (the policy's, so that its buffers, and so its graphs, keep their
-    shapes); ``compile_row(compiled, call, rows)``: the decoder's, which compiles a graph
-    first as a ``compile`` row of its own (``rollout.compiled``)."""
+    shapes); ``compile_row(work, rows)``: the decoder's, which runs ``work`` (a graph's
+    compile, ``rollout.compiled.prepared``'s) as a ``compile`` row of its own."""
 
     length: int
     compile_row: Callable

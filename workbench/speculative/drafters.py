@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..rollout.batch import DecodeBatch
+from ..rollout.compiled import prepared
 from ..rollout.forward import RopeTable, attention_mask, policy_forward
 from ..rollout.sampling_mode import SamplingMode
 from ..rollout.static_cache import StaticKVCache
@@ -273,9 +274,8 @@ class EagleDrafter(CachedDrafter):
         u = ctx.mode.draft_uniforms(np.arange(k))  # [B, k] float64, None when greedy
         u = (torch.zeros((ids.shape[0], k), dtype=torch.float64) if u is None
              else torch.from_numpy(u)).to(ctx.device)
-        call = chain.prepare(st, pos, ids, None, data=(hidden, u))
-        if chain.needs_compile(call):
-            self.compile.compile_row(chain, call, st.size)
+        call = prepared(chain, self.compile.compile_row, st.size, st, pos, ids, None,
+                        data=(hidden, u))
         chain.steps["compiled"] += 1
         out = chain.run(call)  # (drafts [B, k],) or (drafts, logq [B, k, V])
         self.spec_cols = k - 1
@@ -353,8 +353,7 @@ class EagleDrafter(CachedDrafter):
         c, st = self.compiled, self.state
         if not c.covers(st):
             return self._step(tokens, parent, pos, tree)
-        call = c.prepare(st, pos, tokens, tree, data=(parent,))
-        if c.needs_compile(call):
-            self.compile.compile_row(c, call, st.size)
+        call = prepared(c, self.compile.compile_row, st.size, st, pos, tokens, tree,
+                        data=(parent,))
         c.steps["compiled"] += 1
         return c.run(call)[0]
