@@ -87,6 +87,12 @@ def sweep_figures(table: pd.DataFrame, prefix: str = "") -> dict:
 # the lab note a result links, by path (--compile)
 NOTES = {False: "2026-11-30-speculative-decoding.md", True: "2026-12-05-compiled-decode-step.md"}
 
+
+def note_link(compiled: bool) -> str:
+    """The sentence ending a result's question that links its lab note (:data:`NOTES`)."""
+    name = NOTES[compiled]
+    return f"Note: [{name}](docs/lab-notes/{name})."
+
 # the result file's names of part 2's systems, in hf_systems' order
 SHORT = ["hf_generate", "hf_assisted_small_lm", "hf_prompt_lookup", "engine_plain",
          "engine_small_lm", "engine_ngram", "engine_eagle"]
@@ -165,7 +171,6 @@ def main():
     common = dict(repeats=args.repeats, max_new_tokens=args.max_new_tokens, progress=False,
                   wide=args.wide, compile=args.compile)
     path = "the compiled decode path" if args.compile else "the eager decode path"
-    note = NOTES[args.compile]
     print(header(ap, args, f"default policy, device={args.device} dtype={args.dtype} "
                            f"prompts={args.prompts} k={ks} compile={args.compile} "
                            f"max_new_tokens={args.max_new_tokens}"), flush=True)
@@ -183,7 +188,7 @@ def main():
            f"decoding of the same engine, both on {path}, at batch sizes {args.batch_sizes}, "
            f"and every drafter at batch 1, greedy and temperature 1: speedup (median of "
            f"per-repeat tokens/s ratios, engine clock) and tau; {args.prompts} held-out "
-           f"prompts, max_new_tokens={args.max_new_tokens}. Note: [{note}](docs/lab-notes/{note}).",
+           f"prompts, max_new_tokens={args.max_new_tokens}. {note_link(args.compile)}",
            {**curve_figures, **sweep_figures(at1, "drafters_")}, sim_clock(), None,
            headline=[k for k in curve_figures if k.startswith(("speedup_t0_", "bound_t0_"))])
     if args.skip_hf:
@@ -196,8 +201,7 @@ def main():
                 table["spread_wide"], args.wide, "systems")
     record(args, f"Against HF at batch 1, greedy: each system's tokens/s over HF generate's "
            f"(median of per-repeat ratios), {args.prompts} held-out prompts, k={args.k}, "
-           f"max_new_tokens={args.max_new_tokens}. Note: [{NOTES[False]}]"
-           f"(docs/lab-notes/{NOTES[False]}).",
+           f"max_new_tokens={args.max_new_tokens}. {note_link(False)}",
            figures, "wall", disturbed,
            name=f"{args.result}_vs_hf")
 

@@ -19,7 +19,6 @@ from ..progress import tqdm
 
 from ..checks import check_int
 from ..rollout import RolloutConfig
-from ..rollout.compiled import check_compile
 from ..speedup import (
     WIDE_SPREAD, check_repeats, disturbed_share, interleave, per_repeat_ratios, spread_note,
     spread_stats)
@@ -161,11 +160,11 @@ def sd_sweep(engine, prompts, drafters: dict, ks=(4,), batch_sizes=(1, 8, 32),
     ``compile`` is ``RolloutConfig.compile`` of every rollout, plain and SD alike
     (``rollout.compiled``: ``True`` compiles the plain step, the verify pass and an EAGLE
     head's drafting), so the speedups are SD's on that path over plain decoding on the same
-    path; the table's ``compile`` column says which ran. A compile is a ``compile`` row of
-    the timeline, off the sim clock, so the first repeat's makespans do not include it.
+    path; the table's ``compile`` column says which ran (a bad value is refused by
+    ``RolloutConfig`` before any rollout). A compile is a ``compile`` row of the timeline,
+    off the sim clock, so the first repeat's makespans do not include it.
     """
     check_repeats(repeats)
-    check_compile(compile)
     samples_per_prompt = check_int("samples_per_prompt", samples_per_prompt, 1)
     only = check_only(only, drafters, ks, batch_sizes)
     rows = []
